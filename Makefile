@@ -1,0 +1,45 @@
+# The stable developer interface: setup, build, test, demo, bench.
+BUILD_DIR ?= build
+BALLAST_CUDA ?= AUTO
+JOBS ?= $(shell nproc)
+PYTHON ?= python3
+
+# ccache shares hits across clones (CCACHE_BASEDIR) and accepts the torch
+# precompiled header (sloppiness below is what ccache's manual asks for PCH).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_MAXSIZE ?= 5G
+
+.PHONY: setup configure build test demo bench format format-check clean
+
+setup:
+	@bash scripts/setup
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DBALLAST_CUDA=$(BALLAST_CUDA) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+
+configure: $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: setup
+	@$(MAKE) --no-print-directory build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+demo: setup
+	@$(MAKE) --no-print-directory build
+	@bash scripts/demo
+
+bench: setup
+	@$(MAKE) --no-print-directory build
+	@bash bench/run
+
+format:
+	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs -r clang-format -i
+
+format-check:
+	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs -r clang-format --dry-run -Werror
+
+clean:
+	rm -rf $(BUILD_DIR)

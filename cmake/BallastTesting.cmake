@@ -1,0 +1,47 @@
+# Test registration. Every CTest name starts with its component
+# (kernels., train., parity., guard., server., integration., ...), so one
+# area runs with `ctest -R '^kernels\.'`.
+enable_testing()
+include(GoogleTest)
+
+# ballast_gtest(name COMPONENT c [TORCH] SOURCES ... LIBS ...): one GoogleTest
+# binary whose cases register as `c.Suite.Case`. A case that calls GTEST_SKIP
+# (the GPU-only ones, without a device) is reported by CTest as skipped.
+# TORCH compiles the sources with the shared torch precompiled header; they go
+# through a PIC object library because the header was built PIC, not PIE.
+function(ballast_gtest name)
+  cmake_parse_arguments(ARG "TORCH" "COMPONENT" "SOURCES;LIBS" ${ARGN})
+  if(ARG_TORCH)
+    add_library(${name}_objs OBJECT ${ARG_SOURCES})
+    target_link_libraries(${name}_objs PUBLIC ${ARG_LIBS} GTest::gtest GTest::gmock)
+    target_precompile_headers(${name}_objs REUSE_FROM ballast_torch_pch)
+    add_executable(${name})
+    target_link_libraries(${name} PRIVATE ${name}_objs GTest::gtest_main)
+  else()
+    add_executable(${name} ${ARG_SOURCES})
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock)
+  endif()
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  gtest_discover_tests(${name}
+    TEST_PREFIX "${ARG_COMPONENT}."
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
+               ENVIRONMENT "BALLAST_BIN_DIR=${CMAKE_BINARY_DIR}/bin;BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+endfunction()
+
+# ballast_pytest(NAME ctest_name FILE path [ARGS ...]): one pytest file as one
+# CTest test. Exit code 5 (nothing collected) is a failure, never a pass.
+function(ballast_pytest)
+  cmake_parse_arguments(ARG "" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 900)
+  endif()
+  add_test(NAME ${ARG_NAME}
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -x -p no:cacheprovider
+                   ${CMAKE_SOURCE_DIR}/${ARG_FILE} ${ARG_ARGS}
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(${ARG_NAME} PROPERTIES
+    TIMEOUT ${ARG_TIMEOUT}
+    SKIP_RETURN_CODE 77
+    ENVIRONMENT "BALLAST_BIN_DIR=${CMAKE_BINARY_DIR}/bin;BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR};PYTHONDONTWRITEBYTECODE=1")
+endfunction()

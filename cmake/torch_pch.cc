@@ -1,0 +1,1 @@
+// Anchor for the shared torch precompiled header (cmake/BallastTorch.cmake).

@@ -1,0 +1,34 @@
+// grad_norm: the global L2 norm of many tensors at once, in fp32, with the
+// first tensor that holds a non-finite value.
+//
+// The trainer calls it once per optimizer step over every gradient (or every
+// local shard of one). Per-tensor sums of squares are returned too, so that a
+// sharded trainer all-reduces them and so that the guard can name the first
+// module that went non-finite. Thread-compatible: no shared state.
+#ifndef BALLAST_KERNELS_GRAD_NORM_H_
+#define BALLAST_KERNELS_GRAD_NORM_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ballast::kernels {
+
+struct GradNormResult {
+  // fp32 scalar on the tensors' device: sqrt(sum over tensors of sum(x^2)).
+  at::Tensor norm;
+  // fp32 [n]: sum(x^2) of each tensor, accumulated in fp64 on CPU and fp32 on CUDA.
+  at::Tensor sum_squares;
+  // Index of the first tensor holding a NaN or an infinity; -1 when all are finite.
+  int64_t first_nonfinite = -1;
+};
+
+// All tensors must be on one device, contiguous, of dtype fp32, bf16, fp16 or
+// fp64. Undefined tensors are skipped (their sum_squares is 0). An empty list
+// gives norm 0.
+GradNormResult grad_norm(const std::vector<at::Tensor>& tensors);
+
+}  // namespace ballast::kernels
+
+#endif  // BALLAST_KERNELS_GRAD_NORM_H_
