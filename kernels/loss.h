@@ -1,0 +1,36 @@
+// Losses that return (sum, count) so that the caller divides by a global
+// count: the supervised tokens of the whole optimizer step, over all
+// micro-batches and ranks. A per-chunk or per-micro-batch mean is wrong here.
+#ifndef BALLAST_KERNELS_LOSS_H_
+#define BALLAST_KERNELS_LOSS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace ballast::kernels {
+
+struct LossSum {
+  // fp32 scalar, differentiable: sum over counted tokens of weight * loss.
+  at::Tensor sum;
+  // int64 scalar: number of targets != ignore_index (weights do not change it).
+  at::Tensor count;
+};
+
+// Cross-entropy of logits = hidden @ weight^T, computed in chunks over T and V
+// so that the (T, V) logits are never materialised; the log-sum-exp is fp32.
+//   hidden         (T, H)  fp32 / bf16 / fp16
+//   weight         (V, H)  same dtype (the lm_head)
+//   targets        (T)     int64, in [0, V) or ignore_index
+//   token_weights  (T)     optional fp32 multiplier per token (e.g. 1/p_mask)
+// loss_t = lse_t - logit_t[target_t] + z_loss * lse_t^2.
+// Differentiable with respect to hidden and weight.
+LossSum linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                             const at::Tensor& targets,
+                             const std::optional<at::Tensor>& token_weights = std::nullopt,
+                             int64_t ignore_index = -100, double z_loss = 0.0);
+
+}  // namespace ballast::kernels
+
+#endif  // BALLAST_KERNELS_LOSS_H_
