@@ -12,7 +12,8 @@
 namespace ballast::kernels {
 
 struct LossSum {
-  // fp32 scalar, differentiable: sum over counted tokens of weight * loss.
+  // fp32 scalar (fp64 for fp64 inputs), differentiable: sum over counted tokens
+  // of weight * loss.
   at::Tensor sum;
   // int64 scalar: number of targets != ignore_index (weights do not change it).
   at::Tensor count;
@@ -20,12 +21,13 @@ struct LossSum {
 
 // Cross-entropy of logits = hidden @ weight^T, computed in chunks over T and V
 // so that the (T, V) logits are never materialised; the log-sum-exp is fp32.
-//   hidden         (T, H)  fp32 / bf16 / fp16
+//   hidden         (T, H)  fp32 / bf16 / fp16, or fp64 (computed in fp64, for gradient checks)
 //   weight         (V, H)  same dtype (the lm_head)
 //   targets        (T)     int64, in [0, V) or ignore_index
 //   token_weights  (T)     optional fp32 multiplier per token (e.g. 1/p_mask)
 // loss_t = lse_t - logit_t[target_t] + z_loss * lse_t^2.
-// Differentiable with respect to hidden and weight.
+// Differentiable with respect to hidden and weight; ignored tokens get zero gradient.
+// Throws c10::Error naming the argument on bad shapes, dtypes, devices or targets.
 LossSum linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets,
                              const std::optional<at::Tensor>& token_weights = std::nullopt,

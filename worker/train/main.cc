@@ -1,22 +1,87 @@
-// ballast-train: one rank of a Ballast job, or a standalone run with --spec.
+// ballast-train: one rank of a Ballast job, or a standalone run.
+//
+//   ballast-train --spec JOB.yaml --out DIR [--set key=value]...
+//   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
+//   ballast-train merge --model DIR --adapter DIR --out DIR
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "absl/status/status.h"
+#include "common/job_spec.h"
 #include "common/version.h"
 #include "worker/train/device_info.h"
+#include "worker/train/export.h"
+#include "worker/train/inference.h"
+#include "worker/train/trainer.h"
+
+namespace {
+
+// Exit codes: 0 done, 1 the job failed, 2 bad spec or arguments.
+int Fail(const absl::Status& status) {
+  std::cerr << "ballast-train: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kNotFound
+             ? 2
+             : 1;
+}
+
+absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string>& overrides,
+                     const std::string& out_dir) {
+  absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
+  ballast::ApplyDefaults(&*spec);
+  if (absl::Status s = ballast::ValidateJobSpec(*spec); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
+      ballast::train::Trainer::Create(*spec, out_dir);
+  if (!trainer.ok()) return trainer.status();
+  return (*trainer)->Run();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ballast-train: run one finetuning job (LoRA or full) on LibTorch"};
-  std::string spec_path;
-  std::string out_dir;
   app.set_version_flag("--version", [] {
     return ballast::VersionLine("ballast-train") + "\n" + ballast::train::DescribeBackends();
   });
-  app.add_option("--spec", spec_path, "Job spec YAML (see README: Job spec)")->required();
-  app.add_option("--out", out_dir, "Run directory: metrics.jsonl, checkpoints/, adapter/ or model/")
-      ->required();
+  std::string spec_path, out_dir;
+  std::vector<std::string> overrides;
+  app.add_option("--spec", spec_path, "Job spec YAML (README: Job spec)")->check(CLI::ExistingFile);
+  app.add_option("--out", out_dir, "Run folder: metrics.jsonl, checkpoints/, adapter/ or model/");
+  app.add_option("--set", overrides, "Override a spec key: key.path=value (repeatable)");
+
+  CLI::App* logits = app.add_subcommand("logits", "Write a model's logits on tokenized documents");
+  std::string model_dir, adapter_dir, tokens_path, logits_out;
+  logits->add_option("--model", model_dir, "HF model folder")->required()->check(CLI::ExistingDirectory);
+  logits->add_option("--adapter", adapter_dir, "PEFT adapter folder")->check(CLI::ExistingDirectory);
+  logits->add_option("--tokens", tokens_path, "JSONL with input_ids")->required()->check(CLI::ExistingFile);
+  logits->add_option("--out", logits_out, "Output .safetensors (logits, cu_seqlens)")->required();
+
+  CLI::App* merge = app.add_subcommand("merge", "Fold a LoRA adapter into its base model");
+  std::string merge_out;
+  merge->add_option("--model", model_dir, "HF base model folder")->required()->check(CLI::ExistingDirectory);
+  merge->add_option("--adapter", adapter_dir, "PEFT adapter folder")->required()->check(CLI::ExistingDirectory);
+  merge->add_option("--out", merge_out, "Output HF model folder")->required();
   CLI11_PARSE(app, argc, argv);
 
-  std::cerr << "ballast-train: standalone training is not implemented yet in this build\n";
-  return 1;
+  absl::Status status;
+  try {
+    if (logits->parsed()) {
+      status = ballast::train::WriteLogits(model_dir, adapter_dir, tokens_path, logits_out);
+    } else if (merge->parsed()) {
+      status = ballast::train::ExportMergedLora(model_dir, adapter_dir, merge_out);
+    } else {
+      if (spec_path.empty() || out_dir.empty()) {
+        std::cerr << "ballast-train: --spec and --out are required\n" << app.help();
+        return 2;
+      }
+      status = RunSpec(spec_path, overrides, out_dir);
+    }
+  } catch (const std::exception& e) {
+    // LibTorch reports through exceptions; they stop at this boundary.
+    status = absl::InternalError(e.what());
+  }
+  if (!status.ok()) return Fail(status);
+  return 0;
 }

@@ -1,0 +1,313 @@
+#include "common/job_spec.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace ballast {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+std::string AllowedKeys(const google::protobuf::Descriptor* desc) {
+  std::vector<std::string> names;
+  for (int i = 0; i < desc->field_count(); ++i) names.push_back(desc->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status TypeError(const std::string& path, const char* want, const YAML::Node& node) {
+  std::string got = node.IsScalar() ? absl::StrCat("'", node.Scalar(), "'")
+                    : node.IsSequence() ? "a list"
+                    : node.IsMap()      ? "a mapping"
+                                        : "nothing";
+  return absl::InvalidArgumentError(absl::StrCat(path, ": expected ", want, ", got ", got));
+}
+
+// Converts one YAML scalar to the field's type and stores it (appends when repeated).
+absl::Status SetScalar(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
+                       Message* msg) {
+  const Reflection* r = msg->GetReflection();
+  const bool rep = f->is_repeated();
+  if (!node.IsScalar()) {
+    return TypeError(path, f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ? "a string" : "a scalar",
+                     node);
+  }
+  try {
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: {
+        const int64_t v = node.as<int64_t>();
+        if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": ", v, " does not fit in 32 bits"));
+        }
+        rep ? r->AddInt32(msg, f, static_cast<int32_t>(v))
+            : r->SetInt32(msg, f, static_cast<int32_t>(v));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT64:
+        rep ? r->AddInt64(msg, f, node.as<int64_t>()) : r->SetInt64(msg, f, node.as<int64_t>());
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        if (!node.Scalar().empty() && node.Scalar()[0] == '-') {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= 0, got ", node.Scalar()));
+        }
+        rep ? r->AddUInt64(msg, f, node.as<uint64_t>()) : r->SetUInt64(msg, f, node.as<uint64_t>());
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        rep ? r->AddDouble(msg, f, node.as<double>()) : r->SetDouble(msg, f, node.as<double>());
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        rep ? r->AddBool(msg, f, node.as<bool>()) : r->SetBool(msg, f, node.as<bool>());
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        rep ? r->AddString(msg, f, node.Scalar()) : r->SetString(msg, f, node.Scalar());
+        break;
+      default:
+        return absl::InternalError(absl::StrCat(path, ": field type not supported in YAML"));
+    }
+  } catch (const YAML::BadConversion&) {
+    const char* want = "a value";
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+      case FieldDescriptor::CPPTYPE_INT64:
+      case FieldDescriptor::CPPTYPE_UINT64:
+        want = "an integer";
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        want = "a number";
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        want = "true or false";
+        break;
+      default:
+        break;
+    }
+    return TypeError(path, want, node);
+  }
+  return absl::OkStatus();
+}
+
+// Fills `msg` from a YAML mapping, field by field through the descriptor, so
+// that an unknown key or a wrong type is reported with its dotted path.
+absl::Status FillMessage(const YAML::Node& node, const std::string& path, Message* msg) {
+  const google::protobuf::Descriptor* desc = msg->GetDescriptor();
+  if (!node.IsMap()) return TypeError(path.empty() ? "spec" : path, "a mapping", node);
+  const Reflection* r = msg->GetReflection();
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string field_path = Join(path, key);
+    const FieldDescriptor* f = desc->FindFieldByName(key);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown key '", field_path, "'; allowed: ", AllowedKeys(desc)));
+    }
+    const YAML::Node& value = kv.second;
+    if (f->is_repeated()) {
+      if (!value.IsSequence()) return TypeError(field_path, "a list", value);
+      r->ClearField(msg, f);
+      for (size_t i = 0; i < value.size(); ++i) {
+        const std::string item_path = absl::StrCat(field_path, "[", i, "]");
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          absl::Status s = FillMessage(value[i], item_path, r->AddMessage(msg, f));
+          if (!s.ok()) return s;
+        } else if (absl::Status s = SetScalar(value[i], item_path, f, msg); !s.ok()) {
+          return s;
+        }
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (value.IsNull()) continue;
+      if (absl::Status s = FillMessage(value, field_path, r->MutableMessage(msg, f)); !s.ok()) {
+        return s;
+      }
+    } else if (absl::Status s = SetScalar(value, field_path, f, msg); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OutOfRange(const std::string& field, const std::string& value,
+                        const std::string& allowed) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", value, " is out of range; allowed: ", allowed));
+}
+
+template <typename T>
+absl::Status CheckRange(const std::string& field, T v, T lo, T hi, const std::string& allowed) {
+  if (!(v >= lo && v <= hi)) return OutOfRange(field, absl::StrCat(v), allowed);
+  return absl::OkStatus();
+}
+
+absl::Status CheckOneOf(const std::string& field, const std::string& v,
+                        const std::set<std::string>& allowed) {
+  if (allowed.count(v) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " = '", v, "' is not supported; allowed: ",
+                                                   absl::StrJoin(allowed, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid YAML: ", e.what()));
+  }
+  v1::JobSpec spec;
+  if (root.IsNull()) return absl::InvalidArgumentError("spec is empty");
+  if (absl::Status s = FillMessage(root, "", &spec); !s.ok()) return s;
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("spec file not found: ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(text.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+absl::Status ApplyOverrides(const std::vector<std::string>& overrides, v1::JobSpec* spec) {
+  for (const std::string& item : overrides) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("override '", item, "' must look like key.path=value"));
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(item.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("override '", item, "': ", e.what()));
+    }
+    // Wraps the value in mappings along the path: a.b=v becomes {a: {b: v}}.
+    std::vector<std::string> keys = absl::StrSplit(item.substr(0, eq), '.');
+    YAML::Node node = value;
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
+      YAML::Node parent(YAML::NodeType::Map);
+      parent[*it] = node;
+      node = parent;
+    }
+    if (absl::Status s = FillMessage(node, "", spec); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void ApplyDefaults(v1::JobSpec* spec) {
+  if (spec->method().empty()) spec->set_method("lora");
+  if (spec->precision().empty()) spec->set_precision("fp32");
+  if (!spec->has_devices()) spec->set_devices(1);
+  v1::LoraSpec* lora = spec->mutable_lora();
+  if (!lora->has_r()) lora->set_r(8);
+  if (!lora->has_lora_alpha()) lora->set_lora_alpha(16);
+  if (lora->target_modules().empty()) {
+    lora->add_target_modules("q_proj");
+    lora->add_target_modules("v_proj");
+  }
+  if (lora->init_lora_weights().empty()) lora->set_init_lora_weights("kaiming");
+  v1::DataSpec* data = spec->mutable_data();
+  if (!data->has_micro_batch_size()) data->set_micro_batch_size(1);
+  if (!data->has_grad_accum_steps()) data->set_grad_accum_steps(1);
+  if (!data->has_shuffle()) data->set_shuffle(true);
+  v1::OptimizerSpec* opt = spec->mutable_optimizer();
+  if (!opt->has_beta1()) opt->set_beta1(0.9);
+  if (!opt->has_beta2()) opt->set_beta2(0.999);
+  if (!opt->has_eps()) opt->set_eps(1e-8);
+  if (!opt->has_max_grad_norm()) opt->set_max_grad_norm(1.0);
+  if (spec->schedule().kind().empty()) spec->mutable_schedule()->set_kind("constant");
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  std::vector<absl::Status> checks;
+  if (spec.name().size() > 128) {
+    checks.push_back(OutOfRange("name", absl::StrCat(spec.name().size(), " characters"),
+                                "at most 128 characters"));
+  }
+  if (spec.model().path().empty()) {
+    checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));
+  }
+  checks.push_back(CheckOneOf("method", spec.method(), {"lora", "full"}));
+  checks.push_back(CheckOneOf("precision", spec.precision(), {"fp32", "bf16"}));
+  checks.push_back(CheckRange<int64_t>("max_steps", spec.max_steps(), 1, 1000000000, "1..10^9"));
+  checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
+                                       spec.max_steps(), "0..max_steps"));
+  checks.push_back(CheckRange<int32_t>("devices", spec.devices(), 1, 4096, "1..4096"));
+
+  const v1::LoraSpec& lora = spec.lora();
+  if (spec.method() == "lora") {
+    checks.push_back(CheckRange<int32_t>("lora.r", lora.r(), 1, 4096, "1..4096"));
+    checks.push_back(CheckRange<double>("lora.lora_alpha", lora.lora_alpha(),
+                                        std::numeric_limits<double>::min(), 1e6, "(0, 1e6]"));
+    checks.push_back(CheckRange<double>("lora.lora_dropout", lora.lora_dropout(), 0.0,
+                                        std::nextafter(1.0, 0.0), "[0, 1)"));
+    checks.push_back(
+        CheckOneOf("lora.init_lora_weights", lora.init_lora_weights(), {"kaiming", "gaussian"}));
+    const std::set<std::string> linear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                          "gate_proj", "up_proj", "down_proj"};
+    for (const std::string& m : lora.target_modules()) {
+      if (m == "all-linear" && lora.target_modules_size() == 1) continue;
+      checks.push_back(CheckOneOf("lora.target_modules", m, linear));
+    }
+    for (const std::string& m : lora.modules_to_save()) {
+      checks.push_back(CheckOneOf("lora.modules_to_save", m, {"embed_tokens", "lm_head"}));
+    }
+  }
+
+  const v1::DataSpec& data = spec.data();
+  if (data.path().empty()) {
+    checks.push_back(absl::InvalidArgumentError("data.path is required: a tokenized JSONL file"));
+  }
+  checks.push_back(CheckRange<int32_t>("data.seq_len", data.seq_len(), 1, 1 << 24,
+                                       "1..max_position_embeddings of the model"));
+  checks.push_back(
+      CheckRange<int32_t>("data.micro_batch_size", data.micro_batch_size(), 1, 4096, "1..4096"));
+  checks.push_back(
+      CheckRange<int32_t>("data.grad_accum_steps", data.grad_accum_steps(), 1, 65536, "1..65536"));
+
+  const v1::OptimizerSpec& opt = spec.optimizer();
+  checks.push_back(CheckRange<double>("optimizer.lr", opt.lr(), std::numeric_limits<double>::min(),
+                                      1.0, "(0, 1]"));
+  checks.push_back(CheckRange<double>("optimizer.weight_decay", opt.weight_decay(), 0.0,
+                                      std::nextafter(1.0, 0.0), "[0, 1)"));
+  checks.push_back(
+      CheckRange<double>("optimizer.beta1", opt.beta1(), 0.0, std::nextafter(1.0, 0.0), "[0, 1)"));
+  checks.push_back(
+      CheckRange<double>("optimizer.beta2", opt.beta2(), 0.0, std::nextafter(1.0, 0.0), "[0, 1)"));
+  checks.push_back(CheckRange<double>("optimizer.eps", opt.eps(),
+                                      std::numeric_limits<double>::min(), 1e-2, "(0, 1e-2]"));
+  checks.push_back(CheckRange<double>("optimizer.max_grad_norm", opt.max_grad_norm(), 0.0, 1e6,
+                                      "0 (off) or (0, 1e6]"));
+
+  checks.push_back(CheckOneOf("schedule.kind", spec.schedule().kind(),
+                              {"constant", "linear", "cosine"}));
+  checks.push_back(CheckRange<int64_t>("schedule.warmup_steps", spec.schedule().warmup_steps(), 0,
+                                       spec.max_steps(), "0..max_steps"));
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ballast

@@ -1,0 +1,719 @@
+// Attention on CPU: FlashAttention-2 forward and backward over an IntervalMask.
+//
+// Inputs: q (T, Hq, D), k and v (T, Hkv, D); query head h reads kv head
+// h / (Hq / Hkv). For each query head and each row i, with V(i) the keys the
+// mask lets it see:
+//   s_ij  = scale * q_i . k_j                    j in V(i)
+//   lse_i = log sum_{j in V(i)} exp(s_ij)        kept, (Hq, T), for the backward
+//   out_i = sum_{j in V(i)} exp(s_ij - lse_i) v_j
+// A row with V(i) empty gets out_i = 0, lse_i = -inf, and gradient 0, never NaN.
+//
+// Forward. One work item is (query tile of kAttnBlockM rows, query head). It
+// walks only the key tiles of kAttnBlockN columns that some row of the tile
+// sees, keeps per row the running max m and sum l of exp(s - m), rescales the
+// output accumulator when m grows, and divides by l at the end (online
+// softmax). Tiles that every row sees whole are not masked; tiles no row sees
+// are skipped; the rest (the diagonal of a causal mask) are masked element by
+// element from the row's intervals. No dense mask exists.
+//
+// Backward. With P = exp(S - lse) recomputed tile by tile and
+// Delta_i = dO_i . O_i:
+//   dV_j = sum_i P_ij dO_i          dS_ij = P_ij (dO_i . v_j - Delta_i)
+//   dK_j = scale sum_i dS_ij q_i    dQ_i  = scale sum_j dS_ij k_j
+// Two passes give every output element a single owner, so there are no
+// atomics and the result does not depend on the thread count: (key tile, kv
+// head) items accumulate dK and dV over all query heads of the group, then
+// (query tile, query head) items accumulate dQ.
+//
+// Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
+// sum and exp runs in fp32 (fp64 for fp64 inputs, which gradcheck uses).
+// Tile products go to the BLAS that LibTorch links (MKL in the PyPI wheel)
+// through its Fortran entry points, because an ATen op per tile costs more in
+// dispatch than a small tile costs in arithmetic. The fp32 exp is vectorised
+// (Cody-Waite reduction and a degree-7 polynomial, within 1e-7 relative of
+// expf) and cloned for AVX2 where the CPU has it.
+//
+// Indexing. Every offset is int64: T * H * D exceeds 2^31 at long contexts.
+#include "kernels/cpu/attention_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
+            const double* beta, double* c, const int* ldc);
+}
+
+namespace ballast::kernels {
+namespace {
+
+constexpr int64_t kBlockM = kAttnBlockM;
+constexpr int64_t kBlockN = kAttnBlockN;
+// Row kernels work on kVec floats at a time; a row of a score tile is padded
+// with -inf up to a multiple of kVec, which exp turns into 0.
+constexpr int64_t kVec = 8;
+static_assert(kBlockM > 0 && kBlockN > 0, "tiles must be non-empty");
+static_assert(kBlockN % kVec == 0, "score rows are padded to kVec within kBlockN");
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The baseline build targets any x86-64; like ATen's own kernels, the row
+// kernels pick an AVX2 + FMA body at load time when the CPU has one.
+#define BALLAST_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define BALLAST_ROW_KERNEL
+#endif
+
+using Vec8f = float __attribute__((vector_size(32)));
+using Vec8i = int32_t __attribute__((vector_size(32)));
+static_assert(sizeof(Vec8f) == kVec * sizeof(float));
+
+// ---------------------------------------------------------------------------
+// Tile products
+// ---------------------------------------------------------------------------
+
+// C = alpha * op(A) op(B) + beta * C in BLAS's column-major terms, C (m, n).
+// A row-major (r, c) tile with row stride ld is a column-major (c, r) matrix
+// with the same ld, which is how every tile below is handed over. With
+// beta == 0, C is not read. Sizes fit int: tiles are at most 256 wide and the
+// front end checks H * D < 2^31.
+void Gemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb),
+            ildc = static_cast<int>(ldc);
+  sgemm_(&transa, &transb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
+}
+
+void Gemm(char transa, char transb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb),
+            ildc = static_cast<int>(ldc);
+  dgemm_(&transa, &transb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
+}
+
+// ---------------------------------------------------------------------------
+// Row kernels. n is a multiple of kVec for the score rows.
+// ---------------------------------------------------------------------------
+
+BALLAST_ROW_KERNEL float RowMax(const float* s, int64_t n) {
+  Vec8f best = Vec8f{} - std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; j += kVec) {
+    Vec8f x;
+    std::memcpy(&x, s + j, sizeof x);
+    best = x > best ? x : best;
+  }
+  float m = best[0];
+  for (int64_t t = 1; t < kVec; ++t) m = std::max(m, best[t]);
+  return m;
+}
+
+double RowMax(const double* s, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// s[j] = exp(s[j] - shift); returns the sum. -inf gives exactly 0 and NaN
+// stays NaN, so a poisoned input reaches the output instead of vanishing.
+BALLAST_ROW_KERNEL float ExpRowSum(float* s, float shift, int64_t n) {
+  // exp(x) = 2^r * exp(f), r = round(x / ln 2), f = x - r ln 2 in
+  // [-ln2/2, ln2/2]; ln 2 is split in two so that r * ln2_hi is exact.
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  // Adding then subtracting 1.5 * 2^23 rounds to the nearest integer.
+  constexpr float kRound = 12582912.0f;
+  // Below this exp(x) is subnormal in fp32; it is flushed to 0.
+  constexpr float kMinArg = -87.33f;
+  constexpr float kMaxArg = 88.37f;
+  Vec8f sum{};
+  for (int64_t j = 0; j < n; j += kVec) {
+    Vec8f x;
+    std::memcpy(&x, s + j, sizeof x);
+    x = x - shift;
+    Vec8f xc = x < kMinArg ? Vec8f{} + kMinArg : x;
+    xc = xc > kMaxArg ? Vec8f{} + kMaxArg : xc;
+    const Vec8f r = (xc * kLog2e + kRound) - kRound;
+    const Vec8f f = (xc - r * kLn2Hi) - r * kLn2Lo;
+    Vec8f p = Vec8f{} + 1.9875691500e-4f;
+    p = p * f + 1.3981999507e-3f;
+    p = p * f + 8.3334519073e-3f;
+    p = p * f + 4.1665795894e-2f;
+    p = p * f + 1.6666665459e-1f;
+    p = p * f + 5.0000001201e-1f;
+    p = p * f * f + f + 1.0f;
+    // Multiply by 2^r by adding r to the exponent bits (GCC's reinterpret_cast
+    // of a vector keeps its bits).
+    const Vec8i bits = reinterpret_cast<Vec8i>(p) + (__builtin_convertvector(r, Vec8i) << 23);
+    Vec8f y = reinterpret_cast<Vec8f>(bits);
+    y = x < kMinArg ? Vec8f{} : y;
+    y = x != x ? x : y;
+    std::memcpy(s + j, &y, sizeof y);
+    sum += y;
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < kVec; ++t) total += sum[t];
+  return total;
+}
+
+double ExpRowSum(double* s, double shift, int64_t n) {
+  double total = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - shift);
+    total += s[j];
+  }
+  return total;
+}
+
+// dp[j] = p[j] * (dp[j] - delta): dP becomes dS in place.
+BALLAST_ROW_KERNEL void SoftmaxGrad(float* dp, const float* p, float delta, int64_t n) {
+  for (int64_t j = 0; j < n; j += kVec) {
+    Vec8f x, y;
+    std::memcpy(&x, dp + j, sizeof x);
+    std::memcpy(&y, p + j, sizeof y);
+    x = y * (x - delta);
+    std::memcpy(dp + j, &x, sizeof x);
+  }
+}
+
+void SoftmaxGrad(double* dp, const double* p, double delta, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
+}
+
+// x[0, n) *= a, for rows of any length (n = D).
+BALLAST_ROW_KERNEL void ScaleRow(float* x, float a, int64_t n) {
+  int64_t j = 0;
+  for (; j + kVec <= n; j += kVec) {
+    Vec8f y;
+    std::memcpy(&y, x + j, sizeof y);
+    y = y * a;
+    std::memcpy(x + j, &y, sizeof y);
+  }
+  for (; j < n; ++j) x[j] *= a;
+}
+
+void ScaleRow(double* x, double a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= a;
+}
+
+// ---------------------------------------------------------------------------
+// Tiles and their visibility
+// ---------------------------------------------------------------------------
+
+struct Span {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Up to two disjoint ascending spans.
+struct Spans {
+  std::array<Span, 2> span;
+  int count = 0;
+  int64_t total() const {
+    return count == 0 ? 0 : span[0].size() + (count == 2 ? span[1].size() : 0);
+  }
+};
+
+// The indices any row of `rows` lists in `ranges` (T, 4): the union of each
+// interval slot over the rows, the two merged when they meet.
+Spans UnionOfRanges(const int64_t* ranges, Span rows) {
+  std::array<Span, 2> hull;
+  std::array<bool, 2> seen = {false, false};
+  for (int64_t i = rows.begin; i < rows.end; ++i) {
+    for (int slot = 0; slot < 2; ++slot) {
+      const int64_t lo = ranges[4 * i + 2 * slot];
+      const int64_t hi = ranges[4 * i + 2 * slot + 1];
+      if (lo >= hi) continue;
+      hull[slot] = seen[slot] ? Span{std::min(hull[slot].begin, lo), std::max(hull[slot].end, hi)}
+                              : Span{lo, hi};
+      seen[slot] = true;
+    }
+  }
+  Spans out;
+  for (int slot = 0; slot < 2; ++slot) {
+    if (seen[slot]) out.span[out.count++] = hull[slot];
+  }
+  if (out.count == 2) {
+    Span& a = out.span[0];
+    Span& b = out.span[1];
+    if (a.begin <= b.end && b.begin <= a.end) {
+      a = {std::min(a.begin, b.begin), std::max(a.end, b.end)};
+      out.count = 1;
+    } else if (b.begin < a.begin) {
+      std::swap(a, b);
+    }
+  }
+  return out;
+}
+
+enum class Coverage { kNone, kPartial, kFull };
+
+// How the rows see the key columns `cols`, from the rows' key intervals.
+Coverage Classify(const int64_t* key_ranges, Span rows, Span cols) {
+  bool any = false;
+  bool all = true;
+  for (int64_t i = rows.begin; i < rows.end; ++i) {
+    const int64_t* r = key_ranges + 4 * i;
+    const bool full =
+        (r[0] <= cols.begin && cols.end <= r[1]) || (r[2] <= cols.begin && cols.end <= r[3]);
+    const bool some = (std::max(r[0], cols.begin) < std::min(r[1], cols.end)) ||
+                      (std::max(r[2], cols.begin) < std::min(r[3], cols.end));
+    any |= some;
+    all &= full;
+  }
+  return !any ? Coverage::kNone : (all ? Coverage::kFull : Coverage::kPartial);
+}
+
+// ---------------------------------------------------------------------------
+// Problem, work items, workspaces
+// ---------------------------------------------------------------------------
+
+template <typename T>
+struct Problem {
+  const T* q;  // (T, Hq, D)
+  const T* k;  // (T, Hkv, D)
+  const T* v;  // (T, Hkv, D)
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  const int64_t* key_ranges;    // (T, 4)
+  const int64_t* query_ranges;  // (T, 4)
+  T scale;
+
+  int64_t ldq() const { return num_heads * head_dim; }
+  int64_t ldk() const { return num_kv_heads * head_dim; }
+  int64_t group() const { return num_heads / num_kv_heads; }
+};
+
+// A tile of one head: rows (queries) for the forward and dQ, columns (keys)
+// for dK/dV, with the spans of the other side it meets.
+struct WorkItem {
+  Span tile;
+  int64_t head;
+  Spans other;
+  int64_t cost;
+};
+
+// Cuts every segment into tiles of `block`, pairs each with the spans that
+// `ranges` gives it, and repeats for `num_heads` heads, most costly first.
+std::vector<WorkItem> MakeWorkItems(const std::vector<int64_t>& segments, const int64_t* ranges,
+                                    int64_t block, int64_t num_heads, int64_t heads_per_item) {
+  std::vector<WorkItem> items;
+  for (size_t s = 0; s + 1 < segments.size(); ++s) {
+    for (int64_t b = segments[s]; b < segments[s + 1]; b += block) {
+      const Span tile{b, std::min(b + block, segments[s + 1])};
+      const Spans other = UnionOfRanges(ranges, tile);
+      if (other.count == 0) continue;
+      const int64_t cost = tile.size() * other.total() * heads_per_item;
+      for (int64_t h = 0; h < num_heads; ++h) items.push_back({tile, h, other, cost});
+    }
+  }
+  // Causal tiles differ in cost by up to T / kBlockN; starting the longest
+  // first keeps the last thread from finishing alone.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  return items;
+}
+
+// Calls worker(claim) once on each intra-op thread; claim() hands out the
+// item indices 0 .. num_items - 1 in order, then -1.
+template <typename Worker>
+void ParallelOverItems(int64_t num_items, const Worker& worker) {
+  std::atomic<int64_t> next{0};
+  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_items);
+  at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
+    worker([&]() -> int64_t {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      return i < num_items ? i : -1;
+    });
+  });
+}
+
+template <typename T>
+struct Workspace {
+  explicit Workspace(int64_t head_dim)
+      : s(kBlockM * kBlockN, T(0)),
+        dp(kBlockM * kBlockN, T(0)),
+        acc(2 * std::max(kBlockM, kBlockN) * head_dim, T(0)),
+        row_a(kBlockM, T(0)),
+        row_b(kBlockM, T(0)) {}
+  std::vector<T> s;      // (kBlockM, kBlockN) scores, then probabilities
+  std::vector<T> dp;     // (kBlockM, kBlockN) dP, then dS
+  std::vector<T> acc;    // (kBlockM, D) for O or dQ; (kBlockN, D) x 2 for dK, dV
+  std::vector<T> row_a;  // (kBlockM) running max m, or lse
+  std::vector<T> row_b;  // (kBlockM) running sum l, or Delta
+};
+
+// s (rows, kBlockN) = scale * Q K^T for the tile, with columns past the tile
+// padded to kVec with -inf and the keys a row does not see set to -inf.
+// Returns the padded width.
+template <typename T>
+int64_t ScoreTile(const Problem<T>& p, const T* q_tile, const T* k_tile, Span rows, Span cols,
+                  Coverage coverage, T* s) {
+  const int64_t m = rows.size();
+  const int64_t n = cols.size();
+  const int64_t n_padded = (n + kVec - 1) / kVec * kVec;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  // s (m, n) row-major = column-major (n, m) = K (n, D) . Q^T (D, m)
+  Gemm('T', 'N', n, m, p.head_dim, p.scale, k_tile, p.ldk(), q_tile, p.ldq(), T(0), s, kBlockN);
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = s + i * kBlockN;
+    std::fill(row + n, row + n_padded, kNegInf);
+    if (coverage == Coverage::kFull) continue;
+    const int64_t* r = p.key_ranges + 4 * (rows.begin + i);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t c = cols.begin + j;
+      const bool visible = (r[0] <= c && c < r[1]) || (r[2] <= c && c < r[3]);
+      if (!visible) row[j] = kNegInf;
+    }
+  }
+  return n_padded;
+}
+
+// ---------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------
+
+template <typename T>
+void ForwardItem(const Problem<T>& p, const WorkItem& item, T* out, T* lse, Workspace<T>& ws) {
+  const Span rows = item.tile;
+  const int64_t m = rows.size();
+  const int64_t d = p.head_dim;
+  const int64_t h = item.head;
+  const int64_t g = h / p.group();
+  const T* q_tile = p.q + rows.begin * p.ldq() + h * d;  // (m, D), row stride ldq
+  T* s = ws.s.data();                                    // (kBlockM, kBlockN)
+  T* o = ws.acc.data();                                  // (kBlockM, D)
+  T* row_max = ws.row_a.data();                          // (kBlockM)
+  T* row_sum = ws.row_b.data();                          // (kBlockM)
+  std::fill(o, o + m * d, T(0));
+  std::fill(row_max, row_max + m, -std::numeric_limits<T>::infinity());
+  std::fill(row_sum, row_sum + m, T(0));
+
+  for (int si = 0; si < item.other.count; ++si) {
+    const Span keys = item.other.span[si];
+    for (int64_t c = keys.begin; c < keys.end; c += kBlockN) {
+      const Span cols{c, std::min(c + kBlockN, keys.end)};
+      const Coverage coverage = Classify(p.key_ranges, rows, cols);
+      if (coverage == Coverage::kNone) continue;
+      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
+      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
+      const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
+      for (int64_t i = 0; i < m; ++i) {
+        T* row = s + i * kBlockN;
+        const T new_max = std::max(row_max[i], RowMax(row, n_padded));
+        // While a row has seen no key its max is -inf; shifting by 0 instead
+        // avoids -inf - -inf, which is NaN, and exp(-inf - 0) is the 0 we want.
+        const T shift = new_max == -std::numeric_limits<T>::infinity() ? T(0) : new_max;
+        const T rescale = std::exp(row_max[i] - shift);
+        row_sum[i] = row_sum[i] * rescale + ExpRowSum(row, shift, n_padded);
+        row_max[i] = new_max;
+        if (rescale != T(1)) ScaleRow(o + i * d, rescale, d);
+      }
+      // o (m, D) row-major = column-major (D, m) += V^T (D, n) . P^T (n, m)
+      Gemm('N', 'N', d, m, cols.size(), T(1), v_tile, p.ldk(), s, kBlockN, T(1), o, d);
+    }
+  }
+
+  for (int64_t i = 0; i < m; ++i) {
+    // l == 0 only for a row that saw no key: output 0, lse -inf. A NaN l
+    // propagates.
+    const bool empty = row_sum[i] == T(0);
+    const T inv = empty ? T(0) : T(1) / row_sum[i];
+    T* dst = out + (rows.begin + i) * p.ldq() + h * d;
+    for (int64_t c = 0; c < d; ++c) dst[c] = o[i * d + c] * inv;
+    lse[h * p.num_tokens + rows.begin + i] =
+        empty ? -std::numeric_limits<T>::infinity() : row_max[i] + std::log(row_sum[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------
+
+template <typename T>
+struct Upstream {
+  const T* grad_out;  // (T, Hq, D)
+  const T* lse;       // (Hq, T)
+  const T* delta;     // (Hq, T): rowsum(dO * O)
+};
+
+// P = exp(S - lse) in place for the rows of a score tile. A row with
+// lse = -inf saw no key in the forward; shifting it by +inf instead gives
+// P = 0 rather than exp(-inf - -inf) = NaN.
+template <typename T>
+void Probabilities(T* s, const T* lse_rows, int64_t m, int64_t n_padded) {
+  for (int64_t i = 0; i < m; ++i) {
+    const T shift = lse_rows[i] == -std::numeric_limits<T>::infinity()
+                        ? std::numeric_limits<T>::infinity()
+                        : lse_rows[i];
+    ExpRowSum(s + i * kBlockN, shift, n_padded);
+  }
+}
+
+// dK and dV for one key tile of kv head `item.head`, over every query head of
+// its group and every query tile that sees the keys.
+template <typename T>
+void KeyValueGradItem(const Problem<T>& p, const Upstream<T>& up, const WorkItem& item, T* grad_k,
+                      T* grad_v, Workspace<T>& ws) {
+  const Span cols = item.tile;
+  const int64_t n = cols.size();
+  const int64_t d = p.head_dim;
+  const int64_t g = item.head;
+  const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
+  const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
+  T* s = ws.s.data();                                    // (kBlockM, kBlockN)
+  T* dp = ws.dp.data();                                  // (kBlockM, kBlockN)
+  T* dk = ws.acc.data();                                 // (kBlockN, D)
+  T* dv = dk + kBlockN * d;                              // (kBlockN, D)
+  std::fill(dk, dk + 2 * kBlockN * d, T(0));
+
+  for (int64_t h = g * p.group(); h < (g + 1) * p.group(); ++h) {
+    for (int si = 0; si < item.other.count; ++si) {
+      const Span queries = item.other.span[si];
+      for (int64_t r = queries.begin; r < queries.end; r += kBlockM) {
+        const Span rows{r, std::min(r + kBlockM, queries.end)};
+        const Coverage coverage = Classify(p.key_ranges, rows, cols);
+        if (coverage == Coverage::kNone) continue;
+        const int64_t m = rows.size();
+        const T* q_tile = p.q + rows.begin * p.ldq() + h * d;           // (m, D)
+        const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;  // (m, D)
+        const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
+        Probabilities(s, up.lse + h * p.num_tokens + rows.begin, m, n_padded);
+        // dv (n, D) row-major = column-major (D, n) += dO^T (D, m) . P (m, n)
+        Gemm('N', 'T', d, n, m, T(1), do_tile, p.ldq(), s, kBlockN, T(1), dv, d);
+        // dp (m, n) row-major = column-major (n, m) = V (n, D) . dO^T (D, m)
+        Gemm('T', 'N', n, m, d, T(1), v_tile, p.ldk(), do_tile, p.ldq(), T(0), dp, kBlockN);
+        for (int64_t i = 0; i < m; ++i) {
+          SoftmaxGrad(dp + i * kBlockN, s + i * kBlockN,
+                      up.delta[h * p.num_tokens + rows.begin + i], n_padded);
+        }
+        // dk (n, D) row-major = column-major (D, n) += scale Q^T (D, m) . dS (m, n)
+        Gemm('N', 'T', d, n, m, p.scale, q_tile, p.ldq(), dp, kBlockN, T(1), dk, d);
+      }
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    std::copy(dk + j * d, dk + (j + 1) * d, grad_k + (cols.begin + j) * p.ldk() + g * d);
+    std::copy(dv + j * d, dv + (j + 1) * d, grad_v + (cols.begin + j) * p.ldk() + g * d);
+  }
+}
+
+// dQ for one query tile of query head `item.head`.
+template <typename T>
+void QueryGradItem(const Problem<T>& p, const Upstream<T>& up, const WorkItem& item, T* grad_q,
+                   Workspace<T>& ws) {
+  const Span rows = item.tile;
+  const int64_t m = rows.size();
+  const int64_t d = p.head_dim;
+  const int64_t h = item.head;
+  const int64_t g = h / p.group();
+  const T* q_tile = p.q + rows.begin * p.ldq() + h * d;            // (m, D)
+  const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;   // (m, D)
+  const T* lse_rows = up.lse + h * p.num_tokens + rows.begin;      // (m)
+  const T* delta_rows = up.delta + h * p.num_tokens + rows.begin;  // (m)
+  T* s = ws.s.data();                                              // (kBlockM, kBlockN)
+  T* dp = ws.dp.data();                                            // (kBlockM, kBlockN)
+  T* dq = ws.acc.data();                                           // (kBlockM, D)
+  std::fill(dq, dq + m * d, T(0));
+
+  for (int si = 0; si < item.other.count; ++si) {
+    const Span keys = item.other.span[si];
+    for (int64_t c = keys.begin; c < keys.end; c += kBlockN) {
+      const Span cols{c, std::min(c + kBlockN, keys.end)};
+      const Coverage coverage = Classify(p.key_ranges, rows, cols);
+      if (coverage == Coverage::kNone) continue;
+      const int64_t n = cols.size();
+      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D)
+      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D)
+      const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
+      Probabilities(s, lse_rows, m, n_padded);
+      // dp (m, n) row-major = column-major (n, m) = V (n, D) . dO^T (D, m)
+      Gemm('T', 'N', n, m, d, T(1), v_tile, p.ldk(), do_tile, p.ldq(), T(0), dp, kBlockN);
+      for (int64_t i = 0; i < m; ++i) {
+        SoftmaxGrad(dp + i * kBlockN, s + i * kBlockN, delta_rows[i], n_padded);
+      }
+      // dq (m, D) row-major = column-major (D, m) += scale K^T (D, n) . dS^T (n, m)
+      Gemm('N', 'N', d, m, n, p.scale, k_tile, p.ldk(), dp, kBlockN, T(1), dq, d);
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy(dq + i * d, dq + (i + 1) * d, grad_q + (rows.begin + i) * p.ldq() + h * d);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------
+
+at::ScalarType ComputeType(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+std::vector<int64_t> ToVector(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return std::vector<int64_t>(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
+}
+
+template <typename T>
+Problem<T> MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& key_ranges, const at::Tensor& query_ranges, double scale) {
+  return Problem<T>{q.const_data_ptr<T>(),
+                    k.const_data_ptr<T>(),
+                    v.const_data_ptr<T>(),
+                    q.size(0),
+                    q.size(1),
+                    k.size(1),
+                    q.size(2),
+                    key_ranges.const_data_ptr<int64_t>(),
+                    query_ranges.const_data_ptr<int64_t>(),
+                    static_cast<T>(scale)};
+}
+
+}  // namespace
+
+IntervalMask interval_mask(const AttentionMask& mask, int64_t num_tokens) {
+  const std::vector<int64_t> cu = ToVector(mask.cu_seqlens);
+  at::Tensor key_ranges = at::empty({num_tokens, 4}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor query_ranges = at::empty({num_tokens, 4}, at::TensorOptions().dtype(at::kLong));
+  int64_t* kr = key_ranges.mutable_data_ptr<int64_t>();
+  int64_t* qr = query_ranges.mutable_data_ptr<int64_t>();
+  auto set = [](int64_t* row, int64_t lo0, int64_t hi0, int64_t lo1, int64_t hi1) {
+    row[0] = lo0;
+    row[1] = hi0;
+    row[2] = lo1;
+    row[3] = hi1;
+  };
+  std::vector<int64_t> segments = {0};
+  for (size_t doc = 0; doc + 1 < cu.size(); ++doc) {
+    const int64_t begin = cu[doc];
+    const int64_t end = cu[doc + 1];
+    if (mask.kind == MaskKind::kCausal) {
+      segments.push_back(end);
+      for (int64_t i = begin; i < end; ++i) {
+        // Query i sees (i - window, i]; key i is seen by [i, i + window).
+        const int64_t lo = mask.window > 0 ? std::max(begin, i - mask.window + 1) : begin;
+        const int64_t hi = mask.window > 0 ? std::min(end, i + mask.window) : end;
+        set(kr + 4 * i, lo, i + 1, i + 1, i + 1);
+        set(qr + 4 * i, i, hi, hi, hi);
+      }
+      continue;
+    }
+    // Block diffusion: noisy half [begin, mid), clean half [mid, end).
+    const int64_t half = (end - begin) / 2;
+    const int64_t mid = begin + half;
+    segments.push_back(mid);
+    segments.push_back(end);
+    for (int64_t pos = 0; pos < half; ++pos) {
+      const int64_t block_lo = pos / mask.block_size * mask.block_size;
+      const int64_t block_hi = std::min(block_lo + mask.block_size, half);
+      // Noisy query: its own noisy block, then the clean blocks before it.
+      set(kr + 4 * (begin + pos), begin + block_lo, begin + block_hi, mid, mid + block_lo);
+      // Clean query: the clean blocks up to and including its own.
+      set(kr + 4 * (mid + pos), mid, mid + block_hi, mid + block_hi, mid + block_hi);
+      // Noisy key: the noisy queries of its block only.
+      set(qr + 4 * (begin + pos), begin + block_lo, begin + block_hi, begin + block_hi,
+          begin + block_hi);
+      // Clean key: noisy queries of later blocks, clean queries of this and later blocks.
+      set(qr + 4 * (mid + pos), begin + block_hi, mid, mid + block_lo, end);
+    }
+  }
+  return IntervalMask{at::tensor(segments, at::TensorOptions().dtype(at::kLong)), key_ranges,
+                      query_ranges};
+}
+
+AttentionCpuForward attention_cpu_forward(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const IntervalMask& mask,
+                                          double scale) {
+  const at::ScalarType compute = ComputeType(q);
+  const at::Tensor qc = q.to(compute).contiguous();
+  const at::Tensor kc = k.to(compute).contiguous();
+  const at::Tensor vc = v.to(compute).contiguous();
+  const at::Tensor key_ranges = mask.key_ranges.contiguous();
+  const at::Tensor query_ranges = mask.query_ranges.contiguous();
+  at::Tensor out = at::empty_like(qc);                               // (T, Hq, D)
+  at::Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options());  // (Hq, T)
+  const std::vector<WorkItem> items =
+      MakeWorkItems(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>(), kBlockM,
+                    q.size(1), /*heads_per_item=*/1);
+  // A tile in which no row sees a key gets no work item; its rows keep the
+  // empty-row result.
+  out.zero_();
+  lse.fill_(-std::numeric_limits<double>::infinity());
+  AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_forward", [&] {
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, query_ranges, scale);
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    scalar_t* lse_ptr = lse.mutable_data_ptr<scalar_t>();
+    ParallelOverItems(static_cast<int64_t>(items.size()), [&](const auto& claim) {
+      Workspace<scalar_t> ws(p.head_dim);
+      for (int64_t i = claim(); i >= 0; i = claim()) ForwardItem(p, items[i], out_ptr, lse_ptr, ws);
+    });
+  });
+  return {out.to(q.scalar_type()), lse};
+}
+
+AttentionCpuGrads attention_cpu_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& out, const at::Tensor& lse,
+                                         const IntervalMask& mask, double scale) {
+  const at::ScalarType compute = ComputeType(q);
+  const at::Tensor qc = q.to(compute).contiguous();
+  const at::Tensor kc = k.to(compute).contiguous();
+  const at::Tensor vc = v.to(compute).contiguous();
+  const at::Tensor dout = grad_out.to(compute).contiguous();
+  const at::Tensor lsec = lse.to(compute).contiguous();
+  // Delta_i = dO_i . O_i, (Hq, T); the forward's O, so the identity
+  // sum_j P_ij dP_ij = Delta_i holds for the P it produced.
+  const at::Tensor delta = (dout * out.to(compute)).sum(-1).t().contiguous();
+  const at::Tensor key_ranges = mask.key_ranges.contiguous();
+  const at::Tensor query_ranges = mask.query_ranges.contiguous();
+  const std::vector<int64_t> segments = ToVector(mask.segments);
+  const int64_t num_heads = q.size(1);
+  const int64_t num_kv_heads = k.size(1);
+  // Keys no query sees, and queries that see no key, get gradient 0 without a tile.
+  at::Tensor grad_q = at::zeros_like(qc);
+  at::Tensor grad_k = at::zeros_like(kc);
+  at::Tensor grad_v = at::zeros_like(vc);
+  const std::vector<WorkItem> kv_items =
+      MakeWorkItems(segments, query_ranges.const_data_ptr<int64_t>(), kBlockN, num_kv_heads,
+                    num_heads / num_kv_heads);
+  const std::vector<WorkItem> q_items = MakeWorkItems(
+      segments, key_ranges.const_data_ptr<int64_t>(), kBlockM, num_heads, /*heads_per_item=*/1);
+  AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_backward", [&] {
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, query_ranges, scale);
+    const Upstream<scalar_t> up{dout.const_data_ptr<scalar_t>(), lsec.const_data_ptr<scalar_t>(),
+                                delta.const_data_ptr<scalar_t>()};
+    scalar_t* gk = grad_k.mutable_data_ptr<scalar_t>();
+    scalar_t* gv = grad_v.mutable_data_ptr<scalar_t>();
+    scalar_t* gq = grad_q.mutable_data_ptr<scalar_t>();
+    ParallelOverItems(static_cast<int64_t>(kv_items.size()), [&](const auto& claim) {
+      Workspace<scalar_t> ws(p.head_dim);
+      for (int64_t i = claim(); i >= 0; i = claim()) {
+        KeyValueGradItem(p, up, kv_items[i], gk, gv, ws);
+      }
+    });
+    ParallelOverItems(static_cast<int64_t>(q_items.size()), [&](const auto& claim) {
+      Workspace<scalar_t> ws(p.head_dim);
+      for (int64_t i = claim(); i >= 0; i = claim()) QueryGradItem(p, up, q_items[i], gq, ws);
+    });
+  });
+  return {grad_q.to(q.scalar_type()), grad_k.to(k.scalar_type()), grad_v.to(v.scalar_type())};
+}
+
+}  // namespace ballast::kernels

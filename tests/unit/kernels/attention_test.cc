@@ -1,0 +1,522 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention_cpu.h"
+
+namespace ballast::kernels {
+namespace {
+
+// Every test draws fresh inputs; the seed is printed with any failure.
+class AttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    torch::manual_seed(seed_);
+  }
+  std::string SeedTrace() const { return "seed " + std::to_string(seed_); }
+
+ private:
+  uint64_t seed_ = 0;
+};
+
+at::Tensor Cu(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> cu = {0};
+  for (int64_t n : lengths) cu.push_back(cu.back() + n);
+  return torch::tensor(cu, torch::kLong);
+}
+
+AttentionMask Causal(const std::vector<int64_t>& lengths, int64_t window = 0) {
+  AttentionMask mask;
+  mask.kind = MaskKind::kCausal;
+  mask.cu_seqlens = Cu(lengths);
+  mask.window = window;
+  return mask;
+}
+
+AttentionMask BlockDiffusion(const std::vector<int64_t>& lengths, int64_t block_size) {
+  AttentionMask mask;
+  mask.kind = MaskKind::kBlockDiffusion;
+  mask.cu_seqlens = Cu(lengths);
+  mask.block_size = block_size;
+  return mask;
+}
+
+// ---------------------------------------------------------------------------
+// Float64 reference, as plain as the math.
+// ---------------------------------------------------------------------------
+
+// visible[i][j] for one document of n tokens, straight from the definitions in
+// kernels/attention.h.
+torch::Tensor VisibleMatrix(const AttentionMask& mask, int64_t n) {
+  torch::Tensor visible = torch::zeros({n, n}, torch::kBool);
+  auto a = visible.accessor<bool, 2>();
+  const int64_t half = n / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (mask.kind == MaskKind::kCausal) {
+        a[i][j] = j <= i && (mask.window == 0 || i - j < mask.window);
+        continue;
+      }
+      const bool noisy_i = i < half;
+      const bool noisy_j = j < half;
+      const int64_t block_i = (noisy_i ? i : i - half) / mask.block_size;
+      const int64_t block_j = (noisy_j ? j : j - half) / mask.block_size;
+      if (noisy_i && noisy_j) a[i][j] = block_i == block_j;
+      if (noisy_i && !noisy_j) a[i][j] = block_j < block_i;
+      if (!noisy_i && !noisy_j) a[i][j] = block_j <= block_i;
+    }
+  }
+  return visible;
+}
+
+// softmax(q k^T * scale, masked) v per document and head, in float64; keeps
+// the autograd graph of its (float64) inputs. Rows that see nothing give 0.
+torch::Tensor Reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const std::vector<int64_t>& cu,
+                        const std::function<torch::Tensor(int64_t, int64_t)>& visible,
+                        double scale) {
+  const int64_t group = q.size(1) / k.size(1);
+  std::vector<torch::Tensor> outs;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    const int64_t begin = cu[d];
+    const int64_t n = cu[d + 1] - begin;
+    if (n == 0) continue;
+    auto qd = q.narrow(0, begin, n).transpose(0, 1);                              // (Hq, n, D)
+    auto kd = k.narrow(0, begin, n).transpose(0, 1).repeat_interleave(group, 0);  // (Hq, n, D)
+    auto vd = v.narrow(0, begin, n).transpose(0, 1).repeat_interleave(group, 0);  // (Hq, n, D)
+    auto allowed = visible(begin, n);                                             // (n, n)
+    auto scores = torch::matmul(qd, kd.transpose(1, 2)) * scale;
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+    auto probs = torch::softmax(scores, -1).nan_to_num(0.0);   // rows that see nothing: 0
+    outs.push_back(torch::matmul(probs, vd).transpose(0, 1));  // (n, Hq, D)
+  }
+  if (outs.empty()) return torch::zeros_like(q);
+  return torch::cat(outs, 0);
+}
+
+torch::Tensor Reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask, double scale) {
+  const auto cu_t = mask.cu_seqlens;
+  std::vector<int64_t> cu(cu_t.data_ptr<int64_t>(), cu_t.data_ptr<int64_t>() + cu_t.numel());
+  return Reference(
+      q, k, v, cu, [&](int64_t, int64_t n) { return VisibleMatrix(mask, n); }, scale);
+}
+
+struct Grads {
+  torch::Tensor out, dq, dk, dv;
+};
+
+// Output and gradients of sum(out * grad_out) through fn on copies of q, k, v.
+Grads RunWithGrads(const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                                     const torch::Tensor&)>& fn,
+                   const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const torch::Tensor& grad_out) {
+  auto qq = q.detach().clone().requires_grad_(true);
+  auto kk = k.detach().clone().requires_grad_(true);
+  auto vv = v.detach().clone().requires_grad_(true);
+  auto out = fn(qq, kk, vv);
+  (out.to(torch::kDouble) * grad_out.to(torch::kDouble)).sum().backward();
+  return {out.detach(), qq.grad(), kk.grad(), vv.grad()};
+}
+
+Grads KernelGrads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  const AttentionMask& mask, double scale, const torch::Tensor& grad_out) {
+  return RunWithGrads([&](auto& a, auto& b, auto& c) { return attention(a, b, c, mask, scale); }, q,
+                      k, v, grad_out);
+}
+
+Grads ReferenceGrads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const AttentionMask& mask, double scale, const torch::Tensor& grad_out) {
+  return RunWithGrads([&](auto& a, auto& b, auto& c) { return Reference(a, b, c, mask, scale); },
+                      q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), grad_out);
+}
+
+// max |actual - expected| / max(max |expected|, 1). Gradients are sums of
+// terms of both signs, so an error is measured against the tensor's scale,
+// not per element; inputs are ~N(0, 1), so below 1 the bound is absolute
+// (dQ under a window of 1 is 0 in exact arithmetic and ~1e-8 in fp32).
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const auto a = actual.to(torch::kDouble);
+  const auto e = expected.to(torch::kDouble);
+  const double scale = std::max(e.abs().max().item<double>(), 1.0);
+  return (a - e).abs().max().item<double>() / scale;
+}
+
+void ExpectClose(const Grads& got, const Grads& want, double tol, const std::string& what) {
+  EXPECT_TRUE(torch::isfinite(got.out).all().item<bool>()) << what;
+  EXPECT_LE(RelativeError(got.out, want.out), tol) << what << " out";
+  EXPECT_LE(RelativeError(got.dq, want.dq), tol) << what << " dq";
+  EXPECT_LE(RelativeError(got.dk, want.dk), tol) << what << " dk";
+  EXPECT_LE(RelativeError(got.dv, want.dv), tol) << what << " dv";
+}
+
+struct Inputs {
+  torch::Tensor q, k, v, grad_out;
+};
+
+Inputs RandomInputs(int64_t tokens, int64_t hq, int64_t hkv, int64_t d, torch::Dtype dtype) {
+  return {torch::randn({tokens, hq, d}).to(dtype), torch::randn({tokens, hkv, d}).to(dtype),
+          torch::randn({tokens, hkv, d}).to(dtype), torch::randn({tokens, hq, d}).to(dtype)};
+}
+
+// fp32 inputs are exact in float64, so the kernel's only error is fp32
+// rounding in sums of at most a few hundred terms of size ~1: about
+// sqrt(n) * 2^-24 ~ 1e-6 of the output's scale; 2e-5 leaves room for the
+// longest (D = 256) dot products.
+constexpr double kFp32Tol = 2e-5;
+// bf16 inputs are exact in float64 too; the kernel computes in fp32 and
+// rounds each result once to bf16 (8 bits: 2^-8 relative).
+constexpr double kBf16Tol = 1.6e-2;
+// fp16 rounds the result once to 11 bits (2^-11).
+constexpr double kFp16Tol = 2e-3;
+
+// ---------------------------------------------------------------------------
+// Causal, packed, GQA, head dims, dtypes
+// ---------------------------------------------------------------------------
+
+// Document lengths straddle the 64-row and 256-column tiles.
+const std::vector<int64_t> kUnevenDocs = {1, 70, 257, 130, 64};
+
+TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInFp32) {
+  SCOPED_TRACE(SeedTrace());
+  const AttentionMask mask = Causal(kUnevenDocs);
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 1}}) {
+    for (int64_t d : {8, 64, 128, 256}) {
+      const Inputs in = RandomInputs(522, hq, hkv, d, torch::kFloat);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const std::string what =
+          "Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " D=" + std::to_string(d);
+      ExpectClose(KernelGrads(in.q, in.k, in.v, mask, scale, in.grad_out),
+                  ReferenceGrads(in.q, in.k, in.v, mask, scale, in.grad_out), kFp32Tol, what);
+    }
+  }
+}
+
+TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInBf16AndFp16) {
+  SCOPED_TRACE(SeedTrace());
+  const AttentionMask mask = Causal(kUnevenDocs);
+  for (auto [dtype, tol] :
+       {std::pair<torch::Dtype, double>{torch::kBFloat16, kBf16Tol}, {torch::kHalf, kFp16Tol}}) {
+    for (int64_t d : {64, 128}) {
+      const Inputs in = RandomInputs(522, 4, 2, d, dtype);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const Grads got = KernelGrads(in.q, in.k, in.v, mask, scale, in.grad_out);
+      EXPECT_EQ(got.out.scalar_type(), dtype);
+      EXPECT_EQ(got.dq.scalar_type(), dtype);
+      EXPECT_EQ(got.dk.scalar_type(), dtype);
+      ExpectClose(got, ReferenceGrads(in.q, in.k, in.v, mask, scale, in.grad_out), tol,
+                  std::string(c10::toString(dtype)) + " D=" + std::to_string(d));
+    }
+  }
+}
+
+TEST_F(AttentionTest, Float64GradientsMatchCentralDifferences) {
+  SCOPED_TRACE(SeedTrace());
+  // fp64 inputs run the kernel in fp64, so finite differences can check it:
+  // with step 1e-6 the central difference is exact to ~1e-10 of the scale.
+  const AttentionMask mask = Causal({5, 11});
+  const Inputs in = RandomInputs(16, 4, 2, 8, torch::kDouble);
+  const double scale = 0.4;
+  const Grads got = KernelGrads(in.q, in.k, in.v, mask, scale, in.grad_out);
+  auto loss = [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return (attention(q, k, v, mask, scale) * in.grad_out).sum().item<double>();
+  };
+  constexpr double kStep = 1e-6;
+  for (int which = 0; which < 3; ++which) {
+    const torch::Tensor& x = which == 0 ? in.q : which == 1 ? in.k : in.v;
+    const torch::Tensor& analytic = which == 0 ? got.dq : which == 1 ? got.dk : got.dv;
+    torch::Tensor numeric = torch::zeros_like(x);
+    auto flat = x.view(-1);
+    for (int64_t e = 0; e < x.numel(); ++e) {
+      const double saved = flat[e].item<double>();
+      flat[e] = saved + kStep;
+      const double up = loss(in.q, in.k, in.v);
+      flat[e] = saved - kStep;
+      const double down = loss(in.q, in.k, in.v);
+      flat[e] = saved;
+      numeric.view(-1)[e] = (up - down) / (2 * kStep);
+    }
+    EXPECT_LE(RelativeError(analytic, numeric), 1e-7) << "input " << which;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Sliding window, packing, empty documents
+// ---------------------------------------------------------------------------
+
+TEST_F(AttentionTest, SlidingWindowMatchesFloat64Reference) {
+  SCOPED_TRACE(SeedTrace());
+  for (int64_t window : {1, 17, 64, 100, 300}) {
+    const AttentionMask mask = Causal({300, 3, 220}, window);
+    const Inputs in = RandomInputs(523, 4, 2, 32, torch::kFloat);
+    ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out),
+                ReferenceGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out), kFp32Tol,
+                "window " + std::to_string(window));
+  }
+}
+
+TEST_F(AttentionTest, PackedDocumentsMatchEachDocumentAlone) {
+  SCOPED_TRACE(SeedTrace());
+  const std::vector<int64_t> lengths = {37, 300, 5, 129};
+  const Inputs in = RandomInputs(471, 4, 2, 64, torch::kFloat);
+  const Grads packed = KernelGrads(in.q, in.k, in.v, Causal(lengths), 0.125, in.grad_out);
+  int64_t begin = 0;
+  for (int64_t n : lengths) {
+    const Grads alone =
+        KernelGrads(in.q.narrow(0, begin, n), in.k.narrow(0, begin, n), in.v.narrow(0, begin, n),
+                    Causal({n}), 0.125, in.grad_out.narrow(0, begin, n));
+    // The same tiles run in the same order; only BLAS's choice of code path
+    // for differently aligned data may change the last bit.
+    const Grads slice = {packed.out.narrow(0, begin, n), packed.dq.narrow(0, begin, n),
+                         packed.dk.narrow(0, begin, n), packed.dv.narrow(0, begin, n)};
+    ExpectClose(slice, alone, 1e-6, "document at " + std::to_string(begin));
+    begin += n;
+  }
+}
+
+TEST_F(AttentionTest, EmptyDocumentsAndEmptyBatchAreAccepted) {
+  SCOPED_TRACE(SeedTrace());
+  const AttentionMask mask = Causal({0, 10, 0, 0, 40, 0});
+  const Inputs in = RandomInputs(50, 2, 1, 16, torch::kFloat);
+  ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.25, in.grad_out),
+              ReferenceGrads(in.q, in.k, in.v, mask, 0.25, in.grad_out), kFp32Tol, "empty docs");
+
+  const Inputs none = RandomInputs(0, 2, 1, 16, torch::kFloat);
+  const Grads got = KernelGrads(none.q, none.k, none.v, Causal({}), 0.25, none.grad_out);
+  EXPECT_EQ(got.out.sizes(), none.q.sizes());
+  EXPECT_EQ(got.dk.sizes(), none.k.sizes());
+}
+
+// ---------------------------------------------------------------------------
+// Block diffusion
+// ---------------------------------------------------------------------------
+
+TEST_F(AttentionTest, BlockDiffusionMatchesMaskBuiltFromDefinition) {
+  SCOPED_TRACE(SeedTrace());
+  // Halves of 5, 40 and 130 tokens: blocks that do and do not divide L, and
+  // halves that cross the 64-row tile.
+  const std::vector<int64_t> lengths = {10, 80, 260};
+  for (int64_t block_size : {1, 3, 16, 64, 200}) {
+    const AttentionMask mask = BlockDiffusion(lengths, block_size);
+    const Inputs in = RandomInputs(350, 4, 2, 32, torch::kFloat);
+    ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out),
+                ReferenceGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out), kFp32Tol,
+                "block_size " + std::to_string(block_size));
+  }
+}
+
+TEST_F(AttentionTest, BlockDiffusionCleanQueriesIgnoreNoisyTokens) {
+  SCOPED_TRACE(SeedTrace());
+  // Changing the noisy half must leave the clean half's output unchanged.
+  const AttentionMask mask = BlockDiffusion({64}, 8);
+  Inputs in = RandomInputs(64, 2, 2, 16, torch::kFloat);
+  const auto before = attention(in.q, in.k, in.v, mask, 0.25);
+  in.k.narrow(0, 0, 32).normal_();
+  in.v.narrow(0, 0, 32).normal_();
+  in.q.narrow(0, 0, 32).normal_();
+  const auto after = attention(in.q, in.k, in.v, mask, 0.25);
+  EXPECT_TRUE(torch::equal(before.narrow(0, 32, 32), after.narrow(0, 32, 32)));
+  EXPECT_FALSE(torch::equal(before.narrow(0, 0, 32), after.narrow(0, 0, 32)));
+}
+
+// ---------------------------------------------------------------------------
+// Rows that see no key (reachable only through a hand-built IntervalMask)
+// ---------------------------------------------------------------------------
+
+TEST_F(AttentionTest, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
+  SCOPED_TRACE(SeedTrace());
+  // Segment [0, 70): row i sees [0, i] except rows 3 and 66, which see
+  // nothing (66 in the second 64-row tile). Segment [70, 80): nobody sees
+  // anything, so its tile has no work at all.
+  constexpr int64_t kT = 80;
+  IntervalMask mask;
+  mask.segments = torch::tensor(std::vector<int64_t>{0, 70, kT}, torch::kLong);
+  mask.key_ranges = torch::zeros({kT, 4}, torch::kLong);
+  mask.query_ranges = torch::zeros({kT, 4}, torch::kLong);
+  torch::Tensor visible = torch::zeros({kT, kT}, torch::kBool);
+  auto kr = mask.key_ranges.accessor<int64_t, 2>();
+  auto qr = mask.query_ranges.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < 70; ++i) {
+    if (i == 3 || i == 66) continue;
+    kr[i][1] = i + 1;
+    visible.narrow(0, i, 1).narrow(1, 0, i + 1).fill_(true);
+  }
+  for (int64_t j = 0; j < 70; ++j) {
+    qr[j][0] = j;
+    qr[j][1] = 70;
+  }
+  const Inputs in = RandomInputs(kT, 2, 1, 16, torch::kFloat);
+  const double scale = 0.25;
+  const AttentionCpuForward fwd = attention_cpu_forward(in.q, in.k, in.v, mask, scale);
+  const AttentionCpuGrads grads =
+      attention_cpu_backward(in.grad_out, in.q, in.k, in.v, fwd.out, fwd.lse, mask, scale);
+
+  const auto empty_rows = torch::tensor(std::vector<int64_t>{3, 66, 70, 75, 79}, torch::kLong);
+  EXPECT_TRUE(torch::all(fwd.out.index_select(0, empty_rows) == 0).item<bool>());
+  EXPECT_TRUE(
+      torch::all(fwd.lse.index_select(1, empty_rows) == -std::numeric_limits<float>::infinity())
+          .item<bool>());
+  EXPECT_TRUE(torch::all(grads.q.index_select(0, empty_rows) == 0).item<bool>());
+  for (const auto& t : {fwd.out, grads.q, grads.k, grads.v}) {
+    EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
+  }
+
+  std::vector<int64_t> cu = {0, kT};
+  auto reference = [&](auto& q, auto& k, auto& v) {
+    return Reference(
+        q, k, v, cu, [&](int64_t, int64_t) { return visible; }, scale);
+  };
+  const Grads want = RunWithGrads(reference, in.q.to(torch::kDouble), in.k.to(torch::kDouble),
+                                  in.v.to(torch::kDouble), in.grad_out);
+  ExpectClose({fwd.out, grads.q, grads.k, grads.v}, want, kFp32Tol, "hand-built mask");
+}
+
+// ---------------------------------------------------------------------------
+// Long sequences: offsets past 2^15, 2^16, 2^17 tokens and T^2 past 2^31.
+// ---------------------------------------------------------------------------
+
+// Distinct rows to check: the ends, the tile edges, each side of the powers
+// of two, and a few random ones.
+std::vector<int64_t> SampleRows(int64_t tokens) {
+  std::vector<int64_t> rows = {0, 1, 63, 64, 255, 256, tokens - 1, tokens - 2};
+  for (int64_t p : {int64_t{1} << 15, int64_t{1} << 16, int64_t{1} << 17, int64_t{46341}}) {
+    for (int64_t r : {p - 1, p, p + 1}) {
+      if (r < tokens) rows.push_back(r);
+    }
+  }
+  for (int i = 0; i < 8; ++i) rows.push_back(torch::randint(tokens, {1}).item<int64_t>());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+// Causal attention of one document, for the listed query rows only, each
+// against exactly its visible keys [0, i]; float64, keeps autograd.
+torch::Tensor ChunkedReferenceRows(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const std::vector<int64_t>& rows,
+                                   double scale) {
+  const int64_t group = q.size(1) / k.size(1);
+  std::vector<torch::Tensor> outs;
+  for (int64_t i : rows) {
+    std::vector<torch::Tensor> heads;
+    for (int64_t h = 0; h < q.size(1); ++h) {
+      auto keys = k.narrow(0, 0, i + 1).select(1, h / group);    // (i + 1, D)
+      auto values = v.narrow(0, 0, i + 1).select(1, h / group);  // (i + 1, D)
+      auto probs = torch::softmax(torch::mv(keys, q[i][h]) * scale, 0);
+      heads.push_back(torch::mv(values.t(), probs));
+    }
+    outs.push_back(torch::stack(heads));  // (Hq, D)
+  }
+  return torch::stack(outs);  // (rows, Hq, D)
+}
+
+class AttentionLongTest : public AttentionTest, public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(AttentionLongTest, CausalForwardMatchesChunkedReference) {
+  SCOPED_TRACE(SeedTrace());
+  const int64_t tokens = GetParam();
+  const Inputs in = RandomInputs(tokens, 2, 1, 8, torch::kFloat);
+  const auto out = attention(in.q, in.k, in.v, Causal({tokens}), 0.35);
+  const std::vector<int64_t> rows = SampleRows(tokens);
+  const auto want = ChunkedReferenceRows(in.q.to(torch::kDouble), in.k.to(torch::kDouble),
+                                         in.v.to(torch::kDouble), rows, 0.35);
+  const auto got = out.index_select(0, torch::tensor(rows, torch::kLong));
+  // Sums over up to 2^17 keys in fp32: sqrt(n) * 2^-24 is ~2e-5 at worst.
+  EXPECT_LE(RelativeError(got, want), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, AttentionLongTest,
+                         ::testing::Values(46341, 65535, 65536, 65537, 131072));
+
+TEST_F(AttentionTest, LongCausalBackwardMatchesChunkedReference) {
+  SCOPED_TRACE(SeedTrace());
+  // The upstream gradient is non-zero on the sampled rows only, so the exact
+  // float64 gradients are cheap to get, and all of dQ, dK and dV (every row)
+  // is compared; the kernel still runs every tile.
+  constexpr int64_t kTokens = 65537;
+  const double scale = 0.35;
+  const Inputs in = RandomInputs(kTokens, 2, 1, 8, torch::kFloat);
+  const std::vector<int64_t> rows = SampleRows(kTokens);
+  const auto row_index = torch::tensor(rows, torch::kLong);
+  const auto row_grad = torch::randn({static_cast<int64_t>(rows.size()), 2, 8});
+  const auto grad_out = torch::zeros_like(in.q).index_put_({row_index}, row_grad);
+  const Grads got = KernelGrads(in.q, in.k, in.v, Causal({kTokens}), scale, grad_out);
+
+  auto q = in.q.to(torch::kDouble).requires_grad_(true);
+  auto k = in.k.to(torch::kDouble).requires_grad_(true);
+  auto v = in.v.to(torch::kDouble).requires_grad_(true);
+  auto sampled = ChunkedReferenceRows(q, k, v, rows, scale);
+  (sampled * grad_out.to(torch::kDouble).index_select(0, row_index)).sum().backward();
+  EXPECT_LE(RelativeError(got.dq, q.grad()), 1e-4);
+  EXPECT_LE(RelativeError(got.dk, k.grad()), 1e-4);
+  EXPECT_LE(RelativeError(got.dv, v.grad()), 1e-4);
+}
+
+// ---------------------------------------------------------------------------
+// Argument errors
+// ---------------------------------------------------------------------------
+
+void ExpectErrorMentions(const std::function<void()>& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(AttentionTest, RejectsInconsistentArgumentsNamingThem) {
+  const Inputs in = RandomInputs(10, 4, 2, 8, torch::kFloat);
+  const AttentionMask ok = Causal({4, 6});
+  auto run = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                const AttentionMask& mask) { return [=] { attention(q, k, v, mask, 0.5); }; };
+  ExpectErrorMentions(run(in.q.view({10, 32}), in.k, in.v, ok), "q must be (T, Hq, D)");
+  ExpectErrorMentions(run(in.q, in.k.narrow(0, 0, 9), in.v.narrow(0, 0, 9), ok),
+                      "k must have q's T");
+  ExpectErrorMentions(run(in.q, in.k, in.v.narrow(2, 0, 4).contiguous(), ok),
+                      "v must have k's sizes");
+  ExpectErrorMentions(run(in.q, torch::randn({10, 3, 8}), torch::randn({10, 3, 8}), ok),
+                      "must be a multiple of Hkv");
+  ExpectErrorMentions(
+      run(torch::randn({10, 4, 300}), torch::randn({10, 2, 300}), torch::randn({10, 2, 300}), ok),
+      "head dim D must be in [1, 256]");
+  ExpectErrorMentions(run(in.q, in.k.to(torch::kDouble), in.v, ok), "k and v must have q's dtype");
+  ExpectErrorMentions(run(in.q.to(torch::kInt), in.k, in.v, ok), "q must be fp32");
+  ExpectErrorMentions(run(in.q.transpose(0, 1).contiguous().transpose(0, 1), in.k, in.v, ok),
+                      "q must be contiguous");
+  ExpectErrorMentions(run(in.q, in.k, in.v, Causal({4, 5})), "cu_seqlens must end at T = 10");
+  AttentionMask descending = ok;
+  descending.cu_seqlens = torch::tensor(std::vector<int64_t>{0, 7, 4, 10}, torch::kLong);
+  ExpectErrorMentions(run(in.q, in.k, in.v, descending), "cu_seqlens must be non-decreasing");
+  AttentionMask offset = ok;
+  offset.cu_seqlens = torch::tensor(std::vector<int64_t>{1, 10}, torch::kLong);
+  ExpectErrorMentions(run(in.q, in.k, in.v, offset), "cu_seqlens must start at 0");
+  AttentionMask int32 = ok;
+  int32.cu_seqlens = ok.cu_seqlens.to(torch::kInt);
+  ExpectErrorMentions(run(in.q, in.k, in.v, int32), "cu_seqlens must be a non-empty 1-D int64");
+  ExpectErrorMentions(run(in.q, in.k, in.v, Causal({4, 6}, -1)), "window must be >= 0");
+  ExpectErrorMentions(run(in.q, in.k, in.v, BlockDiffusion({3, 7}, 2)), "odd length 3");
+  ExpectErrorMentions(run(in.q, in.k, in.v, BlockDiffusion({4, 6}, 0)), "block_size must be >= 1");
+  ExpectErrorMentions([&] { attention(in.q, in.k, in.v, ok, std::nan("")); },
+                      "scale must be finite");
+}
+
+TEST_F(AttentionTest, CudaTensorsGetAClearErrorUntilTheKernelExists) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Inputs in = RandomInputs(8, 2, 2, 8, torch::kFloat);
+  ExpectErrorMentions([&] { attention(in.q.cuda(), in.k.cuda(), in.v.cuda(), Causal({8}), 0.5); },
+                      "CUDA kernel not available");
+}
+
+}  // namespace
+}  // namespace ballast::kernels

@@ -1,0 +1,141 @@
+#include "worker/train/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/train/safetensors.h"
+
+namespace ballast::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kPrefix[] = "step-";
+
+absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosition& position,
+                            const ParamStore& params, const AdamW& optimizer) {
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& name : params.trainable_names()) {
+    const at::Tensor& t = params.get(name);
+    if (!torch::isfinite(t).all().item<bool>()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "not writing checkpoint at step ", position.step, ": ", name, " is not finite"));
+    }
+    tensors[name] = t.detach();
+  }
+  const fs::path final_dir = fs::path(checkpoints_dir) / absl::StrFormat("%s%08d", kPrefix, position.step);
+  const fs::path tmp_dir = fs::path(checkpoints_dir) / absl::StrCat(".", final_dir.filename().string(), ".tmp");
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir.string(), ": ", ec.message()));
+
+  if (absl::Status s = WriteSafetensors((tmp_dir / "params.safetensors").string(), tensors); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteSafetensors((tmp_dir / "optimizer.safetensors").string(),
+                                        optimizer.state_dict());
+      !s.ok()) {
+    return s;
+  }
+  at::Tensor rng;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  if (absl::Status s = WriteSafetensors((tmp_dir / "rng.safetensors").string(), {{"cpu", rng}});
+      !s.ok()) {
+    return s;
+  }
+  nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
+  if (absl::Status s = WriteTextAtomically(tmp_dir / "state.json", state.dump()); !s.ok()) return s;
+
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), " to ",
+                                            final_dir.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return std::nullopt;
+  std::optional<std::string> best;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
+      fs::remove_all(entry.path(), ec);
+      continue;
+    }
+    if (name.rfind(kPrefix, 0) != 0 || !entry.is_directory()) continue;
+    if (!best || name > fs::path(*best).filename().string()) best = entry.path().string();
+  }
+  return best;
+}
+
+absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore* params,
+                                             AdamW* optimizer) {
+  const fs::path root(dir);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> p =
+      SafetensorsFile::Open((root / "params.safetensors").string());
+  if (!p.ok()) return p.status();
+  for (const std::string& name : params->trainable_names()) {
+    absl::StatusOr<at::Tensor> t = (*p)->tensor(name);
+    if (!t.ok()) {
+      return absl::DataLossError(absl::StrCat(dir, ": checkpoint has no tensor ", name));
+    }
+    params->assign(name, *t);
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> o =
+      SafetensorsFile::Open((root / "optimizer.safetensors").string());
+  if (!o.ok()) return o.status();
+  std::map<std::string, at::Tensor> state;
+  for (const std::string& name : (*o)->names()) state[name] = *(*o)->tensor(name);
+  if (absl::Status s = optimizer->load_state_dict(state); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(dir, ": ", s.message()));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> r =
+      SafetensorsFile::Open((root / "rng.safetensors").string());
+  if (!r.ok()) return r.status();
+  absl::StatusOr<at::Tensor> rng = (*r)->tensor("cpu");
+  if (!rng.ok()) return absl::DataLossError(absl::StrCat(dir, ": rng.safetensors has no cpu state"));
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng->clone());
+  }
+  std::ifstream in(root / "state.json");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("step") || !j.contains("data_cursor")) {
+    return absl::DataLossError(absl::StrCat(dir, "/state.json is missing or corrupt"));
+  }
+  return TrainPosition{j["step"].get<int64_t>(), j["data_cursor"].get<int64_t>()};
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,211 @@
+#include "worker/train/model.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "worker/train/activation_checkpoint.h"
+#include "worker/train/safetensors.h"
+
+namespace ballast::train {
+namespace {
+
+std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
+
+// HF's rotary inverse frequencies, computed with the same ops and dtypes as
+// transformers' _compute_default_rope_parameters / _compute_llama3_parameters
+// so that cos/sin match bit for bit in fp32.
+at::Tensor RopeInvFreq(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  at::Tensor exponent = torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / d;
+  at::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponent);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    inv_freq = inv_freq / s.factor;
+  } else if (s.type == "llama3") {
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_len / s.low_freq_factor;
+    const double high_freq_wavelen = old_len / s.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+    at::Tensor smooth =
+        (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
+// x (T, heads, D): x * cos + rotate_half(x) * sin, with cos/sin (T, D).
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+}  // namespace
+
+absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelConfig& c,
+                                          bool trainable) {
+  absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  ParamStore store;
+  const int64_t q_out = c.num_attention_heads * c.head_dim;
+  const int64_t kv_out = c.num_key_value_heads * c.head_dim;
+  absl::Status status;
+  auto load = [&](const std::string& name, std::vector<int64_t> shape, int64_t layer) {
+    if (!status.ok()) return;
+    absl::StatusOr<at::Tensor> t = ckpt->tensor(name);
+    if (!t.ok()) {
+      status = absl::NotFoundError(absl::StrCat(dir, ": checkpoint has no tensor ", name));
+      return;
+    }
+    if (t->sizes() != at::IntArrayRef(shape)) {
+      std::ostringstream msg;
+      msg << dir << ": tensor " << name << " has shape " << t->sizes() << ", config.json implies "
+          << at::IntArrayRef(shape);
+      status = absl::FailedPreconditionError(msg.str());
+      return;
+    }
+    // Own an fp32 copy: the mapping is read-only and masters are fp32.
+    store.add(name, t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true), layer, trainable);
+  };
+  load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, ParamStore::kNoLayer);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = LayerPrefix(i);
+    load(p + "input_layernorm.weight", {c.hidden_size}, i);
+    load(p + "self_attn.q_proj.weight", {q_out, c.hidden_size}, i);
+    load(p + "self_attn.k_proj.weight", {kv_out, c.hidden_size}, i);
+    load(p + "self_attn.v_proj.weight", {kv_out, c.hidden_size}, i);
+    if (c.attention_bias) {
+      load(p + "self_attn.q_proj.bias", {q_out}, i);
+      load(p + "self_attn.k_proj.bias", {kv_out}, i);
+      load(p + "self_attn.v_proj.bias", {kv_out}, i);
+    }
+    load(p + "self_attn.o_proj.weight", {c.hidden_size, q_out}, i);
+    if (c.qk_norm) {
+      load(p + "self_attn.q_norm.weight", {c.head_dim}, i);
+      load(p + "self_attn.k_norm.weight", {c.head_dim}, i);
+    }
+    load(p + "post_attention_layernorm.weight", {c.hidden_size}, i);
+    load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, i);
+    load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, i);
+    load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, i);
+  }
+  load("model.norm.weight", {c.hidden_size}, ParamStore::kNoLayer);
+  if (!c.tie_word_embeddings) {
+    load("lm_head.weight", {c.vocab_size, c.hidden_size}, ParamStore::kNoLayer);
+  }
+  if (!status.ok()) return status;
+  return store;
+}
+
+Decoder::Decoder(ModelConfig config, const ParamStore* params, std::optional<LoraConfig> lora,
+                 at::ScalarType compute_dtype, bool gradient_checkpointing)
+    : config_(std::move(config)),
+      params_(params),
+      lora_(std::move(lora)),
+      compute_dtype_(compute_dtype),
+      gradient_checkpointing_(gradient_checkpointing),
+      inv_freq_(RopeInvFreq(config_)) {}
+
+at::Tensor Decoder::weight(const std::string& name) const {
+  const at::Tensor& w = params_->get(name);
+  // Differentiable cast: in bf16 compute the gradient flows back to the fp32 master.
+  return w.scalar_type() == compute_dtype_ ? w : w.to(compute_dtype_);
+}
+
+const at::Tensor& Decoder::lm_head_weight() const {
+  return params_->get(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+}
+
+at::Tensor Decoder::linear(const std::string& module, const std::string& short_name,
+                           const at::Tensor& x, bool training) const {
+  const std::string bias_name = module + ".bias";
+  at::Tensor bias = params_->contains(bias_name) ? weight(bias_name) : at::Tensor();
+  at::Tensor y = at::linear(x, weight(module + ".weight"), bias);
+  if (lora_ && lora_->targets(short_name)) {
+    at::Tensor in = lora_->lora_dropout > 0 ? at::dropout(x, lora_->lora_dropout, training) : x;
+    at::Tensor delta = at::linear(at::linear(in, weight(module + ".lora_A.weight")),
+                                  weight(module + ".lora_B.weight"));
+    y = y + delta * lora_->scaling();
+  }
+  return y;
+}
+
+at::Tensor Decoder::rms_norm(const at::Tensor& x, const std::string& weight_name) const {
+  at::Tensor xf = x.to(torch::kFloat);
+  at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  xf = xf * torch::rsqrt(variance + config_.rms_norm_eps);
+  return weight(weight_name) * xf.to(x.scalar_type());
+}
+
+at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos,
+                                  const at::Tensor& sin, const at::Tensor& cu_seqlens,
+                                  bool training) const {
+  const ModelConfig& c = config_;
+  const std::string p = LayerPrefix(layer);
+  const int64_t t = h.size(0);
+
+  // Attention block.
+  at::Tensor x = rms_norm(h, p + "input_layernorm.weight");
+  at::Tensor q = linear(p + "self_attn.q_proj", "q_proj", x, training)
+                     .view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
+  at::Tensor k = linear(p + "self_attn.k_proj", "k_proj", x, training)
+                     .view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  at::Tensor v = linear(p + "self_attn.v_proj", "v_proj", x, training)
+                     .view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  if (c.qk_norm) {
+    q = rms_norm(q, p + "self_attn.q_norm.weight");
+    k = rms_norm(k, p + "self_attn.k_norm.weight");
+  }
+  q = ApplyRope(q, cos, sin).contiguous();
+  k = ApplyRope(k, cos, sin).contiguous();
+  kernels::AttentionMask mask;
+  mask.kind = kernels::MaskKind::kCausal;
+  mask.cu_seqlens = cu_seqlens;
+  at::Tensor attn = kernels::attention(q, k, v.contiguous(), mask, 1.0 / std::sqrt(c.head_dim));
+  at::Tensor out = h + linear(p + "self_attn.o_proj", "o_proj",
+                              attn.view({t, c.num_attention_heads * c.head_dim}), training);
+
+  // MLP block.
+  x = rms_norm(out, p + "post_attention_layernorm.weight");
+  at::Tensor gate = linear(p + "mlp.gate_proj", "gate_proj", x, training);
+  at::Tensor up = linear(p + "mlp.up_proj", "up_proj", x, training);
+  return out + linear(p + "mlp.down_proj", "down_proj", at::silu(gate) * up, training);
+}
+
+at::Tensor Decoder::hidden_states(const PackedBatch& batch, bool training) const {
+  // cos/sin (T, D) in fp32 as HF computes them, then in the compute dtype.
+  at::Tensor freqs = batch.position_ids.to(torch::kFloat).unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  at::Tensor cos = emb.cos().to(compute_dtype_);
+  at::Tensor sin = emb.sin().to(compute_dtype_);
+
+  at::Tensor h = at::embedding(weight("model.embed_tokens.weight"), batch.input_ids);  // (T, H)
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    if (gradient_checkpointing_ && training && torch::GradMode::is_enabled()) {
+      h = CheckpointedLayer(*this, *params_, i, h, cos, sin, batch.cu_seqlens);
+    } else {
+      h = layer_forward(i, h, cos, sin, batch.cu_seqlens, training);
+    }
+  }
+  return rms_norm(h, "model.norm.weight");
+}
+
+kernels::LossSum Decoder::loss(const PackedBatch& batch, bool training) const {
+  at::Tensor hidden = hidden_states(batch, training);
+  const at::Tensor& head = lm_head_weight();
+  return kernels::linear_cross_entropy(hidden, head.to(compute_dtype_), batch.targets);
+}
+
+at::Tensor Decoder::logits(const PackedBatch& batch) const {
+  torch::NoGradGuard no_grad;
+  at::Tensor hidden = hidden_states(batch, /*training=*/false);
+  return at::linear(hidden.to(torch::kFloat), lm_head_weight().to(torch::kFloat));
+}
+
+}  // namespace ballast::train
