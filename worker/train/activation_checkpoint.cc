@@ -27,8 +27,9 @@ void SetGeneratorState(const at::Tensor& state) {
 
 struct LayerFunction : public torch::autograd::Function<LayerFunction> {
   // h (T, H); params: the layer's trainable tensors, passed so that autograd
-  // routes their gradients through this node.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const variable_list& params,
+  // routes their gradients through this node (a TensorList: autograd counts
+  // its elements as inputs, where it would ignore a std::vector).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, at::TensorList params,
                             const Decoder* decoder, int64_t layer, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& cu_seqlens) {
     ctx->saved_data["rng"] = GeneratorState();
@@ -86,7 +87,7 @@ at::Tensor CheckpointedLayer(const Decoder& decoder, const ParamStore& params, i
   for (const std::string& name : params.layer_names(layer)) {
     if (params.trainable(name)) trainable.push_back(params.get(name));
   }
-  return LayerFunction::apply(h, trainable, &decoder, layer, cos, sin, cu_seqlens);
+  return LayerFunction::apply(h, at::TensorList(trainable), &decoder, layer, cos, sin, cu_seqlens);
 }
 
 }  // namespace ballast::train

@@ -1,0 +1,119 @@
+"""Benchmark: ballast-train against transformers + peft on the same tiny
+Qwen3, data and optimizer, on CPU, measured side by side in one run.
+
+Setup (issue 3): 4 layers, hidden 256, 8 heads, vocab 4096, seq 512, LoRA r=16
+all-linear, fp32, AdamW. Each side runs as its own process; tokens/s is taken
+over the steps after warm-up, peak RSS by polling the process every 10 ms.
+Prints one table row per figure as a ratio against the baseline.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
+
+SEQ, MBS, STEPS, WARMUP = 512, 4, 12, 2
+
+
+def make_inputs(root):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                      max_position_embeddings=1024, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(os.path.join(root, "model"))
+    g = torch.Generator().manual_seed(1)
+    with open(os.path.join(root, "data.jsonl"), "w") as f:
+        for _ in range(MBS * STEPS):
+            f.write(json.dumps({"input_ids": torch.randint(0, 4096, (SEQ,), generator=g).tolist()})
+                    + "\n")
+
+
+def run_reference(root):
+    """transformers + peft + torch.optim.AdamW, batched [MBS, SEQ] as HF Trainer runs it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(os.path.join(root, "model")),
+                           LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                      task_type="CAUSAL_LM"))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    rows = [json.loads(line)["input_ids"] for line in open(os.path.join(root, "data.jsonl"))]
+    times = []
+    for step in range(STEPS):
+        batch = torch.tensor(rows[step * MBS:(step + 1) * MBS])
+        start = time.perf_counter()
+        out = model(input_ids=batch, labels=batch)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"step_time_s": times}))
+
+
+def measure(cmd):
+    """Runs cmd, polling its RSS; returns (stdout, peak RSS in bytes)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ps, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, ps.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed:\n{err}")
+    return out, peak
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default=os.path.join(HERE, "..", "build", "bin"))
+    parser.add_argument("--reference", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.reference:
+        run_reference(args.reference)
+        return
+
+    with tempfile.TemporaryDirectory() as root:
+        make_inputs(root)
+        import yaml
+        spec = {"model": {"path": os.path.join(root, "model")}, "method": "lora",
+                "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
+                "data": {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
+                         "micro_batch_size": MBS, "shuffle": False},
+                "optimizer": {"lr": 1e-4}, "max_steps": STEPS, "precision": "fp32"}
+        with open(os.path.join(root, "job.yaml"), "w") as f:
+            yaml.safe_dump(spec, f)
+        _, ours_rss = measure([os.path.join(args.bin, "ballast-train"), "--spec",
+                               os.path.join(root, "job.yaml"), "--out", os.path.join(root, "out")])
+        with open(os.path.join(root, "out", "metrics.jsonl")) as f:
+            ours_times = [json.loads(line)["step_time_s"] for line in f]
+        out, ref_rss = measure([sys.executable, __file__, "--reference", root])
+        ref_times = json.loads(out)["step_time_s"]
+
+    tokens = MBS * SEQ
+    ours_tps = tokens / (sum(ours_times[WARMUP:]) / (STEPS - WARMUP))
+    ref_tps = tokens / (sum(ref_times[WARMUP:]) / (STEPS - WARMUP))
+    name = "trainer_cpu/qwen3-tiny lora r16 seq512 vs transformers+peft"
+    print(f"{name}: {ours_tps / ref_tps:.2f}x tokens/s ({ours_tps:.0f} vs {ref_tps:.0f}), "
+          f"{ours_rss / ref_rss:.2f}x peak RSS ({ours_rss / 2**20:.0f} vs {ref_rss / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""ballast-train on bad input: a clear message naming the field or file, a
+usage exit code, and nothing written as if the run had worked."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parity"))
+from reference import TRAIN, base_spec, make_dataset, make_model, write_spec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_and_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    make_model("qwen3", str(root / "model"), seed=1)
+    make_dataset(str(root / "data.jsonl"), n=4, vocab=320, seed=2)
+    return str(root / "model"), str(root / "data.jsonl")
+
+
+def run(tmp_path, spec, *extra):
+    write_spec(tmp_path / "job.yaml", **spec)
+    return subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
+                           str(tmp_path / "out"), *extra], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("override,message", [
+    (["--set", "lora.rank=4"], "unknown key 'lora.rank'"),
+    (["--set", "optimizer.lr=-0.1"], "optimizer.lr = -0.1 is out of range; allowed: (0, 1]"),
+    (["--set", "lora.r=0"], "lora.r = 0 is out of range"),
+    (["--set", "data.seq_len=100000"], "data.seq_len = 100000 is out of range; allowed: 1..256"),
+    (["--set", "max_steps=ten"], "max_steps: expected an integer, got 'ten'"),
+])
+def test_invalid_spec_names_field_and_range(tmp_path, model_and_data, override, message):
+    r = run(tmp_path, base_spec(*model_and_data), *override)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+
+
+def test_missing_model_names_the_file(tmp_path, model_and_data):
+    r = run(tmp_path, base_spec(str(tmp_path / "nowhere"), model_and_data[1]))
+    assert r.returncode == 2
+    assert str(tmp_path / "nowhere" / "config.json") in r.stderr
+
+
+def test_corrupt_safetensors_names_the_file(tmp_path, model_and_data):
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(model_and_data[0], model)
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # truncated mid-buffer
+    r = run(tmp_path, base_spec(str(model), model_and_data[1]))
+    assert r.returncode != 0
+    assert "model.safetensors" in r.stderr
+    assert "Segmentation" not in r.stderr and r.returncode > 0
+
+
+def test_token_outside_vocabulary_names_file_and_line(tmp_path, model_and_data):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [1, 99999]}\n')
+    r = run(tmp_path, base_spec(model_and_data[0], str(bad)))
+    assert r.returncode == 2
+    assert f"{bad}:2: token id 99999 outside the vocabulary" in r.stderr

@@ -1,0 +1,129 @@
+#include "common/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace ballast {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kValid[] = R"(
+name: demo
+model: {path: /models/qwen3}
+method: lora
+lora: {r: 16, lora_alpha: 32, target_modules: [all-linear]}
+data: {path: data.jsonl, seq_len: 512, micro_batch_size: 2, grad_accum_steps: 4}
+optimizer: {lr: 2.0e-4, weight_decay: 0.01}
+schedule: {kind: cosine, warmup_steps: 10}
+max_steps: 100
+checkpoint_every: 25
+)";
+
+absl::StatusOr<v1::JobSpec> ParseValidated(const std::string& text) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(text);
+  if (!spec.ok()) return spec;
+  ApplyDefaults(&*spec);
+  if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
+  return spec;
+}
+
+TEST(JobSpec, ParsesEveryKeyOfAValidSpec) {
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->lora().r(), 16);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 2e-4);
+  EXPECT_EQ(spec->data().grad_accum_steps(), 4);
+  EXPECT_EQ(spec->schedule().kind(), "cosine");
+  EXPECT_EQ(spec->checkpoint_every(), 25);
+}
+
+TEST(JobSpec, DefaultsFollowTheProtoComments) {
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(
+      "model: {path: m}\ndata: {path: d, seq_len: 8}\noptimizer: {lr: 0.1}\nmax_steps: 3\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->method(), "lora");
+  EXPECT_EQ(spec->lora().r(), 8);
+  EXPECT_DOUBLE_EQ(spec->lora().lora_alpha(), 16);
+  EXPECT_THAT(spec->lora().target_modules(), ::testing::ElementsAre("q_proj", "v_proj"));
+  EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.999);
+  EXPECT_DOUBLE_EQ(spec->optimizer().max_grad_norm(), 1.0);
+  EXPECT_TRUE(spec->data().shuffle());
+}
+
+TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("lora: {rank: 8}\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("unknown key 'lora.rank'"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("lora_alpha"));
+}
+
+TEST(JobSpec, WrongTypeNamesFieldAndValue) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: lots\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("max_steps: expected an integer, got 'lots'"));
+}
+
+TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
+  struct Case {
+    const char* override_;
+    const char* message;
+  };
+  for (const Case& c : {Case{"optimizer.lr=-1", "optimizer.lr = -1 is out of range; allowed: (0, 1]"},
+                        Case{"lora.r=0", "lora.r = 0 is out of range; allowed: 1..4096"},
+                        Case{"data.seq_len=0", "data.seq_len = 0"},
+                        Case{"lora.lora_dropout=1", "lora.lora_dropout = 1"},
+                        Case{"schedule.kind=step", "schedule.kind = 'step' is not supported"},
+                        Case{"lora.target_modules=[qkv]", "lora.target_modules = 'qkv'"},
+                        Case{"method=qlora", "method = 'qlora'"},
+                        Case{"checkpoint_every=101", "checkpoint_every = 101"}}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+    ASSERT_TRUE(spec.ok());
+    ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;
+    ApplyDefaults(&*spec);
+    absl::Status s = ValidateJobSpec(*spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.override_;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.override_;
+  }
+}
+
+TEST(JobSpec, OverridesReplaceNestedValuesAndLists) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(ApplyOverrides({"optimizer.lr=1e-3", "lora.target_modules=[q_proj, k_proj]"}, &*spec)
+                  .ok());
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 1e-3);
+  EXPECT_THAT(spec->lora().target_modules(), ::testing::ElementsAre("q_proj", "k_proj"));
+  EXPECT_FALSE(ApplyOverrides({"no-equals-sign"}, &*spec).ok());
+  EXPECT_FALSE(ApplyOverrides({"lora.bogus=1"}, &*spec).ok());
+}
+
+TEST(JobSpec, MalformedYamlAndMissingFileAreClearErrors) {
+  EXPECT_THAT(ParseJobSpecYaml("model: [unclosed\n").status().message(),
+              HasSubstr("not valid YAML"));
+  absl::StatusOr<v1::JobSpec> missing = LoadJobSpecFile("/nonexistent/job.yaml");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobSpec, EveryExampleSpecIsValid) {
+  const char* root = std::getenv("BALLAST_SOURCE_DIR");
+  ASSERT_NE(root, nullptr) << "run through ctest, which sets BALLAST_SOURCE_DIR";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(root) + "/examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(entry.path().string());
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ApplyDefaults(&*spec);
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << entry.path() << ": " << ValidateJobSpec(*spec);
+    ++count;
+  }
+  EXPECT_GT(count, 0);
+}
+
+}  // namespace
+}  // namespace ballast
