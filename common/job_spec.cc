@@ -32,7 +32,7 @@ std::string AllowedKeys(const google::protobuf::Descriptor* desc) {
 }
 
 absl::Status TypeError(const std::string& path, const char* want, const YAML::Node& node) {
-  std::string got = node.IsScalar() ? absl::StrCat("'", node.Scalar(), "'")
+  std::string got = node.IsScalar()     ? absl::StrCat("'", node.Scalar(), "'")
                     : node.IsSequence() ? "a list"
                     : node.IsMap()      ? "a mapping"
                                         : "nothing";
@@ -45,15 +45,16 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
   const Reflection* r = msg->GetReflection();
   const bool rep = f->is_repeated();
   if (!node.IsScalar()) {
-    return TypeError(path, f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ? "a string" : "a scalar",
-                     node);
+    return TypeError(
+        path, f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ? "a string" : "a scalar", node);
   }
   try {
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32: {
         const int64_t v = node.as<int64_t>();
         if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
-          return absl::InvalidArgumentError(absl::StrCat(path, ": ", v, " does not fit in 32 bits"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": ", v, " does not fit in 32 bits"));
         }
         rep ? r->AddInt32(msg, f, static_cast<int32_t>(v))
             : r->SetInt32(msg, f, static_cast<int32_t>(v));
@@ -64,7 +65,8 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
         break;
       case FieldDescriptor::CPPTYPE_UINT64:
         if (!node.Scalar().empty() && node.Scalar()[0] == '-') {
-          return absl::InvalidArgumentError(absl::StrCat(path, ": must be >= 0, got ", node.Scalar()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": must be >= 0, got ", node.Scalar()));
         }
         rep ? r->AddUInt64(msg, f, node.as<uint64_t>()) : r->SetUInt64(msg, f, node.as<uint64_t>());
         break;
@@ -156,8 +158,8 @@ absl::Status CheckRange(const std::string& field, T v, T lo, T hi, const std::st
 absl::Status CheckOneOf(const std::string& field, const std::string& v,
                         const std::set<std::string>& allowed) {
   if (allowed.count(v) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " = '", v, "' is not supported; allowed: ",
-                                                   absl::StrJoin(allowed, ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " = '", v, "' is not supported; allowed: ", absl::StrJoin(allowed, ", ")));
   }
   return absl::OkStatus();
 }
@@ -300,8 +302,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(CheckRange<double>("optimizer.max_grad_norm", opt.max_grad_norm(), 0.0, 1e6,
                                       "0 (off) or (0, 1e6]"));
 
-  checks.push_back(CheckOneOf("schedule.kind", spec.schedule().kind(),
-                              {"constant", "linear", "cosine"}));
+  checks.push_back(
+      CheckOneOf("schedule.kind", spec.schedule().kind(), {"constant", "linear", "cosine"}));
   checks.push_back(CheckRange<int64_t>("schedule.warmup_steps", spec.schedule().warmup_steps(), 0,
                                        spec.max_steps(), "0..max_steps"));
   for (const absl::Status& s : checks) {

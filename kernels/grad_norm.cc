@@ -38,18 +38,19 @@ GradNormResult grad_norm_cpu(const std::vector<at::Tensor>& tensors) {
   at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       const at::Tensor& x = tensors[chunks[c].tensor];
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "grad_norm_cpu", [&] {
-        const scalar_t* data = x.const_data_ptr<scalar_t>();
-        double acc = 0.0;
-        bool nonfinite = false;
-        for (int64_t i = chunks[c].begin; i < chunks[c].end; ++i) {
-          const double v = static_cast<double>(data[i]);
-          acc += v * v;
-          nonfinite |= !std::isfinite(v);
-        }
-        partial[c] = acc;
-        bad[c] = nonfinite;
-      });
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "grad_norm_cpu",
+                                      [&] {
+                                        const scalar_t* data = x.const_data_ptr<scalar_t>();
+                                        double acc = 0.0;
+                                        bool nonfinite = false;
+                                        for (int64_t i = chunks[c].begin; i < chunks[c].end; ++i) {
+                                          const double v = static_cast<double>(data[i]);
+                                          acc += v * v;
+                                          nonfinite |= !std::isfinite(v);
+                                        }
+                                        partial[c] = acc;
+                                        bad[c] = nonfinite;
+                                      });
     }
   });
 
@@ -80,8 +81,8 @@ GradNormResult grad_norm(const std::vector<at::Tensor>& tensors) {
     TORCH_CHECK(at::isFloatingType(t.scalar_type()),
                 "grad_norm: tensors must be fp64, fp32, bf16 or fp16, got ", t.scalar_type());
     if (first) device = t.device();
-    TORCH_CHECK(t.device() == device, "grad_norm: all tensors must be on one device, got ",
-                device, " and ", t.device());
+    TORCH_CHECK(t.device() == device, "grad_norm: all tensors must be on one device, got ", device,
+                " and ", t.device());
     first = false;
   }
   if (device.is_cuda()) return grad_norm_cuda(tensors);

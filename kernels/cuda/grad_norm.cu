@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/grad_norm_cuda.h"
@@ -60,8 +61,8 @@ __global__ void chunk_sum_squares(const WorkItem* items, float* partial, int* no
 }
 
 // (n_tensors) blocks; item_offsets is (n_tensors + 1), prefix offsets into partial.
-__global__ void segment_sum(const float* partial, const int* nonfinite,
-                            const int64_t* item_offsets, float* sum_squares, int* tensor_bad) {
+__global__ void segment_sum(const float* partial, const int* nonfinite, const int64_t* item_offsets,
+                            float* sum_squares, int* tensor_bad) {
   using BlockReduce = cub::BlockReduce<float, kThreads>;
   __shared__ typename BlockReduce::TempStorage storage;
   const int64_t begin = item_offsets[blockIdx.x];
@@ -127,9 +128,9 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
     at::Tensor seg_sums = at::empty({n_seg}, f32);
     at::Tensor seg_bad = at::empty({n_seg}, i32);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "grad_norm_cuda", [&] {
-      using T = std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16,
-                                   std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half,
-                                                      scalar_t>>;
+      using T = std::conditional_t<
+          std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16,
+          std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half, scalar_t>>;
       chunk_sum_squares<T><<<n_items, kThreads, 0, stream>>>(
           reinterpret_cast<const WorkItem*>(items_dev.const_data_ptr()),
           partial.mutable_data_ptr<float>(), flags.mutable_data_ptr<int>());

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/train/file_tree.h"
 #include "worker/train/safetensors.h"
 
 namespace ballast::train {
@@ -29,7 +30,8 @@ absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) 
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -46,18 +48,23 @@ absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosit
     }
     tensors[name] = t.detach();
   }
-  const fs::path final_dir = fs::path(checkpoints_dir) / absl::StrFormat("%s%08d", kPrefix, position.step);
-  const fs::path tmp_dir = fs::path(checkpoints_dir) / absl::StrCat(".", final_dir.filename().string(), ".tmp");
+  const fs::path final_dir =
+      fs::path(checkpoints_dir) / absl::StrFormat("%s%08d", kPrefix, position.step);
+  const fs::path tmp_dir =
+      fs::path(checkpoints_dir) / absl::StrCat(".", final_dir.filename().string(), ".tmp");
+  if (absl::Status s = RemoveTree(tmp_dir.string()); !s.ok()) return s;
   std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir.string(), ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create ", tmp_dir.string(), ": ", ec.message()));
 
-  if (absl::Status s = WriteSafetensors((tmp_dir / "params.safetensors").string(), tensors); !s.ok()) {
+  if (absl::Status s = WriteSafetensors((tmp_dir / "params.safetensors").string(), tensors);
+      !s.ok()) {
     return s;
   }
-  if (absl::Status s = WriteSafetensors((tmp_dir / "optimizer.safetensors").string(),
-                                        optimizer.state_dict());
+  if (absl::Status s =
+          WriteSafetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state_dict());
       !s.ok()) {
     return s;
   }
@@ -74,7 +81,8 @@ absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosit
   nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
   if (absl::Status s = WriteTextAtomically(tmp_dir / "state.json", state.dump()); !s.ok()) return s;
 
-  fs::remove_all(final_dir, ec);
+  // A folder of the same step from a run that went further before a rollback.
+  if (absl::Status s = RemoveTree(final_dir.string()); !s.ok()) return s;
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), " to ",
@@ -90,7 +98,8 @@ std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) 
   for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(".", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
-      fs::remove_all(entry.path(), ec);
+      // An interrupted save; best effort, a leftover is harmless.
+      (void)RemoveTree(entry.path().string());
       continue;
     }
     if (name.rfind(kPrefix, 0) != 0 || !entry.is_directory()) continue;
@@ -124,7 +133,8 @@ absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore*
       SafetensorsFile::Open((root / "rng.safetensors").string());
   if (!r.ok()) return r.status();
   absl::StatusOr<at::Tensor> rng = (*r)->tensor("cpu");
-  if (!rng.ok()) return absl::DataLossError(absl::StrCat(dir, ": rng.safetensors has no cpu state"));
+  if (!rng.ok())
+    return absl::DataLossError(absl::StrCat(dir, ": rng.safetensors has no cpu state"));
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -26,8 +26,8 @@ absl::Status LineError(const std::string& path, int64_t line, const std::string&
 
 }  // namespace
 
-absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path,
-                                                        int64_t vocab_size, int64_t seq_len) {
+absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path, int64_t vocab_size,
+                                                        int64_t seq_len) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("data file not found: ", path));
   TokenizedDataset ds;
@@ -46,8 +46,9 @@ absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path,
       if (!v.is_number_integer()) return LineError(path, line, "input_ids must be integers");
       const int64_t id = v.get<int64_t>();
       if (id < 0 || id >= vocab_size) {
-        return LineError(path, line,
-                         absl::StrCat("token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
+        return LineError(
+            path, line,
+            absl::StrCat("token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
       }
       ex.input_ids.push_back(id);
     }
@@ -57,8 +58,9 @@ absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path,
         if (!v.is_number_integer()) return LineError(path, line, "labels must be integers");
         const int64_t id = v.get<int64_t>();
         if (id != kIgnore && (id < 0 || id >= vocab_size)) {
-          return LineError(path, line, absl::StrCat("label ", id, " is neither -100 nor in [0, ",
-                                                    vocab_size, ")"));
+          return LineError(
+              path, line,
+              absl::StrCat("label ", id, " is neither -100 nor in [0, ", vocab_size, ")"));
         }
         ex.labels.push_back(id);
       }
@@ -74,8 +76,8 @@ absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path,
     if (n < 2) return LineError(path, line, "an example needs at least 2 tokens");
     if (n > seq_len) {
       return LineError(path, line,
-                       absl::StrCat("example has ", n, " tokens, more than data.seq_len = ", seq_len,
-                                    "; split it or raise seq_len"));
+                       absl::StrCat("example has ", n, " tokens, more than data.seq_len = ",
+                                    seq_len, "; split it or raise seq_len"));
     }
     ds.examples_.push_back(std::move(ex));
   }

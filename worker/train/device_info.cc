@@ -31,8 +31,10 @@ std::string DescribeBackends() {
 #endif
   const bool cuda_available = cuda_compiled && cuda.hasCUDA();
   std::string cuda_detail;
-  if (cuda_available) cuda_detail = std::to_string(cuda.deviceCount()) + " device(s)";
-  else if (cuda_compiled) cuda_detail = "no CUDA device or driver on this machine";
+  if (cuda_available)
+    cuda_detail = std::to_string(cuda.deviceCount()) + " device(s)";
+  else if (cuda_compiled)
+    cuda_detail = "no CUDA device or driver on this machine";
 
   bool nccl_compiled = false;
   std::string nccl_detail;
@@ -40,8 +42,8 @@ std::string DescribeBackends() {
   nccl_compiled = cuda_compiled;
   const uint64_t v = torch::cuda::nccl::version();
   // LibTorch packs the version as major << 32 | minor << 16 | patch.
-  nccl_detail = "NCCL " + std::to_string(v >> 32) + "." + std::to_string((v >> 16) & 0xffff) +
-                "." + std::to_string(v & 0xffff);
+  nccl_detail = "NCCL " + std::to_string(v >> 32) + "." + std::to_string((v >> 16) & 0xffff) + "." +
+                std::to_string(v & 0xffff);
 #endif
   std::ostringstream out;
   out << "LibTorch " << BALLAST_TORCH_VERSION << "\n"

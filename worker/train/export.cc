@@ -30,7 +30,8 @@ absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_d
     const fs::path src = fs::path(base_dir) / file;
     if (!fs::exists(src)) continue;
     fs::copy_file(src, fs::path(out_dir) / file, fs::copy_options::overwrite_existing, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
+    if (ec)
+      return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
   }
   return absl::OkStatus();
 }

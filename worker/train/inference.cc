@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-
 #include "absl/strings/str_cat.h"
 #include "worker/train/data.h"
 #include "worker/train/lora.h"

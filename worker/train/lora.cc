@@ -133,7 +133,8 @@ absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
 absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params) {
   const fs::path config_path = fs::path(dir) / "adapter_config.json";
   std::ifstream in(config_path);
-  if (!in) return absl::NotFoundError(absl::StrCat("adapter config not found: ", config_path.string()));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("adapter config not found: ", config_path.string()));
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(config_path.string(), " is not valid JSON"));
@@ -142,7 +143,8 @@ absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, Par
     return absl::FailedPreconditionError(absl::StrCat(config_path.string(), ": ", key, " is ",
                                                       theirs, " but the job spec says ", ours));
   };
-  if (j.value("r", 0) != lora.r) return mismatch("r", j.value("r", nlohmann::json()).dump(), absl::StrCat(lora.r));
+  if (j.value("r", 0) != lora.r)
+    return mismatch("r", j.value("r", nlohmann::json()).dump(), absl::StrCat(lora.r));
   if (j.value("lora_alpha", 0.0) != lora.lora_alpha) {
     return mismatch("lora_alpha", j.value("lora_alpha", nlohmann::json()).dump(),
                     absl::StrCat(lora.lora_alpha));
@@ -151,7 +153,8 @@ absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, Par
     return mismatch("use_rslora", j.value("use_rslora", nlohmann::json()).dump(),
                     lora.use_rslora ? "true" : "false");
   }
-  absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(dir, "adapter_model.safetensors");
+  absl::StatusOr<SafetensorsCheckpoint> ckpt =
+      SafetensorsCheckpoint::Open(dir, "adapter_model.safetensors");
   if (!ckpt.ok()) return ckpt.status();
   // Every adapter of the job must be in the file, and the file must hold no
   // adapter the job lacks: either means the target modules differ.
@@ -163,16 +166,16 @@ absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, Par
           dir, ": adapter has no tensor ", kPeftPrefix, name, "; target_modules differ?"));
     }
     if (t->sizes() != params->get(name).sizes()) {
-      return absl::FailedPreconditionError(absl::StrCat(dir, ": ", kPeftPrefix, name,
-                                                        " has another shape than r implies"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": ", kPeftPrefix, name, " has another shape than r implies"));
     }
     params->assign(name, *t);
     ++matched;
   }
   if (matched != static_cast<int64_t>(ckpt->names().size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, ": adapter holds ", ckpt->names().size(), " tensors, the job trains ", matched,
-        "; target_modules or modules_to_save differ"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": adapter holds ", ckpt->names().size(), " tensors, the job trains ",
+                     matched, "; target_modules or modules_to_save differ"));
   }
   return absl::OkStatus();
 }
@@ -199,8 +202,8 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_mod
       {"exclude_modules", nullptr},
       {"fan_in_fan_out", false},
       {"inference_mode", true},
-      {"init_lora_weights", lora.init_lora_weights == "gaussian" ? nlohmann::json("gaussian")
-                                                                 : nlohmann::json(true)},
+      {"init_lora_weights",
+       lora.init_lora_weights == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true)},
       {"layers_pattern", nullptr},
       {"layers_to_transform", nullptr},
       {"lora_alpha", lora.lora_alpha},

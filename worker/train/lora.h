@@ -44,8 +44,7 @@ LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec);
 // initialised as PEFT does: A kaiming_uniform(a=sqrt(5)) or normal(0, 1/r),
 // B zeros. Makes modules_to_save trainable. Draws from the default CPU
 // generator, which the caller seeds.
-absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
-                             ParamStore* params);
+absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora, ParamStore* params);
 
 // Reads a PEFT adapter folder's adapter_config.json (r, lora_alpha,
 // use_rslora, target_modules as short names or full paths, modules_to_save).

@@ -53,15 +53,24 @@ int main(int argc, char** argv) {
 
   CLI::App* logits = app.add_subcommand("logits", "Write a model's logits on tokenized documents");
   std::string model_dir, adapter_dir, tokens_path, logits_out;
-  logits->add_option("--model", model_dir, "HF model folder")->required()->check(CLI::ExistingDirectory);
-  logits->add_option("--adapter", adapter_dir, "PEFT adapter folder")->check(CLI::ExistingDirectory);
-  logits->add_option("--tokens", tokens_path, "JSONL with input_ids")->required()->check(CLI::ExistingFile);
+  logits->add_option("--model", model_dir, "HF model folder")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  logits->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+      ->check(CLI::ExistingDirectory);
+  logits->add_option("--tokens", tokens_path, "JSONL with input_ids")
+      ->required()
+      ->check(CLI::ExistingFile);
   logits->add_option("--out", logits_out, "Output .safetensors (logits, cu_seqlens)")->required();
 
   CLI::App* merge = app.add_subcommand("merge", "Fold a LoRA adapter into its base model");
   std::string merge_out;
-  merge->add_option("--model", model_dir, "HF base model folder")->required()->check(CLI::ExistingDirectory);
-  merge->add_option("--adapter", adapter_dir, "PEFT adapter folder")->required()->check(CLI::ExistingDirectory);
+  merge->add_option("--model", model_dir, "HF base model folder")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  merge->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   merge->add_option("--out", merge_out, "Output HF model folder")->required();
   CLI11_PARSE(app, argc, argv);
 

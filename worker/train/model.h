@@ -30,7 +30,7 @@ struct PackedBatch {
   at::Tensor input_ids;     // (T) int64
   at::Tensor position_ids;  // (T) int64, restarting at 0 in each document
   at::Tensor cu_seqlens;    // (docs + 1) int64, document boundaries
-  at::Tensor targets;       // (T) int64: the next token, or -100 (unsupervised, or a document's last)
+  at::Tensor targets;  // (T) int64: the next token, or -100 (unsupervised, or a document's last)
   int64_t supervised_tokens = 0;  // targets != -100
 };
 

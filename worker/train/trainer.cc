@@ -48,7 +48,8 @@ absl::Status TruncateMetrics(const fs::path& path, int64_t step) {
   in.close();
   std::ofstream out(path, std::ios::trunc);
   out << kept;
-  return out ? absl::OkStatus() : absl::InternalError(absl::StrCat("cannot rewrite ", path.string()));
+  return out ? absl::OkStatus()
+             : absl::InternalError(absl::StrCat("cannot rewrite ", path.string()));
 }
 
 class StandaloneTrainer : public Trainer {
@@ -220,9 +221,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
   absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
   if (!config.ok()) return config.status();
   if (spec.data().seq_len() > config->max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
-        config->max_position_embeddings, " (max_position_embeddings of the model)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
+                     config->max_position_embeddings, " (max_position_embeddings of the model)"));
   }
   absl::StatusOr<TokenizedDataset> data =
       TokenizedDataset::Load(spec.data().path(), config->vocab_size, spec.data().seq_len());
@@ -243,9 +244,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
       }
     }
   }
-  return std::make_unique<StandaloneTrainer>(spec, out_dir, *std::move(config),
-                                             *std::move(params), std::move(lora),
-                                             *std::move(data));
+  return std::make_unique<StandaloneTrainer>(spec, out_dir, *std::move(config), *std::move(params),
+                                             std::move(lora), *std::move(data));
 }
 
 }  // namespace ballast::train

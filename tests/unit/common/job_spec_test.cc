@@ -73,14 +73,15 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
     const char* override_;
     const char* message;
   };
-  for (const Case& c : {Case{"optimizer.lr=-1", "optimizer.lr = -1 is out of range; allowed: (0, 1]"},
-                        Case{"lora.r=0", "lora.r = 0 is out of range; allowed: 1..4096"},
-                        Case{"data.seq_len=0", "data.seq_len = 0"},
-                        Case{"lora.lora_dropout=1", "lora.lora_dropout = 1"},
-                        Case{"schedule.kind=step", "schedule.kind = 'step' is not supported"},
-                        Case{"lora.target_modules=[qkv]", "lora.target_modules = 'qkv'"},
-                        Case{"method=qlora", "method = 'qlora'"},
-                        Case{"checkpoint_every=101", "checkpoint_every = 101"}}) {
+  for (const Case& c :
+       {Case{"optimizer.lr=-1", "optimizer.lr = -1 is out of range; allowed: (0, 1]"},
+        Case{"lora.r=0", "lora.r = 0 is out of range; allowed: 1..4096"},
+        Case{"data.seq_len=0", "data.seq_len = 0"},
+        Case{"lora.lora_dropout=1", "lora.lora_dropout = 1"},
+        Case{"schedule.kind=step", "schedule.kind = 'step' is not supported"},
+        Case{"lora.target_modules=[qkv]", "lora.target_modules = 'qkv'"},
+        Case{"method=qlora", "method = 'qlora'"},
+        Case{"checkpoint_every=101", "checkpoint_every = 101"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;
@@ -94,8 +95,8 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
 TEST(JobSpec, OverridesReplaceNestedValuesAndLists) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
   ASSERT_TRUE(spec.ok());
-  ASSERT_TRUE(ApplyOverrides({"optimizer.lr=1e-3", "lora.target_modules=[q_proj, k_proj]"}, &*spec)
-                  .ok());
+  ASSERT_TRUE(
+      ApplyOverrides({"optimizer.lr=1e-3", "lora.target_modules=[q_proj, k_proj]"}, &*spec).ok());
   EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 1e-3);
   EXPECT_THAT(spec->lora().target_modules(), ::testing::ElementsAre("q_proj", "k_proj"));
   EXPECT_FALSE(ApplyOverrides({"no-equals-sign"}, &*spec).ok());

@@ -19,7 +19,8 @@ double ReferenceNorm(const std::vector<at::Tensor>& tensors) {
 std::vector<at::Tensor> RandomTensors(torch::Dtype dtype) {
   // Sizes cross the 2^16 chunk boundary, and one is empty.
   std::vector<at::Tensor> ts;
-  for (int64_t n : {1, 7, 65535, 65536, 65537, 300001, 0}) ts.push_back(torch::randn({n}).to(dtype));
+  for (int64_t n : {1, 7, 65535, 65536, 65537, 300001, 0})
+    ts.push_back(torch::randn({n}).to(dtype));
   return ts;
 }
 

@@ -1,6 +1,5 @@
 #include "worker/train/model_config.h"
 
-#include <ftw.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "worker/train/file_tree.h"
 
 namespace ballast::train {
 namespace {
@@ -348,15 +349,6 @@ TEST(ModelConfig, RejectsTextThatIsNotAJsonObject) {
   EXPECT_EQ(ParseModelConfig("[]").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// libtorch.so exports its own std::filesystem::remove_all, which calls a
-// libstdc++ symbol older runtimes lack and crashes; nftw avoids it.
-void RemoveTree(const std::string& dir) {
-  nftw(
-      dir.c_str(),
-      [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
-
 class LoadModelConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -365,7 +357,7 @@ class LoadModelConfigTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { RemoveTree(dir_); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 
   std::string dir_;
 };

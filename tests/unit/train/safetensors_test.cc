@@ -1,6 +1,5 @@
 #include "worker/train/safetensors.h"
 
-#include <ftw.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "worker/train/file_tree.h"
+
 namespace ballast::train {
 namespace {
 
@@ -20,15 +21,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-// libtorch.so exports its own std::filesystem::remove_all, which calls a
-// libstdc++ symbol older runtimes lack and crashes; nftw avoids it.
-void RemoveTree(const std::string& dir) {
-  nftw(
-      dir.c_str(),
-      [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
-
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -36,7 +28,7 @@ class SafetensorsTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { RemoveTree(dir_.string()); }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_.string()).ok()); }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
