@@ -63,3 +63,24 @@ def test_lora_steps_match_peft(arch, tmp_path):
     assert r.returncode == 0, r.stderr
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
     assert relative_error(hf_logits(merged, rows), peft_logits) <= 1e-5
+
+
+def test_modules_to_save_round_trip_through_peft(tmp_path):
+    """lm_head trained in full beside the adapters is saved where PEFT looks
+    for it, so the loaded PeftModel reproduces ballast's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    model = make_model("qwen2", model_dir, seed=16)
+    rows = make_dataset(data, n=8, vocab=model.config.vocab_size, seed=17)
+    spec = base_spec(model_dir, data, max_steps=3, lora={"modules_to_save": ["lm_head"],
+                                                          "target_modules": ["q_proj", "v_proj"]})
+    write_spec(tmp_path / "job.yaml", **spec)
+    run_train(str(tmp_path / "job.yaml"), str(tmp_path / "out"))
+    adapter = str(tmp_path / "out" / "adapter")
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter)
+    trained_head = loaded.base_model.model.lm_head.modules_to_save["default"].weight
+    assert not torch.equal(trained_head, model.lm_head.weight), "lm_head did not train"
+    ours = ballast_logits(model_dir, data, str(tmp_path / "l.safetensors"), adapter_dir=adapter)
+    assert relative_error(ours["logits"], hf_logits(loaded, rows)) <= 1e-5
