@@ -26,12 +26,16 @@
 // (query tile, query head) items accumulate dQ.
 //
 // Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
-// sum and exp runs in fp32 (fp64 for fp64 inputs, which gradcheck uses).
+// sum and exp runs in fp32 (fp64 for fp64 inputs, so that finite differences
+// can check the gradients).
 // Tile products go to the BLAS that LibTorch links (MKL in the PyPI wheel)
 // through its Fortran entry points, because an ATen op per tile costs more in
 // dispatch than a small tile costs in arithmetic. The fp32 exp is vectorised
 // (Cody-Waite reduction and a degree-7 polynomial, within 1e-7 relative of
 // expf) and cloned for AVX2 where the CPU has it.
+//
+// Threads. Work items run on at::parallel_for's OpenMP threads, longest
+// first; this file is built with OpenMP for that (kernels/CMakeLists.txt).
 //
 // Indexing. Every offset is int64: T * H * D exceeds 2^31 at long contexts.
 #include "kernels/cpu/attention_cpu.h"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ at::Tensor Cu(const std::vector<int64_t>& lengths) {
   std::vector<int64_t> cu = {0};
   for (int64_t n : lengths) cu.push_back(cu.back() + n);
   return torch::tensor(cu, torch::kLong);
+}
+
+int64_t Total(const std::vector<int64_t>& lengths) {
+  return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
 }
 
 AttentionMask Causal(const std::vector<int64_t>& lengths, int64_t window = 0) {
@@ -184,15 +189,17 @@ constexpr double kFp16Tol = 2e-3;
 // Causal, packed, GQA, head dims, dtypes
 // ---------------------------------------------------------------------------
 
-// Document lengths straddle the 64-row and 256-column tiles.
-const std::vector<int64_t> kUnevenDocs = {1, 70, 257, 130, 64};
+// Document lengths straddle the query and key tiles: one token, one query
+// tile and a bit, one key tile and a bit, half a tile, exactly one tile.
+const std::vector<int64_t> kUnevenDocs = {1, kAttnBlockM + 6, kAttnBlockN + 1, kAttnBlockM / 2,
+                                          kAttnBlockM};
 
 TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInFp32) {
   SCOPED_TRACE(SeedTrace());
   const AttentionMask mask = Causal(kUnevenDocs);
   for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 1}}) {
     for (int64_t d : {8, 64, 128, 256}) {
-      const Inputs in = RandomInputs(522, hq, hkv, d, torch::kFloat);
+      const Inputs in = RandomInputs(Total(kUnevenDocs), hq, hkv, d, torch::kFloat);
       const double scale = 1.0 / std::sqrt(static_cast<double>(d));
       const std::string what =
           "Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " D=" + std::to_string(d);
@@ -208,7 +215,7 @@ TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInBf16AndFp16) {
   for (auto [dtype, tol] :
        {std::pair<torch::Dtype, double>{torch::kBFloat16, kBf16Tol}, {torch::kHalf, kFp16Tol}}) {
     for (int64_t d : {64, 128}) {
-      const Inputs in = RandomInputs(522, 4, 2, d, dtype);
+      const Inputs in = RandomInputs(Total(kUnevenDocs), 4, 2, d, dtype);
       const double scale = 1.0 / std::sqrt(static_cast<double>(d));
       const Grads got = KernelGrads(in.q, in.k, in.v, mask, scale, in.grad_out);
       EXPECT_EQ(got.out.scalar_type(), dtype);
@@ -256,9 +263,11 @@ TEST_F(AttentionTest, Float64GradientsMatchCentralDifferences) {
 
 TEST_F(AttentionTest, SlidingWindowMatchesFloat64Reference) {
   SCOPED_TRACE(SeedTrace());
-  for (int64_t window : {1, 17, 64, 100, 300}) {
-    const AttentionMask mask = Causal({300, 3, 220}, window);
-    const Inputs in = RandomInputs(523, 4, 2, 32, torch::kFloat);
+  // Windows from one token to more than a key tile, over a document longer
+  // than a key tile.
+  for (int64_t window : {int64_t{1}, int64_t{17}, kAttnBlockM - 1, kAttnBlockN + 20}) {
+    const AttentionMask mask = Causal({kAttnBlockN + 44, 3, 220}, window);
+    const Inputs in = RandomInputs(kAttnBlockN + 267, 4, 2, 32, torch::kFloat);
     ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out),
                 ReferenceGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out), kFp32Tol,
                 "window " + std::to_string(window));
@@ -267,8 +276,8 @@ TEST_F(AttentionTest, SlidingWindowMatchesFloat64Reference) {
 
 TEST_F(AttentionTest, PackedDocumentsMatchEachDocumentAlone) {
   SCOPED_TRACE(SeedTrace());
-  const std::vector<int64_t> lengths = {37, 300, 5, 129};
-  const Inputs in = RandomInputs(471, 4, 2, 64, torch::kFloat);
+  const std::vector<int64_t> lengths = {37, kAttnBlockN + 88, 5, 129};
+  const Inputs in = RandomInputs(Total(lengths), 4, 2, 64, torch::kFloat);
   const Grads packed = KernelGrads(in.q, in.k, in.v, Causal(lengths), 0.125, in.grad_out);
   int64_t begin = 0;
   for (int64_t n : lengths) {
@@ -303,12 +312,12 @@ TEST_F(AttentionTest, EmptyDocumentsAndEmptyBatchAreAccepted) {
 
 TEST_F(AttentionTest, BlockDiffusionMatchesMaskBuiltFromDefinition) {
   SCOPED_TRACE(SeedTrace());
-  // Halves of 5, 40 and 130 tokens: blocks that do and do not divide L, and
-  // halves that cross the 64-row tile.
-  const std::vector<int64_t> lengths = {10, 80, 260};
+  // Halves of 5, 40 and kAttnBlockM + 30 tokens: blocks that do and do not
+  // divide L, and a half that crosses a query tile.
+  const std::vector<int64_t> lengths = {10, 80, 2 * (kAttnBlockM + 30)};
   for (int64_t block_size : {1, 3, 16, 64, 200}) {
     const AttentionMask mask = BlockDiffusion(lengths, block_size);
-    const Inputs in = RandomInputs(350, 4, 2, 32, torch::kFloat);
+    const Inputs in = RandomInputs(Total(lengths), 4, 2, 32, torch::kFloat);
     ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out),
                 ReferenceGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out), kFp32Tol,
                 "block_size " + std::to_string(block_size));
@@ -335,25 +344,27 @@ TEST_F(AttentionTest, BlockDiffusionCleanQueriesIgnoreNoisyTokens) {
 
 TEST_F(AttentionTest, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
   SCOPED_TRACE(SeedTrace());
-  // Segment [0, 70): row i sees [0, i] except rows 3 and 66, which see
-  // nothing (66 in the second 64-row tile). Segment [70, 80): nobody sees
-  // anything, so its tile has no work at all.
-  constexpr int64_t kT = 80;
+  // Segment [0, kSeen): row i sees [0, i] except rows 3 and kLate, which see
+  // nothing (kLate in the second query tile). Segment [kSeen, kT): nobody
+  // sees anything, so its tile has no work at all.
+  constexpr int64_t kSeen = kAttnBlockM + 6;
+  constexpr int64_t kLate = kAttnBlockM + 2;
+  constexpr int64_t kT = kSeen + 10;
   IntervalMask mask;
-  mask.segments = torch::tensor(std::vector<int64_t>{0, 70, kT}, torch::kLong);
+  mask.segments = torch::tensor(std::vector<int64_t>{0, kSeen, kT}, torch::kLong);
   mask.key_ranges = torch::zeros({kT, 4}, torch::kLong);
   mask.query_ranges = torch::zeros({kT, 4}, torch::kLong);
   torch::Tensor visible = torch::zeros({kT, kT}, torch::kBool);
   auto kr = mask.key_ranges.accessor<int64_t, 2>();
   auto qr = mask.query_ranges.accessor<int64_t, 2>();
-  for (int64_t i = 0; i < 70; ++i) {
-    if (i == 3 || i == 66) continue;
+  for (int64_t i = 0; i < kSeen; ++i) {
+    if (i == 3 || i == kLate) continue;
     kr[i][1] = i + 1;
     visible.narrow(0, i, 1).narrow(1, 0, i + 1).fill_(true);
   }
-  for (int64_t j = 0; j < 70; ++j) {
+  for (int64_t j = 0; j < kSeen; ++j) {
     qr[j][0] = j;
-    qr[j][1] = 70;
+    qr[j][1] = kSeen;
   }
   const Inputs in = RandomInputs(kT, 2, 1, 16, torch::kFloat);
   const double scale = 0.25;
@@ -361,7 +372,8 @@ TEST_F(AttentionTest, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
   const AttentionCpuGrads grads =
       attention_cpu_backward(in.grad_out, in.q, in.k, in.v, fwd.out, fwd.lse, mask, scale);
 
-  const auto empty_rows = torch::tensor(std::vector<int64_t>{3, 66, 70, 75, 79}, torch::kLong);
+  const auto empty_rows =
+      torch::tensor(std::vector<int64_t>{3, kLate, kSeen, kSeen + 5, kT - 1}, torch::kLong);
   EXPECT_TRUE(torch::all(fwd.out.index_select(0, empty_rows) == 0).item<bool>());
   EXPECT_TRUE(
       torch::all(fwd.lse.index_select(1, empty_rows) == -std::numeric_limits<float>::infinity())
@@ -388,7 +400,8 @@ TEST_F(AttentionTest, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
 // Distinct rows to check: the ends, the tile edges, each side of the powers
 // of two, and a few random ones.
 std::vector<int64_t> SampleRows(int64_t tokens) {
-  std::vector<int64_t> rows = {0, 1, 63, 64, 255, 256, tokens - 1, tokens - 2};
+  std::vector<int64_t> rows = {
+      0, 1, kAttnBlockM - 1, kAttnBlockM, kAttnBlockN - 1, kAttnBlockN, tokens - 2, tokens - 1};
   for (int64_t p : {int64_t{1} << 15, int64_t{1} << 16, int64_t{1} << 17, int64_t{46341}}) {
     for (int64_t r : {p - 1, p, p + 1}) {
       if (r < tokens) rows.push_back(r);
@@ -425,7 +438,10 @@ class AttentionLongTest : public AttentionTest, public ::testing::WithParamInter
 TEST_P(AttentionLongTest, CausalForwardMatchesChunkedReference) {
   SCOPED_TRACE(SeedTrace());
   const int64_t tokens = GetParam();
-  const Inputs in = RandomInputs(tokens, 2, 1, 8, torch::kFloat);
+  // GQA (Hq = 2, Hkv = 1) up to 2^16 + 1 tokens; one head at 2^17, where the
+  // quadratic work would otherwise take most of a minute on two cores.
+  const int64_t heads = tokens > 65537 ? 1 : 2;
+  const Inputs in = RandomInputs(tokens, heads, 1, 8, torch::kFloat);
   const auto out = attention(in.q, in.k, in.v, Causal({tokens}), 0.35);
   const std::vector<int64_t> rows = SampleRows(tokens);
   const auto want = ChunkedReferenceRows(in.q.to(torch::kDouble), in.k.to(torch::kDouble),
@@ -445,10 +461,10 @@ TEST_F(AttentionTest, LongCausalBackwardMatchesChunkedReference) {
   // is compared; the kernel still runs every tile.
   constexpr int64_t kTokens = 65537;
   const double scale = 0.35;
-  const Inputs in = RandomInputs(kTokens, 2, 1, 8, torch::kFloat);
+  const Inputs in = RandomInputs(kTokens, 1, 1, 8, torch::kFloat);
   const std::vector<int64_t> rows = SampleRows(kTokens);
   const auto row_index = torch::tensor(rows, torch::kLong);
-  const auto row_grad = torch::randn({static_cast<int64_t>(rows.size()), 2, 8});
+  const auto row_grad = torch::randn({static_cast<int64_t>(rows.size()), 1, 8});
   const auto grad_out = torch::zeros_like(in.q).index_put_({row_index}, row_grad);
   const Grads got = KernelGrads(in.q, in.k, in.v, Causal({kTokens}), scale, grad_out);
 
