@@ -26,7 +26,7 @@ function(ballast_gtest name)
     TEST_PREFIX "${ARG_COMPONENT}."
     DISCOVERY_TIMEOUT 60
     PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
-               ENVIRONMENT "BALLAST_BIN_DIR=${CMAKE_BINARY_DIR}/bin;BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+               ENVIRONMENT "BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 endfunction()
 
 # ballast_pytest(NAME ctest_name FILE path [ARGS ...]): one pytest file as one
