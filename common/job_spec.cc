@@ -239,6 +239,7 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!opt->has_eps()) opt->set_eps(1e-8);
   if (!opt->has_max_grad_norm()) opt->set_max_grad_norm(1.0);
   if (spec->schedule().kind().empty()) spec->mutable_schedule()->set_kind("constant");
+  if (!spec->scheduling().has_max_restarts()) spec->mutable_scheduling()->set_max_restarts(3);
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -256,6 +257,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
                                        spec.max_steps(), "0..max_steps"));
   checks.push_back(CheckRange<int32_t>("devices", spec.devices(), 1, 4096, "1..4096"));
+  checks.push_back(CheckRange<int32_t>("scheduling.priority", spec.scheduling().priority(), -1000,
+                                       1000, "-1000..1000"));
+  checks.push_back(CheckRange<int32_t>("scheduling.max_restarts",
+                                       spec.scheduling().max_restarts(), 0, 100, "0..100"));
 
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "lora") {
