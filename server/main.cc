@@ -1,23 +1,119 @@
 // ballastd: the Ballast coordinator. It does not link LibTorch.
+//
+// Flags are the table in docs/control-plane.md. Once serving it prints
+//   ballastd: serving gRPC on HOST:PORT, HTTP on HOST:PORT, store sqlite:PATH
+// to stderr and, with --ready-file, writes {"grpc": "HOST:PORT", "http":
+// "HOST:PORT"} there atomically. SIGINT or SIGTERM shut it down cleanly
+// (streams ended, store closed) with exit code 0.
 #include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "common/version.h"
+#include "server/ballastd.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string DefaultStateDir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return (fs::path(xdg) / "ballast").string();
+  }
+  const char* home = std::getenv("HOME");
+  return (fs::path(home != nullptr ? home : ".") / ".local/state/ballast").string();
+}
+
+// Write, then rename: a reader never sees half a file.
+bool WriteReadyFile(const std::string& path, const std::string& grpc, const std::string& http) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << nlohmann::json{{"grpc", grpc}, {"http", http}}.dump() << "\n";
+    if (!out.flush()) return false;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  return !ec;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ballastd: the Ballast coordinator (job store, scheduler, gRPC API)"};
-  std::string listen = "127.0.0.1:50051";
-  std::string http = "127.0.0.1:9090";
-  std::string store;
+  ballast::server::BallastdOptions options;
+  std::string state_dir = DefaultStateDir();
+  std::string ready_file;
   app.set_version_flag("--version", ballast::VersionLine("ballastd"));
-  app.add_option("--listen", listen, "gRPC address, HOST:PORT")->capture_default_str();
-  app.add_option("--http", http, "HTTP address for /metrics and /healthz, HOST:PORT")
+  app.add_option("--listen", options.listen, "gRPC address, HOST:PORT (port 0: any free port)")
       ->capture_default_str();
-  app.add_option("--store", store, "Job store URL (default sqlite: in the state directory)");
+  app.add_option("--http", options.http,
+                 "HTTP address for /metrics and /healthz, HOST:PORT (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--state-dir", state_dir, "Holds the default store and job outputs")
+      ->capture_default_str();
+  app.add_option("--store", options.store_url, "Job store URL (default sqlite:STATE_DIR/ballastd.db)");
+  app.add_option("--output-root", options.output_root,
+                 "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
+  app.add_option("--lease-ms", options.lease_ms, "A worker silent this long loses its ranks")
+      ->capture_default_str();
+  app.add_option("--event-retention", options.event_retention,
+                 "Events kept per job; older ones are deleted and counted")
+      ->capture_default_str();
+  app.add_option("--stop-grace-ms", options.stop_grace_ms,
+                 "SIGTERM -> SIGKILL delay sent with stop assignments")
+      ->capture_default_str();
+  app.add_option("--ready-file", ready_file,
+                 "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
   CLI11_PARSE(app, argc, argv);
 
-  // The services come with the control-plane issue; until then say so plainly
-  // rather than pretend to serve.
-  std::cerr << "ballastd: the coordinator service is not implemented yet in this build\n";
-  return 1;
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  if (ec) {
+    std::cerr << "ballastd: --state-dir " << state_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  if (options.store_url.empty()) {
+    options.store_url = "sqlite:" + (fs::path(state_dir) / "ballastd.db").string();
+  }
+  if (options.output_root.empty()) options.output_root = (fs::path(state_dir) / "jobs").string();
+  fs::create_directories(options.output_root, ec);
+  if (ec) {
+    std::cerr << "ballastd: --output-root " << options.output_root << ": " << ec.message() << "\n";
+    return 1;
+  }
+  if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
+
+  // Every thread started from here on inherits the blocked signals, so only
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<ballast::server::Ballastd>> server =
+      ballast::server::Ballastd::Start(options);
+  if (!server.ok()) {
+    std::cerr << "ballastd: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
+            << (*server)->http_address() << ", store " << options.store_url << std::endl;
+  if (!ready_file.empty() &&
+      !WriteReadyFile(ready_file, (*server)->grpc_address(), (*server)->http_address())) {
+    std::cerr << "ballastd: cannot write --ready-file " << ready_file << "\n";
+    return 1;
+  }
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::cerr << "ballastd: " << strsignal(signal) << ", shutting down" << std::endl;
+  (*server)->Shutdown();
+  std::cerr << "ballastd: stopped" << std::endl;
+  return 0;
 }

@@ -1,0 +1,114 @@
+#include "server/ballastd.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+
+namespace ballast::server {
+
+absl::Status SplitHostPort(const std::string& address, const std::string& flag,
+                           std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  int value = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &value) || value < 0 || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", address, "' is not HOST:PORT with PORT in 0..65535 (0 picks a free port)"));
+  }
+  *host = address.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions options) {
+  std::string grpc_host, http_host;
+  int grpc_port = 0, http_port = 0;
+  if (absl::Status s = SplitHostPort(options.listen, "--listen", &grpc_host, &grpc_port); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SplitHostPort(options.http, "--http", &http_host, &http_port); !s.ok()) {
+    return s;
+  }
+  if (options.lease_ms < 1000 || options.lease_ms > 600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lease-ms: ", options.lease_ms, "; allowed 1000..600000"));
+  }
+  if (options.event_retention < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--event-retention: ", options.event_retention, "; allowed 1 or more"));
+  }
+  if (options.stop_grace_ms < 0 || options.stop_grace_ms > 600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stop-grace-ms: ", options.stop_grace_ms, "; allowed 0..600000"));
+  }
+
+  std::unique_ptr<Ballastd> d(new Ballastd());
+  d->metrics_.Describe("ballast_build_info", "Build of this ballastd; the value is 1.",
+                       MetricType::kGauge);
+  d->metrics_.Set("ballast_build_info", {{"version", kVersion}, {"commit", kGitCommit}}, 1);
+
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.store_url);
+  if (!store.ok()) return store.status();
+  d->store_ = std::move(*store);
+  CoordinatorOptions co;
+  co.output_root = options.output_root;
+  co.lease_ms = options.lease_ms;
+  co.event_retention = options.event_retention;
+  co.stop_grace_ms = options.stop_grace_ms;
+  co.now_ms = options.now_ms;
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Create(d->store_.get(), &d->metrics_, std::move(co));
+  if (!coordinator.ok()) return coordinator.status();
+  d->coordinator_ = std::move(*coordinator);
+
+  d->gate_ = std::make_unique<RpcGate>(options.token, &d->metrics_);
+  d->job_service_ = std::make_unique<JobServiceImpl>(d->coordinator_.get(), d->gate_.get());
+  d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->coordinator_.get(), d->gate_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound);
+  builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  builder.RegisterService(d->job_service_.get());
+  builder.RegisterService(d->worker_service_.get());
+  d->grpc_server_ = builder.BuildAndStart();
+  if (d->grpc_server_ == nullptr || bound == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on ", options.listen, " (in use or not local)"));
+  }
+  d->grpc_address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", bound);
+
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
+      http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); });
+  if (!http.ok()) return http.status();
+  d->http_ = std::move(*http);
+  d->http_address_ =
+      absl::StrCat(options.http.substr(0, options.http.rfind(':')), ":", d->http_->port());
+  return d;
+}
+
+Ballastd::~Ballastd() { Shutdown(); }
+
+void Ballastd::Shutdown() {
+  // Streams end first, so the gRPC shutdown below finds no call to wait for.
+  if (coordinator_ != nullptr) coordinator_->Shutdown();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc_server_->Wait();
+    grpc_server_.reset();
+  }
+  http_.reset();
+  coordinator_.reset();
+  store_.reset();
+}
+
+}  // namespace ballast::server

@@ -1,0 +1,83 @@
+// Ballastd: the whole coordinator process as one object — store, coordinator,
+// gRPC server (JobService, WorkerService, grpc.health.v1, reflection) and the
+// HTTP endpoint. main() parses flags into BallastdOptions; tests and
+// benchmarks start one in-process on ephemeral ports. Thread-safe.
+#ifndef BALLAST_SERVER_BALLASTD_H_
+#define BALLAST_SERVER_BALLASTD_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "server/coordinator.h"
+#include "server/http_endpoint.h"
+#include "server/services.h"
+#include "server/store.h"
+
+namespace ballast::server {
+
+// Largest request accepted; bigger ones fail with RESOURCE_EXHAUSTED.
+inline constexpr int kMaxReceiveMessageBytes = 4 << 20;
+
+struct BallastdOptions {
+  // gRPC and HTTP addresses, HOST:PORT; port 0 picks a free one.
+  std::string listen = "127.0.0.1:50051";
+  std::string http = "127.0.0.1:9090";
+  // "sqlite:PATH"; the folder must exist.
+  std::string store_url;
+  std::string output_root;
+  int64_t lease_ms = 15000;
+  int64_t event_retention = 10000;
+  int64_t stop_grace_ms = 10000;
+  // When set, RPCs must carry "authorization: Bearer TOKEN".
+  std::string token;
+  // Unix ms; empty means the system clock.
+  std::function<int64_t()> now_ms;
+};
+
+// Splits "HOST:PORT" ("[::1]:80" for IPv6). INVALID_ARGUMENT names `flag`.
+absl::Status SplitHostPort(const std::string& address, const std::string& flag,
+                           std::string* host, int* port);
+
+class Ballastd {
+ public:
+  // Opens the store, loads the jobs, and starts serving. INVALID_ARGUMENT for
+  // a bad option; UNAVAILABLE when an address cannot be bound or the store
+  // cannot be opened.
+  static absl::StatusOr<std::unique_ptr<Ballastd>> Start(BallastdOptions options);
+  // Shutdown().
+  ~Ballastd();
+
+  // Ends every stream, stops serving (in-flight calls get up to 2 s), and
+  // closes the store. Idempotent.
+  void Shutdown();
+
+  // The bound addresses, HOST:PORT with the real port.
+  const std::string& grpc_address() const { return grpc_address_; }
+  const std::string& http_address() const { return http_address_; }
+  Coordinator* coordinator() { return coordinator_.get(); }
+  MetricsRegistry* metrics() { return &metrics_; }
+
+ private:
+  Ballastd() = default;
+  MetricsRegistry metrics_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<RpcGate> gate_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<HttpEndpoint> http_;
+  std::string grpc_address_;
+  std::string http_address_;
+};
+
+}  // namespace ballast::server
+
+#endif  // BALLAST_SERVER_BALLASTD_H_

@@ -1,0 +1,1004 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/job_spec.h"
+#include "common/job_spec_files.h"
+
+namespace ballast::server {
+namespace {
+
+// Exit code given to OnRankGone for a rank whose worker went away.
+constexpr int32_t kLost = -1;
+// A rank exiting with this code says its spec or data is bad: no restart.
+constexpr int32_t kExitBadSpec = 2;
+// Finished jobs whose per-job series stay in /metrics, so a scrape after the
+// end still sees the last values; bounded so cardinality stays bounded.
+constexpr size_t kRecentlyFinished = 50;
+// A watcher further behind than this reads from the store instead.
+constexpr size_t kWatchMailbox = 4096;
+// Stored events read per query when replaying.
+constexpr int kReplayChunk = 1000;
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+bool TerminalEvent(const v1::JobEvent& e) {
+  return e.has_state_change() && Terminal(e.state_change().to());
+}
+
+// "queued" for JOB_STATE_QUEUED: the word users see in reasons and labels.
+std::string StateName(v1::JobState s) {
+  return absl::AsciiStrToLower(absl::StripPrefix(v1::JobState_Name(s), "JOB_STATE_"));
+}
+
+std::string NewId(const char* prefix, int hex_digits) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id = prefix;
+  for (int i = 0; i < hex_digits; ++i) id += "0123456789abcdef"[rng() % 16];
+  return id;
+}
+
+int64_t RealNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// EventWatch
+
+EventWatch::EventWatch(Coordinator* coordinator, std::string job_id, int64_t after_seq,
+                       int64_t replay_through, bool terminal,
+                       std::shared_ptr<Mailbox<v1::JobEvent>> mailbox)
+    : coordinator_(coordinator),
+      job_id_(std::move(job_id)),
+      last_seq_(after_seq),
+      replay_through_(replay_through),
+      // A terminal job has nothing after its last event.
+      done_(terminal && after_seq >= replay_through),
+      mailbox_(std::move(mailbox)) {}
+
+EventWatch::~EventWatch() {
+  if (mailbox_ != nullptr) coordinator_->Unwatch(job_id_, mailbox_.get());
+}
+
+void EventWatch::Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out) {
+  for (v1::JobEvent& e : events) {
+    if (done_ || e.seq() <= last_seq_) continue;
+    last_seq_ = e.seq();
+    done_ = TerminalEvent(e);
+    out->push_back(std::move(e));
+  }
+}
+
+absl::Status EventWatch::ReadStored(int64_t through, std::vector<v1::JobEvent>* out) {
+  while (last_seq_ < through && !done_) {
+    absl::StatusOr<std::vector<v1::JobEvent>> chunk =
+        coordinator_->store_->ReadEvents(job_id_, last_seq_, kReplayChunk);
+    if (!chunk.ok()) return chunk.status();
+    if (chunk->empty()) break;
+    const size_t before = out->size();
+    std::vector<v1::JobEvent> upto;
+    for (v1::JobEvent& e : *chunk) {
+      if (e.seq() <= through) upto.push_back(std::move(e));
+    }
+    Deliver(std::move(upto), out);
+    if (out->size() == before) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> EventWatch::Next(std::vector<v1::JobEvent>* out, absl::Duration wait) {
+  if (done_) return false;
+  if (!replayed_) {
+    replayed_ = true;
+    if (absl::Status s = ReadStored(replay_through_, out); !s.ok()) return s;
+    if (!out->empty() || done_) return !done_;
+  }
+  std::vector<v1::JobEvent> live;
+  switch (mailbox_->Take(&live, wait)) {
+    case Mailbox<v1::JobEvent>::State::kReady:
+      Deliver(std::move(live), out);
+      break;
+    case Mailbox<v1::JobEvent>::State::kOverflow:
+      // Fell behind: everything we missed is in the store (stored before it
+      // was published), and anything newer lands in the mailbox again.
+      if (absl::Status s = ReadStored(std::numeric_limits<int64_t>::max(), out); !s.ok()) {
+        return s;
+      }
+      break;
+    case Mailbox<v1::JobEvent>::State::kClosed:
+      return absl::UnavailableError("ballastd is shutting down; watch again with after_seq");
+    case Mailbox<v1::JobEvent>::State::kTimeout:
+      break;
+  }
+  return !done_;
+}
+
+// ---------------------------------------------------------------------------
+// AssignmentFeed
+
+bool AssignmentFeed::Next(std::vector<v1::Assignment>* out, absl::Duration wait) {
+  if (mailbox_->Take(out, wait) == Mailbox<v1::Assignment>::State::kClosed) return false;
+  return coordinator_->FeedCurrent(worker_id_, mailbox_.get());
+}
+
+void AssignmentFeed::Return(std::vector<v1::Assignment> undelivered) {
+  coordinator_->ReturnAssignments(worker_id_, std::move(undelivered));
+}
+
+// ---------------------------------------------------------------------------
+// Set-up
+
+Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options)
+    : store_(store), metrics_(metrics), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
+                                                                 MetricsRegistry* metrics,
+                                                                 CoordinatorOptions options) {
+  if (!options.now_ms) options.now_ms = RealNowMs;
+  std::unique_ptr<Coordinator> c(new Coordinator(store, metrics, std::move(options)));
+  metrics->Describe("ballast_events_dropped_total",
+                    "Job events deleted by the per-job retention limit.", MetricType::kCounter);
+  metrics->Describe("ballast_scheduler_decision_seconds",
+                    "Time of one scheduling pass over the queue.", MetricType::kHistogram,
+                    {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
+  if (absl::Status s = c->Load(); !s.ok()) return s;
+  metrics->AddCollector([raw = c.get()](std::vector<MetricFamily>* out) {
+    raw->CollectMetrics(out);
+  });
+  c->lease_thread_ = std::thread([raw = c.get()] { raw->LeaseLoop(); });
+  return c;
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+absl::Status Coordinator::Load() {
+  absl::StatusOr<std::vector<WorkerRecord>> workers = store_->LoadWorkers();
+  if (!workers.ok()) return workers.status();
+  absl::StatusOr<std::vector<JobRecord>> jobs = store_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+
+  absl::MutexLock lock(&mu_);
+  const int64_t now = options_.now_ms();
+  for (WorkerRecord& r : *workers) {
+    WorkerEntry& w = workers_[r.worker.id()];
+    w.record = std::move(r);
+    // Leases start over: a worker that was alive gets one lease to come back.
+    w.deadline_ms = now + options_.lease_ms;
+    w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
+  }
+  for (JobRecord& r : *jobs) {
+    const std::string id = r.job.id();
+    last_order_ = std::max(last_order_, r.order);
+    job_order_[r.order] = id;
+    if (!r.job.request_id().empty()) request_ids_[r.job.request_id()] = id;
+    JobEntry& job = jobs_[id];
+    job.record = std::move(r);
+    job.exit_codes.assign(job.record.job.placement_size(), -1);
+    const v1::Job& j = job.record.job;
+    if (j.state() == v1::JOB_STATE_QUEUED) {
+      scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order,
+                         j.spec().devices());
+    }
+    for (const v1::RankPlacement& p : j.placement()) {
+      live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
+    }
+    if (Terminal(j.state())) recently_finished_.push_back(id);
+  }
+  while (recently_finished_.size() > kRecentlyFinished) recently_finished_.pop_front();
+
+  // Ranks on workers the store does not know can never report again, and a
+  // job that was stopping with no rank left only has to finish stopping.
+  std::vector<RankKey> orphaned;
+  for (const auto& [key, device] : live_ranks_) {
+    if (workers_.count(device.worker_id) == 0) orphaned.push_back(key);
+  }
+  for (const RankKey& key : orphaned) {
+    live_ranks_.erase(key);
+    OnRankGone(&jobs_.at(std::get<0>(key)), std::get<2>(key), kLost,
+               absl::StrCat("rank ", std::get<2>(key), ": its worker is unknown"));
+  }
+  for (auto& [id, job] : jobs_) {
+    const v1::JobState s = job.record.job.state();
+    if ((s == v1::JOB_STATE_CANCELLING || s == v1::JOB_STATE_ROLLING_BACK) &&
+        LiveRanks(job).empty()) {
+      OnRankGone(&job, -1, kLost, "");
+    }
+  }
+  Flush();
+  return absl::OkStatus();
+}
+
+void Coordinator::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    lease_wake_.SignalAll();
+    for (auto& [id, job] : jobs_) {
+      for (auto& m : job.watchers) m->Close();
+    }
+    for (auto& [id, w] : workers_) w.outbox->Close();
+  }
+  if (lease_thread_.joinable()) lease_thread_.join();
+}
+
+void Coordinator::LeaseLoop() {
+  // Checking four times per lease bounds how late an expiry is noticed.
+  const absl::Duration period = absl::Milliseconds(std::clamp<int64_t>(
+      options_.lease_ms / 4, 10, 1000));
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) return;
+      lease_wake_.WaitWithTimeout(&mu_, period);
+      if (shutting_down_) return;
+    }
+    ExpireLeases();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Events and persistence
+
+Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void Coordinator::Touch(JobEntry* job) {
+  job->record.job.set_updated_ms(options_.now_ms());
+  if (!job->dirty) {
+    job->dirty = true;
+    dirty_.push_back(job);
+  }
+}
+
+void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
+  v1::Job& j = job->record.job;
+  j.set_last_seq(j.last_seq() + 1);
+  event.set_job_id(j.id());
+  event.set_seq(j.last_seq());
+  event.set_time_ms(options_.now_ms());
+  job->unflushed.push_back(std::move(event));
+  Touch(job);
+}
+
+void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& reason) {
+  v1::Job& j = job->record.job;
+  v1::JobEvent e;
+  e.mutable_state_change()->set_from(j.state());
+  e.mutable_state_change()->set_to(to);
+  e.mutable_state_change()->set_reason(reason);
+  j.set_state(to);
+  if (to == v1::JOB_STATE_QUEUED || Terminal(to)) j.clear_placement();
+  if (Terminal(to)) {
+    recently_finished_.push_back(j.id());
+    if (recently_finished_.size() > kRecentlyFinished) recently_finished_.pop_front();
+  }
+  AddEvent(job, std::move(e));
+}
+
+void Coordinator::Flush() {
+  for (JobEntry* job : dirty_) {
+    job->dirty = false;
+    std::vector<v1::JobEvent> events = std::move(job->unflushed);
+    job->unflushed.clear();
+    absl::StatusOr<int64_t> deleted =
+        store_->UpdateJob(&job->record, events, options_.event_retention);
+    if (!deleted.ok()) {
+      // The in-memory state stays authoritative for this run; a later write
+      // of the same job carries the state again.
+      std::fprintf(stderr, "ballastd: store write of %s failed: %s\n",
+                   job->record.job.id().c_str(), deleted.status().ToString().c_str());
+    } else if (*deleted > 0) {
+      metrics_->Add("ballast_events_dropped_total", {}, static_cast<double>(*deleted));
+    }
+    for (const v1::JobEvent& e : events) {
+      for (auto& m : job->watchers) m->Push(e);
+    }
+  }
+  dirty_.clear();
+}
+
+// ---------------------------------------------------------------------------
+// Ranks and the state machine
+
+std::vector<std::pair<Coordinator::RankKey, Coordinator::Device>> Coordinator::LiveRanks(
+    const JobEntry& job) const {
+  std::vector<std::pair<RankKey, Device>> out;
+  const std::string& id = job.record.job.id();
+  for (auto it = live_ranks_.lower_bound({id, job.record.attempt, 0});
+       it != live_ranks_.end() && std::get<0>(it->first) == id &&
+       std::get<1>(it->first) == job.record.attempt;
+       ++it) {
+    out.push_back(*it);
+  }
+  return out;
+}
+
+void Coordinator::Send(const std::string& worker_id, v1::Assignment assignment) {
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end() && it->second.record.worker.alive()) {
+    it->second.outbox->Push(std::move(assignment));
+  }
+}
+
+void Coordinator::SendStop(const RankKey& key, const std::string& worker_id) {
+  v1::Assignment a;
+  a.set_action(v1::Assignment::ACTION_STOP);
+  a.set_job_id(std::get<0>(key));
+  a.set_attempt(std::get<1>(key));
+  a.set_rank(std::get<2>(key));
+  a.set_grace_ms(options_.stop_grace_ms);
+  Send(worker_id, std::move(a));
+}
+
+void Coordinator::StopRanks(const JobEntry& job) {
+  for (const auto& [key, device] : LiveRanks(job)) SendStop(key, device.worker_id);
+}
+
+void Coordinator::ReleaseRank(const RankKey& key) {
+  auto it = live_ranks_.find(key);
+  if (it == live_ranks_.end()) return;
+  scheduler_.Release(it->second.worker_id, it->second.device);
+  live_ranks_.erase(it);
+}
+
+void Coordinator::Requeue(JobEntry* job, const std::string& reason) {
+  Transition(job, v1::JOB_STATE_QUEUED, reason);
+  const v1::Job& j = job->record.job;
+  scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
+                     j.spec().devices());
+}
+
+void Coordinator::FailAttempt(JobEntry* job, const std::string& reason, bool count_restart) {
+  v1::Job& j = job->record.job;
+  // The gang's other ranks cannot continue without this one.
+  StopRanks(*job);
+  j.set_failure_reason(reason);
+  if (!count_restart) {
+    Requeue(job, reason);
+  } else if (j.restarts() < j.spec().scheduling().max_restarts()) {
+    j.set_restarts(j.restarts() + 1);
+    Requeue(job, absl::StrCat(reason, "; restart ", j.restarts(), " of ",
+                              j.spec().scheduling().max_restarts(),
+                              " from the newest checkpoint"));
+  } else {
+    Transition(job, v1::JOB_STATE_FAILED,
+               absl::StrCat(reason, "; restarts spent (max_restarts ",
+                            j.spec().scheduling().max_restarts(), ")"));
+  }
+}
+
+void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
+                             const std::string& why) {
+  v1::Job& j = job->record.job;
+  if (rank >= 0 && rank < static_cast<int32_t>(job->exit_codes.size())) {
+    job->exit_codes[rank] = exit_code;
+  }
+  const bool none_live = LiveRanks(*job).empty();
+  switch (j.state()) {
+    case v1::JOB_STATE_CANCELLING:
+      if (none_live) Transition(job, v1::JOB_STATE_CANCELLED, "cancelled; every rank stopped");
+      return;
+    case v1::JOB_STATE_ROLLING_BACK:
+      if (none_live) {
+        Requeue(job, absl::StrCat("rolling back; resumes at or before step ",
+                                  job->record.resume_at_or_before));
+      }
+      return;
+    case v1::JOB_STATE_SCHEDULED:
+    case v1::JOB_STATE_RUNNING:
+      break;
+    default:
+      return;  // a leftover rank of a job already queued or finished
+  }
+  if (exit_code == 0) {
+    if (std::all_of(job->exit_codes.begin(), job->exit_codes.end(),
+                    [](int32_t c) { return c == 0; })) {
+      j.set_failure_reason("");
+      Transition(job, v1::JOB_STATE_SUCCEEDED, "every rank exited 0");
+    }
+    return;
+  }
+  if (exit_code == kExitBadSpec) {
+    StopRanks(*job);
+    j.set_failure_reason(why);
+    Transition(job, v1::JOB_STATE_FAILED, why);
+    return;
+  }
+  // A rank that never reported lost nothing: a worker that went away before
+  // starting it does not use up the job's restarts.
+  FailAttempt(job, why, j.state() == v1::JOB_STATE_RUNNING || exit_code != kLost);
+}
+
+void Coordinator::RunScheduler() {
+  if (scheduler_.queued() == 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Decision> decisions = scheduler_.Schedule();
+  metrics_->Observe(
+      "ballast_scheduler_decision_seconds", {},
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  for (Decision& d : decisions) {
+    JobEntry* job = FindJob(d.job_id);
+    if (job == nullptr) continue;
+    v1::Job& j = job->record.job;
+    JobRecord& r = job->record;
+    r.attempt += 1;
+    j.clear_placement();
+    for (const v1::RankPlacement& p : d.ranks) *j.add_placement() = p;
+    job->exit_codes.assign(d.ranks.size(), -1);
+    const std::string& master = workers_.at(d.ranks.front().worker_id()).record.worker.host();
+    // Each attempt gets its own port, so a new gang never meets a half-dead
+    // TCPStore of the previous one on the same host.
+    const int32_t port = options_.master_port_base + static_cast<int32_t>(port_counter_++ % 1000);
+    for (const v1::RankPlacement& p : d.ranks) {
+      live_ranks_[{j.id(), r.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
+      v1::Assignment a;
+      a.set_action(v1::Assignment::ACTION_START);
+      a.set_job_id(j.id());
+      a.set_attempt(r.attempt);
+      a.set_rank(p.rank());
+      a.set_world_size(static_cast<int32_t>(d.ranks.size()));
+      a.set_device(p.device());
+      *a.mutable_spec() = j.spec();
+      a.set_output_dir(j.output_dir());
+      a.set_master_addr(master);
+      a.set_master_port(port);
+      a.set_resume_at_or_before(r.resume_at_or_before);
+      Send(p.worker_id(), std::move(a));
+    }
+    Transition(job, v1::JOB_STATE_SCHEDULED,
+               absl::StrCat("attempt ", r.attempt, " on ", d.ranks.size(), " device(s), rank 0 on ",
+                            d.ranks.front().worker_id()));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// JobService
+
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id: ", request_id.size(), " characters; allowed at most 128"));
+  }
+  auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::Job* {
+    if (request_id.empty()) return nullptr;
+    auto it = request_ids_.find(request_id);
+    return it == request_ids_.end() ? nullptr : &jobs_.at(it->second).record.job;
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (const v1::Job* j = existing()) return *j;
+  }
+  // Validation reads the model's config.json; do it outside the lock.
+  ApplyDefaults(&spec);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateJobSpecFiles(spec); !s.ok()) return s;
+
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+  if (const v1::Job* j = existing()) return *j;
+  std::string id;
+  do {
+    id = NewId("job-", 12);
+  } while (jobs_.count(id) > 0);
+  JobRecord record;
+  record.order = last_order_ + 1;
+  v1::Job& j = record.job;
+  j.set_id(id);
+  *j.mutable_spec() = std::move(spec);
+  j.set_state(v1::JOB_STATE_QUEUED);
+  j.set_created_ms(options_.now_ms());
+  j.set_updated_ms(j.created_ms());
+  j.set_output_dir((std::filesystem::path(options_.output_root) / id).string());
+  j.set_request_id(request_id);
+  if (absl::Status s = store_->InsertJob(record); !s.ok()) return s;
+  last_order_ = record.order;
+  job_order_[record.order] = id;
+  if (!request_id.empty()) request_ids_[request_id] = id;
+  JobEntry& job = jobs_[id];
+  job.record = std::move(record);
+  // The first event: from UNSPECIFIED (nothing) to QUEUED.
+  job.record.job.set_state(v1::JOB_STATE_UNSPECIFIED);
+  Requeue(&job, "submitted");
+  RunScheduler();
+  Flush();
+  return job.record.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return job->record.job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: ", request.page_size(), "; allowed 1..1000, 0 means 100"));
+  }
+  const int page_size = request.page_size() == 0 ? 100 : request.page_size();
+  int64_t before = std::numeric_limits<int64_t>::max();
+  if (!request.page_token().empty() &&
+      (!absl::SimpleAtoi(request.page_token(), &before) || before <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", request.page_token(),
+                     "' is not a token from ListJobs; pass next_page_token as returned"));
+  }
+  const std::set<int> states(request.states().begin(), request.states().end());
+  absl::MutexLock lock(&mu_);
+  v1::ListJobsResponse response;
+  for (auto it = std::make_reverse_iterator(job_order_.lower_bound(before));
+       it != job_order_.rend(); ++it) {
+    const v1::Job& j = jobs_.at(it->second).record.job;
+    if (!states.empty() && states.count(j.state()) == 0) continue;
+    if (response.jobs_size() == page_size) {
+      response.set_next_page_token(absl::StrCat(std::prev(it)->first));
+      break;
+    }
+    *response.add_jobs() = j;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const v1::JobState state = job->record.job.state();
+  if (Terminal(state) || state == v1::JOB_STATE_CANCELLING) return job->record.job;
+  if (state == v1::JOB_STATE_QUEUED) {
+    scheduler_.Dequeue(job_id);
+    Transition(job, v1::JOB_STATE_CANCELLED, "cancelled while queued");
+  } else if (LiveRanks(*job).empty()) {
+    Transition(job, v1::JOB_STATE_CANCELLED, "cancelled; no rank was running");
+  } else {
+    StopRanks(*job);
+    Transition(job, v1::JOB_STATE_CANCELLING, "cancel requested; stopping ranks");
+  }
+  Flush();
+  return job->record.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int64_t to_step) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  v1::Job& j = job->record.job;
+  if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
+                                                      StateName(j.state()),
+                                                      "; only a live job can roll back"));
+  }
+  // Assignment.resume_at_or_before uses 0 for "the newest checkpoint", so a
+  // rollback to step 0 could not be told apart from no rollback at all.
+  if (to_step < 1 || to_step > j.step()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("to_step: ", to_step, "; allowed 1..", j.step(), " (the current step)"));
+  }
+  job->record.resume_at_or_before = to_step;
+  switch (j.state()) {
+    case v1::JOB_STATE_QUEUED:
+    case v1::JOB_STATE_ROLLING_BACK:
+      Touch(job);  // the next attempt picks up the new step
+      break;
+    default:
+      if (LiveRanks(*job).empty()) {
+        Requeue(job, absl::StrCat("rolling back; resumes at or before step ", to_step));
+      } else {
+        StopRanks(*job);
+        Transition(job, v1::JOB_STATE_ROLLING_BACK,
+                   absl::StrCat("rollback to step ", to_step, " requested; stopping ranks"));
+      }
+  }
+  RunScheduler();
+  Flush();
+  return j;
+}
+
+absl::StatusOr<std::unique_ptr<EventWatch>> Coordinator::WatchJob(const std::string& job_id,
+                                                                  int64_t after_seq) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  auto mailbox = std::make_shared<Mailbox<v1::JobEvent>>(kWatchMailbox);
+  job->watchers.push_back(mailbox);
+  // Everything up to last_seq is stored already; later events reach the
+  // mailbox, which is registered under the same lock: no gap.
+  return std::unique_ptr<EventWatch>(new EventWatch(this, job_id, std::max<int64_t>(after_seq, 0),
+                                                    job->record.job.last_seq(),
+                                                    Terminal(job->record.job.state()), mailbox));
+}
+
+void Coordinator::Unwatch(const std::string& job_id, const Mailbox<v1::JobEvent>* mailbox) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return;
+  std::erase_if(job->watchers, [&](const auto& m) { return m.get() == mailbox; });
+}
+
+std::vector<v1::Worker> Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int32_t> busy;
+  for (const auto& [key, device] : live_ranks_) ++busy[device.worker_id];
+  std::vector<v1::Worker> out;
+  for (const auto& [id, w] : workers_) {
+    v1::Worker& worker = out.emplace_back(w.record.worker);
+    worker.set_busy(w.record.worker.alive() ? busy[id] : 0);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// WorkerService
+
+void Coordinator::PutWorker(const WorkerEntry& worker) {
+  if (absl::Status s = store_->PutWorker(worker.record); !s.ok()) {
+    std::fprintf(stderr, "ballastd: store write of worker %s failed: %s\n",
+                 worker.record.worker.id().c_str(), s.ToString().c_str());
+  }
+}
+
+void Coordinator::MakeSchedulable(WorkerEntry* worker) {
+  const std::string& id = worker->record.worker.id();
+  scheduler_.RemoveWorker(id);
+  scheduler_.AddWorker(id, worker->record.worker.capacity());
+  for (const auto& [key, device] : live_ranks_) {
+    if (device.worker_id == id) scheduler_.Occupy(id, device.device);
+  }
+  worker->schedulable = true;
+}
+
+void Coordinator::MarkDead(WorkerEntry* worker, const std::string& reason) {
+  const std::string id = worker->record.worker.id();
+  worker->record.worker.set_alive(false);
+  worker->schedulable = false;
+  scheduler_.RemoveWorker(id);
+  // Its stream ends; the worker learns from NOT_FOUND that it must register.
+  worker->outbox->Close();
+  worker->outbox = std::make_shared<Mailbox<v1::Assignment>>();
+  PutWorker(*worker);
+  std::vector<RankKey> lost;
+  for (const auto& [key, device] : live_ranks_) {
+    if (device.worker_id == id) lost.push_back(key);
+  }
+  for (const RankKey& key : lost) {
+    live_ranks_.erase(key);
+    JobEntry* job = FindJob(std::get<0>(key));
+    if (job != nullptr && job->record.attempt == std::get<1>(key)) {
+      OnRankGone(job, std::get<2>(key), kLost,
+                 absl::StrCat("rank ", std::get<2>(key), ": worker ", id, " ", reason));
+    }
+  }
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (request.host().empty()) {
+    return absl::InvalidArgumentError("host: required, the address other nodes reach this one at");
+  }
+  if (request.device_kind() != "cuda" && request.device_kind() != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_kind: '", request.device_kind(), "'; allowed cuda or cpu"));
+  }
+  if (request.capacity() < 1 || request.capacity() > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity: ", request.capacity(), "; allowed 1..4096"));
+  }
+  if (request.previous_worker_id().size() > 128) {
+    return absl::InvalidArgumentError("previous_worker_id: at most 128 characters");
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+  std::string id = request.previous_worker_id();
+  if (id.empty()) {
+    do {
+      id = NewId("worker-", 12);
+    } while (workers_.count(id) > 0);
+  }
+  WorkerEntry& w = workers_[id];
+  if (w.outbox == nullptr) w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
+  v1::Worker& worker = w.record.worker;
+  worker.set_id(id);
+  worker.set_host(request.host());
+  worker.set_device_kind(request.device_kind());
+  worker.set_capacity(request.capacity());
+  *worker.mutable_device_names() = request.device_names();
+  worker.set_last_heartbeat_ms(options_.now_ms());
+  worker.set_alive(true);
+  w.deadline_ms = options_.now_ms() + options_.lease_ms;
+
+  // Re-adoption: the ranks it still runs that are ours stay; ours it no
+  // longer runs are gone; anything else it runs is stale and is stopped.
+  std::set<RankKey> running;
+  for (const v1::RankRef& r : request.running()) {
+    RankKey key{r.job_id(), r.attempt(), r.rank()};
+    auto it = live_ranks_.find(key);
+    if (it == live_ranks_.end() || it->second.worker_id != id) {
+      SendStop(key, id);
+      continue;
+    }
+    running.insert(key);
+    JobEntry* job = FindJob(r.job_id());
+    // A stop sent before the restart may have been lost with the stream.
+    if (job == nullptr || job->record.attempt != r.attempt() ||
+        job->record.job.state() == v1::JOB_STATE_CANCELLING ||
+        job->record.job.state() == v1::JOB_STATE_ROLLING_BACK ||
+        Terminal(job->record.job.state())) {
+      SendStop(key, id);
+    }
+  }
+  std::vector<RankKey> gone;
+  for (const auto& [key, device] : live_ranks_) {
+    if (device.worker_id == id && running.count(key) == 0) gone.push_back(key);
+  }
+  for (const RankKey& key : gone) {
+    live_ranks_.erase(key);
+    JobEntry* job = FindJob(std::get<0>(key));
+    if (job != nullptr && job->record.attempt == std::get<1>(key)) {
+      OnRankGone(job, std::get<2>(key), kLost,
+                 absl::StrCat("rank ", std::get<2>(key), ": worker ", id,
+                              " re-registered without it"));
+    }
+  }
+  MakeSchedulable(&w);
+  PutWorker(w);
+  RunScheduler();
+  Flush();
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(id);
+  response.set_lease_ms(options_.lease_ms);
+  response.set_heartbeat_interval_ms(options_.lease_ms / 3);
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || !it->second.record.worker.alive()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", request.worker_id(), " is not registered; register again"));
+  }
+  WorkerEntry& w = it->second;
+  w.record.worker.set_last_heartbeat_ms(options_.now_ms());
+  w.deadline_ms = options_.now_ms() + options_.lease_ms;
+  // After a coordinator restart a worker that just keeps heartbeating has
+  // proven it is alive: its devices count again.
+  if (!w.schedulable) MakeSchedulable(&w);
+  for (const v1::RankRef& r : request.running()) {
+    RankKey key{r.job_id(), r.attempt(), r.rank()};
+    auto live = live_ranks_.find(key);
+    if (live == live_ranks_.end() || live->second.worker_id != request.worker_id()) {
+      SendStop(key, request.worker_id());
+    }
+  }
+  RunScheduler();
+  Flush();
+  v1::HeartbeatResponse response;
+  response.set_lease_ms(options_.lease_ms);
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<AssignmentFeed>> Coordinator::StreamAssignments(
+    const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.record.worker.alive()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " is not registered; register again"));
+  }
+  WorkerEntry& w = it->second;
+  auto mailbox = std::make_shared<Mailbox<v1::Assignment>>();
+  for (v1::Assignment& a : w.outbox->Close()) mailbox->Push(std::move(a));
+  w.outbox = mailbox;
+  return std::unique_ptr<AssignmentFeed>(new AssignmentFeed(this, worker_id, mailbox));
+}
+
+bool Coordinator::FeedCurrent(const std::string& worker_id,
+                              const Mailbox<v1::Assignment>* mailbox) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  return !shutting_down_ && it != workers_.end() && it->second.outbox.get() == mailbox;
+}
+
+void Coordinator::ReturnAssignments(const std::string& worker_id,
+                                    std::vector<v1::Assignment> undelivered) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  for (auto a = undelivered.rbegin(); a != undelivered.rend(); ++a) {
+    it->second.outbox->PushFront(std::move(*a));
+  }
+}
+
+void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& e) {
+  JobEntry* job = FindJob(e.job_id());
+  const RankKey key{e.job_id(), e.attempt(), e.rank()};
+  auto live = live_ranks_.find(key);
+  if (job == nullptr || live == live_ranks_.end() || live->second.worker_id != worker_id) return;
+  if (e.has_exited()) ReleaseRank(key);
+  // Events of an older attempt only free their device.
+  if (e.attempt() != job->record.attempt) return;
+  v1::Job& j = job->record.job;
+  if (j.state() == v1::JOB_STATE_SCHEDULED) {
+    Transition(job, v1::JOB_STATE_RUNNING,
+               absl::StrCat("rank ", e.rank(), " started on worker ", worker_id));
+  }
+  v1::JobEvent out;
+  switch (e.kind_case()) {
+    case v1::RankEvent::kStepMetrics:
+      // Every rank reports the same global step; rank 0 speaks for the job.
+      if (e.rank() != 0) return;
+      j.set_step(e.step_metrics().step());
+      job->last_metrics = e.step_metrics();
+      // The trainer has resumed: a rollback target is used up.
+      job->record.resume_at_or_before = 0;
+      *out.mutable_step_metrics() = e.step_metrics();
+      break;
+    case v1::RankEvent::kGuard:
+      if (e.rank() != 0) return;
+      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
+      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
+      *out.mutable_guard() = e.guard();
+      break;
+    case v1::RankEvent::kCheckpointSaved:
+      if (e.rank() != 0) return;
+      j.set_checkpoint_step(e.checkpoint_saved().step());
+      *out.mutable_checkpoint_saved() = e.checkpoint_saved();
+      break;
+    case v1::RankEvent::kLog:
+      *out.mutable_log() = e.log();
+      out.mutable_log()->set_rank(e.rank());
+      break;
+    case v1::RankEvent::kExited: {
+      const v1::RankExited& x = e.exited();
+      std::string why = absl::StrCat("rank ", e.rank(), " exited with code ", x.exit_code());
+      const std::string& tail = x.stderr_tail();
+      const size_t end = tail.find_last_not_of("\n ");
+      if (end != std::string::npos) {
+        const size_t begin = tail.rfind('\n', end);
+        absl::StrAppend(&why, ": ",
+                        tail.substr(begin == std::string::npos ? 0 : begin + 1,
+                                    end - (begin == std::string::npos ? 0 : begin + 1) + 1));
+      }
+      OnRankGone(job, e.rank(), x.exit_code(), why);
+      return;
+    }
+    case v1::RankEvent::kStarted:
+    case v1::RankEvent::KIND_NOT_SET:
+      return;
+  }
+  AddEvent(job, std::move(out));
+}
+
+absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
+    const v1::ReportEventsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || !it->second.record.worker.alive()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", request.worker_id(), " is not registered; register again"));
+  }
+  WorkerEntry& w = it->second;
+  v1::ReportEventsResponse response;
+  response.set_acked_report_id(request.report_id());
+  // At least once on the wire, at most once here.
+  if (request.report_id() <= w.record.last_report_id) return response;
+  for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
+  w.record.last_report_id = request.report_id();
+  RunScheduler();
+  Flush();
+  PutWorker(w);
+  return response;
+}
+
+void Coordinator::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  const int64_t now = options_.now_ms();
+  bool expired = false;
+  for (auto& [id, w] : workers_) {
+    if (w.record.worker.alive() && now > w.deadline_ms) {
+      MarkDead(&w, absl::StrCat("lost its lease (", options_.lease_ms, " ms without a heartbeat)"));
+      expired = true;
+    }
+  }
+  if (!expired) return;
+  RunScheduler();
+  Flush();
+}
+
+// ---------------------------------------------------------------------------
+// Metrics
+
+void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
+  auto family = [&](const char* name, const char* help, MetricType type) -> MetricFamily& {
+    MetricFamily& f = out->emplace_back();
+    f.name = name;
+    f.help = help;
+    f.type = type;
+    return f;
+  };
+  auto sample = [](MetricFamily& f, MetricLabels labels, double value) {
+    MetricSample& s = f.samples.emplace_back();
+    s.labels = std::move(labels);
+    s.value = value;
+  };
+  absl::MutexLock lock(&mu_);
+  MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::kGauge);
+  std::map<int, int64_t> by_state;
+  for (const auto& [id, job] : jobs_) ++by_state[job.record.job.state()];
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    if (!v1::JobState_IsValid(s)) continue;
+    sample(jobs, {{"state", StateName(static_cast<v1::JobState>(s))}}, by_state[s]);
+  }
+
+  MetricFamily& workers = family("ballast_workers", "Registered workers.", MetricType::kGauge);
+  int64_t alive = 0;
+  for (const auto& [id, w] : workers_) alive += w.record.worker.alive() ? 1 : 0;
+  sample(workers, {{"state", "alive"}}, alive);
+  sample(workers, {{"state", "dead"}}, static_cast<double>(workers_.size() - alive));
+  MetricFamily& devices =
+      family("ballast_worker_devices", "Devices of live workers.", MetricType::kGauge);
+  sample(devices, {{"state", "busy"}}, scheduler_.busy_devices());
+  sample(devices, {{"state", "free"}}, scheduler_.free_devices());
+
+  // Per-job series: live jobs and the recently finished ones only.
+  std::set<std::string> shown(recently_finished_.begin(), recently_finished_.end());
+  for (const auto& [id, job] : jobs_) {
+    if (!Terminal(job.record.job.state())) shown.insert(id);
+  }
+  struct PerJob {
+    const char* name;
+    const char* help;
+    MetricType type;
+    std::function<double(const JobEntry&)> value;
+  };
+  const PerJob per_job[] = {
+      {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
+       [](const JobEntry& j) { return static_cast<double>(j.record.job.step()); }},
+      {"ballast_job_loss", "Loss of the last step.", MetricType::kGauge,
+       [](const JobEntry& j) { return j.last_metrics.loss(); }},
+      {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
+       [](const JobEntry& j) { return j.last_metrics.grad_norm(); }},
+      {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
+       [](const JobEntry& j) { return j.last_metrics.lr(); }},
+      {"ballast_job_tokens_per_second", "Tokens per second of the last step.",
+       MetricType::kGauge, [](const JobEntry& j) { return j.last_metrics.tokens_per_s(); }},
+      {"ballast_job_rollbacks_total", "Guard rollbacks since ballastd started.",
+       MetricType::kCounter, [](const JobEntry& j) { return static_cast<double>(j.rollbacks); }},
+      {"ballast_job_skipped_steps_total", "Steps the guard skipped since ballastd started.",
+       MetricType::kCounter,
+       [](const JobEntry& j) { return static_cast<double>(j.skipped_steps); }},
+      {"ballast_job_restarts_total", "Restarts after failures.", MetricType::kCounter,
+       [](const JobEntry& j) { return static_cast<double>(j.record.job.restarts()); }},
+  };
+  for (const PerJob& m : per_job) {
+    MetricFamily& f = family(m.name, m.help, m.type);
+    for (const std::string& id : shown) {
+      auto it = jobs_.find(id);
+      if (it != jobs_.end()) sample(f, {{"job", id}}, m.value(it->second));
+    }
+  }
+}
+
+}  // namespace ballast::server

@@ -1,0 +1,267 @@
+// Coordinator: the job state machine, workers and their leases, scheduling,
+// and event fan-out, behind the JobService and WorkerService RPCs
+// (docs/control-plane.md is the contract). Every change is written through
+// the Store before it is visible, so a restart resumes where it stopped.
+//
+// Thread-safe: one mutex guards the state; nothing under it blocks on a
+// client. Streams read through Mailboxes, so a slow watcher holds up no one.
+#ifndef BALLAST_SERVER_COORDINATOR_H_
+#define BALLAST_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ballast/v1/job_service.pb.h"
+#include "ballast/v1/worker_service.pb.h"
+#include "common/metrics.h"
+#include "server/mailbox.h"
+#include "server/scheduler.h"
+#include "server/store.h"
+
+namespace ballast::server {
+
+struct CoordinatorOptions {
+  // A job's output_dir is OUTPUT_ROOT/JOB_ID.
+  std::string output_root;
+  // A worker silent this long loses its ranks.
+  int64_t lease_ms = 15000;
+  // Events kept per job.
+  int64_t event_retention = 10000;
+  // SIGTERM -> SIGKILL delay sent with stop assignments.
+  int64_t stop_grace_ms = 10000;
+  // Rendezvous ports are kMasterPortBase + an offset that changes per attempt.
+  int32_t master_port_base = 29500;
+  // Unix time in ms. Tests pass a fake clock to expire leases on demand.
+  std::function<int64_t()> now_ms;
+};
+
+class Coordinator;
+
+// One WatchJob stream: the retained events after a seq, then live ones.
+// Not thread-safe: one reader. Must not outlive its Coordinator.
+class EventWatch {
+ public:
+  ~EventWatch();
+  EventWatch(const EventWatch&) = delete;
+  EventWatch& operator=(const EventWatch&) = delete;
+
+  // Appends the next events in seq order to *out, waiting up to `wait` when
+  // there are none. Returns true while more may come, false once the job's
+  // terminal state change has been handed out. UNAVAILABLE when the
+  // coordinator shuts down.
+  absl::StatusOr<bool> Next(std::vector<v1::JobEvent>* out, absl::Duration wait);
+
+ private:
+  friend class Coordinator;
+  EventWatch(Coordinator* coordinator, std::string job_id, int64_t after_seq,
+             int64_t replay_through, bool terminal,
+             std::shared_ptr<Mailbox<v1::JobEvent>> mailbox);
+  // Reads stored events with seq in (last_seq_, through] into *out.
+  absl::Status ReadStored(int64_t through, std::vector<v1::JobEvent>* out);
+  void Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out);
+
+  Coordinator* const coordinator_;
+  const std::string job_id_;
+  int64_t last_seq_;
+  // Stored events up to here come from the store, later ones from the mailbox.
+  int64_t replay_through_;
+  bool replayed_ = false;
+  bool done_ = false;
+  std::shared_ptr<Mailbox<v1::JobEvent>> mailbox_;
+};
+
+// One StreamAssignments stream of a worker. A newer stream of the same worker
+// closes this one. Not thread-safe: one reader. Must not outlive its
+// Coordinator.
+class AssignmentFeed {
+ public:
+  // Moves the next assignments to *out, waiting up to `wait`. Returns true
+  // while the stream stays current; false when a newer stream replaced it, the
+  // worker's lease ran out, or the coordinator shuts down.
+  bool Next(std::vector<v1::Assignment>* out, absl::Duration wait);
+  // Puts back assignments whose delivery failed, for the worker's next stream.
+  void Return(std::vector<v1::Assignment> undelivered);
+
+ private:
+  friend class Coordinator;
+  AssignmentFeed(Coordinator* coordinator, std::string worker_id,
+                 std::shared_ptr<Mailbox<v1::Assignment>> mailbox)
+      : coordinator_(coordinator), worker_id_(std::move(worker_id)), mailbox_(std::move(mailbox)) {}
+  Coordinator* const coordinator_;
+  const std::string worker_id_;
+  std::shared_ptr<Mailbox<v1::Assignment>> mailbox_;
+};
+
+class Coordinator {
+ public:
+  // Loads jobs and workers from `store`, gives every known worker a fresh
+  // lease, and queues what was queued. `store` and `metrics` must outlive it.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Store* store,
+                                                             MetricsRegistry* metrics,
+                                                             CoordinatorOptions options);
+  ~Coordinator();
+
+  // --- JobService ---
+  // Validates (ranges and files) and queues a job. With a request_id seen
+  // before, returns that job unchanged. INVALID_ARGUMENT names the field.
+  absl::StatusOr<v1::Job> SubmitJob(v1::JobSpec spec, const std::string& request_id);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Newest first; INVALID_ARGUMENT for a bad page_size or page_token.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // QUEUED -> CANCELLED; running -> CANCELLING until its ranks are gone.
+  // Terminal or already cancelling: the job unchanged.
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  // Stops the ranks and requeues the job to resume at or before to_step.
+  // FAILED_PRECONDITION when terminal or cancelling; INVALID_ARGUMENT when
+  // to_step is outside 1..step.
+  absl::StatusOr<v1::Job> RollbackJob(const std::string& job_id, int64_t to_step);
+  // NOT_FOUND for an unknown id. The watch must be destroyed before the
+  // coordinator.
+  absl::StatusOr<std::unique_ptr<EventWatch>> WatchJob(const std::string& job_id,
+                                                       int64_t after_seq);
+  std::vector<v1::Worker> ListWorkers();
+
+  // --- WorkerService ---
+  // INVALID_ARGUMENT for a bad host, device_kind or capacity.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  // NOT_FOUND when the worker is unknown or its lease ran out: register again.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // NOT_FOUND when the worker is unknown or dead. Replaces the worker's
+  // previous stream, which ends.
+  absl::StatusOr<std::unique_ptr<AssignmentFeed>> StreamAssignments(const std::string& worker_id);
+  // Applies rank events at most once per (worker, report_id). NOT_FOUND when
+  // the worker is unknown or dead.
+  absl::StatusOr<v1::ReportEventsResponse> ReportEvents(const v1::ReportEventsRequest& request);
+
+  // Marks workers past their lease dead and requeues (or fails) their jobs.
+  // Called by the lease thread; tests call it after moving their clock.
+  void ExpireLeases();
+
+  // Ends every stream and stops the lease thread. Idempotent.
+  void Shutdown();
+
+  // The store answers.
+  absl::Status Healthy() { return store_->Ping(); }
+
+ private:
+  friend class EventWatch;
+  friend class AssignmentFeed;
+
+  // A rank of some attempt, live on a device: (job_id, attempt, rank).
+  using RankKey = std::tuple<std::string, int32_t, int32_t>;
+  struct Device {
+    std::string worker_id;
+    int32_t device = 0;
+  };
+  struct JobEntry {
+    JobRecord record;
+    // Exit codes of the current attempt's ranks; -1 while not exited.
+    std::vector<int32_t> exit_codes;
+    std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
+    // Rank 0's newest step, for the per-job gauges.
+    v1::StepMetrics last_metrics;
+    int64_t rollbacks = 0;
+    int64_t skipped_steps = 0;
+    // Events made since the last Flush.
+    std::vector<v1::JobEvent> unflushed;
+    bool dirty = false;
+  };
+  struct WorkerEntry {
+    WorkerRecord record;
+    // Lease end, in now_ms() time.
+    int64_t deadline_ms = 0;
+    // In the scheduler: registered or heartbeating since this process began.
+    bool schedulable = false;
+    std::shared_ptr<Mailbox<v1::Assignment>> outbox;
+  };
+
+  Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options);
+  absl::Status Load();
+  void LeaseLoop();
+  void CollectMetrics(std::vector<MetricFamily>* out);
+
+  JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds an event with the job's next seq; Flush stores and publishes it.
+  void AddEvent(JobEntry* job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the state and adds its StateChange event.
+  void Transition(JobEntry* job, v1::JobState to, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the job changed without a new event.
+  void Touch(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes every changed job with its events, then hands the events to
+  // watchers. Ends each public operation.
+  void Flush() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Live ranks of the job's current attempt.
+  std::vector<std::pair<RankKey, Device>> LiveRanks(const JobEntry& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a stop assignment to every live rank of the current attempt.
+  void StopRanks(const JobEntry& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendStop(const RankKey& key, const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(const std::string& worker_id, v1::Assignment assignment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live rank is gone: frees its device.
+  void ReleaseRank(const RankKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current attempt's rank ended: exit_code >= 0 from RankExited, or
+  // kLost when its worker went away. Drives the state machine.
+  void OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the current attempt after a failure: stops the other ranks and
+  // requeues the job, or fails it when restarts are spent.
+  void FailAttempt(JobEntry* job, const std::string& reason, bool count_restart)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Requeue(JobEntry* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts what fits and sends the start assignments.
+  void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a live worker and its live ranks into the scheduler.
+  void MakeSchedulable(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDead(WorkerEntry* worker, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FeedCurrent(const std::string& worker_id, const Mailbox<v1::Assignment>* mailbox);
+  void ReturnAssignments(const std::string& worker_id, std::vector<v1::Assignment> undelivered);
+  void Unwatch(const std::string& job_id, const Mailbox<v1::JobEvent>* mailbox);
+
+  Store* const store_;
+  MetricsRegistry* const metrics_;
+  const CoordinatorOptions options_;
+
+  absl::Mutex mu_;
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  // Submission order -> job id, for ListJobs (newest first).
+  std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  // Every live rank of every attempt, and where it runs.
+  std::map<RankKey, Device> live_ranks_ ABSL_GUARDED_BY(mu_);
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobEntry*> dirty_ ABSL_GUARDED_BY(mu_);
+  // Finished jobs whose gauges stay exported a while, oldest first.
+  std::deque<std::string> recently_finished_ ABSL_GUARDED_BY(mu_);
+  int64_t last_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t port_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar lease_wake_;
+  std::thread lease_thread_;
+};
+
+}  // namespace ballast::server
+
+#endif  // BALLAST_SERVER_COORDINATOR_H_

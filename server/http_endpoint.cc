@@ -1,0 +1,44 @@
+#include "server/http_endpoint.h"
+
+#include <httplib.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::server {
+
+absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
+    const std::string& host, int port, const MetricsRegistry* metrics,
+    std::function<absl::Status()> healthy) {
+  std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
+  endpoint->server_ = std::make_unique<httplib::Server>();
+  httplib::Server& server = *endpoint->server_;
+  // A scraper that stalls must not pin a thread forever.
+  server.set_read_timeout(5, 0);
+  server.set_write_timeout(5, 0);
+  server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& response) {
+    response.set_content(metrics->Encode(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/healthz", [healthy = std::move(healthy)](const httplib::Request&,
+                                                        httplib::Response& response) {
+    const absl::Status s = healthy();
+    response.status = s.ok() ? 200 : 503;
+    response.set_content(s.ok() ? "ok\n" : absl::StrCat(s.message(), "\n"), "text/plain");
+  });
+  const int bound = port == 0 ? server.bind_to_any_port(host) : server.bind_to_port(host, port)
+                                                                    ? port
+                                                                    : -1;
+  if (bound <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--http: cannot listen on ", host, ":", port, " (in use or not local)"));
+  }
+  endpoint->port_ = bound;
+  endpoint->thread_ = std::thread([&server] { server.listen_after_bind(); });
+  return endpoint;
+}
+
+HttpEndpoint::~HttpEndpoint() {
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace ballast::server

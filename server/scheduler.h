@@ -1,0 +1,91 @@
+// Gang scheduler: which queued jobs start now, and on which devices.
+//
+// Pure logic, no I/O and no clock: the coordinator mirrors its queue and its
+// workers' devices into it and applies the decisions. Not thread-safe; the
+// coordinator calls it under its own lock.
+//
+// Rules (docs/control-plane.md, "Scheduling"):
+//  - A job needing N devices starts only when N are free at once: on one
+//    worker when one has N free (the one with the fewest free that suffice,
+//    to keep large holes for large jobs), otherwise over the workers with the
+//    most free devices, fewest workers first.
+//  - Higher priority first, then submission order.
+//  - Backfill: when the first job in order does not fit, it reserves the
+//    workers it would take as they free up; later jobs may use only devices
+//    outside that reservation, so it cannot starve.
+#ifndef BALLAST_SERVER_SCHEDULER_H_
+#define BALLAST_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ballast/v1/job.pb.h"
+
+namespace ballast::server {
+
+// One job to start: its ranks in order (rank 0 first).
+struct Decision {
+  std::string job_id;
+  std::vector<v1::RankPlacement> ranks;
+};
+
+class Scheduler {
+ public:
+  // Adds a job to the queue. `order` is its submission order (smaller first
+  // among equal priorities). Replaces an entry with the same id.
+  void Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices);
+  // Removes a queued job; false when it was not queued.
+  bool Dequeue(const std::string& job_id);
+  size_t queued() const { return queue_.size(); }
+
+  // Adds a live worker with every device free, or revives a dead one keeping
+  // no occupancy. A changed capacity replaces the old one.
+  void AddWorker(const std::string& worker_id, int32_t capacity);
+  // A dead worker offers nothing; its devices are forgotten.
+  void RemoveWorker(const std::string& worker_id);
+  // Marks a device busy (a re-adopted or placed rank). False when the worker
+  // is unknown or dead, the device is out of range, or already busy.
+  bool Occupy(const std::string& worker_id, int32_t device);
+  // Marks a device free again; no effect when it is not busy.
+  void Release(const std::string& worker_id, int32_t device);
+  // Devices of live workers: busy and free.
+  int64_t busy_devices() const;
+  int64_t free_devices() const;
+
+  // Starts every queued job that fits now, in order, honouring the head
+  // job's reservation. The started jobs leave the queue and their devices
+  // become busy.
+  std::vector<Decision> Schedule();
+
+ private:
+  struct QueueKey {
+    int32_t priority;
+    int64_t order;
+    std::string job_id;
+    bool operator<(const QueueKey& o) const {
+      if (priority != o.priority) return priority > o.priority;
+      if (order != o.order) return order < o.order;
+      return job_id < o.job_id;
+    }
+  };
+  struct Worker {
+    std::vector<bool> busy;
+    int32_t free = 0;
+  };
+  // Live, unreserved workers by free count, then id.
+  using Index = std::set<std::pair<int32_t, const std::string*>>;
+
+  // Takes `count` free devices of one worker for `decision`, lowest first.
+  void Take(const std::string& worker_id, int32_t count, Decision* decision);
+
+  std::map<QueueKey, int32_t> queue_;  // key -> devices
+  std::map<std::string, QueueKey> queued_keys_;
+  std::map<std::string, Worker> workers_;  // live workers only
+};
+
+}  // namespace ballast::server
+
+#endif  // BALLAST_SERVER_SCHEDULER_H_

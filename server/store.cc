@@ -1,0 +1,298 @@
+#include "server/store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ballast::server {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  ord INTEGER PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  request_id TEXT UNIQUE,
+  state INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  resume_at_or_before INTEGER NOT NULL,
+  events_deleted INTEGER NOT NULL,
+  job BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, priority DESC, ord);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  event BLOB NOT NULL,
+  PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS workers (
+  id TEXT PRIMARY KEY,
+  last_report_id INTEGER NOT NULL,
+  worker BLOB NOT NULL);
+)sql";
+
+// Both job statements number their parameters alike, so one function binds them.
+constexpr char kInsertJob[] =
+    "INSERT INTO jobs (ord, id, request_id, state, priority, attempt, resume_at_or_before, "
+    "events_deleted, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+constexpr char kUpdateJob[] =
+    "UPDATE jobs SET state = ?4, priority = ?5, attempt = ?6, resume_at_or_before = ?7, "
+    "events_deleted = ?8, job = ?9 WHERE id = ?2";
+
+// Resets a prepared statement when it leaves scope, on every path.
+class Reset {
+ public:
+  explicit Reset(sqlite3_stmt* stmt) : stmt_(stmt) {}
+  ~Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+ private:
+  sqlite3_stmt* stmt_;
+};
+
+void BindText(sqlite3_stmt* stmt, int index, const std::string& text) {
+  sqlite3_bind_text(stmt, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+}
+
+void BindBlob(sqlite3_stmt* stmt, int index, const std::string& bytes) {
+  sqlite3_bind_blob(stmt, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+}
+
+template <typename Proto>
+bool ParseBlob(sqlite3_stmt* stmt, int column, Proto* out) {
+  const void* data = sqlite3_column_blob(stmt, column);
+  const int size = sqlite3_column_bytes(stmt, column);
+  return out->ParseFromArray(data, size);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
+  if (!absl::StartsWith(url, "sqlite:") || url.size() == 7) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store: '", url, "' is not supported; expected sqlite:PATH"));
+  }
+  const std::string path = url.substr(7);
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("store ", path, ": ", message));
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  absl::MutexLock lock(&store->mu_);
+  // Another process (a second ballastd, the sqlite3 shell) may hold the lock
+  // briefly; wait for it rather than fail.
+  sqlite3_busy_timeout(db, 5000);
+  // WAL: readers never block the writer. synchronous=NORMAL: a commit is
+  // durable across a crash of ballastd (the WAL is in the OS's hands); only a
+  // power loss can take back the last commits, which costs one fsync less per
+  // event.
+  for (const char* pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA foreign_keys=ON"}) {
+    if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
+  }
+  if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  if (absl::Status s = store->Prepare(); !s.ok()) return s;
+  return store;
+}
+
+Store::~Store() {
+  absl::MutexLock lock(&mu_);
+  for (sqlite3_stmt* stmt :
+       {insert_job_, update_job_, insert_event_, trim_events_, read_events_, put_worker_}) {
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db_);
+}
+
+absl::Status Store::Error(const char* what) {
+  return absl::UnavailableError(absl::StrCat("store: ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status Store::Exec(const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    absl::Status s = absl::UnavailableError(absl::StrCat("store: ", sql, ": ", message));
+    sqlite3_free(message);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Prepare() {
+  const std::pair<const char*, sqlite3_stmt**> statements[] = {
+      {kInsertJob, &insert_job_},
+      {kUpdateJob, &update_job_},
+      {"INSERT OR REPLACE INTO events (job_id, seq, event) VALUES (?1, ?2, ?3)", &insert_event_},
+      {"DELETE FROM events WHERE job_id = ?1 AND seq <= ?2", &trim_events_},
+      {"SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+       &read_events_},
+      {"INSERT OR REPLACE INTO workers (id, last_report_id, worker) VALUES (?1, ?2, ?3)",
+       &put_worker_},
+  };
+  for (const auto& [sql, stmt] : statements) {
+    if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, stmt, nullptr) != SQLITE_OK) {
+      return Error(sql);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Ping() {
+  absl::MutexLock lock(&mu_);
+  return Exec("SELECT 1");
+}
+
+absl::Status Store::WriteJob(const JobRecord& r, sqlite3_stmt* stmt) {
+  Reset reset(stmt);
+  sqlite3_bind_int64(stmt, 1, r.order);
+  BindText(stmt, 2, r.job.id());
+  if (r.job.request_id().empty()) {
+    sqlite3_bind_null(stmt, 3);
+  } else {
+    BindText(stmt, 3, r.job.request_id());
+  }
+  sqlite3_bind_int(stmt, 4, r.job.state());
+  sqlite3_bind_int(stmt, 5, r.job.spec().scheduling().priority());
+  sqlite3_bind_int(stmt, 6, r.attempt);
+  sqlite3_bind_int64(stmt, 7, r.resume_at_or_before);
+  sqlite3_bind_int64(stmt, 8, r.events_deleted);
+  BindBlob(stmt, 9, r.job.SerializeAsString());
+  const int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_CONSTRAINT) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("job ", r.job.id(), " or request_id '", r.job.request_id(), "' exists"));
+  }
+  if (rc != SQLITE_DONE) return Error("write job");
+  return absl::OkStatus();
+}
+
+absl::Status Store::InsertJob(const JobRecord& record) {
+  absl::MutexLock lock(&mu_);
+  return WriteJob(record, insert_job_);
+}
+
+absl::StatusOr<int64_t> Store::UpdateJob(JobRecord* record,
+                                         const std::vector<v1::JobEvent>& events,
+                                         int64_t retention) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  auto fail = [&](absl::Status s) {
+    (void)Exec("ROLLBACK");
+    return s;
+  };
+  for (const v1::JobEvent& e : events) {
+    Reset reset(insert_event_);
+    BindText(insert_event_, 1, e.job_id());
+    sqlite3_bind_int64(insert_event_, 2, e.seq());
+    BindBlob(insert_event_, 3, e.SerializeAsString());
+    if (sqlite3_step(insert_event_) != SQLITE_DONE) return fail(Error("insert event"));
+  }
+  int64_t deleted = 0;
+  if (!events.empty() && record->job.last_seq() > retention) {
+    Reset reset(trim_events_);
+    BindText(trim_events_, 1, record->job.id());
+    sqlite3_bind_int64(trim_events_, 2, record->job.last_seq() - retention);
+    if (sqlite3_step(trim_events_) != SQLITE_DONE) return fail(Error("trim events"));
+    deleted = sqlite3_changes(db_);
+  }
+  record->events_deleted += deleted;
+  if (absl::Status s = WriteJob(*record, update_job_); !s.ok()) {
+    record->events_deleted -= deleted;
+    return fail(s);
+  }
+  if (absl::Status s = Exec("COMMIT"); !s.ok()) {
+    record->events_deleted -= deleted;
+    return fail(s);
+  }
+  return deleted;
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::LoadJobs() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT ord, attempt, resume_at_or_before, events_deleted, job FROM jobs "
+                         "ORDER BY ord",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return Error("load jobs");
+  }
+  std::vector<JobRecord> jobs;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    JobRecord r;
+    r.order = sqlite3_column_int64(stmt, 0);
+    r.attempt = sqlite3_column_int(stmt, 1);
+    r.resume_at_or_before = sqlite3_column_int64(stmt, 2);
+    r.events_deleted = sqlite3_column_int64(stmt, 3);
+    if (!ParseBlob(stmt, 4, &r.job)) {
+      sqlite3_finalize(stmt);
+      return absl::DataLossError(absl::StrCat("store: job row ", r.order, " does not parse"));
+    }
+    jobs.push_back(std::move(r));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return Error("load jobs");
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Store::ReadEvents(const std::string& job_id,
+                                                            int64_t after_seq, int limit) {
+  absl::MutexLock lock(&mu_);
+  Reset reset(read_events_);
+  BindText(read_events_, 1, job_id);
+  sqlite3_bind_int64(read_events_, 2, after_seq);
+  sqlite3_bind_int(read_events_, 3, limit);
+  std::vector<v1::JobEvent> events;
+  int rc;
+  while ((rc = sqlite3_step(read_events_)) == SQLITE_ROW) {
+    v1::JobEvent e;
+    if (!ParseBlob(read_events_, 0, &e)) {
+      return absl::DataLossError(absl::StrCat("store: an event of ", job_id, " does not parse"));
+    }
+    events.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return Error("read events");
+  return events;
+}
+
+absl::Status Store::PutWorker(const WorkerRecord& record) {
+  absl::MutexLock lock(&mu_);
+  Reset reset(put_worker_);
+  BindText(put_worker_, 1, record.worker.id());
+  sqlite3_bind_int64(put_worker_, 2, record.last_report_id);
+  BindBlob(put_worker_, 3, record.worker.SerializeAsString());
+  if (sqlite3_step(put_worker_) != SQLITE_DONE) return Error("put worker");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> Store::LoadWorkers() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT last_report_id, worker FROM workers ORDER BY id", -1, &stmt,
+                         nullptr) != SQLITE_OK) {
+    return Error("load workers");
+  }
+  std::vector<WorkerRecord> workers;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    WorkerRecord r;
+    r.last_report_id = sqlite3_column_int64(stmt, 0);
+    if (!ParseBlob(stmt, 1, &r.worker)) {
+      sqlite3_finalize(stmt);
+      return absl::DataLossError("store: a worker row does not parse");
+    }
+    workers.push_back(std::move(r));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return Error("load workers");
+  return workers;
+}
+
+}  // namespace ballast::server
