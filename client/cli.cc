@@ -1,0 +1,95 @@
+#include "client/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+
+#include "common/version.h"
+
+namespace ballast::client {
+
+int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt,
+           const Tuning& tuning) {
+  CLI::App app{"ballast: submit and watch finetuning jobs", "ballast"};
+  app.set_version_flag("--version", VersionLine("ballast"));
+  std::string coordinator = "localhost:50051";
+  std::string output = "table";
+  double timeout_s = 10;
+  app.add_option("--coordinator", coordinator, "Coordinator address, HOST:PORT")
+      ->envname("BALLAST_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("-o,--output", output, "Output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  app.add_option("--timeout", timeout_s, "Deadline of each call, in seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  // Lets the global flags follow the subcommand too: `ballast get ID -o json`.
+  app.fallthrough();
+  app.require_subcommand(1);
+
+  SubmitArgs submit_args;
+  CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (YAML)");
+  submit->add_option("file", submit_args.file, "Job spec file")->required();
+  submit->add_option("--set", submit_args.overrides, "Override a spec key: key.path=value")
+      ->allow_extra_args(false);
+  submit->add_flag("--wait", submit_args.wait, "Watch the job until it ends");
+  submit->add_option("--request-id", submit_args.request_id,
+                     "Idempotency key (default: a random UUID)");
+
+  ListArgs list_args;
+  CLI::App* list = app.add_subcommand("list", "List jobs, newest first");
+  list->add_option("--state", list_args.states, "Only jobs in this state (repeatable)")
+      ->allow_extra_args(false);
+  list->add_option("--limit", list_args.limit, "Most jobs shown")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+
+  std::string job_id;
+  auto add_job_command = [&](const char* name, const char* help) {
+    CLI::App* command = app.add_subcommand(name, help);
+    command->add_option("id", job_id, "Job id")->required();
+    return command;
+  };
+  CLI::App* get = add_job_command("get", "Show a job");
+  CLI::App* watch = add_job_command("watch", "Follow a job's progress until it ends");
+  CLI::App* cancel = add_job_command("cancel", "Cancel a job");
+  CLI::App* rollback = add_job_command("rollback", "Restart a job from an earlier checkpoint");
+  int64_t to_step = 0;
+  rollback->add_option("--to-step", to_step, "Newest checkpoint at or before this step")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  CLI::App* logs = add_job_command("logs", "Print a job's log lines");
+  bool follow = false;
+  logs->add_flag("-f,--follow", follow, "Keep printing until the job ends");
+  CLI::App* workers = app.add_subcommand("workers", "List the workers");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e, *io.out, *io.err);  // --help, --version
+    *io.err << "ballast: " << e.what() << "\nRun with --help for more information.\n";
+    return kExitUsage;
+  }
+
+  ConnectionOptions options;
+  options.address = coordinator;
+  if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
+  options.unary_timeout = absl::Seconds(timeout_s);
+  Connection connection(options, interrupt);
+  Session session{.connection = &connection,
+                  .format = output == "json" ? OutputFormat::kJson : OutputFormat::kTable,
+                  .io = io,
+                  .tuning = tuning};
+
+  if (*submit) return Submit(session, submit_args);
+  if (*list) return List(session, list_args);
+  if (*get) return Get(session, job_id);
+  if (*watch) return Watch(session, job_id);
+  if (*cancel) return Cancel(session, job_id);
+  if (*rollback) return Rollback(session, job_id, to_step);
+  if (*logs) return Logs(session, job_id, follow);
+  if (*workers) return Workers(session);
+  return kExitUsage;  // require_subcommand(1) makes this unreachable
+}
+
+}  // namespace ballast::client

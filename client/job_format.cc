@@ -1,0 +1,198 @@
+#include "client/job_format.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/progress.h"
+
+namespace ballast::client {
+
+namespace {
+
+constexpr absl::string_view kStatePrefix = "JOB_STATE_";
+
+std::string Age(int64_t since_ms, int64_t now_ms) {
+  if (since_ms <= 0) return "-";
+  return FormatDuration(static_cast<double>(std::max<int64_t>(0, now_ms - since_ms)) / 1000.0);
+}
+
+std::string UtcTime(int64_t ms) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%SZ", absl::FromUnixMillis(ms), absl::UTCTimeZone());
+}
+
+}  // namespace
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  if (absl::StartsWith(name, kStatePrefix)) name.erase(0, kStatePrefix.size());
+  return name;
+}
+
+absl::StatusOr<v1::JobState> ParseState(const std::string& text) {
+  std::string name = absl::AsciiStrToUpper(text);
+  if (!absl::StartsWith(name, kStatePrefix)) name = absl::StrCat(kStatePrefix, name);
+  v1::JobState state;
+  if (v1::JobState_Parse(name, &state) && state != v1::JOB_STATE_UNSPECIFIED) return state;
+  std::vector<std::string> names;
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    names.push_back(absl::AsciiStrToLower(StateName(static_cast<v1::JobState>(s))));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--state: unknown state '", text, "'; one of ", absl::StrJoin(names, ", ")));
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message to a string cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  auto append_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, row[c]);
+      if (c + 1 < row.size()) line.append(width[c] - row[c].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  };
+  append_row(header);
+  for (const auto& row : rows) append_row(row);
+  return out;
+}
+
+std::string JobTable(const std::vector<v1::Job>& jobs,
+                     const std::vector<std::optional<double>>& losses, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const v1::Job& job = jobs[i];
+    const std::optional<double> loss = i < losses.size() ? losses[i] : std::nullopt;
+    rows.push_back(
+        {job.id(), StateName(job.state()), job.spec().name().empty() ? "-" : job.spec().name(),
+         absl::StrCat(job.step(), "/", job.spec().max_steps()),
+         loss.has_value() ? absl::StrFormat("%.4f", *loss) : "-", Age(job.created_ms(), now_ms)});
+  }
+  return RenderTable({"ID", "STATE", "NAME", "STEP", "LOSS", "AGE"}, rows);
+}
+
+std::string WorkerTable(const std::vector<v1::Worker>& workers, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Worker& w : workers) {
+    const std::string heartbeat =
+        w.last_heartbeat_ms() > 0 ? Age(w.last_heartbeat_ms(), now_ms) + " ago" : "-";
+    rows.push_back({w.id(), w.host(), w.device_kind(), absl::StrCat(w.busy(), "/", w.capacity()),
+                    w.alive() ? "yes" : "no", heartbeat});
+  }
+  return RenderTable({"ID", "HOST", "KIND", "BUSY/CAP", "ALIVE", "LAST HEARTBEAT"}, rows);
+}
+
+std::string JobDetail(const v1::Job& job, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows;
+  auto add = [&](std::string key, std::string value) {
+    rows.push_back({std::move(key), std::move(value)});
+  };
+  add("STATE", StateName(job.state()));
+  if (!job.spec().name().empty()) add("NAME", job.spec().name());
+  add("STEP", absl::StrCat(job.step(), "/", job.spec().max_steps()));
+  add("CHECKPOINT", job.checkpoint_step() > 0 ? absl::StrCat(job.checkpoint_step()) : "-");
+  add("RESTARTS", absl::StrCat(job.restarts()));
+  if (job.created_ms() > 0) {
+    add("CREATED",
+        absl::StrCat(UtcTime(job.created_ms()), " (", Age(job.created_ms(), now_ms), " ago)"));
+  }
+  if (job.updated_ms() > 0) add("UPDATED", UtcTime(job.updated_ms()));
+  if (!job.output_dir().empty()) add("OUTPUT", job.output_dir());
+  for (const v1::RankPlacement& p : job.placement()) {
+    add(absl::StrCat("RANK ", p.rank()), absl::StrCat(p.worker_id(), " device ", p.device()));
+  }
+  if (!job.failure_reason().empty()) add("FAILURE", job.failure_reason());
+  add("EVENTS", absl::StrCat(job.last_seq()));
+  if (!job.request_id().empty()) add("REQUEST", job.request_id());
+  return RenderTable({"ID", job.id()}, rows);
+}
+
+std::string LogLineText(const v1::LogLine& log) {
+  if (log.level().empty() || log.level() == "info") {
+    return absl::StrCat("[rank ", log.rank(), "] ", log.text());
+  }
+  return absl::StrCat("[rank ", log.rank(), "] ", log.level(), ": ", log.text());
+}
+
+std::optional<std::string> EventLine(const v1::JobEvent& event) {
+  switch (event.kind_case()) {
+    case v1::JobEvent::kStateChange: {
+      const v1::StateChange& c = event.state_change();
+      std::string line =
+          c.from() == v1::JOB_STATE_UNSPECIFIED
+              ? absl::StrCat("state ", StateName(c.to()))
+              : absl::StrCat("state ", StateName(c.from()), " -> ", StateName(c.to()));
+      if (!c.reason().empty()) absl::StrAppend(&line, ": ", c.reason());
+      return line;
+    }
+    case v1::JobEvent::kGuard: {
+      const v1::GuardEvent& g = event.guard();
+      std::string line;
+      switch (g.kind()) {
+        case v1::GuardEvent::KIND_SKIP:
+          line = absl::StrCat("guard skip at step ", g.step());
+          break;
+        case v1::GuardEvent::KIND_ROLLBACK:
+          line = absl::StrCat("guard rollback at step ", g.step(), " to step ", g.to_step());
+          break;
+        case v1::GuardEvent::KIND_DIAGNOSIS:
+          line = absl::StrCat("guard diagnosis at step ", g.step());
+          break;
+        default:
+          line = absl::StrCat("guard event at step ", g.step());
+      }
+      if (!g.message().empty()) absl::StrAppend(&line, ": ", g.message());
+      return line;
+    }
+    case v1::JobEvent::kCheckpointSaved:
+      return absl::StrCat("checkpoint step ", event.checkpoint_saved().step(), ": ",
+                          event.checkpoint_saved().path());
+    case v1::JobEvent::kLog:
+      if (event.log().level() == "warning" || event.log().level() == "error") {
+        return LogLineText(event.log());
+      }
+      return std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string FinalLine(const v1::Job& job) {
+  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
+  if (!job.failure_reason().empty() && job.state() != v1::JOB_STATE_SUCCEEDED) {
+    absl::StrAppend(&line, ": ", job.failure_reason());
+  }
+  return line;
+}
+
+}  // namespace ballast::client

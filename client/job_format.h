@@ -1,0 +1,60 @@
+// How jobs, workers and events read on the terminal (tables, one-line event
+// descriptions) and in JSON (protobuf's JSON mapping, one document per line).
+#ifndef BALLAST_CLIENT_JOB_FORMAT_H_
+#define BALLAST_CLIENT_JOB_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ballast/v1/job.pb.h"
+#include "ballast/v1/job_service.pb.h"
+
+namespace ballast::client {
+
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string StateName(v1::JobState state);
+
+// Parses "running", "RUNNING" or "JOB_STATE_RUNNING". INVALID_ARGUMENT lists
+// the accepted names.
+absl::StatusOr<v1::JobState> ParseState(const std::string& text);
+
+// True for SUCCEEDED, FAILED and CANCELLED.
+bool IsTerminal(v1::JobState state);
+
+// One line of JSON: protobuf's mapping with the proto field names
+// (snake_case, as in the spec YAML), every scalar printed even when zero,
+// enums by name, 64-bit integers as strings.
+std::string ToJson(const google::protobuf::Message& message);
+
+// Left-aligned columns two spaces apart, header first, one line per row.
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+
+// `list`: ID STATE NAME STEP LOSS AGE. `losses[i]` is jobs[i]'s last loss when
+// known; STEP is "step/max_steps"; AGE counts from created_ms to now_ms.
+std::string JobTable(const std::vector<v1::Job>& jobs,
+                     const std::vector<std::optional<double>>& losses, int64_t now_ms);
+
+// `workers`: ID HOST KIND BUSY/CAP ALIVE LAST HEARTBEAT ("4s ago").
+std::string WorkerTable(const std::vector<v1::Worker>& workers, int64_t now_ms);
+
+// `get`: one "KEY  value" line per known fact about the job.
+std::string JobDetail(const v1::Job& job, int64_t now_ms);
+
+// "[rank 0] text" for info, "[rank 0] warning: text" otherwise.
+std::string LogLineText(const v1::LogLine& log);
+
+// The line `watch` prints for an event on its own: state changes, guard
+// events, checkpoints, and warning/error log lines. nullopt for step metrics
+// and info log lines.
+std::optional<std::string> EventLine(const v1::JobEvent& event);
+
+// "job-… SUCCEEDED", or "job-… FAILED: reason" when the job has a failure reason.
+std::string FinalLine(const v1::Job& job);
+
+}  // namespace ballast::client
+
+#endif  // BALLAST_CLIENT_JOB_FORMAT_H_
