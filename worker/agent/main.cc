@@ -1,21 +1,103 @@
-// ballast-worker: the per-node agent that runs ballast-train ranks. It does not link LibTorch.
+// ballast-worker: the per-node agent that runs ballast-train ranks for the
+// coordinator (docs/control-plane.md, "Workers"). It does not link LibTorch.
+//
+//   ballast-worker [--coordinator HOST:PORT] [--cpu-slots N] [--work-dir DIR]
+//                  [--train-binary PATH] [--host NAME]
+//
+// Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start, 2 on bad
+// flags or when there is nothing to offer (no GPU and no --cpu-slots).
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "common/version.h"
+#include "worker/agent/agent.h"
+#include "worker/agent/device_discovery.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+std::string DefaultWorkDir() {
+  const std::string state = EnvOr("XDG_STATE_HOME", EnvOr("HOME", "/tmp") + "/.local/state");
+  return state + "/ballast/worker";
+}
+
+std::string DefaultTrainBinary() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "ballast-train" : (self.parent_path() / "ballast-train").string();
+}
+
+std::string Hostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  return gethostname(name, sizeof(name)) == 0 ? name : "localhost";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ballast-worker: registers this node's devices and runs trainer ranks"};
-  std::string coordinator = "localhost:50051";
+  ballast::agent::AgentOptions options;
+  options.coordinator = EnvOr("BALLAST_COORDINATOR", "localhost:50051");
+  options.work_dir = DefaultWorkDir();
+  options.train_binary = DefaultTrainBinary();
+  options.host = Hostname();
   int cpu_slots = 0;
   app.set_version_flag("--version", ballast::VersionLine("ballast-worker"));
-  app.add_option("--coordinator", coordinator, "Coordinator address, HOST:PORT")
-      ->envname("BALLAST_COORDINATOR")
+  app.add_option("--coordinator", options.coordinator,
+                 "Coordinator address, HOST:PORT (default $BALLAST_COORDINATOR or "
+                 "localhost:50051)")
       ->capture_default_str();
-  app.add_option("--cpu-slots", cpu_slots, "CPU trainer slots to offer where there is no GPU")
-      ->check(CLI::Range(0, 1024));
+  app.add_option("--cpu-slots", cpu_slots, "Offer N CPU slots instead of CUDA devices")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--work-dir", options.work_dir, "Worker id file and rank scratch folders")
+      ->capture_default_str();
+  app.add_option("--train-binary", options.train_binary, "The ballast-train to run ranks with")
+      ->capture_default_str();
+  app.add_option("--host", options.host, "The address other nodes reach this one at")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.token = EnvOr("BALLAST_TOKEN", "");
 
-  std::cerr << "ballast-worker: the worker agent is not implemented yet in this build\n";
-  return 1;
+  absl::StatusOr<ballast::agent::Devices> devices = ballast::agent::DiscoverDevices(cpu_slots);
+  if (!devices.ok()) {
+    std::cerr << "ballast-worker: " << devices.status().message() << "\n";
+    return 2;
+  }
+  options.devices = *std::move(devices);
+
+  // Blocked before any thread exists, so every thread (gRPC's included)
+  // inherits the mask and the signals wait for sigwait below. Ranks get an
+  // empty mask back at spawn.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ballast::agent::Agent agent(options);
+  if (absl::Status s = agent.Start(); !s.ok()) {
+    std::cerr << "ballast-worker: " << s.message() << "\n";
+    return 1;
+  }
+  std::cout << "ballast-worker: " << options.devices.names.size() << " " << options.devices.kind
+            << " devices, coordinator " << options.coordinator << ", work dir " << options.work_dir
+            << ", trainer " << options.train_binary << std::endl;
+  int received = 0;
+  sigwait(&signals, &received);
+  std::cout << "ballast-worker: " << (received == SIGINT ? "SIGINT" : "SIGTERM")
+            << ": stopping ranks" << std::endl;
+  agent.Shutdown();
+  return 0;
 }

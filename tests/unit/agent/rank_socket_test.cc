@@ -1,0 +1,204 @@
+// Both ends of the rank channel over a real Unix socket: the worker's
+// RankSocket and the trainer's AgentChannel.
+#include "worker/agent/rank_socket.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "worker/train/agent_channel.h"
+
+namespace ballast::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using train::AgentChannel;
+
+class RankSocketTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Short on purpose: sun_path holds 108 bytes and TempDir may be deep.
+    char tmpl[] = "/tmp/rank_socket_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/0.sock";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  RankSocket::MessageCallback Collect() {
+    return [this](const v1::RankMessage& m) {
+      absl::MutexLock lock(&mu_);
+      got_.push_back(m);
+    };
+  }
+  bool WaitForMessages(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return got_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+
+  std::string dir_;
+  std::string path_;
+  absl::Mutex mu_;
+  std::vector<v1::RankMessage> got_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(RankSocketTest, RankMessagesGoUpInOrderAndCancelComesDown) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 3);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+
+  for (int step = 1; step <= 200; ++step) {
+    v1::StepMetrics m;
+    m.set_step(step);
+    m.set_max_steps(200);
+    m.set_loss(1.0 / step);
+    m.set_tokens_per_s(1000.5);
+    (*channel)->OnStep(m);
+  }
+  v1::CheckpointSaved saved;
+  saved.set_step(200);
+  saved.set_path("/out/checkpoints/step-00000200");
+  (*channel)->OnCheckpointSaved(saved);
+  v1::GuardEvent guard;
+  guard.set_kind(v1::GuardEvent::KIND_SKIP);
+  guard.set_step(7);
+  (*channel)->OnGuard(guard);
+  (*channel)->OnLog("info", "resuming from checkpoint step 5 ✓");
+  ASSERT_TRUE(WaitForMessages(203));
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_EQ(got_.size(), 203u);
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_TRUE(got_[i].has_step_metrics());
+      EXPECT_EQ(got_[i].step_metrics().step(), i + 1);
+      EXPECT_EQ(got_[i].step_metrics().max_steps(), 200);
+      EXPECT_DOUBLE_EQ(got_[i].step_metrics().loss(), 1.0 / (i + 1));
+    }
+    EXPECT_EQ(got_[200].checkpoint_saved().path(), "/out/checkpoints/step-00000200");
+    EXPECT_EQ(got_[201].guard().kind(), v1::GuardEvent::KIND_SKIP);
+    EXPECT_EQ(got_[202].log().rank(), 3);
+    EXPECT_EQ(got_[202].log().level(), "info");
+    EXPECT_EQ(got_[202].log().text(), "resuming from checkpoint step 5 ✓");
+  }
+
+  EXPECT_FALSE((*channel)->CancelRequested());
+  EXPECT_FALSE((*channel)->StopRequested());
+  v1::RankControl control;
+  control.mutable_cancel()->set_reason("cancelled by the user");
+  ASSERT_TRUE((*socket)->Send(control).ok());
+  bool cancelled = false;
+  for (int i = 0; i < 500 && !cancelled; ++i) {
+    cancelled = (*channel)->CancelRequested();
+    if (!cancelled) usleep(10000);
+  }
+  EXPECT_TRUE(cancelled);
+  EXPECT_TRUE((*channel)->StopRequested());  // and it stays so
+
+  // The rank leaves: Drain returns as soon as the reader has seen EOF.
+  channel->reset();
+  const absl::Time t0 = absl::Now();
+  (*socket)->Drain(absl::Seconds(10));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+TEST_F(RankSocketTest, SendBeforeTheRankConnectsIsFailedPrecondition) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  v1::RankControl control;
+  control.mutable_cancel();
+  EXPECT_EQ((*socket)->Send(control).code(), absl::StatusCode::kFailedPrecondition);
+  // Nobody connected: Drain does not wait.
+  const absl::Time t0 = absl::Now();
+  (*socket)->Drain(absl::Seconds(10));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
+TEST_F(RankSocketTest, MessagesOfARankThatExitedAtOnceStillArrive) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  {
+    absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+    ASSERT_TRUE(channel.ok());
+    (*channel)->OnLog("error", "dying");
+  }
+  (*socket)->Drain(absl::Seconds(5));
+  absl::MutexLock lock(&mu_);
+  ASSERT_EQ(got_.size(), 1u);
+  EXPECT_EQ(got_[0].log().text(), "dying");
+}
+
+TEST_F(RankSocketTest, WritingToAGoneWorkerFailsWithoutSigpipe) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+  ASSERT_TRUE(channel.ok());
+  v1::RankMessage m;
+  m.mutable_log()->set_text("hello");
+  ASSERT_TRUE((*channel)->Send(m).ok());
+  ASSERT_TRUE(WaitForMessages(1));
+  socket->reset();  // the worker dies
+  EXPECT_FALSE(fs::exists(path_));
+
+  // The test process has SIGPIPE's default action: a plain write() would kill it here.
+  absl::Status last;
+  for (int i = 0; i < 100; ++i) last = (*channel)->Send(m);
+  EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable);
+  (*channel)->OnStep(v1::StepMetrics());  // reports keep being accepted and dropped
+  EXPECT_FALSE((*channel)->CancelRequested());
+}
+
+TEST_F(RankSocketTest, ControlMessageArrivingInPiecesIsParsedWhenComplete) {
+  // A raw worker end, to split one delimited message across two writes.
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+  ASSERT_TRUE(channel.ok());
+  const int conn = accept(listener, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+
+  v1::RankControl control;
+  control.mutable_cancel()->set_reason(std::string(300, 'x'));  // a two-byte length
+  const std::string body = control.SerializeAsString();
+  std::string wire;
+  wire.push_back(static_cast<char>((body.size() & 0x7f) | 0x80));
+  wire.push_back(static_cast<char>(body.size() >> 7));
+  wire += body;
+  ASSERT_EQ(write(conn, wire.data(), 1), 1);  // half of the length
+  usleep(20000);
+  EXPECT_FALSE((*channel)->CancelRequested());
+  ASSERT_EQ(write(conn, wire.data() + 1, 100), 100);
+  usleep(20000);
+  EXPECT_FALSE((*channel)->CancelRequested());
+  ASSERT_EQ(write(conn, wire.data() + 101, wire.size() - 101),
+            static_cast<ssize_t>(wire.size() - 101));
+  usleep(20000);
+  EXPECT_TRUE((*channel)->CancelRequested());
+  close(conn);
+  close(listener);
+}
+
+TEST_F(RankSocketTest, RejectsAPathLongerThanSunPath) {
+  const std::string long_path = "/tmp/" + std::string(120, 'p') + ".sock";
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(long_path, Collect());
+  EXPECT_EQ(socket.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AgentChannel::Connect(long_path, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RankSocketTest, ConnectWithoutAWorkerIsUnavailable) {
+  EXPECT_EQ(AgentChannel::Connect(path_, 0).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace ballast::agent

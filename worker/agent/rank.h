@@ -1,0 +1,94 @@
+// Rank: one ballast-train process an assignment asked for, with its socket,
+// its scratch folder, and the RankEvents it produces.
+//
+// Start writes the spec to SCRATCH/spec.json, listens on the socket, starts
+// the trainer, and queues RankStarted. Each RankMessage from the socket is
+// queued as a RankEvent; when the process has exited and the socket is
+// drained, RankExited is queued and the rank is finished.
+//
+// Thread-safe.
+#ifndef BALLAST_WORKER_AGENT_RANK_H_
+#define BALLAST_WORKER_AGENT_RANK_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ballast/v1/worker_service.pb.h"
+#include "worker/agent/event_relay.h"
+#include "worker/agent/rank_process.h"
+#include "worker/agent/rank_socket.h"
+
+namespace ballast::agent {
+
+// Where and how this worker runs its ranks.
+struct RankEnvironment {
+  std::string train_binary;
+  // "cuda" sets CUDA_VISIBLE_DEVICES to the assignment's device; "cpu" sets
+  // OMP_NUM_THREADS to cpu_threads and hides GPUs.
+  std::string device_kind;
+  int cpu_threads = 1;
+  // Created for the rank, removed with it.
+  std::string scratch_dir;
+  std::string socket_path;
+};
+
+// The trainer's command line for an assignment (argv without argv[0]).
+std::vector<std::string> TrainArguments(const v1::Assignment& assignment,
+                                        const std::string& spec_path,
+                                        const std::string& socket_path);
+
+// Writes the spec as JSON, which ballast-train's YAML loader reads.
+absl::Status WriteSpecJson(const v1::JobSpec& spec, const std::string& path);
+
+class Rank {
+ public:
+  // Starts the rank. On error nothing is left running and no event queued.
+  // `on_finished` runs (on an internal thread) once RankExited is queued; it
+  // must not destroy the Rank. `relay` must outlive the Rank.
+  static absl::StatusOr<std::unique_ptr<Rank>> Start(const v1::Assignment& assignment,
+                                                     const RankEnvironment& env, EventRelay* relay,
+                                                     std::function<void()> on_finished);
+
+  // Kills the process if it still runs, joins, removes the scratch folder.
+  ~Rank();
+
+  const v1::RankRef& ref() const { return ref_; }
+  pid_t pid() const { return process_->pid(); }
+
+  // SIGTERM now, SIGKILL after `grace`; RankExited says stopped=true.
+  void Stop(absl::Duration grace);
+
+  // True once RankExited has been queued.
+  bool Finished() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Rank(v1::RankRef ref, RankEnvironment env, EventRelay* relay, std::function<void()> on_finished);
+  v1::RankEvent NewEvent() const;
+  void OnMessage(const v1::RankMessage& message);
+  void OnExit(const ProcessExit& exit) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const v1::RankRef ref_;
+  const RankEnvironment env_;
+  EventRelay* const relay_;
+  const std::function<void()> on_finished_;
+
+  mutable absl::Mutex mu_;
+  // RankStarted is queued: RankExited may follow.
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Destroyed in reverse order: the process (and its exit callback, which
+  // drains the socket) goes before the socket.
+  std::unique_ptr<RankSocket> socket_;
+  std::unique_ptr<RankProcess> process_;
+};
+
+}  // namespace ballast::agent
+
+#endif  // BALLAST_WORKER_AGENT_RANK_H_

@@ -1,0 +1,128 @@
+#include "worker/agent/rank_socket.h"
+
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/util/delimited_message_util.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::agent {
+
+absl::StatusOr<std::unique_ptr<RankSocket>> RankSocket::Listen(const std::string& path,
+                                                               MessageCallback on_message) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() > kMaxPathBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' has ", path.size(),
+                                                   " bytes; allowed: 1..", kMaxPathBytes));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  unlink(path.c_str());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 4) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(err)));
+  }
+  return std::unique_ptr<RankSocket>(new RankSocket(path, fd, std::move(on_message)));
+}
+
+RankSocket::RankSocket(std::string path, int listen_fd, MessageCallback on_message)
+    : path_(std::move(path)), listen_fd_(listen_fd), on_message_(std::move(on_message)) {
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+RankSocket::~RankSocket() {
+  {
+    absl::MutexLock lock(&mu_);
+    ShutdownLocked();
+  }
+  reader_.join();
+  // Closed only now: the reader may use the fds until it has returned.
+  absl::MutexLock lock(&mu_);
+  if (conn_fd_ >= 0) close(conn_fd_);
+  close(listen_fd_);
+  unlink(path_.c_str());
+}
+
+void RankSocket::ShutdownLocked() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // shutdown() wakes a thread blocked in accept() or read() on Linux;
+  // close() would not, and would free the fd for reuse under it.
+  shutdown(listen_fd_, SHUT_RDWR);
+  if (conn_fd_ >= 0) shutdown(conn_fd_, SHUT_RDWR);
+}
+
+void RankSocket::ReadLoop() {
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  {
+    absl::MutexLock lock(&mu_);
+    if (fd >= 0) {
+      conn_fd_ = fd;
+      connected_ = true;
+      if (shut_down_) shutdown(fd, SHUT_RDWR);
+    }
+  }
+  if (fd >= 0) {
+    google::protobuf::io::FileInputStream in(fd);
+    v1::RankMessage message;
+    bool clean_eof = false;
+    // A malformed message ends the channel: the stream cannot be resynced.
+    while (google::protobuf::util::ParseDelimitedFromZeroCopyStream(&message, &in, &clean_eof)) {
+      on_message_(message);
+      message.Clear();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  reader_done_ = true;
+}
+
+absl::Status RankSocket::Send(const v1::RankControl& control) {
+  std::string wire;
+  {
+    google::protobuf::io::StringOutputStream out(&wire);
+    if (!google::protobuf::util::SerializeDelimitedToZeroCopyStream(control, &out)) {
+      return absl::InternalError("cannot serialise RankControl");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!connected_) return absl::FailedPreconditionError("the rank has not connected yet");
+  size_t sent = 0;
+  while (sent < wire.size()) {
+    // Never blocks the caller on a rank that stopped reading.
+    const ssize_t n =
+        send(conn_fd_, wire.data() + sent, wire.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot write to rank socket ", path_, ": ", std::strerror(errno)));
+    }
+    sent += n;
+  }
+  return absl::OkStatus();
+}
+
+void RankSocket::Drain(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  if (!connected_) {
+    // A rank that connected and exited at once may still be in the backlog.
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (poll(&p, 1, 0) == 1) {
+      mu_.AwaitWithDeadline(absl::Condition(this, &RankSocket::Connected), deadline);
+    }
+  }
+  if (connected_) mu_.AwaitWithDeadline(absl::Condition(this, &RankSocket::ReaderDone), deadline);
+  ShutdownLocked();
+}
+
+}  // namespace ballast::agent
