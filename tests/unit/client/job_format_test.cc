@@ -1,0 +1,141 @@
+#include "client/job_format.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_split.h"
+#include "client/connection.h"
+
+namespace ballast::client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kNow = 1'700'000'000'000;
+
+v1::Job RunningJob() {
+  v1::Job job;
+  job.set_id("job-0123456789ab");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->set_name("demo");
+  job.mutable_spec()->set_max_steps(200);
+  job.set_step(12);
+  job.set_created_ms(kNow - 92'000);
+  job.set_last_seq(40);
+  return job;
+}
+
+TEST(JobFormat, StateNamesDropThePrefixAndParseAnyCase) {
+  EXPECT_EQ(StateName(v1::JOB_STATE_ROLLING_BACK), "ROLLING_BACK");
+  EXPECT_EQ(*ParseState("running"), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(*ParseState("Rolling_Back"), v1::JOB_STATE_ROLLING_BACK);
+  EXPECT_EQ(*ParseState("JOB_STATE_FAILED"), v1::JOB_STATE_FAILED);
+  absl::StatusOr<v1::JobState> bad = ParseState("done");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("succeeded"));
+  EXPECT_FALSE(ParseState("unspecified").ok());
+}
+
+TEST(JobFormat, JsonUsesProtoFieldNamesAndPrintsZeros) {
+  v1::Job job = RunningJob();
+  const std::string text = ToJson(job);
+  EXPECT_EQ(text.find('\n'), std::string::npos) << "one document per line";
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["id"], "job-0123456789ab");
+  EXPECT_EQ(j["state"], "JOB_STATE_RUNNING");
+  EXPECT_EQ(j["last_seq"], "40");  // proto3 JSON writes int64 as a string
+  EXPECT_EQ(j["spec"]["max_steps"], "200");
+  EXPECT_EQ(j["restarts"], 0) << "zero scalars are printed, so scripts can rely on them";
+  EXPECT_EQ(j["failure_reason"], "");
+}
+
+TEST(JobFormat, JobTableAlignsColumns) {
+  v1::Job second = RunningJob();
+  second.set_id("job-ffffffffffff");
+  second.set_state(v1::JOB_STATE_SUCCEEDED);
+  second.mutable_spec()->set_name("a-much-longer-name");
+  second.set_step(200);
+  const std::string table = JobTable({RunningJob(), second}, {2.34119, std::nullopt}, kNow);
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "ID                STATE      NAME                STEP     LOSS    AGE");
+  EXPECT_EQ(lines[1], "job-0123456789ab  RUNNING    demo                12/200   2.3412  1m32s");
+  EXPECT_EQ(lines[2], "job-ffffffffffff  SUCCEEDED  a-much-longer-name  200/200  -       1m32s");
+}
+
+TEST(JobFormat, WorkerTableShowsLoadAndHeartbeatAge) {
+  v1::Worker w;
+  w.set_id("w-1");
+  w.set_host("node-a");
+  w.set_device_kind("cuda");
+  w.set_capacity(8);
+  w.set_busy(3);
+  w.set_alive(true);
+  w.set_last_heartbeat_ms(kNow - 4'000);
+  const std::vector<std::string> lines =
+      absl::StrSplit(WorkerTable({w}, kNow), '\n', absl::SkipEmpty());
+  EXPECT_THAT(lines, ElementsAre("ID   HOST    KIND  BUSY/CAP  ALIVE  LAST HEARTBEAT",
+                                 "w-1  node-a  cuda  3/8       yes    4s ago"));
+}
+
+TEST(JobFormat, EventLinesForEverythingButStepsAndInfoLogs) {
+  v1::JobEvent e;
+  e.mutable_state_change()->set_from(v1::JOB_STATE_RUNNING);
+  e.mutable_state_change()->set_to(v1::JOB_STATE_FAILED);
+  e.mutable_state_change()->set_reason("rank 0 exited 1");
+  EXPECT_EQ(EventLine(e), "state RUNNING -> FAILED: rank 0 exited 1");
+
+  e.mutable_guard()->set_kind(v1::GuardEvent::KIND_ROLLBACK);
+  e.mutable_guard()->set_step(40);
+  e.mutable_guard()->set_to_step(30);
+  e.mutable_guard()->set_message("3 non-finite steps");
+  EXPECT_EQ(EventLine(e), "guard rollback at step 40 to step 30: 3 non-finite steps");
+
+  e.mutable_checkpoint_saved()->set_step(100);
+  e.mutable_checkpoint_saved()->set_path("/out/checkpoints/step-100");
+  EXPECT_EQ(EventLine(e), "checkpoint step 100: /out/checkpoints/step-100");
+
+  e.mutable_log()->set_rank(1);
+  e.mutable_log()->set_level("warning");
+  e.mutable_log()->set_text("slow data");
+  EXPECT_EQ(EventLine(e), "[rank 1] warning: slow data");
+  e.mutable_log()->set_level("info");
+  EXPECT_EQ(EventLine(e), std::nullopt);
+  EXPECT_EQ(LogLineText(e.log()), "[rank 1] slow data");
+
+  e.mutable_step_metrics()->set_step(3);
+  EXPECT_EQ(EventLine(e), std::nullopt);
+}
+
+TEST(JobFormat, FinalLineCarriesTheFailureReason) {
+  v1::Job job = RunningJob();
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_failure_reason("grad_norm non-finite at step 7 in layers.3.mlp");
+  EXPECT_EQ(FinalLine(job),
+            "job-0123456789ab FAILED: grad_norm non-finite at step 7 in layers.3.mlp");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.set_failure_reason("requeued once");
+  EXPECT_EQ(FinalLine(job), "job-0123456789ab SUCCEEDED");
+}
+
+TEST(ExitCodes, MapFromGrpcStatus) {
+  auto code = [](grpc::StatusCode c) { return ExitCodeFor(ToAbsl(grpc::Status(c, "m")).code()); };
+  EXPECT_EQ(ExitCodeFor(absl::StatusCode::kOk), 0);
+  EXPECT_EQ(code(grpc::StatusCode::NOT_FOUND), 1);
+  EXPECT_EQ(code(grpc::StatusCode::FAILED_PRECONDITION), 1);
+  EXPECT_EQ(code(grpc::StatusCode::INTERNAL), 1);
+  EXPECT_EQ(code(grpc::StatusCode::INVALID_ARGUMENT), 2);
+  EXPECT_EQ(code(grpc::StatusCode::UNAUTHENTICATED), 2);
+  EXPECT_EQ(code(grpc::StatusCode::UNAVAILABLE), 3);
+  EXPECT_EQ(code(grpc::StatusCode::DEADLINE_EXCEEDED), 3);
+  EXPECT_EQ(code(grpc::StatusCode::CANCELLED), 130);
+  EXPECT_EQ(ToAbsl(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lora.r: 1..4096")).message(),
+            "lora.r: 1..4096");
+}
+
+}  // namespace
+}  // namespace ballast::client
