@@ -1,5 +1,6 @@
 // attention(): argument checks, the autograd wrapper, and the one dispatch
-// point over the CPU and (later) CUDA implementations.
+// point over the CPU and CUDA implementations. Both read the mask compiled by
+// interval_mask(), so they mask identically.
 //
 // The forward keeps q, k, v, out, the (Hq, T) log-sum-exp and the mask's
 // structure (cu_seqlens and its scalars) for the backward, which recomputes
@@ -13,11 +14,11 @@
 #include <limits>
 
 #include "kernels/cpu/attention_cpu.h"
+#include "kernels/cuda/attention_cuda.h"
 
 namespace ballast::kernels {
 namespace {
 
-constexpr char kCudaUnavailable[] = "attention: CUDA kernel not available in this build";
 constexpr int64_t kMaxHeadDim = 256;
 
 void CheckInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -100,10 +101,15 @@ void CheckInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// The one place that picks a backend; a CUDA implementation plugs in here.
+// The one place that picks a backend. CUDA takes bf16 / fp16 with head dim
+// 64, 128 or 256 and throws a clear error otherwise (attention_cuda.h).
 AttentionCpuForward Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionMask& mask, double scale) {
-  TORCH_CHECK(!q.is_cuda(), kCudaUnavailable);
+  if (q.is_cuda()) {
+    AttentionCudaForward result =
+        attention_cuda_forward(q, k, v, interval_mask(mask, q.size(0)), scale);
+    return {result.out, result.lse};
+  }
   TORCH_CHECK(q.device().is_cpu(), "attention: q must be on CPU or CUDA, got ", q.device());
   return attention_cpu_forward(q, k, v, interval_mask(mask, q.size(0)), scale);
 }
@@ -111,7 +117,11 @@ AttentionCpuForward Forward(const at::Tensor& q, const at::Tensor& k, const at::
 AttentionCpuGrads Backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                            const AttentionMask& mask, double scale) {
-  TORCH_CHECK(!q.is_cuda(), kCudaUnavailable);
+  if (q.is_cuda()) {
+    AttentionCudaGrads grads =
+        attention_cuda_backward(grad_out, q, k, v, out, lse, interval_mask(mask, q.size(0)), scale);
+    return {grads.q, grads.k, grads.v};
+  }
   return attention_cpu_backward(grad_out, q, k, v, out, lse, interval_mask(mask, q.size(0)), scale);
 }
 

@@ -14,12 +14,10 @@
 #include <cmath>
 
 #include "kernels/cpu/linear_cross_entropy_cpu.h"
+#include "kernels/cuda/linear_cross_entropy_cuda.h"
 
 namespace ballast::kernels {
 namespace {
-
-constexpr const char* kCudaUnavailable =
-    "linear_cross_entropy: CUDA kernel not available in this build; move the tensors to CPU";
 
 void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                   const at::Tensor& token_weights, int64_t ignore_index, double z_loss) {
@@ -74,11 +72,13 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
   }
 }
 
-// The one place that picks a backend; a CUDA implementation plugs in here.
+// The one place that picks a backend.
 LceForward forward_on_device(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets, const at::Tensor& rows,
                              const at::Tensor& token_weights, double z_loss) {
-  TORCH_CHECK(!hidden.is_cuda(), kCudaUnavailable);
+  if (hidden.is_cuda()) {
+    return linear_cross_entropy_cuda_forward(hidden, weight, targets, rows, token_weights, z_loss);
+  }
   return linear_cross_entropy_cpu_forward(hidden, weight, targets, rows, token_weights, z_loss);
 }
 
@@ -87,7 +87,10 @@ LceGrads backward_on_device(const at::Tensor& grad_sum, const at::Tensor& hidden
                             const at::Tensor& rows, const at::Tensor& token_weights,
                             const at::Tensor& lse, double z_loss, bool need_hidden,
                             bool need_weight) {
-  TORCH_CHECK(!hidden.is_cuda(), kCudaUnavailable);
+  if (hidden.is_cuda()) {
+    return linear_cross_entropy_cuda_backward(grad_sum, hidden, weight, targets, rows,
+                                              token_weights, lse, z_loss, need_hidden, need_weight);
+  }
   return linear_cross_entropy_cpu_backward(grad_sum, hidden, weight, targets, rows, token_weights,
                                            lse, z_loss, need_hidden, need_weight);
 }

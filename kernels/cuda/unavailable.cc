@@ -2,12 +2,45 @@
 // AUTO without a toolkit): a CUDA tensor reaching a kernel gets a clear error.
 #include <c10/util/Exception.h>
 
+#include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/grad_norm_cuda.h"
+#include "kernels/cuda/linear_cross_entropy_cuda.h"
 
 namespace ballast::kernels {
 
 GradNormResult grad_norm_cuda(const std::vector<at::Tensor>&) {
   TORCH_CHECK(false, "grad_norm: this build has no CUDA kernels (configure with BALLAST_CUDA=ON)");
+}
+
+AttentionCudaForward attention_cuda_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const IntervalMask&, double) {
+  TORCH_CHECK(false,
+              "attention: CUDA kernel not available in this build (configure with "
+              "BALLAST_CUDA=ON)");
+}
+
+AttentionCudaGrads attention_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const IntervalMask&, double) {
+  TORCH_CHECK(false,
+              "attention: CUDA kernel not available in this build (configure with "
+              "BALLAST_CUDA=ON)");
+}
+
+LceForward linear_cross_entropy_cuda_forward(const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, double) {
+  TORCH_CHECK(false,
+              "linear_cross_entropy: CUDA kernel not available in this build; move the tensors "
+              "to CPU");
+}
+
+LceGrads linear_cross_entropy_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, double, bool, bool) {
+  TORCH_CHECK(false,
+              "linear_cross_entropy: CUDA kernel not available in this build; move the tensors "
+              "to CPU");
 }
 
 }  // namespace ballast::kernels
