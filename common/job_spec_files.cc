@@ -21,8 +21,8 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
   // Without exceptions, a malformed file parses to a "discarded" value.
   const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.path: ", config_path.string(), " is not valid JSON (expected a JSON object)"));
+    return absl::InvalidArgumentError(absl::StrCat("model.path: ", config_path.string(),
+                                                   " is not valid JSON (expected a JSON object)"));
   }
 
   if (!fs::is_regular_file(spec.data().path(), ec)) {
@@ -36,9 +36,8 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
     const int64_t limit = max_pos->get<int64_t>();
     if (spec.data().seq_len() > limit) {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.seq_len: ", spec.data().seq_len(),
-                       " is out of range; allowed 1..", limit,
-                       " (max_position_embeddings of ", spec.model().path(), ")"));
+          absl::StrCat("data.seq_len: ", spec.data().seq_len(), " is out of range; allowed 1..",
+                       limit, " (max_position_embeddings of ", spec.model().path(), ")"));
     }
   }
   return absl::OkStatus();

@@ -11,8 +11,8 @@
 
 namespace ballast::server {
 
-absl::Status SplitHostPort(const std::string& address, const std::string& flag,
-                           std::string* host, int* port) {
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port) {
   const size_t colon = address.rfind(':');
   int value = -1;
   if (colon == std::string::npos || colon == 0 ||

@@ -42,8 +42,8 @@ struct BallastdOptions {
 };
 
 // Splits "HOST:PORT" ("[::1]:80" for IPv6). INVALID_ARGUMENT names `flag`.
-absl::Status SplitHostPort(const std::string& address, const std::string& flag,
-                           std::string* host, int* port);
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port);
 
 class Ballastd {
  public:

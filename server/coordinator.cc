@@ -6,8 +6,8 @@
 #include <random>
 #include <set>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
@@ -29,8 +29,7 @@ constexpr size_t kWatchMailbox = 4096;
 constexpr int kReplayChunk = 1000;
 
 bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
 bool TerminalEvent(const v1::JobEvent& e) {
@@ -157,9 +156,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                     "Time of one scheduling pass over the queue.", MetricType::kHistogram,
                     {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
   if (absl::Status s = c->Load(); !s.ok()) return s;
-  metrics->AddCollector([raw = c.get()](std::vector<MetricFamily>* out) {
-    raw->CollectMetrics(out);
-  });
+  metrics->AddCollector(
+      [raw = c.get()](std::vector<MetricFamily>* out) { raw->CollectMetrics(out); });
   c->lease_thread_ = std::thread([raw = c.get()] { raw->LeaseLoop(); });
   return c;
 }
@@ -239,8 +237,8 @@ void Coordinator::Shutdown() {
 
 void Coordinator::LeaseLoop() {
   // Checking four times per lease bounds how late an expiry is noticed.
-  const absl::Duration period = absl::Milliseconds(std::clamp<int64_t>(
-      options_.lease_ms / 4, 10, 1000));
+  const absl::Duration period =
+      absl::Milliseconds(std::clamp<int64_t>(options_.lease_ms / 4, 10, 1000));
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -303,8 +301,8 @@ void Coordinator::Flush() {
     if (!deleted.ok()) {
       // The in-memory state stays authoritative for this run; a later write
       // of the same job carries the state again.
-      std::fprintf(stderr, "ballastd: store write of %s failed: %s\n",
-                   job->record.job.id().c_str(), deleted.status().ToString().c_str());
+      std::fprintf(stderr, "ballastd: store write of %s failed: %s\n", job->record.job.id().c_str(),
+                   deleted.status().ToString().c_str());
     } else if (*deleted > 0) {
       metrics_->Add("ballast_events_dropped_total", {}, static_cast<double>(*deleted));
     }
@@ -376,12 +374,11 @@ void Coordinator::FailAttempt(JobEntry* job, const std::string& reason, bool cou
   } else if (j.restarts() < j.spec().scheduling().max_restarts()) {
     j.set_restarts(j.restarts() + 1);
     Requeue(job, absl::StrCat(reason, "; restart ", j.restarts(), " of ",
-                              j.spec().scheduling().max_restarts(),
-                              " from the newest checkpoint"));
+                              j.spec().scheduling().max_restarts(), " from the newest checkpoint"));
   } else {
-    Transition(job, v1::JOB_STATE_FAILED,
-               absl::StrCat(reason, "; restarts spent (max_restarts ",
-                            j.spec().scheduling().max_restarts(), ")"));
+    j.set_failure_reason(absl::StrCat(reason, "; restarts spent (max_restarts ",
+                                      j.spec().scheduling().max_restarts(), ")"));
+    Transition(job, v1::JOB_STATE_FAILED, j.failure_reason());
   }
 }
 
@@ -474,8 +471,8 @@ void Coordinator::RunScheduler() {
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id) {
   if (request_id.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request_id: ", request_id.size(), " characters; allowed at most 128"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: ", request_id.size(), " characters; allowed at most 128"));
   }
   auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::Job* {
     if (request_id.empty()) return nullptr;
@@ -583,8 +580,7 @@ absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int6
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   v1::Job& j = job->record.job;
   if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
-                                                      StateName(j.state()),
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", StateName(j.state()),
                                                       "; only a live job can roll back"));
   }
   // Assignment.resume_at_or_before uses 0 for "the newest checkpoint", so a
@@ -754,9 +750,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     live_ranks_.erase(key);
     JobEntry* job = FindJob(std::get<0>(key));
     if (job != nullptr && job->record.attempt == std::get<1>(key)) {
-      OnRankGone(job, std::get<2>(key), kLost,
-                 absl::StrCat("rank ", std::get<2>(key), ": worker ", id,
-                              " re-registered without it"));
+      OnRankGone(
+          job, std::get<2>(key), kLost,
+          absl::StrCat("rank ", std::get<2>(key), ": worker ", id, " re-registered without it"));
     }
   }
   MakeSchedulable(&w);
@@ -982,8 +978,8 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
        [](const JobEntry& j) { return j.last_metrics.grad_norm(); }},
       {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
        [](const JobEntry& j) { return j.last_metrics.lr(); }},
-      {"ballast_job_tokens_per_second", "Tokens per second of the last step.",
-       MetricType::kGauge, [](const JobEntry& j) { return j.last_metrics.tokens_per_s(); }},
+      {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
+       [](const JobEntry& j) { return j.last_metrics.tokens_per_s(); }},
       {"ballast_job_rollbacks_total", "Guard rollbacks since ballastd started.",
        MetricType::kCounter, [](const JobEntry& j) { return static_cast<double>(j.rollbacks); }},
       {"ballast_job_skipped_steps_total", "Steps the guard skipped since ballastd started.",

@@ -66,8 +66,7 @@ class EventWatch {
  private:
   friend class Coordinator;
   EventWatch(Coordinator* coordinator, std::string job_id, int64_t after_seq,
-             int64_t replay_through, bool terminal,
-             std::shared_ptr<Mailbox<v1::JobEvent>> mailbox);
+             int64_t replay_through, bool terminal, std::shared_ptr<Mailbox<v1::JobEvent>> mailbox);
   // Reads stored events with seq in (last_seq_, through] into *out.
   absl::Status ReadStored(int64_t through, std::vector<v1::JobEvent>* out);
   void Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out);
@@ -108,8 +107,7 @@ class Coordinator {
  public:
   // Loads jobs and workers from `store`, gives every known worker a fresh
   // lease, and queues what was queued. `store` and `metrics` must outlive it.
-  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Store* store,
-                                                             MetricsRegistry* metrics,
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Store* store, MetricsRegistry* metrics,
                                                              CoordinatorOptions options);
   ~Coordinator();
 
@@ -230,8 +228,7 @@ class Coordinator {
   void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a live worker and its live ranks into the scheduler.
   void MakeSchedulable(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkDead(WorkerEntry* worker, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDead(WorkerEntry* worker, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -24,9 +24,9 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     response.status = s.ok() ? 200 : 503;
     response.set_content(s.ok() ? "ok\n" : absl::StrCat(s.message(), "\n"), "text/plain");
   });
-  const int bound = port == 0 ? server.bind_to_any_port(host) : server.bind_to_port(host, port)
-                                                                    ? port
-                                                                    : -1;
+  const int bound = port == 0                         ? server.bind_to_any_port(host)
+                    : server.bind_to_port(host, port) ? port
+                                                      : -1;
   if (bound <= 0) {
     return absl::UnavailableError(
         absl::StrCat("--http: cannot listen on ", host, ":", port, " (in use or not local)"));

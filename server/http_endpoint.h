@@ -24,9 +24,9 @@ class HttpEndpoint {
   // Binds host:port (port 0 picks a free one) and starts serving.
   // UNAVAILABLE when the address cannot be bound. `metrics` must outlive it;
   // `healthy` is called per /healthz request, from the server's threads.
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
-      const std::string& host, int port, const MetricsRegistry* metrics,
-      std::function<absl::Status()> healthy);
+  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
+                                                             const MetricsRegistry* metrics,
+                                                             std::function<absl::Status()> healthy);
   // Stops serving and joins the server thread.
   ~HttpEndpoint();
 

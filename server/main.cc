@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-dir", state_dir, "Holds the default store and job outputs")
       ->capture_default_str();
-  app.add_option("--store", options.store_url, "Job store URL (default sqlite:STATE_DIR/ballastd.db)");
+  app.add_option("--store", options.store_url,
+                 "Job store URL (default sqlite:STATE_DIR/ballastd.db)");
   app.add_option("--output-root", options.output_root,
                  "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
   app.add_option("--lease-ms", options.lease_ms, "A worker silent this long loses its ranks")

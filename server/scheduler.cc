@@ -120,7 +120,8 @@ std::vector<Decision> Scheduler::Schedule() {
     }
     Decision decision;
     decision.job_id = it->first.job_id;
-    auto fits = index.lower_bound({need, nullptr});
+    static const std::string kBeforeEveryId;
+    auto fits = index.lower_bound({need, &kBeforeEveryId});
     if (fits != index.end()) {
       const std::string* id = fits->second;
       index.erase(fits);

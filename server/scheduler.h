@@ -75,8 +75,15 @@ class Scheduler {
     std::vector<bool> busy;
     int32_t free = 0;
   };
-  // Live, unreserved workers by free count, then id.
-  using Index = std::set<std::pair<int32_t, const std::string*>>;
+  // Live, unreserved workers by free count, then id (so ties break the same
+  // way every time).
+  struct ByFreeThenId {
+    bool operator()(const std::pair<int32_t, const std::string*>& a,
+                    const std::pair<int32_t, const std::string*>& b) const {
+      return a.first != b.first ? a.first < b.first : *a.second < *b.second;
+    }
+  };
+  using Index = std::set<std::pair<int32_t, const std::string*>, ByFreeThenId>;
 
   // Takes `count` free devices of one worker for `decision`, lowest first.
   void Take(const std::string& worker_id, int32_t count, Decision* decision);

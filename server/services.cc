@@ -129,8 +129,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
 }
 
 grpc::Status JobServiceImpl::RollbackJob(grpc::ServerContext* context,
-                                         const v1::RollbackJobRequest* request,
-                                         v1::Job* response) {
+                                         const v1::RollbackJobRequest* request, v1::Job* response) {
   return gate_->Serve("RollbackJob", context, [&] {
     return Reply(coordinator_->RollbackJob(request->job_id(), request->to_step()), response);
   });

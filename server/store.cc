@@ -76,9 +76,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
   }
   const std::string path = url.substr(7);
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     sqlite3_close(db);
@@ -178,8 +177,7 @@ absl::Status Store::InsertJob(const JobRecord& record) {
   return WriteJob(record, insert_job_);
 }
 
-absl::StatusOr<int64_t> Store::UpdateJob(JobRecord* record,
-                                         const std::vector<v1::JobEvent>& events,
+absl::StatusOr<int64_t> Store::UpdateJob(JobRecord* record, const std::vector<v1::JobEvent>& events,
                                          int64_t retention) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;

@@ -70,8 +70,8 @@ class Store {
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
 
   // Up to `limit` events of `job_id` with seq > after_seq, in seq order.
-  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id,
-                                                       int64_t after_seq, int limit);
+  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t after_seq,
+                                                       int limit);
 
   // Inserts or replaces a worker.
   absl::Status PutWorker(const WorkerRecord& record);

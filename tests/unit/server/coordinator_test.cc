@@ -1,0 +1,526 @@
+#include "server/coordinator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "tests/unit/server/test_util.h"
+
+namespace ballast::server {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::ValidSpec;
+
+constexpr int64_t kLeaseMs = 1000;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+
+  CoordinatorOptions Options() {
+    CoordinatorOptions o;
+    o.output_root = (dir_.path() / "jobs").string();
+    o.lease_ms = kLeaseMs;
+    o.event_retention = retention_;
+    o.stop_grace_ms = 5;
+    o.now_ms = [this] { return now_.load(); };
+    return o;
+  }
+
+  void Open() {
+    auto store = Store::Open("sqlite:" + (dir_.path() / "ballastd.db").string());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    auto c = Coordinator::Create(store_.get(), &metrics_, Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+  }
+
+  // A coordinator restart over the same database.
+  void Reopen() {
+    feeds_.clear();
+    c_.reset();
+    store_.reset();
+    Open();
+  }
+
+  v1::Job Submit(int32_t max_restarts = 3, const std::string& request_id = "") {
+    v1::JobSpec spec = ValidSpec(dir_.path());
+    spec.mutable_scheduling()->set_max_restarts(max_restarts);
+    auto job = c_->SubmitJob(spec, request_id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  std::string Register(const std::string& host, int capacity,
+                       const std::vector<v1::RankRef>& running = {},
+                       const std::string& previous = "") {
+    v1::RegisterWorkerRequest r;
+    r.set_host(host);
+    r.set_device_kind("cpu");
+    r.set_capacity(capacity);
+    r.set_previous_worker_id(previous);
+    for (const v1::RankRef& ref : running) *r.add_running() = ref;
+    auto response = c_->RegisterWorker(r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->worker_id() : "";
+  }
+
+  // Every assignment sent to the worker so far, through its stream.
+  std::vector<v1::Assignment> Drain(const std::string& worker_id) {
+    std::vector<v1::Assignment> out;
+    for (int tries = 0; tries < 2; ++tries) {
+      auto& feed = feeds_[worker_id];
+      if (feed == nullptr) {
+        auto f = c_->StreamAssignments(worker_id);
+        if (!f.ok()) return out;
+        feed = std::move(*f);
+      }
+      if (feed->Next(&out, absl::ZeroDuration())) return out;
+      feed.reset();  // replaced or closed: open a new stream once
+    }
+    return out;
+  }
+
+  absl::Status Report(const std::string& worker_id, std::vector<v1::RankEvent> events) {
+    v1::ReportEventsRequest r;
+    r.set_worker_id(worker_id);
+    r.set_report_id(++report_ids_[worker_id]);
+    for (v1::RankEvent& e : events) *r.add_events() = std::move(e);
+    return c_->ReportEvents(r).status();
+  }
+
+  static v1::RankEvent Event(const v1::Assignment& a) {
+    v1::RankEvent e;
+    e.set_job_id(a.job_id());
+    e.set_attempt(a.attempt());
+    e.set_rank(a.rank());
+    return e;
+  }
+  static v1::RankEvent Started(const v1::Assignment& a) {
+    v1::RankEvent e = Event(a);
+    e.mutable_started()->set_pid(1234);
+    return e;
+  }
+  static v1::RankEvent Exited(const v1::Assignment& a, int code, const std::string& tail = "") {
+    v1::RankEvent e = Event(a);
+    e.mutable_exited()->set_exit_code(code);
+    e.mutable_exited()->set_stderr_tail(tail);
+    return e;
+  }
+  static v1::RankEvent Step(const v1::Assignment& a, int64_t step) {
+    v1::RankEvent e = Event(a);
+    e.mutable_step_metrics()->set_step(step);
+    e.mutable_step_metrics()->set_loss(2.5);
+    return e;
+  }
+
+  v1::Job Get(const std::string& id) { return *c_->GetJob(id); }
+
+  // The only START for `job_id` among `assignments`.
+  static v1::Assignment StartOf(const std::vector<v1::Assignment>& assignments,
+                                const std::string& job_id) {
+    for (const v1::Assignment& a : assignments) {
+      if (a.action() == v1::Assignment::ACTION_START && a.job_id() == job_id) return a;
+    }
+    ADD_FAILURE() << "no start assignment for " << job_id;
+    return v1::Assignment();
+  }
+
+  // Every event of the job, from the start of retention.
+  std::vector<v1::JobEvent> Events(const std::string& id) {
+    auto watch = c_->WatchJob(id, 0);
+    EXPECT_TRUE(watch.ok());
+    std::vector<v1::JobEvent> out;
+    (*watch)->Next(&out, absl::ZeroDuration()).IgnoreError();
+    return out;
+  }
+
+  TempDir dir_;
+  std::atomic<int64_t> now_{1'700'000'000'000};
+  int64_t retention_ = 10000;
+  MetricsRegistry metrics_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> c_;
+  std::map<std::string, std::unique_ptr<AssignmentFeed>> feeds_;
+  std::map<std::string, int64_t> report_ids_;
+};
+
+TEST_F(CoordinatorTest, SubmittedJobIsScheduledWithRendezvousAndOutputDir) {
+  const std::string w = Register("node-1", 2);
+  const v1::Job job = Submit();
+  EXPECT_THAT(job.id(), ::testing::MatchesRegex("job-[0-9a-f]{12}"));
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(job.output_dir(), (dir_.path() / "jobs" / job.id()).string());
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  EXPECT_EQ(a.attempt(), 1);
+  EXPECT_EQ(a.rank(), 0);
+  EXPECT_EQ(a.world_size(), 1);
+  EXPECT_EQ(a.master_addr(), "node-1");
+  EXPECT_GE(a.master_port(), 29500);
+  EXPECT_EQ(a.spec().lora().r(), 8) << "defaults are applied before the spec goes out";
+  EXPECT_EQ(a.output_dir(), job.output_dir());
+}
+
+TEST_F(CoordinatorTest, SameRequestIdReturnsTheFirstJob) {
+  const v1::Job first = Submit(3, "req-1");
+  const v1::Job again = Submit(3, "req-1");
+  const v1::Job other = Submit(3, "req-2");
+  EXPECT_EQ(first.id(), again.id());
+  EXPECT_NE(first.id(), other.id());
+  auto list = c_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 2);
+}
+
+TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheField) {
+  v1::JobSpec spec = ValidSpec(dir_.path());
+  spec.mutable_lora()->set_r(0);
+  auto bad_r = c_->SubmitJob(spec, "");
+  EXPECT_EQ(bad_r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_r.status().message(), HasSubstr("lora.r"));
+
+  spec = ValidSpec(dir_.path());
+  spec.mutable_data()->set_seq_len(4096);
+  auto long_seq = c_->SubmitJob(spec, "");
+  EXPECT_EQ(long_seq.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_seq.status().message(), HasSubstr("data.seq_len"));
+  EXPECT_THAT(long_seq.status().message(), HasSubstr("1..2048"));
+
+  spec = ValidSpec(dir_.path());
+  spec.mutable_data()->set_path((dir_.path() / "missing.jsonl").string());
+  auto missing = c_->SubmitJob(spec, "");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("data.path"));
+  EXPECT_EQ(c_->ListJobs(v1::ListJobsRequest())->jobs_size(), 0);
+}
+
+TEST_F(CoordinatorTest, UnknownJobIsNotFound) {
+  EXPECT_EQ(c_->GetJob("job-000000000000").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->CancelJob("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->RollbackJob("nope", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->WatchJob("nope", 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, FirstRankEventRunsAndExitZeroSucceeds) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a)}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Report(w, {Step(a, 7), Exited(a, 0)}).ok());
+  const v1::Job done = Get(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.step(), 7);
+  EXPECT_EQ(done.placement_size(), 0);
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  ASSERT_FALSE(events.empty());
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq(), int64_t(i + 1));
+  EXPECT_EQ(events.back().state_change().to(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, ExitCodeTwoFailsAtOnceWithoutRestart) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit(3);
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Exited(a, 2, "loading\nbad data: row 3\n")}).ok());
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.restarts(), 0);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("exited with code 2: bad data: row 3"));
+}
+
+TEST_F(CoordinatorTest, FailuresRequeueUntilRestartsAreSpent) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit(/*max_restarts=*/1);
+  const v1::Assignment first = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(first), Exited(first, 1)}).ok());
+  // Requeued and, the device being free, scheduled again as attempt 2.
+  v1::Job j = Get(job.id());
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+  const v1::Assignment second = StartOf(Drain(w), job.id());
+  EXPECT_EQ(second.attempt(), 2);
+  ASSERT_TRUE(Report(w, {Started(second), Exited(second, 137)}).ok());
+  j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(j.failure_reason(), HasSubstr("restarts spent"));
+}
+
+TEST_F(CoordinatorTest, EventsOfAnOlderAttemptAreDropped) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment first = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(first), Exited(first, 1)}).ok());
+  const v1::Assignment second = StartOf(Drain(w), job.id());
+  ASSERT_EQ(second.attempt(), 2);
+  const int64_t seq = Get(job.id()).last_seq();
+  ASSERT_TRUE(Report(w, {Step(first, 50)}).ok());
+  EXPECT_EQ(Get(job.id()).last_seq(), seq);
+  EXPECT_EQ(Get(job.id()).step(), 0);
+}
+
+TEST_F(CoordinatorTest, RepeatedReportIdIsAckedButAppliedOnce) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  v1::ReportEventsRequest r;
+  r.set_worker_id(w);
+  r.set_report_id(5);
+  *r.add_events() = Step(a, 1);
+  ASSERT_TRUE(c_->ReportEvents(r).ok());
+  const int64_t seq = Get(job.id()).last_seq();
+  auto again = c_->ReportEvents(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->acked_report_id(), 5);
+  EXPECT_EQ(Get(job.id()).last_seq(), seq);
+}
+
+TEST_F(CoordinatorTest, LeaseExpiryRequeuesAndAReturningWorkerStopsItsStaleRank) {
+  const std::string w1 = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w1), job.id());
+  ASSERT_TRUE(Report(w1, {Started(a), Step(a, 3)}).ok());
+  now_ += kLeaseMs + 1;
+  c_->ExpireLeases();
+  v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_THAT(j.failure_reason(), HasSubstr("lost its lease"));
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w1);
+  EXPECT_EQ(c_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
+
+  // It comes back still running attempt 1: that rank is stopped, and the job
+  // starts again as attempt 2 on the free device.
+  v1::RankRef ref;
+  ref.set_job_id(job.id());
+  ref.set_attempt(1);
+  ref.set_rank(0);
+  Register("node-1", 2, {ref}, w1);
+  const std::vector<v1::Assignment> sent = Drain(w1);
+  bool stopped_old = false;
+  for (const v1::Assignment& s : sent) {
+    stopped_old |= s.action() == v1::Assignment::ACTION_STOP && s.attempt() == 1;
+  }
+  EXPECT_TRUE(stopped_old);
+  EXPECT_EQ(StartOf(sent, job.id()).attempt(), 2);
+}
+
+TEST_F(CoordinatorTest, RestartLosesNoJobAndReadoptsRunningRanks) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job running = Submit();
+  const v1::Job queued = Submit();  // no device left for it
+  const v1::Assignment a = StartOf(Drain(w), running.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 4)}).ok());
+
+  Reopen();
+  EXPECT_EQ(Get(queued.id()).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Get(running.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(running.id()).step(), 4);
+  v1::RankRef ref;
+  ref.set_job_id(running.id());
+  ref.set_attempt(1);
+  ref.set_rank(0);
+  Register("node-1", 1, {ref}, w);
+  // Within the new lease nothing is requeued; the rank keeps reporting.
+  now_ += kLeaseMs / 2;
+  c_->ExpireLeases();
+  ASSERT_TRUE(Report(w, {Step(a, 5)}).ok());
+  EXPECT_EQ(Get(running.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(running.id()).step(), 5);
+  EXPECT_EQ(Get(running.id()).restarts(), 0);
+  ASSERT_TRUE(Report(w, {Exited(a, 0)}).ok());
+  EXPECT_EQ(Get(running.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  // The freed device goes to the queued job.
+  EXPECT_EQ(Get(queued.id()).state(), v1::JOB_STATE_SCHEDULED);
+}
+
+TEST_F(CoordinatorTest, WorkerThatDoesNotReturnAfterRestartLosesItsJobsAfterOneLease) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a)}).ok());
+  Reopen();
+  now_ += kLeaseMs + 1;
+  c_->ExpireLeases();
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(CoordinatorTest, CancelQueuedIsImmediate) {
+  const v1::Job job = Submit();
+  auto cancelled = c_->CancelJob(job.id());
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  // Terminal: returned unchanged.
+  EXPECT_EQ(c_->CancelJob(job.id())->last_seq(), cancelled->last_seq());
+  Register("node-1", 1);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorTest, CancelRunningStopsRanksThenCancels) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a)}).ok());
+  EXPECT_EQ(c_->CancelJob(job.id())->state(), v1::JOB_STATE_CANCELLING);
+  const std::vector<v1::Assignment> sent = Drain(w);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].action(), v1::Assignment::ACTION_STOP);
+  EXPECT_EQ(sent[0].grace_ms(), 5);
+  ASSERT_TRUE(Report(w, {Exited(a, 143)}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorTest, CancelCompletesWhenTheWorkerIsLost) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a)}).ok());
+  ASSERT_TRUE(c_->CancelJob(job.id()).ok());
+  now_ += kLeaseMs + 1;
+  c_->ExpireLeases();
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorTest, RollbackStopsRanksAndRequeuesToResumeWithoutCountingARestart) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit(/*max_restarts=*/0);
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 40)}).ok());
+  EXPECT_EQ(c_->RollbackJob(job.id(), 41).status().code(), absl::StatusCode::kInvalidArgument);
+  auto rolling = c_->RollbackJob(job.id(), 20);
+  ASSERT_TRUE(rolling.ok()) << rolling.status();
+  EXPECT_EQ(rolling->state(), v1::JOB_STATE_ROLLING_BACK);
+  EXPECT_EQ(Drain(w).at(0).action(), v1::Assignment::ACTION_STOP);
+  ASSERT_TRUE(Report(w, {Exited(a, 143)}).ok());
+  const v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(j.restarts(), 0);
+  const v1::Assignment next = StartOf(Drain(w), job.id());
+  EXPECT_EQ(next.attempt(), 2);
+  EXPECT_EQ(next.resume_at_or_before(), 20);
+}
+
+TEST_F(CoordinatorTest, RollbackOfATerminalJobIsFailedPrecondition) {
+  const v1::Job job = Submit();
+  ASSERT_TRUE(c_->CancelJob(job.id()).ok());
+  EXPECT_EQ(c_->RollbackJob(job.id(), 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, ListJobsFiltersByStateAndPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(Submit().id());
+  ASSERT_TRUE(c_->CancelJob(ids[1]).ok());
+  v1::ListJobsRequest r;
+  r.set_page_size(2);
+  r.add_states(v1::JOB_STATE_QUEUED);
+  std::vector<std::string> seen;
+  do {
+    auto page = c_->ListJobs(r);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& j : page->jobs()) seen.push_back(j.id());
+    r.set_page_token(page->next_page_token());
+  } while (!r.page_token().empty());
+  EXPECT_EQ(seen, (std::vector<std::string>{ids[4], ids[3], ids[2], ids[0]}));
+  r.set_page_token("garbage");
+  EXPECT_EQ(c_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_page_token("");
+  r.set_page_size(1001);
+  EXPECT_EQ(c_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, WatchReplaysAfterSeqThenStreamsLiveEventsUntilTerminal) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 1)}).ok());
+  const int64_t seen = Get(job.id()).last_seq();
+  auto watch = c_->WatchJob(job.id(), seen - 1);
+  ASSERT_TRUE(watch.ok());
+  std::vector<v1::JobEvent> got;
+  ASSERT_TRUE(*(*watch)->Next(&got, absl::ZeroDuration()));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].seq(), seen);
+  EXPECT_EQ(got[0].step_metrics().step(), 1);
+  ASSERT_TRUE(Report(w, {Step(a, 2), Exited(a, 0)}).ok());
+  got.clear();
+  absl::StatusOr<bool> more = (*watch)->Next(&got, absl::Seconds(5));
+  ASSERT_TRUE(more.ok());
+  EXPECT_FALSE(*more) << "the stream ends with the terminal state change";
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].seq(), seen + 1);
+  EXPECT_EQ(got[1].state_change().to(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, SlowWatcherMissesNothingStillRetained) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  auto watch = c_->WatchJob(job.id(), 0);
+  ASSERT_TRUE(watch.ok());
+  // Far more than a watcher's mailbox holds, while it does not read, and
+  // fewer than retention keeps.
+  for (int batch = 0; batch < 5; ++batch) {
+    std::vector<v1::RankEvent> events;
+    for (int i = 1; i <= 1000; ++i) events.push_back(Step(a, batch * 1000 + i));
+    ASSERT_TRUE(Report(w, std::move(events)).ok());
+  }
+  const int64_t last = Get(job.id()).last_seq();
+  std::vector<v1::JobEvent> got;
+  for (int i = 0; i < 100 && (got.empty() || got.back().seq() < last); ++i) {
+    ASSERT_TRUE((*watch)->Next(&got, absl::Milliseconds(10)).ok());
+  }
+  ASSERT_EQ(static_cast<int64_t>(got.size()), last);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].seq(), int64_t(i + 1));
+}
+
+TEST_F(CoordinatorTest, RetentionDeletesOldEventsAndCountsThem) {
+  retention_ = 5;
+  Reopen();
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  std::vector<v1::RankEvent> steps;
+  for (int i = 1; i <= 20; ++i) steps.push_back(Step(a, i));
+  ASSERT_TRUE(Report(w, std::move(steps)).ok());
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  ASSERT_EQ(events.size(), 5u);
+  EXPECT_EQ(events.back().seq(), Get(job.id()).last_seq());
+  const int64_t dropped = Get(job.id()).last_seq() - 5;
+  EXPECT_THAT(metrics_.Encode(),
+              HasSubstr("ballast_events_dropped_total " + std::to_string(dropped) + "\n"));
+}
+
+TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 9)}).ok());
+  const std::string text = metrics_.Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"running\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"queued\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"failed\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job=\"" + job.id() + "\"} 9\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job=\"" + job.id() + "\"} 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_worker_devices{state=\"busy\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
+}
+
+TEST_F(CoordinatorTest, BadWorkerRegistrationIsInvalidArgument) {
+  v1::RegisterWorkerRequest r;
+  r.set_host("node");
+  r.set_device_kind("tpu");
+  r.set_capacity(1);
+  EXPECT_EQ(c_->RegisterWorker(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_device_kind("cuda");
+  r.set_capacity(0);
+  EXPECT_EQ(c_->RegisterWorker(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ballast::server

@@ -1,0 +1,167 @@
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace ballast::server {
+namespace {
+
+// Worker id of every rank, in rank order.
+std::vector<std::string> Workers(const Decision& d) {
+  std::vector<std::string> out;
+  for (const v1::RankPlacement& p : d.ranks) out.push_back(p.worker_id());
+  return out;
+}
+
+std::vector<std::string> Started(const std::vector<Decision>& decisions) {
+  std::vector<std::string> out;
+  for (const Decision& d : decisions) out.push_back(d.job_id);
+  return out;
+}
+
+TEST(Scheduler, GangGoesToOneWorkerWithTheFewestFreeThatSuffice) {
+  Scheduler s;
+  s.AddWorker("big", 8);
+  s.AddWorker("small", 4);
+  s.Enqueue("job", 0, 1, 3);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"small", "small", "small"}));
+  EXPECT_EQ(d[0].ranks[2].rank(), 2);
+  EXPECT_EQ(d[0].ranks[2].device(), 2);
+  EXPECT_EQ(s.free_devices(), 9);
+}
+
+TEST(Scheduler, GangSpreadsOverFewestWorkersWithMostFree) {
+  Scheduler s;
+  s.AddWorker("a", 2);
+  s.AddWorker("b", 3);
+  s.AddWorker("c", 1);
+  s.Enqueue("job", 0, 1, 4);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  // b (3 free) then a (2 free): two workers, c untouched.
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"b", "b", "b", "a"}));
+  EXPECT_EQ(s.free_devices(), 2);
+}
+
+TEST(Scheduler, GangWaitsUntilEveryDeviceIsFree) {
+  Scheduler s;
+  s.AddWorker("a", 4);
+  ASSERT_TRUE(s.Occupy("a", 0));
+  ASSERT_TRUE(s.Occupy("a", 1));
+  s.Enqueue("job", 0, 1, 4);
+  EXPECT_TRUE(s.Schedule().empty());
+  EXPECT_EQ(s.queued(), 1u);
+  s.Release("a", 0);
+  EXPECT_TRUE(s.Schedule().empty());
+  s.Release("a", 1);
+  EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"job"}));
+  EXPECT_EQ(s.queued(), 0u);
+}
+
+TEST(Scheduler, HigherPriorityFirstThenSubmissionOrder) {
+  Scheduler s;
+  s.Enqueue("low-first", -5, 1, 1);
+  s.Enqueue("normal-second", 0, 2, 1);
+  s.Enqueue("high-last", 10, 4, 1);
+  s.Enqueue("normal-first", 0, 0, 1);
+  s.AddWorker("a", 3);
+  EXPECT_EQ(Started(s.Schedule()),
+            (std::vector<std::string>{"high-last", "normal-first", "normal-second"}));
+  EXPECT_EQ(s.queued(), 1u);
+}
+
+TEST(Scheduler, BackfillUsesOnlyDevicesOutsideTheHeadReservation) {
+  Scheduler s;
+  s.AddWorker("a", 4);
+  s.AddWorker("b", 2);
+  ASSERT_TRUE(s.Occupy("a", 0));
+  ASSERT_TRUE(s.Occupy("a", 1));
+  ASSERT_TRUE(s.Occupy("b", 0));  // free: a 2, b 1; 3 < 4
+  s.Enqueue("head", 0, 1, 4);     // will take all of a
+  s.Enqueue("small-1", 0, 2, 1);
+  s.Enqueue("small-2", 0, 3, 1);
+  const std::vector<Decision> d = s.Schedule();
+  // a is reserved for the head: only b's free device is used.
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].job_id, "small-1");
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"b"}));
+  s.Release("a", 0);
+  EXPECT_TRUE(s.Schedule().empty()) << "small-2 must not take a's freed device";
+  s.Release("a", 1);
+  const std::vector<Decision> next = s.Schedule();
+  ASSERT_EQ(Started(next), (std::vector<std::string>{"head"}));
+  EXPECT_EQ(Workers(next[0]), (std::vector<std::string>{"a", "a", "a", "a"}));
+}
+
+TEST(Scheduler, LargeHeadJobDoesNotStarveUnderAStreamOfSmallJobs) {
+  Scheduler s;
+  std::vector<std::pair<std::string, int>> running;
+  for (const char* w : {"a", "b", "c"}) {
+    s.AddWorker(w, 4);
+    for (int dev = 0; dev < 3; ++dev) {
+      ASSERT_TRUE(s.Occupy(w, dev));
+      running.emplace_back(w, dev);
+    }
+  }
+  // One device free on each worker: 3 < 4, so the head waits, reserves c, and
+  // two small jobs backfill a and b.
+  s.Enqueue("head", 0, 0, 4);
+  int64_t order = 1;
+  for (; order <= 3; ++order) s.Enqueue("small-" + std::to_string(order), 0, order, 1);
+  EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"small-1", "small-2"}));
+  int head_round = -1;
+  for (int round = 0; round < 6 && head_round < 0; ++round) {
+    // Small jobs keep arriving faster than devices free up.
+    for (int i = 0; i < 3; ++i, ++order) s.Enqueue("small-" + std::to_string(order), 0, order, 1);
+    s.Release(running.back().first, running.back().second);
+    running.pop_back();
+    for (const Decision& d : s.Schedule()) {
+      if (d.job_id == "head") {
+        head_round = round;
+        EXPECT_EQ(Workers(d), (std::vector<std::string>{"c", "c", "c", "c"}));
+        continue;
+      }
+      // Small jobs never take the reserved worker's devices.
+      EXPECT_NE(d.ranks[0].worker_id(), "c") << d.job_id;
+    }
+  }
+  // c's three busy devices free in rounds 0, 1 and 2.
+  EXPECT_EQ(head_round, 2);
+}
+
+TEST(Scheduler, JobLargerThanTheClusterReservesNothing) {
+  Scheduler s;
+  s.AddWorker("a", 2);
+  s.Enqueue("huge", 0, 1, 16);
+  s.Enqueue("small", 0, 2, 1);
+  EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"small"}));
+  EXPECT_EQ(s.queued(), 1u);
+}
+
+TEST(Scheduler, DeadWorkerOffersNothingAndOccupyFails) {
+  Scheduler s;
+  s.AddWorker("a", 2);
+  s.RemoveWorker("a");
+  EXPECT_FALSE(s.Occupy("a", 0));
+  s.Enqueue("job", 0, 1, 1);
+  EXPECT_TRUE(s.Schedule().empty());
+  EXPECT_EQ(s.free_devices(), 0);
+  s.AddWorker("a", 2);
+  EXPECT_FALSE(s.Occupy("a", 2));  // out of range
+  EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"job"}));
+}
+
+TEST(Scheduler, DequeueRemovesAQueuedJob) {
+  Scheduler s;
+  s.Enqueue("job", 0, 1, 1);
+  EXPECT_TRUE(s.Dequeue("job"));
+  EXPECT_FALSE(s.Dequeue("job"));
+  s.AddWorker("a", 1);
+  EXPECT_TRUE(s.Schedule().empty());
+}
+
+}  // namespace
+}  // namespace ballast::server

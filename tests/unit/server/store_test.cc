@@ -1,0 +1,131 @@
+#include "server/store.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/server/test_util.h"
+
+namespace ballast::server {
+namespace {
+
+using testing::TempDir;
+
+JobRecord MakeJob(const std::string& id, int64_t order, const std::string& request_id = "") {
+  JobRecord r;
+  r.order = order;
+  r.job.set_id(id);
+  r.job.set_request_id(request_id);
+  r.job.set_state(v1::JOB_STATE_QUEUED);
+  r.job.mutable_spec()->set_name(id + "-name");
+  return r;
+}
+
+v1::JobEvent MakeEvent(const std::string& job_id, int64_t seq) {
+  v1::JobEvent e;
+  e.set_job_id(job_id);
+  e.set_seq(seq);
+  e.mutable_log()->set_text("event " + std::to_string(seq));
+  return e;
+}
+
+TEST(Store, JobsWorkersAndEventsSurviveReopen) {
+  TempDir dir;
+  const std::string url = "sqlite:" + (dir.path() / "b.db").string();
+  {
+    auto store = Store::Open(url);
+    ASSERT_TRUE(store.ok()) << store.status();
+    JobRecord a = MakeJob("job-a", 1);
+    ASSERT_TRUE((*store)->InsertJob(a).ok());
+    ASSERT_TRUE((*store)->InsertJob(MakeJob("job-b", 2)).ok());
+    a.attempt = 3;
+    a.resume_at_or_before = 7;
+    a.job.set_state(v1::JOB_STATE_RUNNING);
+    a.job.set_last_seq(2);
+    ASSERT_TRUE((*store)->UpdateJob(&a, {MakeEvent("job-a", 1), MakeEvent("job-a", 2)}, 100).ok());
+    WorkerRecord w;
+    w.worker.set_id("worker-1");
+    w.worker.set_capacity(4);
+    w.last_report_id = 42;
+    ASSERT_TRUE((*store)->PutWorker(w).ok());
+  }
+  auto store = Store::Open(url);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job.id(), "job-a");
+  EXPECT_EQ((*jobs)[0].job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ((*jobs)[0].attempt, 3);
+  EXPECT_EQ((*jobs)[0].resume_at_or_before, 7);
+  EXPECT_EQ((*jobs)[1].job.spec().name(), "job-b-name");
+  EXPECT_EQ((*jobs)[1].order, 2);
+  auto events = (*store)->ReadEvents("job-a", 0, 10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].log().text(), "event 2");
+  auto workers = (*store)->LoadWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].last_report_id, 42);
+  EXPECT_EQ((*workers)[0].worker.capacity(), 4);
+}
+
+TEST(Store, SecondJobWithSameRequestIdIsAlreadyExists) {
+  TempDir dir;
+  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->InsertJob(MakeJob("job-a", 1, "req-1")).ok());
+  EXPECT_EQ((*store)->InsertJob(MakeJob("job-b", 2, "req-1")).code(),
+            absl::StatusCode::kAlreadyExists);
+  // Jobs without a request id never collide with each other.
+  EXPECT_TRUE((*store)->InsertJob(MakeJob("job-c", 3)).ok());
+  EXPECT_TRUE((*store)->InsertJob(MakeJob("job-d", 4)).ok());
+}
+
+TEST(Store, KeepsNewestEventsPerJobAndCountsTheDeleted) {
+  TempDir dir;
+  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+  ASSERT_TRUE(store.ok());
+  JobRecord job = MakeJob("job-a", 1);
+  ASSERT_TRUE((*store)->InsertJob(job).ok());
+  for (int64_t seq = 1; seq <= 25; ++seq) {
+    job.job.set_last_seq(seq);
+    ASSERT_TRUE((*store)->UpdateJob(&job, {MakeEvent("job-a", seq)}, 10).ok());
+  }
+  EXPECT_EQ(job.events_deleted, 15);
+  auto events = (*store)->ReadEvents("job-a", 0, 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 10u);
+  EXPECT_EQ(events->front().seq(), 16);
+  EXPECT_EQ(events->back().seq(), 25);
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ((*jobs)[0].events_deleted, 15);
+}
+
+TEST(Store, ReadEventsPagesAfterSeq) {
+  TempDir dir;
+  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+  ASSERT_TRUE(store.ok());
+  JobRecord job = MakeJob("job-a", 1);
+  ASSERT_TRUE((*store)->InsertJob(job).ok());
+  job.job.set_last_seq(5);
+  std::vector<v1::JobEvent> events;
+  for (int64_t seq = 1; seq <= 5; ++seq) events.push_back(MakeEvent("job-a", seq));
+  ASSERT_TRUE((*store)->UpdateJob(&job, events, 100).ok());
+  auto page = (*store)->ReadEvents("job-a", 2, 2);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[0].seq(), 3);
+  EXPECT_EQ((*page)[1].seq(), 4);
+}
+
+TEST(Store, OnlySqliteUrlsAreAccepted) {
+  EXPECT_EQ(Store::Open("postgres://db/ballast").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Store::Open("sqlite:").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Store::Open("sqlite:/no/such/folder/b.db").status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace ballast::server
