@@ -165,7 +165,7 @@ int Watch(Session& session, const std::string& job_id) {
   if (!job.ok()) return Fail(session, job.status());
 
   const bool json = session.format == OutputFormat::kJson;
-  WatchView view(session.io.out, session.io.err, session.io.tty);
+  WatchView view(session.io.out, session.io.err, session.io.tty, session.io.columns);
   std::string last_reason;
   FollowOptions options{.job_id = job_id, .reconnect_window = session.tuning.reconnect_window};
   absl::StatusOr<v1::JobState> end = FollowEvents(

@@ -21,6 +21,8 @@ struct Io {
   std::ostream* err;
   // out is a terminal: `watch` draws a live progress line.
   bool tty = false;
+  // Width of that terminal; 0 when unknown. The live line is cut to fit.
+  int columns = 0;
 };
 
 // Retry and reconnect knobs; the defaults are the CLI's, tests shorten them.

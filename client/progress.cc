@@ -57,6 +57,18 @@ std::string Sparkline(std::span<const double> values) {
   return out;
 }
 
+std::string FitColumns(const std::string& line, int columns) {
+  if (columns <= 0) return line;
+  int seen = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    // A code point starts at every byte that is not a continuation (10xxxxxx).
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80 && seen++ == columns) {
+      return line.substr(0, i);
+    }
+  }
+  return line;
+}
+
 std::string ProgressLine(const v1::StepMetrics& m, double mean_step_time_s,
                          const std::string& sparkline) {
   const std::string loss = m.supervised_tokens() == 0 ? "-" : absl::StrFormat("%.4f", m.loss());

@@ -27,6 +27,10 @@ std::string FormatThousands(double value);
 // equal they are all ▄.
 std::string Sparkline(std::span<const double> values);
 
+// The first `columns` characters (UTF-8 code points) of `line`; all of it
+// when columns <= 0. Keeps a redrawn line from wrapping, which \r cannot undo.
+std::string FitColumns(const std::string& line, int columns);
+
 // "step 12/200 loss 2.3412 grad_norm 0.812 lr 1.0e-04 tok/s 1,950 ETA 1m32s",
 // then " skipped" when the guard kept the step from the weights, then a space
 // and `sparkline` when it is not empty. The loss is "-" for a step with no

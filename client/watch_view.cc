@@ -16,8 +16,8 @@ constexpr char kClearLine[] = "\r\033[K";
 
 }  // namespace
 
-WatchView::WatchView(std::ostream* out, std::ostream* err, bool tty)
-    : out_(out), err_(err), tty_(tty) {}
+WatchView::WatchView(std::ostream* out, std::ostream* err, bool tty, int columns)
+    : out_(out), err_(err), tty_(tty), columns_(columns) {}
 
 void WatchView::OnEvent(const v1::JobEvent& event) {
   if (event.has_step_metrics()) {
@@ -33,7 +33,8 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
       return;
     }
     const std::vector<double> history(grad_norms_.begin(), grad_norms_.end());
-    live_ = ProgressLine(m, mean_step_time, Sparkline(history));
+    // One column short of the width: a line that fills it wraps on some terminals.
+    live_ = FitColumns(ProgressLine(m, mean_step_time, Sparkline(history)), columns_ - 1);
     DrawLive();
     return;
   }

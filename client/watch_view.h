@@ -18,8 +18,9 @@ class WatchView {
   // Steps kept for the sparkline and the mean step time behind the ETA.
   static constexpr size_t kHistory = 20;
 
-  // `out` and `err` must outlive the view; `tty` selects the live line.
-  WatchView(std::ostream* out, std::ostream* err, bool tty);
+  // `out` and `err` must outlive the view; `tty` selects the live line, cut
+  // to `columns` characters when that is > 0.
+  WatchView(std::ostream* out, std::ostream* err, bool tty, int columns = 0);
 
   // Updates the progress line for step metrics; prints EventLine() for the rest.
   void OnEvent(const v1::JobEvent& event);
@@ -36,6 +37,7 @@ class WatchView {
   std::ostream* out_;
   std::ostream* err_;
   bool tty_;
+  int columns_;
   std::deque<double> grad_norms_;
   std::deque<double> step_times_;
   // The progress line on screen; empty when none is.

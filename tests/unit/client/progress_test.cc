@@ -71,6 +71,13 @@ v1::StepMetrics Step12() {
   return m;
 }
 
+TEST(Progress, FitColumnsCountsCodePointsNotBytes) {
+  EXPECT_EQ(FitColumns("step 1 ▁▂▃", 8), "step 1 ▁");
+  EXPECT_EQ(FitColumns("step 1 ▁▂▃", 10), "step 1 ▁▂▃");
+  EXPECT_EQ(FitColumns("step 1 ▁▂▃", 0), "step 1 ▁▂▃");
+  EXPECT_EQ(FitColumns("abc", 2), "ab");
+}
+
 TEST(Progress, ProgressLineHasEveryFieldInOrder) {
   EXPECT_EQ(ProgressLine(Step12(), 0.49, "▁▂▃"),
             "step 12/200 loss 2.3412 grad_norm 0.812 lr 1.0e-04 tok/s 1,950 ETA 1m32s ▁▂▃");

@@ -62,6 +62,13 @@ TEST(WatchView, OnATerminalRedrawsOneLineAndPrintsEventsAboveIt) {
   EXPECT_EQ(err.str(), "ballast: lost the event stream\n");
 }
 
+TEST(WatchView, TheLiveLineFitsTheTerminalWidth) {
+  std::ostringstream out, err;
+  WatchView view(&out, &err, /*tty=*/true, /*columns=*/11);
+  view.OnEvent(Step(1, 1.0));
+  EXPECT_EQ(out.str(), "\r\033[Kstep 1/10 ");
+}
+
 TEST(WatchView, SparklineKeepsTheLastTwentySteps) {
   std::ostringstream out, err;
   WatchView view(&out, &err, /*tty=*/true);
