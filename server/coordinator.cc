@@ -306,9 +306,7 @@ void Coordinator::Flush() {
     } else if (*deleted > 0) {
       metrics_->Add("ballast_events_dropped_total", {}, static_cast<double>(*deleted));
     }
-    for (const v1::JobEvent& e : events) {
-      for (auto& m : job->watchers) m->Push(e);
-    }
+    for (auto& m : job->watchers) m->Push(events);
   }
   dirty_.clear();
 }

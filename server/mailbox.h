@@ -29,18 +29,22 @@ class Mailbox {
 
   explicit Mailbox(size_t capacity = std::numeric_limits<size_t>::max()) : capacity_(capacity) {}
 
-  // Appends an item, or drops it and flags an overflow when full.
-  void Push(T item) {
+  // Appends items in order; what does not fit is dropped and flags an
+  // overflow. One wake-up per call, however many items.
+  void Push(const std::vector<T>& items) {
     absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    if (items_.size() >= capacity_) {
-      overflow_ = true;
-      items_.clear();
-    } else {
-      items_.push_back(std::move(item));
+    if (closed_ || items.empty()) return;
+    for (const T& item : items) {
+      if (items_.size() >= capacity_) {
+        overflow_ = true;
+        items_.clear();
+      } else {
+        items_.push_back(item);
+      }
     }
     cv_.Signal();
   }
+  void Push(T item) { Push(std::vector<T>{std::move(item)}); }
 
   // Puts an item back in front, for one whose delivery failed.
   void PushFront(T item) {

@@ -63,8 +63,9 @@ int64_t Scheduler::free_devices() const {
   return free;
 }
 
-void Scheduler::Take(const std::string& worker_id, int32_t count, Decision* decision) {
-  Worker& w = workers_.at(worker_id);
+void Scheduler::Take(const std::string& worker_id, Worker* worker, int32_t count,
+                     Decision* decision) {
+  Worker& w = *worker;
   for (int32_t d = 0; d < static_cast<int32_t>(w.busy.size()) && count > 0; ++d) {
     if (w.busy[d]) continue;
     w.busy[d] = true;
@@ -78,12 +79,18 @@ void Scheduler::Take(const std::string& worker_id, int32_t count, Decision* deci
 }
 
 std::vector<Decision> Scheduler::Schedule() {
+  std::vector<std::pair<const std::string*, Worker*>> by_position;
+  by_position.reserve(workers_.size());
   Index index;
   int64_t usable_free = 0;
-  for (const auto& [id, w] : workers_) {
-    index.emplace(w.free, &id);
+  for (auto& [id, w] : workers_) {
+    index.emplace_hint(index.end(), w.free, static_cast<int32_t>(by_position.size()));
+    by_position.emplace_back(&id, &w);
     usable_free += w.free;
   }
+  auto capacity = [&](int32_t position) {
+    return static_cast<int32_t>(by_position[position].second->busy.size());
+  };
   bool reserved = false;
   std::vector<Decision> decisions;
   for (auto it = queue_.begin(); it != queue_.end() && usable_free > 0;) {
@@ -97,18 +104,18 @@ std::vector<Decision> Scheduler::Schedule() {
         // every live worker together, which would otherwise block everything.
         std::vector<Index::iterator> pick;
         for (auto w = index.rbegin(); w != index.rend(); ++w) {
-          if (static_cast<int32_t>(workers_.at(*w->second).busy.size()) >= need) {
+          if (capacity(w->second) >= need) {
             pick.push_back(std::next(w).base());
             break;
           }
         }
         if (pick.empty()) {
-          int64_t capacity = 0;
-          for (auto w = index.rbegin(); w != index.rend() && capacity < need; ++w) {
+          int64_t total = 0;
+          for (auto w = index.rbegin(); w != index.rend() && total < need; ++w) {
             pick.push_back(std::next(w).base());
-            capacity += static_cast<int64_t>(workers_.at(*w->second).busy.size());
+            total += capacity(w->second);
           }
-          if (capacity < need) pick.clear();
+          if (total < need) pick.clear();
         }
         for (const Index::iterator& w : pick) {
           usable_free -= w->first;
@@ -120,22 +127,23 @@ std::vector<Decision> Scheduler::Schedule() {
     }
     Decision decision;
     decision.job_id = it->first.job_id;
-    static const std::string kBeforeEveryId;
-    auto fits = index.lower_bound({need, &kBeforeEveryId});
+    auto take = [&](Index::iterator entry, int32_t count) {
+      const int32_t position = entry->second;
+      index.erase(entry);
+      auto [id, worker] = by_position[position];
+      Take(*id, worker, count, &decision);
+      index.emplace(worker->free, position);
+    };
+    // Position -1 sorts before every worker with the same free count.
+    auto fits = index.lower_bound({need, -1});
     if (fits != index.end()) {
-      const std::string* id = fits->second;
-      index.erase(fits);
-      Take(*id, need, &decision);
-      index.emplace(workers_.at(*id).free, id);
+      take(fits, need);
     } else {
-      int32_t left = need;
-      while (left > 0) {
+      for (int32_t left = need; left > 0;) {
         auto largest = std::prev(index.end());
-        const auto [free, id] = *largest;
-        index.erase(largest);
-        Take(*id, std::min(left, free), &decision);
-        left -= std::min(left, free);
-        index.emplace(workers_.at(*id).free, id);
+        const int32_t count = std::min(left, largest->first);
+        take(largest, count);
+        left -= count;
       }
     }
     usable_free -= need;

@@ -75,18 +75,12 @@ class Scheduler {
     std::vector<bool> busy;
     int32_t free = 0;
   };
-  // Live, unreserved workers by free count, then id (so ties break the same
-  // way every time).
-  struct ByFreeThenId {
-    bool operator()(const std::pair<int32_t, const std::string*>& a,
-                    const std::pair<int32_t, const std::string*>& b) const {
-      return a.first != b.first ? a.first < b.first : *a.second < *b.second;
-    }
-  };
-  using Index = std::set<std::pair<int32_t, const std::string*>, ByFreeThenId>;
+  // Live, unreserved workers as (free count, position in id order): ties
+  // break the same way every time, with integer compares only.
+  using Index = std::set<std::pair<int32_t, int32_t>>;
 
   // Takes `count` free devices of one worker for `decision`, lowest first.
-  void Take(const std::string& worker_id, int32_t count, Decision* decision);
+  void Take(const std::string& worker_id, Worker* worker, int32_t count, Decision* decision);
 
   std::map<QueueKey, int32_t> queue_;  // key -> devices
   std::map<std::string, QueueKey> queued_keys_;
