@@ -1,0 +1,196 @@
+// GPU tests of the CUDA linear cross-entropy (kernels/cuda/linear_cross_entropy.cu).
+// Each skips without a device. The reference is F::cross_entropy on the full
+// logits hidden @ weight^T in float64 on the GPU, with gradients by autograd.
+#include "kernels/cuda/linear_cross_entropy_cuda.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "kernels/loss.h"
+
+namespace ballast::kernels {
+namespace {
+
+namespace F = torch::nn::functional;
+
+constexpr int64_t kIgnore = -100;
+
+class LinearCrossEntropyCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+struct Result {
+  at::Tensor sum;       // scalar, float64
+  at::Tensor d_hidden;  // (T, H), float64
+  at::Tensor d_weight;  // (V, H), float64
+};
+
+// sum_t [target_t != ignore] * w_t * (cross_entropy_t + z_loss * lse_t^2) on
+// the full (T, V) logits in float64, and the gradients of upstream * sum.
+Result Reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                 const std::optional<at::Tensor>& token_weights, double z_loss, double upstream) {
+  at::Tensor h = hidden.detach().to(torch::kDouble).requires_grad_();
+  at::Tensor w = weight.detach().to(torch::kDouble).requires_grad_();
+  at::Tensor logits = h.mm(w.t());
+  at::Tensor per_token = F::cross_entropy(
+      logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(kIgnore));
+  at::Tensor counted = targets.ne(kIgnore).to(torch::kDouble);
+  per_token = per_token + z_loss * logits.logsumexp(1).square() * counted;
+  if (token_weights) per_token = per_token * token_weights->to(torch::kDouble);
+  at::Tensor sum = per_token.sum();
+  (sum * upstream).backward();
+  return {sum.detach(), h.grad(), w.grad()};
+}
+
+Result RunKernel(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                 const std::optional<at::Tensor>& token_weights, double z_loss, double upstream) {
+  at::Tensor h = hidden.detach().clone().requires_grad_();
+  at::Tensor w = weight.detach().clone().requires_grad_();
+  LossSum out = linear_cross_entropy(h, w, targets, token_weights, kIgnore, z_loss);
+  EXPECT_EQ(out.count.item<int64_t>(), targets.ne(kIgnore).sum().item<int64_t>());
+  (out.sum * upstream).backward();
+  return {out.sum.detach().to(torch::kDouble), h.grad().to(torch::kDouble),
+          w.grad().to(torch::kDouble)};
+}
+
+// max |actual - expected| <= rtol * max |expected| (norm-wise, as in the CPU
+// tests: entries of a gradient near zero carry the absolute error of their row).
+void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  ASSERT_TRUE(torch::isfinite(actual).all().item<bool>()) << what << " has a non-finite value";
+  const double err = (actual - expected).abs().max().item<double>();
+  const double scale = expected.abs().max().item<double>();
+  EXPECT_LE(err, rtol * scale) << what << ": max abs error " << err << ", max |expected| " << scale;
+}
+
+at::Tensor RandomTargets(int64_t tokens, int64_t vocab, int64_t every_nth_ignored) {
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong);
+  at::Tensor targets = torch::randint(vocab, {tokens}, opts);
+  targets.index_put_({torch::arange(0, tokens, every_nth_ignored, opts)}, kIgnore);
+  return targets;
+}
+
+// bf16 / fp16 inputs are exact in float64, and the logits and log-sum-exp are
+// fp32 (tensor-core products with fp32 accumulation over H terms, fp32 sums
+// over V): the loss is good to ~1e-6 relative; 1e-4 leaves margin. The
+// gradients are rounded to the input dtype once, and dz once more as an
+// operand of the gradient products: 2^-9 (bf16) relative each, so 1e-2; fp16
+// has 2^-11, so 4e-3.
+constexpr double kSumRtol = 1e-4;
+constexpr double kBf16GradRtol = 1e-2;
+constexpr double kFp16GradRtol = 4e-3;
+
+TEST_F(LinearCrossEntropyCuda, QwenVocabMatchesCrossEntropyOfFullLogitsInBf16AndFp16) {
+  torch::manual_seed(11);
+  constexpr int64_t kVocab = 151936;
+  constexpr int64_t kTokens = 300;
+  constexpr int64_t kHidden = 256;
+  for (auto [dtype, grad_rtol] : {std::pair<torch::Dtype, double>{torch::kBFloat16, kBf16GradRtol},
+                                  {torch::kHalf, kFp16GradRtol}}) {
+    auto opts = torch::TensorOptions().device(torch::kCUDA);
+    at::Tensor hidden = torch::randn({kTokens, kHidden}, opts).to(dtype);
+    at::Tensor weight = (torch::randn({kVocab, kHidden}, opts) * 0.1).to(dtype);
+    at::Tensor targets = RandomTargets(kTokens, kVocab, 7);
+    at::Tensor token_weights = torch::rand({kTokens}, opts) + 0.5;
+    // upstream 1e-5 is 1 / (supervised tokens of a large step): the gradient
+    // per logit is ~1e-11, below fp16's smallest subnormal unless rescaled.
+    for (double upstream : {1.0, 1e-5}) {
+      const std::string what =
+          std::string(c10::toString(dtype)) + " upstream " + std::to_string(upstream);
+      Result got = RunKernel(hidden, weight, targets, token_weights, 1e-4, upstream);
+      Result ref = Reference(hidden, weight, targets, token_weights, 1e-4, upstream);
+      ExpectClose(got.sum, ref.sum, kSumRtol, what + " sum");
+      ExpectClose(got.d_hidden, ref.d_hidden, grad_rtol, what + " d_hidden");
+      ExpectClose(got.d_weight, ref.d_weight, grad_rtol, what + " d_weight");
+    }
+  }
+}
+
+TEST_F(LinearCrossEntropyCuda, Fp32MatchesFloat64AcrossChunkBoundaries) {
+  torch::manual_seed(12);
+  // Counted rows past one row chunk; vocab ragged past one tile, exactly one
+  // tile, and a single entry.
+  const int64_t tokens = kLceCudaChunkRows + 300;
+  auto opts = torch::TensorOptions().device(torch::kCUDA);
+  for (int64_t vocab : {kLceCudaChunkVocab + 13, kLceCudaChunkVocab, int64_t{1}}) {
+    at::Tensor hidden = torch::randn({tokens, 32}, opts);
+    at::Tensor weight = torch::randn({vocab, 32}, opts) * 0.5;
+    at::Tensor targets = RandomTargets(tokens, vocab, 30);
+    at::Tensor token_weights = torch::rand({tokens}, opts);
+    Result got = RunKernel(hidden, weight, targets, token_weights, 1e-3, 0.37);
+    Result ref = Reference(hidden, weight, targets, token_weights, 1e-3, 0.37);
+    // fp32 throughout (cuBLAS fp32, TF32 off by default): a few 1e-7 relative
+    // per logit and per log-sum-exp; 5e-5 leaves margin for longer sums.
+    const std::string what = "V = " + std::to_string(vocab);
+    ExpectClose(got.sum, ref.sum, 5e-5, what + " sum");
+    ExpectClose(got.d_hidden, ref.d_hidden, 5e-5, what + " d_hidden");
+    ExpectClose(got.d_weight, ref.d_weight, 5e-5, what + " d_weight");
+  }
+}
+
+TEST_F(LinearCrossEntropyCuda, Float64MatchesReferenceToRounding) {
+  torch::manual_seed(13);
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kDouble);
+  at::Tensor hidden = torch::randn({50, 16}, opts);
+  at::Tensor weight = torch::randn({900, 16}, opts);
+  at::Tensor targets = RandomTargets(50, 900, 4);
+  Result got = RunKernel(hidden, weight, targets, std::nullopt, 0.1, 1.0);
+  Result ref = Reference(hidden, weight, targets, std::nullopt, 0.1, 1.0);
+  EXPECT_EQ(got.sum.scalar_type(), torch::kDouble);
+  ExpectClose(got.sum, ref.sum, 1e-12, "sum");
+  ExpectClose(got.d_hidden, ref.d_hidden, 1e-12, "d_hidden");
+  ExpectClose(got.d_weight, ref.d_weight, 1e-12, "d_weight");
+}
+
+TEST_F(LinearCrossEntropyCuda, LogitsOfTenThousandGiveFiniteLossAndGradients) {
+  torch::manual_seed(14);
+  auto opts = torch::TensorOptions().device(torch::kCUDA);
+  at::Tensor hidden = torch::randn({24, 16}, opts);
+  at::Tensor weight = torch::randn({300, 16}, opts);
+  hidden = hidden * (1e4 / hidden.mm(weight.t()).abs().max());
+  at::Tensor targets = RandomTargets(24, 300, 6);
+  Result got = RunKernel(hidden, weight, targets, std::nullopt, 1e-4, 1.0);
+  Result ref = Reference(hidden, weight, targets, std::nullopt, 1e-4, 1.0);
+  ASSERT_TRUE(std::isfinite(got.sum.item<double>()));
+  // Losses are differences of ~1e4 logits: fp32 error is relative to 1e4.
+  ExpectClose(got.sum, ref.sum, 1e-4, "sum");
+  ExpectClose(got.d_hidden, ref.d_hidden, 1e-4, "d_hidden");
+  ExpectClose(got.d_weight, ref.d_weight, 1e-4, "d_weight");
+}
+
+TEST_F(LinearCrossEntropyCuda, AllIgnoredGivesZeroSumZeroCountAndZeroGradients) {
+  auto opts = torch::TensorOptions().device(torch::kCUDA);
+  at::Tensor hidden = torch::randn({5, 4}, opts).to(torch::kBFloat16).requires_grad_();
+  at::Tensor weight = torch::randn({9, 4}, opts).to(torch::kBFloat16).requires_grad_();
+  at::Tensor targets = torch::full({5}, kIgnore, opts.dtype(torch::kLong));
+  LossSum out = linear_cross_entropy(hidden, weight, targets, std::nullopt, kIgnore, 1e-3);
+  EXPECT_EQ(out.count.item<int64_t>(), 0);
+  EXPECT_EQ(out.sum.item<float>(), 0.f);
+  out.sum.backward();
+  EXPECT_TRUE(hidden.grad().eq(0).all().item<bool>());
+  EXPECT_TRUE(weight.grad().eq(0).all().item<bool>());
+}
+
+TEST_F(LinearCrossEntropyCuda, MatchesCpuKernelOnTheSameInputs) {
+  torch::manual_seed(15);
+  at::Tensor hidden = torch::randn({200, 64}).to(torch::kBFloat16);
+  at::Tensor weight = (torch::randn({20000, 64}) * 0.2).to(torch::kBFloat16);
+  at::Tensor targets = torch::randint(20000, {200}, torch::kLong);
+  targets.index_put_({torch::arange(0, 200, 9)}, kIgnore);
+  Result cpu = RunKernel(hidden, weight, targets, std::nullopt, 1e-3, 1.0);
+  Result gpu = RunKernel(hidden.cuda(), weight.cuda(), targets.cuda(), std::nullopt, 1e-3, 1.0);
+  ExpectClose(gpu.sum.cpu(), cpu.sum, kSumRtol, "sum");
+  ExpectClose(gpu.d_hidden.cpu(), cpu.d_hidden, kBf16GradRtol, "d_hidden");
+  ExpectClose(gpu.d_weight.cpu(), cpu.d_weight, kBf16GradRtol, "d_weight");
+}
+
+}  // namespace
+}  // namespace ballast::kernels
