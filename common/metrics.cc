@@ -21,14 +21,18 @@ std::string FormatValue(double v) {
   return buf;
 }
 
-// HELP text escapes only backslash and newline.
-std::string EscapeHelp(std::string_view help) {
+// Label values escape backslash, newline and double quote; HELP text only
+// the first two.
+std::string Escape(std::string_view text, bool quote) {
   std::string out;
-  for (char c : help) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && quote) {
+      out += "\\\"";
     } else {
       out += c;
     }
@@ -65,27 +69,12 @@ const char* TypeName(MetricType type) {
 
 }  // namespace
 
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+std::string EscapeLabelValue(std::string_view value) { return Escape(value, /*quote=*/true); }
 
 std::string EncodePrometheusText(const std::vector<MetricFamily>& families) {
   std::string out;
   for (const MetricFamily& f : families) {
-    absl::StrAppend(&out, "# HELP ", f.name, " ", EscapeHelp(f.help), "\n");
+    absl::StrAppend(&out, "# HELP ", f.name, " ", Escape(f.help, /*quote=*/false), "\n");
     absl::StrAppend(&out, "# TYPE ", f.name, " ", TypeName(f.type), "\n");
     for (const MetricSample& s : f.samples) {
       if (f.type != MetricType::kHistogram) {

@@ -764,14 +764,20 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   return response;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(request.worker_id());
+absl::StatusOr<Coordinator::WorkerEntry*> Coordinator::LiveWorker(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.record.worker.alive()) {
     return absl::NotFoundError(
-        absl::StrCat("worker ", request.worker_id(), " is not registered; register again"));
+        absl::StrCat("worker ", worker_id, " is not registered; register again"));
   }
-  WorkerEntry& w = it->second;
+  return &it->second;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+  if (!live.ok()) return live.status();
+  WorkerEntry& w = **live;
   w.record.worker.set_last_heartbeat_ms(options_.now_ms());
   w.deadline_ms = options_.now_ms() + options_.lease_ms;
   // After a coordinator restart a worker that just keeps heartbeating has
@@ -795,12 +801,9 @@ absl::StatusOr<std::unique_ptr<AssignmentFeed>> Coordinator::StreamAssignments(
     const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || !it->second.record.worker.alive()) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", worker_id, " is not registered; register again"));
-  }
-  WorkerEntry& w = it->second;
+  absl::StatusOr<WorkerEntry*> live = LiveWorker(worker_id);
+  if (!live.ok()) return live.status();
+  WorkerEntry& w = **live;
   auto mailbox = std::make_shared<Mailbox<v1::Assignment>>();
   for (v1::Assignment& a : w.outbox->Close()) mailbox->Push(std::move(a));
   w.outbox = mailbox;
@@ -887,12 +890,9 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
     const v1::ReportEventsRequest& request) {
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || !it->second.record.worker.alive()) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", request.worker_id(), " is not registered; register again"));
-  }
-  WorkerEntry& w = it->second;
+  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+  if (!live.ok()) return live.status();
+  WorkerEntry& w = **live;
   v1::ReportEventsResponse response;
   response.set_acked_report_id(request.report_id());
   // At least once on the wire, at most once here.

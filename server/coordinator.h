@@ -230,6 +230,9 @@ class Coordinator {
   void MakeSchedulable(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDead(WorkerEntry* worker, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NOT_FOUND ("register again") when the worker is unknown or dead.
+  absl::StatusOr<WorkerEntry*> LiveWorker(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FeedCurrent(const std::string& worker_id, const Mailbox<v1::Assignment>* mailbox);

@@ -2,6 +2,7 @@
 #include "server/ballastd.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -119,6 +120,34 @@ TEST_F(BallastdTest, HealthzAndMetricsOverHttp) {
               HasSubstr("ballast_grpc_requests_total{method=\"GetJob\",code=\"NOT_FOUND\"} 1\n"));
   EXPECT_THAT(metrics, HasSubstr("# TYPE ballast_scheduler_decision_seconds histogram\n"));
   EXPECT_THAT(metrics, HasSubstr("ballast_build_info{version=\""));
+}
+
+TEST_F(BallastdTest, HealthServiceAnswersServing) {
+  Start();
+  grpc::GenericStub stub(
+      grpc::CreateChannel(server_->grpc_address(), grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  auto context = Context();
+  grpc::Slice empty_request(std::string{});  // HealthCheckRequest{service: ""}
+  auto call = stub.PrepareUnaryCall(context.get(), "/grpc.health.v1.Health/Check",
+                                    grpc::ByteBuffer(&empty_request, 1), &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "HealthCheckResponse{status: SERVING}";
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(BallastdTest, WorkerRunsAJobWhileAWatcherSeesItToTheEnd) {
