@@ -151,6 +151,9 @@ absl::Status Agent::RegisterOnce() {
   grpc::Status status;
   {
     TrackedCall call(this, &context, options_.rpc_timeout);
+    // Waits (within the deadline) for a coordinator that is coming back,
+    // rather than failing at once while the channel reconnects.
+    context.set_wait_for_ready(true);
     status = coordinator_->stub()->RegisterWorker(&context, request, &response);
   }
   if (!status.ok()) {
@@ -188,12 +191,13 @@ bool Agent::RegisterUntilDone() {
   for (;;) {
     absl::Status s = RegisterOnce();
     if (s.ok()) return true;
-    // One line per distinct error: a coordinator that is down for an hour
+    // One line per kind of error: a coordinator that is down for an hour
     // does not fill the log.
-    if (std::string(s.message()) != last_error) {
-      last_error = std::string(s.message());
-      std::cerr << "ballast-worker: " << last_error << "; retrying\n";
+    const std::string error(s.message());
+    if (error.substr(0, 60) != last_error.substr(0, 60)) {
+      std::cerr << "ballast-worker: " << error << "; retrying\n";
     }
+    last_error = error;
     if (!SleepFor(backoff)) return false;
     backoff = std::min(backoff * 2, kMaxBackoff);
   }

@@ -96,6 +96,7 @@ void EventRelay::SendLoop() {
       active_call_ = &context;
     }
     coordinator_->Prepare(&context, options_.rpc_timeout);
+    context.set_wait_for_ready(true);
     v1::ReportEventsResponse response;
     const grpc::Status status = coordinator_->stub()->ReportEvents(&context, request, &response);
 

@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A closed stdout must not kill the worker and orphan its ranks; ranks get
+  // the default disposition back at spawn.
+  signal(SIGPIPE, SIG_IGN);
 
   ballast::agent::Agent agent(options);
   if (absl::Status s = agent.Start(); !s.ok()) {

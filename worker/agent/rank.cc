@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 
@@ -167,6 +168,9 @@ void Rank::OnExit(const ProcessExit& exit) {
   exited->set_stopped(exit.stopped);
   exited->set_stderr_tail(exit.log_tail);
   relay_->Add(std::move(event));
+  std::cout << "ballast-worker: rank " << ref_.rank() << " of " << ref_.job_id() << " attempt "
+            << ref_.attempt() << " exited with code " << exit.exit_code
+            << (exit.stopped ? " (stopped)" : "") << std::endl;
   {
     absl::MutexLock lock(&mu_);
     finished_ = true;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/train/file_tree.h"
@@ -19,6 +20,14 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kPrefix[] = "step-";
+
+// The step of a checkpoint folder name, or nullopt for any other name.
+std::optional<int64_t> CheckpointStep(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1), &step)) return std::nullopt;
+  return step;
+}
 
 absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
@@ -37,8 +46,9 @@ absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) 
 
 }  // namespace
 
-absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosition& position,
-                            const ParamStore& params, const AdamW& optimizer) {
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
+                                           const TrainPosition& position, const ParamStore& params,
+                                           const AdamW& optimizer) {
   std::map<std::string, at::Tensor> tensors;
   for (const std::string& name : params.trainable_names()) {
     const at::Tensor& t = params.get(name);
@@ -88,13 +98,14 @@ absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosit
     return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), " to ",
                                             final_dir.string(), ": ", ec.message()));
   }
-  return absl::OkStatus();
+  return final_dir.string();
 }
 
 std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) {
   std::error_code ec;
   if (!fs::is_directory(checkpoints_dir, ec)) return std::nullopt;
   std::optional<std::string> best;
+  int64_t best_step = -1;
   for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(".", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
@@ -102,10 +113,39 @@ std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) 
       (void)RemoveTree(entry.path().string());
       continue;
     }
-    if (name.rfind(kPrefix, 0) != 0 || !entry.is_directory()) continue;
-    if (!best || name > fs::path(*best).filename().string()) best = entry.path().string();
+    // By number: past 10^8 steps the names outgrow their 8-digit padding.
+    const std::optional<int64_t> step = CheckpointStep(name);
+    if (!step || !entry.is_directory() || *step <= best_step) continue;
+    best_step = *step;
+    best = entry.path().string();
   }
   return best;
+}
+
+absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
+    const std::string& checkpoints_dir, int64_t max_step) {
+  // Also clears interrupted saves, so only complete step-* folders remain.
+  (void)LatestCheckpoint(checkpoints_dir);
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return std::nullopt;
+  std::optional<std::string> kept;
+  int64_t kept_step = -1;
+  std::vector<fs::path> newer;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::optional<int64_t> step = CheckpointStep(entry.path().filename().string());
+    if (!step || !entry.is_directory()) continue;
+    if (*step > max_step) {
+      newer.push_back(entry.path());
+    } else if (*step > kept_step) {
+      kept_step = *step;
+      kept = entry.path().string();
+    }
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", checkpoints_dir));
+  for (const fs::path& dir : newer) {
+    if (absl::Status s = RemoveTree(dir.string()); !s.ok()) return s;
+  }
+  return kept;
 }
 
 absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore* params,

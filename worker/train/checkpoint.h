@@ -27,14 +27,22 @@ struct TrainPosition {
   int64_t data_cursor = 0;  // examples consumed
 };
 
-// Writes checkpoint `position.step` under `checkpoints_dir`. FAILED_PRECONDITION
-// (and nothing written) when a trainable tensor holds a NaN or an infinity.
-absl::Status SaveCheckpoint(const std::string& checkpoints_dir, const TrainPosition& position,
-                            const ParamStore& params, const AdamW& optimizer);
+// Writes checkpoint `position.step` under `checkpoints_dir` and returns its
+// folder. FAILED_PRECONDITION (and nothing written) when a trainable tensor
+// holds a NaN or an infinity.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
+                                           const TrainPosition& position, const ParamStore& params,
+                                           const AdamW& optimizer);
 
 // The folder of the newest complete checkpoint, or nullopt when there is none.
 // Leftover temporary folders of an interrupted save are removed.
 std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir);
+
+// Deletes every checkpoint newer than `max_step`, so that later restarts
+// cannot jump past it, and returns the newest one left (nullopt when none).
+// INTERNAL names a folder that could not be removed.
+absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
+    const std::string& checkpoints_dir, int64_t max_step);
 
 // Restores params, optimizer and RNG from a checkpoint folder and returns its
 // position. DATA_LOSS names the file or tensor that is missing or corrupt.

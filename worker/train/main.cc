@@ -1,14 +1,18 @@
 // ballast-train: one rank of a Ballast job, or a standalone run.
 //
 //   ballast-train --spec JOB.yaml --out DIR [--set key=value]...
+//       [--agent-socket PATH] [--resume-at-or-before N]
+//       [--rank R --world-size W --master-addr A --master-port P]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/version.h"
+#include "worker/train/agent_channel.h"
 #include "worker/train/device_info.h"
 #include "worker/train/export.h"
 #include "worker/train/inference.h"
@@ -16,24 +20,54 @@
 
 namespace {
 
-// Exit codes: 0 done, 1 the job failed, 2 bad spec or arguments.
+// Exit codes: 0 done, 1 the job failed (restartable), 2 bad spec or
+// arguments, 143 cancelled by the worker (as if killed by SIGTERM).
 int Fail(const absl::Status& status) {
   std::cerr << "ballast-train: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kNotFound
-             ? 2
-             : 1;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+      return 2;
+    case absl::StatusCode::kCancelled:
+      return 143;
+    default:
+      return 1;
+  }
 }
 
+// How this process was started: alone, or as one rank under a worker.
+struct RankFlags {
+  std::string agent_socket;
+  int64_t resume_at_or_before = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+};
+
 absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string>& overrides,
-                     const std::string& out_dir) {
+                     const std::string& out_dir, const RankFlags& flags) {
+  if (flags.world_size > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", flags.world_size, " needs ZeRO-3 sharding, not built yet"));
+  }
   absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
   ballast::ApplyDefaults(&*spec);
   if (absl::Status s = ballast::ValidateJobSpec(*spec); !s.ok()) return s;
+  std::unique_ptr<ballast::train::AgentChannel> channel;
+  if (!flags.agent_socket.empty()) {
+    absl::StatusOr<std::unique_ptr<ballast::train::AgentChannel>> connected =
+        ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank);
+    if (!connected.ok()) return absl::UnavailableError(connected.status().message());
+    channel = *std::move(connected);
+  }
+  ballast::train::TrainerOptions options;
+  options.resume_at_or_before = flags.resume_at_or_before;
+  options.observer = channel.get();
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
-      ballast::train::Trainer::Create(*spec, out_dir);
+      ballast::train::Trainer::Create(*spec, out_dir, options);
   if (!trainer.ok()) return trainer.status();
   return (*trainer)->Run();
 }
@@ -50,6 +84,18 @@ int main(int argc, char** argv) {
   app.add_option("--spec", spec_path, "Job spec YAML (README: Job spec)")->check(CLI::ExistingFile);
   app.add_option("--out", out_dir, "Run folder: metrics.jsonl, checkpoints/, adapter/ or model/");
   app.add_option("--set", overrides, "Override a spec key: key.path=value (repeatable)");
+  RankFlags flags;
+  app.add_option("--agent-socket", flags.agent_socket,
+                 "Unix socket of the ballast-worker that started this rank");
+  app.add_option("--resume-at-or-before", flags.resume_at_or_before,
+                 "Resume from the newest checkpoint at or before step N; newer ones are deleted")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rank", flags.rank, "This process's rank, 0..world_size-1")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--world-size", flags.world_size, "Ranks in the job")->check(CLI::PositiveNumber);
+  app.add_option("--master-addr", flags.master_addr, "c10d TCPStore host (rank 0's)");
+  app.add_option("--master-port", flags.master_port, "c10d TCPStore port")
+      ->check(CLI::Range(0, 65535));
 
   CLI::App* logits = app.add_subcommand("logits", "Write a model's logits on tokenized documents");
   std::string model_dir, adapter_dir, tokens_path, logits_out;
@@ -85,7 +131,12 @@ int main(int argc, char** argv) {
         std::cerr << "ballast-train: --spec and --out are required\n" << app.help();
         return 2;
       }
-      status = RunSpec(spec_path, overrides, out_dir);
+      if (flags.rank >= flags.world_size) {
+        std::cerr << "ballast-train: --rank " << flags.rank << " is out of range; allowed: 0.."
+                  << flags.world_size - 1 << "\n";
+        return 2;
+      }
+      status = RunSpec(spec_path, overrides, out_dir, flags);
     }
   } catch (const std::exception& e) {
     // LibTorch reports through exceptions; they stop at this boundary.

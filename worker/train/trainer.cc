@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -52,12 +54,25 @@ absl::Status TruncateMetrics(const fs::path& path, int64_t step) {
              : absl::InternalError(absl::StrCat("cannot rewrite ", path.string()));
 }
 
+// Reports nowhere: what a standalone run without a worker uses.
+class NullObserver : public TrainingObserver {
+ public:
+  void OnStep(const v1::StepMetrics&) override {}
+  void OnGuard(const v1::GuardEvent&) override {}
+  void OnCheckpointSaved(const v1::CheckpointSaved&) override {}
+  void OnLog(const std::string&, const std::string&) override {}
+  bool StopRequested() override { return false; }
+};
+
 class StandaloneTrainer : public Trainer {
  public:
-  StandaloneTrainer(v1::JobSpec spec, std::string out_dir, ModelConfig config, ParamStore params,
-                    std::optional<LoraConfig> lora, TokenizedDataset data)
+  StandaloneTrainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options,
+                    ModelConfig config, ParamStore params, std::optional<LoraConfig> lora,
+                    TokenizedDataset data)
       : spec_(std::move(spec)),
         out_dir_(std::move(out_dir)),
+        resume_at_or_before_(options.resume_at_or_before),
+        observer_(options.observer != nullptr ? options.observer : &null_observer_),
         config_(std::move(config)),
         params_(std::move(params)),
         lora_(std::move(lora)),
@@ -76,11 +91,17 @@ class StandaloneTrainer : public Trainer {
     fs::create_directories(checkpoints, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", checkpoints.string()));
 
+    absl::StatusOr<std::optional<std::string>> resume_from = resume_checkpoint(checkpoints);
+    if (!resume_from.ok()) return resume_from.status();
     TrainPosition pos;
-    if (std::optional<std::string> latest = LatestCheckpoint(checkpoints.string())) {
-      absl::StatusOr<TrainPosition> loaded = LoadCheckpoint(*latest, &params_, &optimizer_);
+    if (*resume_from) {
+      absl::StatusOr<TrainPosition> loaded = LoadCheckpoint(**resume_from, &params_, &optimizer_);
       if (!loaded.ok()) return loaded.status();
       pos = *loaded;
+      log_line("info", absl::StrCat("resuming from checkpoint step ", pos.step, " (", **resume_from,
+                                    ") to step ", spec_.max_steps()));
+    } else {
+      log_line("info", absl::StrCat("starting at step 0 of ", spec_.max_steps()));
     }
     if (absl::Status s = TruncateMetrics(metrics_path, pos.step); !s.ok()) return s;
     std::ofstream metrics(metrics_path, std::ios::app);
@@ -89,21 +110,71 @@ class StandaloneTrainer : public Trainer {
       StepMetrics m = train_step(&pos);
       metrics << ToJson(m).dump() << "\n";
       metrics.flush();
+      report(m);
+      if (observer_->StopRequested()) {
+        log_line("info", absl::StrCat("cancelled after step ", pos.step));
+        return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
+      }
       const int64_t every = spec_.checkpoint_every();
       if (every > 0 && pos.step % every == 0 && pos.step < spec_.max_steps()) {
-        if (absl::Status s = SaveCheckpoint(checkpoints.string(), pos, params_, optimizer_);
-            !s.ok()) {
-          return s;
-        }
+        if (absl::Status s = save_checkpoint(checkpoints, pos); !s.ok()) return s;
       }
     }
-    if (absl::Status s = SaveCheckpoint(checkpoints.string(), pos, params_, optimizer_); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = save_checkpoint(checkpoints, pos); !s.ok()) return s;
     return export_result();
   }
 
  private:
+  // The checkpoint to resume from: the newest, or for a rollback the newest
+  // at or before the requested step (newer ones are deleted, so a later
+  // restart cannot jump forward again).
+  absl::StatusOr<std::optional<std::string>> resume_checkpoint(const fs::path& checkpoints) {
+    if (resume_at_or_before_ > 0) {
+      return KeepCheckpointsAtOrBefore(checkpoints.string(), resume_at_or_before_);
+    }
+    return LatestCheckpoint(checkpoints.string());
+  }
+
+  absl::Status save_checkpoint(const fs::path& checkpoints, const TrainPosition& pos) {
+    absl::StatusOr<std::string> dir =
+        SaveCheckpoint(checkpoints.string(), pos, params_, optimizer_);
+    if (!dir.ok()) return dir.status();
+    v1::CheckpointSaved saved;
+    saved.set_step(pos.step);
+    saved.set_path(*dir);
+    observer_->OnCheckpointSaved(saved);
+    return absl::OkStatus();
+  }
+
+  // One step's metrics to the observer; a skipped step is also a guard event.
+  void report(const StepMetrics& m) {
+    v1::StepMetrics out;
+    out.set_step(m.step);
+    out.set_max_steps(spec_.max_steps());
+    out.set_loss(m.supervised_tokens > 0 ? m.loss : std::numeric_limits<double>::quiet_NaN());
+    out.set_grad_norm(m.grad_norm);
+    out.set_lr(m.lr);
+    out.set_tokens(m.tokens);
+    out.set_supervised_tokens(m.supervised_tokens);
+    out.set_tokens_per_s(m.step_time_s > 0 ? m.tokens / m.step_time_s : 0);
+    out.set_step_time_s(m.step_time_s);
+    out.set_skipped(m.skipped);
+    observer_->OnStep(out);
+    if (m.skipped) {
+      v1::GuardEvent guard;
+      guard.set_kind(v1::GuardEvent::KIND_SKIP);
+      guard.set_step(m.step);
+      guard.set_message(m.skip_reason);
+      observer_->OnGuard(guard);
+    }
+  }
+
+  // A line for the rank log (stderr) and the job's event stream.
+  void log_line(const std::string& level, const std::string& text) {
+    std::cerr << "ballast-train: " << text << std::endl;
+    observer_->OnLog(level, text);
+  }
+
   StepMetrics train_step(TrainPosition* pos) {
     const auto start = std::chrono::steady_clock::now();
     const v1::DataSpec& d = spec_.data();
@@ -175,13 +246,19 @@ class StandaloneTrainer : public Trainer {
   }
 
   absl::Status export_result() {
+    absl::Status s;
+    fs::path dir;
     if (lora_) {
-      return SavePeftAdapter((fs::path(out_dir_) / "adapter").string(), spec_.model().path(),
-                             *lora_, params_);
+      dir = fs::path(out_dir_) / "adapter";
+      s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, params_);
+    } else {
+      dir = fs::path(out_dir_) / "model";
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (const std::string& name : params_.names()) tensors.emplace_back(name, params_.get(name));
+      s = ExportHfModel(spec_.model().path(), dir.string(), tensors);
     }
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const std::string& name : params_.names()) tensors.emplace_back(name, params_.get(name));
-    return ExportHfModel(spec_.model().path(), (fs::path(out_dir_) / "model").string(), tensors);
+    if (s.ok()) log_line("info", absl::StrCat("exported ", dir.string()));
+    return s;
   }
 
   static double Seconds(std::chrono::steady_clock::time_point start) {
@@ -206,6 +283,9 @@ class StandaloneTrainer : public Trainer {
 
   v1::JobSpec spec_;
   std::string out_dir_;
+  const int64_t resume_at_or_before_;
+  NullObserver null_observer_;
+  TrainingObserver* const observer_;
   ModelConfig config_;
   ParamStore params_;
   std::optional<LoraConfig> lora_;
@@ -217,7 +297,8 @@ class StandaloneTrainer : public Trainer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec,
-                                                         const std::string& out_dir) {
+                                                         const std::string& out_dir,
+                                                         TrainerOptions options) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
   if (!config.ok()) return config.status();
   if (spec.data().seq_len() > config->max_position_embeddings) {
@@ -244,8 +325,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
       }
     }
   }
-  return std::make_unique<StandaloneTrainer>(spec, out_dir, *std::move(config), *std::move(params),
-                                             std::move(lora), *std::move(data));
+  return std::make_unique<StandaloneTrainer>(spec, out_dir, options, *std::move(config),
+                                             *std::move(params), std::move(lora), *std::move(data));
 }
 
 }  // namespace ballast::train
