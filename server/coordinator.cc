@@ -833,9 +833,10 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
   auto live = live_ranks_.find(key);
   if (job == nullptr || live == live_ranks_.end() || live->second.worker_id != worker_id) return;
   if (e.has_exited()) ReleaseRank(key);
-  // Events of an older attempt only free their device.
-  if (e.attempt() != job->record.attempt) return;
+  // Events of an older attempt only free their device, and a finished job's
+  // stream already ended with its terminal state change.
   v1::Job& j = job->record.job;
+  if (e.attempt() != job->record.attempt || Terminal(j.state())) return;
   if (j.state() == v1::JOB_STATE_SCHEDULED) {
     Transition(job, v1::JOB_STATE_RUNNING,
                absl::StrCat("rank ", e.rank(), " started on worker ", worker_id));
@@ -990,7 +991,7 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
     MetricFamily& f = family(m.name, m.help, m.type);
     for (const std::string& id : shown) {
       auto it = jobs_.find(id);
-      if (it != jobs_.end()) sample(f, {{"job", id}}, m.value(it->second));
+      if (it != jobs_.end()) sample(f, {{"job_id", id}}, m.value(it->second));
     }
   }
 }
