@@ -26,10 +26,6 @@
 // accumulation; S, P, dP, dS, Delta and the accumulators are fp32; P and dS
 // are rounded to the input dtype as operands of the next product, as in
 // FlashAttention-2. Indexing: global offsets are int64.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
 
 #include <cmath>
 #include <limits>
@@ -399,7 +395,7 @@ AttentionCudaGrads attention_cuda_backward(const at::Tensor& grad_out, const at:
   at::Tensor dk = at::empty_like(k);
   at::Tensor dv = at::empty_like(v);
   if (num_tokens == 0) return {dq, dk, dv};
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   at::Tensor delta = at::empty({num_heads, num_tokens}, q.options().dtype(at::kFloat));  // (Hq, T)
   const int64_t delta_blocks = (num_tokens * num_heads + kWarps - 1) / kWarps;

@@ -11,9 +11,14 @@
 #ifndef BALLAST_KERNELS_CUDA_ATTENTION_COMMON_CUH_
 #define BALLAST_KERNELS_CUDA_ATTENTION_COMMON_CUH_
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>

@@ -21,10 +21,6 @@
 // is rounded to the input dtype for P V only, as in FlashAttention-2.
 // Indexing: every global offset is int64 (T * H * D passes 2^31 at long
 // contexts); only offsets inside a tile are int.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
 
 #include <cmath>
 #include <limits>
@@ -249,7 +245,7 @@ AttentionCudaForward attention_cuda_forward(const at::Tensor& q_in, const at::Te
         k.size(1),
         static_cast<float>(scale) * attention_cuda::kLog2e};
     attention_cuda::LaunchForward<T, kHeadDim>(p, static_cast<int64_t>(items.size()),
-                                               at::cuda::getCurrentCUDAStream());
+                                               c10::cuda::getCurrentCUDAStream());
   });
   return {out, lse};
 }

@@ -31,10 +31,22 @@
 // softmax entry of 1e-6 times g = 1e-5 is below fp16's smallest subnormal).
 // Every exponent is of z - max or z - lse <= 0 (up to rounding). Ignored rows
 // get zero gradient. No atomics: results are deterministic.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/exp2.h>
+#include <ATen/ops/floor.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/log2.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cub/block/block_reduce.cuh>
@@ -96,6 +108,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <typename Out, typename Acc>
+__device__ __forceinline__ Out ToOut(Acc x) {
+  if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+    return __float2bfloat16(static_cast<float>(x));
+  } else if constexpr (std::is_same_v<Out, __half>) {
+    return __float2half(static_cast<float>(x));
+  } else {
+    return static_cast<Out>(x);
+  }
+}
+
 // One block per row r of a chunk: dz (ct, nv) = grad_scale * (exp(z - lse_r)
 // * softmax_scale_r - [v0 + j == target_r] * coef_r), from the recomputed
 // logits (ct, nv). grad_scale is a device scalar (see the file comment).
@@ -113,8 +136,42 @@ __global__ void __launch_bounds__(kThreads)
   Out* out = dz + r * nv;
   for (int64_t j = threadIdx.x; j < nv; j += kThreads) {
     const Acc g = exp(z[j] - row_lse) * row_scale - (j == t ? row_coef : Acc(0));
-    out[j] = static_cast<Out>(g);
+    out[j] = ToOut<Out>(g);
   }
+}
+
+template <typename Acc>
+void LaunchLseTile(const at::Tensor& logits, const at::Tensor& targets, int64_t v0, int64_t nv,
+                   at::Tensor& run_max, at::Tensor& run_sum, at::Tensor& z_target,
+                   cudaStream_t stream) {
+  LseTileKernel<Acc><<<static_cast<unsigned>(logits.size(0)), kThreads, 0, stream>>>(
+      static_cast<const Acc*>(logits.const_data_ptr()), targets.const_data_ptr<int64_t>(), v0, nv,
+      static_cast<Acc*>(run_max.mutable_data_ptr()), static_cast<Acc*>(run_sum.mutable_data_ptr()),
+      static_cast<Acc*>(z_target.mutable_data_ptr()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The inputs of GradTileKernel for the chunk that starts at counted row r0.
+struct GradTileArgs {
+  const at::Tensor& logits;         // (ct, nv)
+  const at::Tensor& lse;            // (T_c)
+  const at::Tensor& softmax_scale;  // (T_c)
+  const at::Tensor& coef;           // (T_c)
+  const at::Tensor& targets;        // (T_c)
+  const at::Tensor& grad_scale;     // (1)
+  int64_t r0;
+  int64_t v0;
+  int64_t nv;
+};
+
+template <typename Acc, typename Out>
+void LaunchGradTile(const GradTileArgs& a, at::Tensor& dz, cudaStream_t stream) {
+  auto acc = [](const at::Tensor& t) { return static_cast<const Acc*>(t.const_data_ptr()); };
+  GradTileKernel<Acc, Out><<<static_cast<unsigned>(a.logits.size(0)), kThreads, 0, stream>>>(
+      acc(a.logits), acc(a.lse) + a.r0, acc(a.softmax_scale) + a.r0, acc(a.coef) + a.r0,
+      a.targets.const_data_ptr<int64_t>() + a.r0, acc(a.grad_scale), a.v0, a.nv,
+      static_cast<Out*>(dz.mutable_data_ptr()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 bool IsHalf(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
@@ -146,7 +203,7 @@ LceForward linear_cross_entropy_cuda_forward(const at::Tensor& hidden, const at:
   const at::TensorOptions opts = hidden.options().dtype(acc);
   const int64_t counted = rows.size(0);
   const int64_t vocab = weight.size(0);
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   const at::Tensor row_targets = targets.index_select(0, rows).contiguous();  // (T_c)
   at::Tensor lse = at::empty({counted}, opts);                                // (T_c)
@@ -165,13 +222,11 @@ LceForward linear_cross_entropy_cuda_forward(const at::Tensor& hidden, const at:
       at::Tensor w = weight.narrow(0, v0, nv);  // (nv, H)
       if (!half) w = w.to(acc);
       const at::Tensor logits = TileLogits(h, w, half);  // (ct, nv)
-      AT_DISPATCH_FLOATING_TYPES(acc, "linear_cross_entropy_cuda_forward", [&] {
-        LseTileKernel<scalar_t><<<static_cast<unsigned>(ct), kThreads, 0, stream>>>(
-            logits.const_data_ptr<scalar_t>(), tgt.const_data_ptr<int64_t>(), v0, nv,
-            run_max.mutable_data_ptr<scalar_t>(), run_sum.mutable_data_ptr<scalar_t>(),
-            z_target.mutable_data_ptr<scalar_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
+      if (acc == at::kDouble) {
+        LaunchLseTile<double>(logits, tgt, v0, nv, run_max, run_sum, z_target, stream);
+      } else {
+        LaunchLseTile<float>(logits, tgt, v0, nv, run_max, run_sum, z_target, stream);
+      }
     }
     at::Tensor lse_c = lse.narrow(0, r0, ct);  // (ct)
     lse_c.copy_(run_max + run_sum.log_());
@@ -192,7 +247,7 @@ LceGrads linear_cross_entropy_cuda_backward(const at::Tensor& grad_sum, const at
   const at::TensorOptions opts = hidden.options().dtype(acc);
   const int64_t counted = rows.size(0);
   const int64_t vocab = weight.size(0);
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   LceGrads grads;
   // Ignored rows are never written, so they keep the zero they start with.
@@ -226,17 +281,22 @@ LceGrads linear_cross_entropy_cuda_backward(const at::Tensor& grad_sum, const at
       if (!half) w = w.to(acc);
       const at::Tensor logits = TileLogits(h, w, half);                      // (ct, nv)
       at::Tensor dz = at::empty({ct, nv}, hidden.options().dtype(dz_type));  // (ct, nv)
-      AT_DISPATCH_FLOATING_TYPES(acc, "linear_cross_entropy_cuda_backward", [&] {
-        using Acc = scalar_t;
-        AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dz_type, "dz", [&] {
-          GradTileKernel<Acc, scalar_t><<<static_cast<unsigned>(ct), kThreads, 0, stream>>>(
-              logits.const_data_ptr<Acc>(), lse_c.const_data_ptr<Acc>() + r0,
-              softmax_scale.const_data_ptr<Acc>() + r0, coef.const_data_ptr<Acc>() + r0,
-              row_targets.const_data_ptr<int64_t>() + r0, grad_scale.const_data_ptr<Acc>(), v0, nv,
-              dz.mutable_data_ptr<scalar_t>());
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-        });
-      });
+      const GradTileArgs args{logits, lse_c, softmax_scale, coef, row_targets, grad_scale, r0,
+                              v0,     nv};
+      switch (dz_type) {
+        case at::kDouble:
+          LaunchGradTile<double, double>(args, dz, stream);
+          break;
+        case at::kBFloat16:
+          LaunchGradTile<float, __nv_bfloat16>(args, dz, stream);
+          break;
+        case at::kHalf:
+          LaunchGradTile<float, __half>(args, dz, stream);
+          break;
+        default:
+          LaunchGradTile<float, float>(args, dz, stream);
+          break;
+      }
       if (half) {
         if (need_hidden) dh.add_(at::mm(dz, w, at::kFloat));
         if (need_weight) dweight.narrow(0, v0, nv).add_(at::mm(dz.t(), h, at::kFloat));
