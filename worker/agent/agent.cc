@@ -71,6 +71,7 @@ absl::Status Agent::Start() {
     return absl::InternalError(
         absl::StrCat("cannot create --work-dir ", options_.work_dir, ": ", ec.message()));
   }
+  StopOrphanedRanks((fs::path(options_.work_dir) / "ranks").string());
   // Socket paths must fit sun_path (108 bytes), which a deep work dir would
   // not; /tmp keeps them short.
   socket_dir_ = absl::StrCat("/tmp/ballast-worker-", getpid());

@@ -1,6 +1,7 @@
 #include "worker/agent/rank.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,26 @@ absl::Status WriteSpecJson(const v1::JobSpec& spec, const std::string& path) {
   return absl::OkStatus();
 }
 
+int StopOrphanedRanks(const std::string& ranks_dir) {
+  int killed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(ranks_dir, ec)) {
+    pid_t pid = 0;
+    std::ifstream(entry.path() / "pid") >> pid;
+    std::ifstream cmdline(absl::StrCat("/proc/", pid, "/cmdline"));
+    const std::string args((std::istreambuf_iterator<char>(cmdline)),
+                           std::istreambuf_iterator<char>());
+    if (pid > 0 && args.find((entry.path() / "spec.json").string()) != std::string::npos &&
+        kill(-pid, SIGKILL) == 0) {
+      std::cout << "ballast-worker: killed rank pid " << pid << " left by a previous run ("
+                << entry.path().filename().string() << ")" << std::endl;
+      ++killed;
+    }
+    fs::remove_all(entry.path(), ec);
+  }
+  return killed;
+}
+
 absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignment,
                                                   const RankEnvironment& env, EventRelay* relay,
                                                   std::function<void()> on_finished) {
@@ -90,6 +111,9 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignme
   spawn.on_exit = [self](const ProcessExit& exit) { self->OnExit(exit); };
   absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Spawn(std::move(spawn));
   if (!process.ok()) return process.status();
+
+  // Lets the next run of the worker find this process if this one dies.
+  std::ofstream(fs::path(env.scratch_dir) / "pid") << (*process)->pid() << "\n";
 
   v1::RankEvent started = rank->NewEvent();
   started.mutable_started()->set_pid((*process)->pid());

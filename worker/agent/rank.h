@@ -46,6 +46,14 @@ std::vector<std::string> TrainArguments(const v1::Assignment& assignment,
 // Writes the spec as JSON, which ballast-train's YAML loader reads.
 absl::Status WriteSpecJson(const v1::JobSpec& spec, const std::string& path);
 
+// Kills (SIGKILL, whole process group) the ranks a previous run of the worker
+// left behind in `ranks_dir` (WORK_DIR/ranks), and removes their scratch
+// folders. They cannot be supervised by this run, and the coordinator
+// restarts their jobs elsewhere. A pid counts only while its command line
+// still names that folder's spec, so a reused pid is never hit. Returns how
+// many processes were killed.
+int StopOrphanedRanks(const std::string& ranks_dir);
+
 class Rank {
  public:
   // Starts the rank. On error nothing is left running and no event queued.

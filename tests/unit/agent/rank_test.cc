@@ -205,3 +205,46 @@ TEST_F(RankTest, MissingTrainerFailsToStartAndQueuesNothing) {
 
 }  // namespace
 }  // namespace ballast::agent
+
+namespace ballast::agent {
+namespace {
+
+TEST(StopOrphanedRanksTest, KillsRanksOfAPreviousRunAndSparesStrangers) {
+  const std::string dir = TempDir("orphans_test");
+  ASSERT_FALSE(dir.empty());
+  const fs::path orphan_dir = fs::path(dir) / "job-1-a1-r0";
+  const fs::path stranger_dir = fs::path(dir) / "job-2-a1-r0";
+  fs::create_directories(orphan_dir);
+  fs::create_directories(stranger_dir);
+  SpawnOptions o;
+  o.binary = "/bin/sh";
+  // Names its spec on the command line, as ballast-train --spec does.
+  o.args = {"-c", "sleep 30; : " + (orphan_dir / "spec.json").string()};
+  o.log_path = dir + "/orphan.log";
+  absl::StatusOr<std::unique_ptr<RankProcess>> orphan = RankProcess::Spawn(o);
+  ASSERT_TRUE(orphan.ok());
+  std::ofstream(orphan_dir / "pid") << (*orphan)->pid() << "\n";
+  // A pid file naming a live process that is not that rank (pid reuse).
+  std::ofstream(stranger_dir / "pid") << getpid() << "\n";
+
+  // Right after exec the kernel may still show an empty command line; an
+  // orphan from an earlier worker run is long past that.
+  bool named = false;
+  for (int i = 0; i < 500 && !named; ++i) {
+    std::ifstream c(absl::StrCat("/proc/", (*orphan)->pid(), "/cmdline"));
+    named = std::string((std::istreambuf_iterator<char>(c)), std::istreambuf_iterator<char>())
+                .find("spec.json") != std::string::npos;
+    if (!named) usleep(10000);
+  }
+  ASSERT_TRUE(named);
+  EXPECT_EQ(StopOrphanedRanks(dir), 1);
+  std::optional<ProcessExit> exit = (*orphan)->WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 128 + SIGKILL);
+  EXPECT_FALSE(fs::exists(orphan_dir));
+  EXPECT_FALSE(fs::exists(stranger_dir));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ballast::agent

@@ -62,7 +62,7 @@ TEST_F(CheckpointTest, RefusesToWriteNonFiniteParams) {
     torch::NoGradGuard no_grad;
     params_.get("w")[1][2] = std::numeric_limits<float>::quiet_NaN();
   }
-  absl::Status s = SaveCheckpoint(dir_, {5, 0}, params_, opt);
+  absl::Status s = SaveCheckpoint(dir_, {5, 0}, params_, opt).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("w is not finite"));
   EXPECT_FALSE(LatestCheckpoint(dir_).has_value());
