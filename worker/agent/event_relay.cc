@@ -6,6 +6,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace ballast::agent {
+namespace {
+
+constexpr size_t kMaxBatchBytes = 1 << 20;
+
+}  // namespace
 
 EventRelay::EventRelay(const CoordinatorConnection* coordinator, EventRelayOptions options)
     : coordinator_(coordinator),
@@ -68,7 +73,12 @@ void EventRelay::FillBatchLocked() {
                                "unreachable; metrics.jsonl has every step"));
   }
   dropped_unreported_.clear();
-  while (!queue_.empty() && static_cast<size_t>(batch.events_size()) < options_.max_batch) {
+  // Bytes as well as events: a batch of exits with 4 KiB stderr tails must
+  // stay far below the coordinator's 4 MiB message limit.
+  size_t bytes = 0;
+  while (!queue_.empty() && static_cast<size_t>(batch.events_size()) < options_.max_batch &&
+         bytes < kMaxBatchBytes) {
+    bytes += queue_.front().ByteSizeLong();
     *batch.add_events() = std::move(queue_.front());
     queue_.pop_front();
   }

@@ -153,5 +153,22 @@ TEST(EventRelayTest, WhenFullOfOtherEventsDropsTheOldest) {
   EXPECT_EQ(got[3].log().text(), "log 5");
 }
 
+TEST(EventRelayTest, BatchesStayFarBelowTheMessageLimit) {
+  TestCoordinator server;
+  CoordinatorConnection connection(server.address(), "");
+  EventRelay relay(&connection, FastOptions());
+  for (int i = 0; i < 600; ++i) {
+    v1::RankEvent e = StepEvent(i);
+    e.mutable_exited()->set_stderr_tail(std::string(4096, 'e'));  // 2.4 MB in all
+    relay.Add(std::move(e));
+  }
+  relay.SetWorkerId("w-1");
+  ASSERT_TRUE(relay.Flush(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(server.accepted_events().size(), 600u);
+  const std::vector<v1::ReportEventsRequest> requests = server.requests();
+  EXPECT_GE(requests.size(), 3u);
+  for (const v1::ReportEventsRequest& r : requests) EXPECT_LT(r.ByteSizeLong(), 1100000u);
+}
+
 }  // namespace
 }  // namespace ballast::agent
