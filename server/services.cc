@@ -49,13 +49,13 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
-// Writes a batch, letting gRPC coalesce all but the last message.
+// Writes a batch. No buffer hints: a sync-API Write with a buffer hint can
+// wait for a flush that only a later write would trigger, which stalled
+// replays of several events (seen with a watcher of a finished job).
 template <typename T>
 bool WriteAll(grpc::ServerWriter<T>* writer, const std::vector<T>& batch, size_t* written) {
   for (*written = 0; *written < batch.size(); ++*written) {
-    grpc::WriteOptions options;
-    if (*written + 1 < batch.size()) options.set_buffer_hint();
-    if (!writer->Write(batch[*written], options)) return false;
+    if (!writer->Write(batch[*written])) return false;
   }
   return true;
 }
