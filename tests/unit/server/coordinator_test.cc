@@ -505,8 +505,8 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"running\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"queued\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"failed\"} 0\n"));
-  EXPECT_THAT(text, HasSubstr("ballast_job_step{job=\"" + job.id() + "\"} 9\n"));
-  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job=\"" + job.id() + "\"} 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 9\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("ballast_worker_devices{state=\"busy\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
 }
