@@ -1,12 +1,15 @@
 #include "worker/agent/agent.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -24,6 +27,23 @@ constexpr absl::Duration kHealthyStream = absl::Seconds(5);
 // Streams are reopened this often, so that even a silently dead connection
 // is noticed; heartbeat failures cut a stream sooner.
 constexpr absl::Duration kStreamDeadline = absl::Minutes(10);
+
+constexpr char kSocketDirPrefix[] = "/tmp/ballast-worker-";
+
+// Socket folders of workers that died without cleaning up (kill -9): their
+// pid is gone. A live pid's folder is left alone, whoever owns it now.
+void RemoveStaleSocketDirs() {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/tmp", ec)) {
+    const std::string path = entry.path().string();
+    int pid = 0;
+    if (path.rfind(kSocketDirPrefix, 0) != 0 ||
+        !absl::SimpleAtoi(path.substr(sizeof(kSocketDirPrefix) - 1), &pid) || pid <= 0) {
+      continue;
+    }
+    if (kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(entry.path(), ec);
+  }
+}
 
 std::string ReadFileTrimmed(const fs::path& path) {
   std::ifstream in(path);
@@ -74,7 +94,8 @@ absl::Status Agent::Start() {
   StopOrphanedRanks((fs::path(options_.work_dir) / "ranks").string());
   // Socket paths must fit sun_path (108 bytes), which a deep work dir would
   // not; /tmp keeps them short.
-  socket_dir_ = absl::StrCat("/tmp/ballast-worker-", getpid());
+  RemoveStaleSocketDirs();
+  socket_dir_ = absl::StrCat(kSocketDirPrefix, getpid());
   fs::remove_all(socket_dir_, ec);
   if (mkdir(socket_dir_.c_str(), 0700) != 0) {
     return absl::InternalError(absl::StrCat("cannot create ", socket_dir_));
@@ -192,6 +213,10 @@ bool Agent::RegisterUntilDone() {
   for (;;) {
     absl::Status s = RegisterOnce();
     if (s.ok()) return true;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return false;  // The failure is our own cancellation.
+    }
     // One line per kind of error: a coordinator that is down for an hour
     // does not fill the log.
     const std::string error(s.message());
