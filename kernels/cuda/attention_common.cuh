@@ -30,6 +30,12 @@
 
 #include "kernels/cpu/attention_cpu.h"
 
+// bf16 wmma fragments and cp.async exist from sm_80 on; an older target would
+// fail later with obscure "incomplete type" errors.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "kernels/cuda attention needs sm_80 or newer: set BALLAST_CUDA_ARCHITECTURES to 80 or above"
+#endif
+
 namespace ballast::kernels::attention_cuda {
 
 constexpr int kWarps = 8;
