@@ -527,12 +527,5 @@ TEST_F(AttentionTest, RejectsInconsistentArgumentsNamingThem) {
                       "scale must be finite");
 }
 
-TEST_F(AttentionTest, CudaTensorsGetAClearErrorUntilTheKernelExists) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const Inputs in = RandomInputs(8, 2, 2, 8, torch::kFloat);
-  ExpectErrorMentions([&] { attention(in.q.cuda(), in.k.cuda(), in.v.cuda(), Causal({8}), 0.5); },
-                      "CUDA kernel not available");
-}
-
 }  // namespace
 }  // namespace ballast::kernels
