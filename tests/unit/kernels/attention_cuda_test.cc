@@ -27,9 +27,18 @@
 
 #include "kernels/attention.h"
 #include "kernels/cpu/attention_cpu.h"
+#include "tests/unit/kernels/attention_reference.h"
 
 namespace ballast::kernels {
 namespace {
+
+using attention_reference::BlockDiffusion;
+using attention_reference::Causal;
+using attention_reference::Grads;
+using attention_reference::Reference;
+using attention_reference::RunWithGrads;
+using attention_reference::Total;
+using attention_reference::VisibleMatrix;
 
 constexpr double kBf16Tol = 2e-2;
 constexpr double kFp16Tol = 5e-3;
@@ -50,101 +59,6 @@ class AttentionCuda : public ::testing::Test {
   uint64_t seed_ = 0;
 };
 
-at::Tensor Cu(const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> cu = {0};
-  for (int64_t n : lengths) cu.push_back(cu.back() + n);
-  return torch::tensor(cu, torch::kLong);
-}
-
-int64_t Total(const std::vector<int64_t>& lengths) {
-  return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
-}
-
-AttentionMask Causal(const std::vector<int64_t>& lengths, int64_t window = 0) {
-  AttentionMask mask;
-  mask.kind = MaskKind::kCausal;
-  mask.cu_seqlens = Cu(lengths);
-  mask.window = window;
-  return mask;
-}
-
-AttentionMask BlockDiffusion(const std::vector<int64_t>& lengths, int64_t block_size) {
-  AttentionMask mask;
-  mask.kind = MaskKind::kBlockDiffusion;
-  mask.cu_seqlens = Cu(lengths);
-  mask.block_size = block_size;
-  return mask;
-}
-
-// visible[i][j] for one document of n tokens, from the definitions in
-// kernels/attention.h.
-torch::Tensor Visible(const AttentionMask& mask, int64_t n) {
-  torch::Tensor visible = torch::zeros({n, n}, torch::kBool);
-  auto a = visible.accessor<bool, 2>();
-  const int64_t half = n / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      if (mask.kind == MaskKind::kCausal) {
-        a[i][j] = j <= i && (mask.window == 0 || i - j < mask.window);
-        continue;
-      }
-      const bool noisy_i = i < half;
-      const bool noisy_j = j < half;
-      const int64_t block_i = (noisy_i ? i : i - half) / mask.block_size;
-      const int64_t block_j = (noisy_j ? j : j - half) / mask.block_size;
-      if (noisy_i && noisy_j) a[i][j] = block_i == block_j;
-      if (noisy_i && !noisy_j) a[i][j] = block_j < block_i;
-      if (!noisy_i && !noisy_j) a[i][j] = block_j <= block_i;
-    }
-  }
-  return visible;
-}
-
-// softmax(q k^T * scale, masked) v per document, float64 on CPU, keeping the
-// autograd graph. visible(begin, n) gives a document's (n, n) mask. Rows that
-// see nothing give 0.
-torch::Tensor Reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const std::vector<int64_t>& cu,
-                        const std::function<torch::Tensor(int64_t, int64_t)>& visible,
-                        double scale) {
-  const int64_t group = q.size(1) / k.size(1);
-  std::vector<torch::Tensor> outs;
-  for (size_t d = 0; d + 1 < cu.size(); ++d) {
-    const int64_t begin = cu[d];
-    const int64_t n = cu[d + 1] - begin;
-    if (n == 0) continue;
-    auto qd = q.narrow(0, begin, n).transpose(0, 1);                              // (Hq, n, D)
-    auto kd = k.narrow(0, begin, n).transpose(0, 1).repeat_interleave(group, 0);  // (Hq, n, D)
-    auto vd = v.narrow(0, begin, n).transpose(0, 1).repeat_interleave(group, 0);  // (Hq, n, D)
-    auto scores = torch::matmul(qd, kd.transpose(1, 2)) * scale;                  // (Hq, n, n)
-    scores = scores.masked_fill(visible(begin, n).logical_not(),
-                                -std::numeric_limits<double>::infinity());
-    auto probs = torch::softmax(scores, -1).nan_to_num(0.0);
-    outs.push_back(torch::matmul(probs, vd).transpose(0, 1));  // (n, Hq, D)
-  }
-  return outs.empty() ? torch::zeros_like(q) : torch::cat(outs, 0);
-}
-
-struct Grads {
-  torch::Tensor out, dq, dk, dv;
-};
-
-using AttentionFn =
-    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
-
-// Output and gradients of sum(out * grad_out) through fn, on copies of q, k, v
-// (moved to `device`); results on CPU.
-Grads RunWithGrads(const AttentionFn& fn, const torch::Tensor& q, const torch::Tensor& k,
-                   const torch::Tensor& v, const torch::Tensor& grad_out,
-                   const torch::Device& device) {
-  auto qq = q.detach().to(device).clone().requires_grad_(true);
-  auto kk = k.detach().to(device).clone().requires_grad_(true);
-  auto vv = v.detach().to(device).clone().requires_grad_(true);
-  auto out = fn(qq, kk, vv);
-  (out.to(torch::kDouble) * grad_out.to(device).to(torch::kDouble)).sum().backward();
-  return {out.detach().cpu(), qq.grad().cpu(), kk.grad().cpu(), vv.grad().cpu()};
-}
-
 Grads CudaGrads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                 const AttentionMask& mask, double scale, const torch::Tensor& grad_out) {
   return RunWithGrads([&](auto& a, auto& b, auto& c) { return attention(a, b, c, mask, scale); }, q,
@@ -158,7 +72,7 @@ Grads ReferenceGrads(const torch::Tensor& q, const torch::Tensor& k, const torch
   return RunWithGrads(
       [&](auto& a, auto& b, auto& c) {
         return Reference(
-            a, b, c, cu, [&](int64_t, int64_t n) { return Visible(mask, n); }, scale);
+            a, b, c, cu, [&](int64_t, int64_t n) { return VisibleMatrix(mask, n); }, scale);
       },
       q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), grad_out, torch::kCPU);
 }
