@@ -262,8 +262,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                        "1 (multi-rank jobs arrive with ZeRO-3 sharding)"));
   checks.push_back(CheckRange<int32_t>("scheduling.priority", spec.scheduling().priority(), -1000,
                                        1000, "-1000..1000"));
-  checks.push_back(CheckRange<int32_t>("scheduling.max_restarts",
-                                       spec.scheduling().max_restarts(), 0, 100, "0..100"));
+  checks.push_back(CheckRange<int32_t>("scheduling.max_restarts", spec.scheduling().max_restarts(),
+                                       0, 100, "0..100"));
 
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "lora") {
