@@ -24,7 +24,9 @@ absl::StatusOr<std::unique_ptr<RankSocket>> RankSocket::Listen(const std::string
                                                    " bytes; allowed: 1..", kMaxPathBytes));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking, so that the reader can accept while holding the lock (see
+  // ReadLoop); accepted connections are blocking again.
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   unlink(path.c_str());
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 4) != 0) {
@@ -63,13 +65,22 @@ void RankSocket::ShutdownLocked() {
 }
 
 void RankSocket::ReadLoop() {
-  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  {
+  int fd = -1;
+  while (fd < 0) {
+    // Wakes for a connection, or every 100 ms to notice a shutdown.
+    pollfd p{listen_fd_, POLLIN, 0};
+    poll(&p, 1, 100);
     absl::MutexLock lock(&mu_);
+    if (shut_down_) break;
+    // Accepting under the lock makes "left the backlog" and "connected" one
+    // step as Drain sees them. Otherwise a rank that connected, wrote and
+    // exited at once could be shut down unread in between.
+    fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
       conn_fd_ = fd;
       connected_ = true;
-      if (shut_down_) shutdown(fd, SHUT_RDWR);
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+      break;
     }
   }
   if (fd >= 0) {
