@@ -34,6 +34,7 @@ namespace {
 
 using attention_reference::BlockDiffusion;
 using attention_reference::Causal;
+using attention_reference::CausalRowsReference;
 using attention_reference::Grads;
 using attention_reference::Reference;
 using attention_reference::RunWithGrads;
@@ -297,26 +298,6 @@ torch::Tensor ChunkedCausalReference(const torch::Tensor& q, const torch::Tensor
   return out;
 }
 
-// Causal attention of the listed rows only, fp32 on the GPU with autograd:
-// each row against exactly its keys [0, i].
-torch::Tensor SampledRowsReference(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const std::vector<int64_t>& rows,
-                                   double scale) {
-  const int64_t group = q.size(1) / k.size(1);
-  std::vector<torch::Tensor> outs;
-  for (int64_t i : rows) {
-    std::vector<torch::Tensor> heads;
-    for (int64_t h = 0; h < q.size(1); ++h) {
-      auto keys = k.narrow(0, 0, i + 1).select(1, h / group);    // (i + 1, D)
-      auto values = v.narrow(0, 0, i + 1).select(1, h / group);  // (i + 1, D)
-      auto probs = torch::softmax(torch::mv(keys, q[i][h]) * scale, 0);
-      heads.push_back(torch::mv(values.t(), probs));
-    }
-    outs.push_back(torch::stack(heads));  // (Hq, D)
-  }
-  return torch::stack(outs);  // (rows, Hq, D)
-}
-
 // Flips the SDPA backends so that only the memory-efficient one may run,
 // and restores the previous choice on exit.
 class OnlyMemEfficientSdpa {
@@ -379,7 +360,7 @@ TEST_P(AttentionCudaLong, Bf16HeadDim256MatchesChunkedFp32Reference) {
   auto qf = q.to(torch::kFloat).requires_grad_(true);
   auto kf = k.to(torch::kFloat).requires_grad_(true);
   auto vf = v.to(torch::kFloat).requires_grad_(true);
-  (SampledRowsReference(qf, kf, vf, rows, scale) *
+  (CausalRowsReference(qf, kf, vf, rows, scale) *
    grad_out.to(torch::kFloat).index_select(0, row_index))
       .sum()
       .backward();

@@ -101,6 +101,27 @@ inline torch::Tensor Reference(const torch::Tensor& q, const torch::Tensor& k,
       q, k, v, cu, [&](int64_t, int64_t n) { return VisibleMatrix(mask, n); }, scale);
 }
 
+// Causal attention of one document for the listed query rows only, each row
+// against exactly its keys [0, i], in the inputs' dtype and device; keeps
+// autograd. Cheap enough to check single rows of very long sequences.
+inline torch::Tensor CausalRowsReference(const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v, const std::vector<int64_t>& rows,
+                                         double scale) {
+  const int64_t group = q.size(1) / k.size(1);
+  std::vector<torch::Tensor> outs;
+  for (int64_t i : rows) {
+    std::vector<torch::Tensor> heads;
+    for (int64_t h = 0; h < q.size(1); ++h) {
+      auto keys = k.narrow(0, 0, i + 1).select(1, h / group);    // (i + 1, D)
+      auto values = v.narrow(0, 0, i + 1).select(1, h / group);  // (i + 1, D)
+      auto probs = torch::softmax(torch::mv(keys, q[i][h]) * scale, 0);
+      heads.push_back(torch::mv(values.t(), probs));
+    }
+    outs.push_back(torch::stack(heads));  // (Hq, D)
+  }
+  return torch::stack(outs);  // (rows, Hq, D)
+}
+
 struct Grads {
   torch::Tensor out, dq, dk, dv;
 };

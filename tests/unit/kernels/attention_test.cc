@@ -20,6 +20,7 @@ namespace {
 
 using attention_reference::BlockDiffusion;
 using attention_reference::Causal;
+using attention_reference::CausalRowsReference;
 using attention_reference::Grads;
 using attention_reference::Reference;
 using attention_reference::RunWithGrads;
@@ -317,26 +318,6 @@ std::vector<int64_t> SampleRows(int64_t tokens) {
   return rows;
 }
 
-// Causal attention of one document, for the listed query rows only, each
-// against exactly its visible keys [0, i]; float64, keeps autograd.
-torch::Tensor ChunkedReferenceRows(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const std::vector<int64_t>& rows,
-                                   double scale) {
-  const int64_t group = q.size(1) / k.size(1);
-  std::vector<torch::Tensor> outs;
-  for (int64_t i : rows) {
-    std::vector<torch::Tensor> heads;
-    for (int64_t h = 0; h < q.size(1); ++h) {
-      auto keys = k.narrow(0, 0, i + 1).select(1, h / group);    // (i + 1, D)
-      auto values = v.narrow(0, 0, i + 1).select(1, h / group);  // (i + 1, D)
-      auto probs = torch::softmax(torch::mv(keys, q[i][h]) * scale, 0);
-      heads.push_back(torch::mv(values.t(), probs));
-    }
-    outs.push_back(torch::stack(heads));  // (Hq, D)
-  }
-  return torch::stack(outs);  // (rows, Hq, D)
-}
-
 class AttentionLongTest : public AttentionTest, public ::testing::WithParamInterface<int64_t> {};
 
 TEST_P(AttentionLongTest, CausalForwardMatchesChunkedReference) {
@@ -348,8 +329,8 @@ TEST_P(AttentionLongTest, CausalForwardMatchesChunkedReference) {
   const Inputs in = RandomInputs(tokens, heads, 1, 8, torch::kFloat);
   const auto out = attention(in.q, in.k, in.v, Causal({tokens}), 0.35);
   const std::vector<int64_t> rows = SampleRows(tokens);
-  const auto want = ChunkedReferenceRows(in.q.to(torch::kDouble), in.k.to(torch::kDouble),
-                                         in.v.to(torch::kDouble), rows, 0.35);
+  const auto want = CausalRowsReference(in.q.to(torch::kDouble), in.k.to(torch::kDouble),
+                                        in.v.to(torch::kDouble), rows, 0.35);
   const auto got = out.index_select(0, torch::tensor(rows, torch::kLong));
   // Sums over up to 2^17 keys in fp32: sqrt(n) * 2^-24 is ~2e-5 at worst.
   EXPECT_LE(RelativeError(got, want), 1e-4);
@@ -375,7 +356,7 @@ TEST_F(AttentionTest, LongCausalBackwardMatchesChunkedReference) {
   auto q = in.q.to(torch::kDouble).requires_grad_(true);
   auto k = in.k.to(torch::kDouble).requires_grad_(true);
   auto v = in.v.to(torch::kDouble).requires_grad_(true);
-  auto sampled = ChunkedReferenceRows(q, k, v, rows, scale);
+  auto sampled = CausalRowsReference(q, k, v, rows, scale);
   (sampled * grad_out.to(torch::kDouble).index_select(0, row_index)).sum().backward();
   EXPECT_LE(RelativeError(got.dq, q.grad()), 1e-4);
   EXPECT_LE(RelativeError(got.dk, k.grad()), 1e-4);
