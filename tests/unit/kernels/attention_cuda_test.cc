@@ -32,6 +32,8 @@
 namespace ballast::kernels {
 namespace {
 
+using attention_reference::BlindRows;
+using attention_reference::BlindRowsMask;
 using attention_reference::BlockDiffusion;
 using attention_reference::Causal;
 using attention_reference::CausalRowsReference;
@@ -206,23 +208,10 @@ TEST_F(AttentionCuda, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
   // query tile), which see nothing. Segment [kSeen, kT): nobody sees anything.
   constexpr int64_t kSeen = 64 + 6;
   constexpr int64_t kLate = 64 + 2;
-  constexpr int64_t kT = kSeen + 10;
-  IntervalMask mask;
-  mask.segments = torch::tensor(std::vector<int64_t>{0, kSeen, kT}, torch::kLong);
-  mask.key_ranges = torch::zeros({kT, 4}, torch::kLong);
-  mask.query_ranges = torch::zeros({kT, 4}, torch::kLong);
-  torch::Tensor visible = torch::zeros({kT, kT}, torch::kBool);
-  auto kr = mask.key_ranges.accessor<int64_t, 2>();
-  auto qr = mask.query_ranges.accessor<int64_t, 2>();
-  for (int64_t i = 0; i < kSeen; ++i) {
-    if (i == 3 || i == kLate) continue;
-    kr[i][1] = i + 1;
-    visible.narrow(0, i, 1).narrow(1, 0, i + 1).fill_(true);
-  }
-  for (int64_t j = 0; j < kSeen; ++j) {
-    qr[j][0] = j;
-    qr[j][1] = kSeen;
-  }
+  const BlindRows blind = BlindRowsMask(64);
+  const int64_t kT = blind.tokens;
+  const IntervalMask& mask = blind.mask;
+  const torch::Tensor& visible = blind.visible;
   for (int64_t d : {64, 256}) {
     const Inputs in = RandomInputs(kT, 2, 1, d, torch::kBFloat16);
     const double scale = 0.25;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_cpu.h"
 
 namespace ballast::kernels::attention_reference {
 
@@ -120,6 +121,39 @@ inline torch::Tensor CausalRowsReference(const torch::Tensor& q, const torch::Te
     outs.push_back(torch::stack(heads));  // (Hq, D)
   }
   return torch::stack(outs);  // (rows, Hq, D)
+}
+
+// A hand-built IntervalMask with rows that see no key, which no structural
+// mask produces. Segment [0, block_m + 6): row i sees [0, i] except rows 3 and
+// block_m + 2 (the second query tile), which see nothing. The last 10 tokens
+// form a segment where nobody sees anything, so its tile has no work at all.
+struct BlindRows {
+  IntervalMask mask;
+  torch::Tensor visible;  // (tokens, tokens), the same mask written out
+  int64_t tokens = 0;
+};
+
+inline BlindRows BlindRowsMask(int64_t block_m) {
+  const int64_t seen = block_m + 6;
+  const int64_t late = block_m + 2;
+  BlindRows r;
+  r.tokens = seen + 10;
+  r.mask.segments = torch::tensor(std::vector<int64_t>{0, seen, r.tokens}, torch::kLong);
+  r.mask.key_ranges = torch::zeros({r.tokens, 4}, torch::kLong);
+  r.mask.query_ranges = torch::zeros({r.tokens, 4}, torch::kLong);
+  r.visible = torch::zeros({r.tokens, r.tokens}, torch::kBool);
+  auto kr = r.mask.key_ranges.accessor<int64_t, 2>();
+  auto qr = r.mask.query_ranges.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < seen; ++i) {
+    if (i == 3 || i == late) continue;
+    kr[i][1] = i + 1;
+    r.visible.narrow(0, i, 1).narrow(1, 0, i + 1).fill_(true);
+  }
+  for (int64_t j = 0; j < seen; ++j) {
+    qr[j][0] = j;
+    qr[j][1] = seen;
+  }
+  return r;
 }
 
 struct Grads {

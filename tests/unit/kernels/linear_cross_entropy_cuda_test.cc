@@ -11,13 +11,14 @@
 #include <string>
 
 #include "kernels/loss.h"
+#include "tests/unit/kernels/linear_cross_entropy_reference.h"
 
 namespace ballast::kernels {
 namespace {
 
-namespace F = torch::nn::functional;
-
-constexpr int64_t kIgnore = -100;
+using cross_entropy_reference::kIgnore;
+using cross_entropy_reference::Reference;
+using cross_entropy_reference::Result;
 
 class LinearCrossEntropyCuda : public ::testing::Test {
  protected:
@@ -25,29 +26,6 @@ class LinearCrossEntropyCuda : public ::testing::Test {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-struct Result {
-  at::Tensor sum;       // scalar, float64
-  at::Tensor d_hidden;  // (T, H), float64
-  at::Tensor d_weight;  // (V, H), float64
-};
-
-// sum_t [target_t != ignore] * w_t * (cross_entropy_t + z_loss * lse_t^2) on
-// the full (T, V) logits in float64, and the gradients of upstream * sum.
-Result Reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                 const std::optional<at::Tensor>& token_weights, double z_loss, double upstream) {
-  at::Tensor h = hidden.detach().to(torch::kDouble).requires_grad_();
-  at::Tensor w = weight.detach().to(torch::kDouble).requires_grad_();
-  at::Tensor logits = h.mm(w.t());
-  at::Tensor per_token = F::cross_entropy(
-      logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(kIgnore));
-  at::Tensor counted = targets.ne(kIgnore).to(torch::kDouble);
-  per_token = per_token + z_loss * logits.logsumexp(1).square() * counted;
-  if (token_weights) per_token = per_token * token_weights->to(torch::kDouble);
-  at::Tensor sum = per_token.sum();
-  (sum * upstream).backward();
-  return {sum.detach(), h.grad(), w.grad()};
-}
 
 Result RunKernel(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                  const std::optional<at::Tensor>& token_weights, double z_loss, double upstream) {
