@@ -3,9 +3,8 @@
 // Arguments are validated here, once, with messages that name the argument;
 // the backends assume valid input. The counted rows (target != ignore_index)
 // are found here, so every backend skips ignored rows and count needs no
-// second pass. The autograd Function saves the inputs and the per-row
-// log-sum-exp; its backward recomputes logits tile by tile (see
-// kernels/cpu/linear_cross_entropy_cpu.cc for the math).
+// second pass. The forward also makes the gradients (see
+// LinearCrossEntropyFunction and kernels/cpu/linear_cross_entropy_cpu.cc).
 #include "kernels/loss.h"
 
 #include <ATen/ATen.h>
@@ -72,52 +71,66 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
   }
 }
 
-// The one place that picks a backend.
-LceForward forward_on_device(const at::Tensor& hidden, const at::Tensor& weight,
-                             const at::Tensor& targets, const at::Tensor& rows,
-                             const at::Tensor& token_weights, double z_loss) {
-  if (hidden.is_cuda()) {
-    return linear_cross_entropy_cuda_forward(hidden, weight, targets, rows, token_weights, z_loss);
+// The one place that picks a backend. Returns the loss and, when asked for,
+// its gradients for an upstream gradient of 1.
+LceSumAndGrads sum_and_grads_on_device(const at::Tensor& hidden, const at::Tensor& weight,
+                                       const at::Tensor& targets, const at::Tensor& rows,
+                                       const at::Tensor& token_weights, double z_loss,
+                                       bool need_hidden, bool need_weight) {
+  if (!hidden.is_cuda()) {
+    return linear_cross_entropy_cpu(hidden, weight, targets, rows, token_weights, z_loss,
+                                    need_hidden, need_weight);
   }
-  return linear_cross_entropy_cpu_forward(hidden, weight, targets, rows, token_weights, z_loss);
-}
-
-LceGrads backward_on_device(const at::Tensor& grad_sum, const at::Tensor& hidden,
-                            const at::Tensor& weight, const at::Tensor& targets,
-                            const at::Tensor& rows, const at::Tensor& token_weights,
-                            const at::Tensor& lse, double z_loss, bool need_hidden,
-                            bool need_weight) {
-  if (hidden.is_cuda()) {
-    return linear_cross_entropy_cuda_backward(grad_sum, hidden, weight, targets, rows,
-                                              token_weights, lse, z_loss, need_hidden, need_weight);
+  LceForward forward =
+      linear_cross_entropy_cuda_forward(hidden, weight, targets, rows, token_weights, z_loss);
+  LceSumAndGrads out{forward.sum, {}};
+  if (need_hidden || need_weight) {
+    out.unit_grads = linear_cross_entropy_cuda_backward(
+        at::ones({}, forward.sum.options()), hidden, weight, targets, rows, token_weights,
+        forward.lse, z_loss, need_hidden, need_weight);
   }
-  return linear_cross_entropy_cpu_backward(grad_sum, hidden, weight, targets, rows, token_weights,
-                                           lse, z_loss, need_hidden, need_weight);
+  return out;
 }
 
 // Differentiable in hidden and weight. targets, rows and token_weights are
-// data: their gradient slots are always undefined.
+// data: their gradient slots are always undefined. The forward already makes
+// the gradients for an upstream gradient of 1 (which of them is fixed by the
+// need_* flags, read from grad mode and requires_grad before apply), so the
+// graph keeps (T, H) and (V, H) gradients instead of the inputs, and the
+// backward scales them in place: scaling a fresh (V, H) copy would double the
+// peak memory this loss exists to save. They are released by the first
+// backward, so a second backward through the same graph is an error, as it is
+// for any freed graph.
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets,
                             const at::Tensor& rows, const std::optional<at::Tensor>& token_weights,
-                            double z_loss) {
+                            double z_loss, bool need_hidden, bool need_weight) {
     // Undefined stands for "no weights" below; apply() only accepts that as an empty optional.
-    const at::Tensor weights = token_weights.value_or(at::Tensor());
-    LceForward out = forward_on_device(hidden, weight, targets, rows, weights, z_loss);
-    ctx->save_for_backward({hidden, weight, targets, rows, weights, out.lse});
-    ctx->saved_data["z_loss"] = z_loss;
+    LceSumAndGrads out =
+        sum_and_grads_on_device(hidden, weight, targets, rows, token_weights.value_or(at::Tensor()),
+                                z_loss, need_hidden, need_weight);
+    ctx->saved_data["d_hidden"] = out.unit_grads.hidden;
+    ctx->saved_data["d_weight"] = out.unit_grads.weight;
     return out.sum;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    LceGrads grads = backward_on_device(grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
-                                        saved[4], saved[5], ctx->saved_data["z_loss"].toDouble(),
-                                        ctx->needs_input_grad(0), ctx->needs_input_grad(1));
-    return {grads.hidden, grads.weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    TORCH_CHECK(ctx->saved_data.count("d_hidden") == 1,
+                "linear_cross_entropy: backward ran twice through the same loss; its "
+                "gradients are released by the first backward (retain_graph is not supported)");
+    const at::Tensor& grad_sum = grad_outputs[0];
+    auto take_scaled = [&](const char* key) {
+      at::Tensor grad = ctx->saved_data[key].toOptional<at::Tensor>().value_or(at::Tensor());
+      ctx->saved_data.erase(key);
+      return grad.defined() ? grad.mul_(grad_sum.to(grad.scalar_type())) : grad;
+    };
+    at::Tensor d_hidden = take_scaled("d_hidden");
+    at::Tensor d_weight = take_scaled("d_weight");
+    return {d_hidden,     d_weight,     at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -129,8 +142,10 @@ LossSum linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                              double z_loss) {
   check_inputs(hidden, weight, targets, token_weights.value_or(at::Tensor()), ignore_index, z_loss);
   at::Tensor rows = targets.ne(ignore_index).nonzero().squeeze(1);  // (T_c) int64, increasing
-  at::Tensor sum =
-      LinearCrossEntropyFunction::apply(hidden, weight, targets, rows, token_weights, z_loss);
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor sum = LinearCrossEntropyFunction::apply(hidden, weight, targets, rows, token_weights,
+                                                     z_loss, grad_mode && hidden.requires_grad(),
+                                                     grad_mode && weight.requires_grad());
   return {sum, at::scalar_tensor(rows.size(0), targets.options())};
 }
 

@@ -1,5 +1,5 @@
 // CPU implementation of kernels/loss.h linear_cross_entropy; callers go
-// through linear_cross_entropy(), which validates arguments and wraps these in
+// through linear_cross_entropy(), which validates arguments and wraps this in
 // autograd. Nothing here checks shapes or dtypes again.
 #ifndef BALLAST_KERNELS_CPU_LINEAR_CROSS_ENTROPY_CPU_H_
 #define BALLAST_KERNELS_CPU_LINEAR_CROSS_ENTROPY_CPU_H_
@@ -10,35 +10,43 @@
 
 namespace ballast::kernels {
 
-// Tile of the logits that exists at any time: kLceChunkRows counted tokens by
-// kLceChunkVocab vocabulary entries, 32 MiB in fp32.
-inline constexpr int64_t kLceChunkRows = 1024;
+// The logits that exist at any time are one block of whole rows, at most
+// kLceLogitsBlockBytes in the compute dtype (and at most kLceMaxBlockRows
+// rows). Whole rows, because the gradient of a row needs its log-sum-exp over
+// the entire vocabulary; see linear_cross_entropy_cpu.cc.
+// 80 MiB is 136 rows of a 151936 vocabulary: enough rows for MKL to run the
+// products near full speed, and with the fp32 (V, H) gradient the loss stays
+// under a tenth of the memory of materialised logits at T = 4096.
+inline constexpr int64_t kLceLogitsBlockBytes = int64_t{80} << 20;
+inline constexpr int64_t kLceMaxBlockRows = 4096;
+// Products against weight run kLceChunkVocab vocabulary rows at a time, so a
+// bf16 or fp16 weight is upcast one tile at a time, never whole.
 inline constexpr int64_t kLceChunkVocab = 8192;
 
-struct LceForward {
-  // Scalar: sum over counted rows of token_weight * loss; fp32 (fp64 for fp64 inputs).
-  at::Tensor sum;
-  // (T_c) log-sum-exp of each counted row, in the compute dtype, for the backward.
-  at::Tensor lse;
-};
-
-// rows (T_c) int64: positions of the counted tokens (target != ignore_index),
-// increasing. token_weights may be undefined (all ones).
-LceForward linear_cross_entropy_cpu_forward(const at::Tensor& hidden, const at::Tensor& weight,
-                                            const at::Tensor& targets, const at::Tensor& rows,
-                                            const at::Tensor& token_weights, double z_loss);
+// Counted rows per logits block for a vocabulary of `vocab` entries of
+// `element_bytes` each: at least 1.
+int64_t lce_block_rows(int64_t vocab, int64_t element_bytes);
 
 struct LceGrads {
   at::Tensor hidden;  // (T, H) hidden's dtype, zero on ignored rows; undefined unless asked for.
   at::Tensor weight;  // (V, H) weight's dtype; undefined unless asked for.
 };
 
-// grad_sum is the scalar gradient of the loss sum; lse is the forward's.
-LceGrads linear_cross_entropy_cpu_backward(const at::Tensor& grad_sum, const at::Tensor& hidden,
-                                           const at::Tensor& weight, const at::Tensor& targets,
-                                           const at::Tensor& rows, const at::Tensor& token_weights,
-                                           const at::Tensor& lse, double z_loss, bool need_hidden,
-                                           bool need_weight);
+// The loss and, when asked for, its gradients for an upstream gradient of 1;
+// the autograd wrapper scales them by the actual upstream gradient, which is
+// exact because the loss is a sum.
+struct LceSumAndGrads {
+  // Scalar: sum over counted rows of token_weight * loss; fp32 (fp64 for fp64 inputs).
+  at::Tensor sum;
+  LceGrads unit_grads;
+};
+
+// rows (T_c) int64: positions of the counted tokens (target != ignore_index),
+// increasing. token_weights may be undefined (all ones).
+LceSumAndGrads linear_cross_entropy_cpu(const at::Tensor& hidden, const at::Tensor& weight,
+                                        const at::Tensor& targets, const at::Tensor& rows,
+                                        const at::Tensor& token_weights, double z_loss,
+                                        bool need_hidden, bool need_weight);
 
 }  // namespace ballast::kernels
 

@@ -10,7 +10,8 @@
 // and the result is sum_t loss_t. The backward, for an upstream gradient g:
 //   dz_v      = g * w_t * (softmax(z)_v * (1 + 2 * z_loss * lse_t) - [v == target_t])
 //   dhidden_t = dz @ weight,  dweight = dz^T @ hidden.
-// These are the CPU backend's formulas and tiling (linear_cross_entropy_cpu.cc).
+// These are the CPU backend's formulas (linear_cross_entropy_cpu.cc); the
+// tiling differs, see linear_cross_entropy_cuda.h.
 //
 // Tiling: counted rows, kLceCudaChunkRows at a time, gathered from hidden;
 // each chunk sweeps the vocabulary in tiles of kLceCudaChunkVocab rows of

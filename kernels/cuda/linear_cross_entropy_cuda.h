@@ -21,12 +21,22 @@ namespace ballast::kernels {
 inline constexpr int64_t kLceCudaChunkRows = 4096;
 inline constexpr int64_t kLceCudaChunkVocab = 8192;
 
-// See linear_cross_entropy_cpu_forward: the same inputs and results, on CUDA.
+struct LceForward {
+  // Scalar: sum over counted rows of token_weight * loss; fp32 (fp64 for fp64 inputs).
+  at::Tensor sum;
+  // (T_c) log-sum-exp of each counted row, in the compute dtype, for the backward.
+  at::Tensor lse;
+};
+
+// The loss of linear_cross_entropy_cpu, on CUDA, with the log-sum-exp that the
+// backward needs.
 LceForward linear_cross_entropy_cuda_forward(const at::Tensor& hidden, const at::Tensor& weight,
                                              const at::Tensor& targets, const at::Tensor& rows,
                                              const at::Tensor& token_weights, double z_loss);
 
-// See linear_cross_entropy_cpu_backward: the same inputs and results, on CUDA.
+// The gradients of linear_cross_entropy_cpu for an upstream gradient
+// grad_sum (a scalar), on CUDA. Unlike the CPU backend this recomputes the
+// logits; on the GPU the fourth product is cheaper than holding whole rows.
 LceGrads linear_cross_entropy_cuda_backward(const at::Tensor& grad_sum, const at::Tensor& hidden,
                                             const at::Tensor& weight, const at::Tensor& targets,
                                             const at::Tensor& rows, const at::Tensor& token_weights,

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -207,22 +208,70 @@ TEST(LinearCrossEntropy, FrozenWeightGetsNoGradient) {
   ExpectClose(hidden.grad().to(torch::kDouble), ref.d_hidden, kFp32Rtol, "d_hidden");
 }
 
-TEST(LinearCrossEntropy, MatchesReferenceAcrossChunkBoundaries) {
+TEST(LinearCrossEntropy, MatchesReferenceAcrossBlockAndTileBoundaries) {
   torch::manual_seed(6);
-  // Counted rows: one more than a row chunk, then a ragged last chunk. Vocab:
-  // ragged past one tile, exactly one tile, a single entry.
-  const int64_t tokens = kLceChunkRows + 37;
-  for (int64_t vocab : {kLceChunkVocab + 13, kLceChunkVocab, int64_t{1}}) {
-    at::Tensor hidden = torch::randn({tokens, 8});
-    at::Tensor weight = torch::randn({vocab, 8}) * 0.5;
-    at::Tensor targets = RandomTargets(tokens, vocab, 30);
-    ASSERT_GT(targets.ne(kIgnore).sum().item<int64_t>(), kLceChunkRows);
-    at::Tensor token_weights = torch::rand({tokens});
-    Result got = RunKernel(hidden, weight, targets, token_weights, 1e-3);
-    Result ref = Reference(hidden, weight, targets, token_weights, 1e-3);
-    ExpectClose(got.sum, ref.sum, kFp32Rtol, "sum, V = " + std::to_string(vocab));
-    ExpectClose(got.d_hidden, ref.d_hidden, kFp32Rtol, "d_hidden, V = " + std::to_string(vocab));
-    ExpectClose(got.d_weight, ref.d_weight, kFp32Rtol, "d_weight, V = " + std::to_string(vocab));
+  // Counted rows: one more than a logits block, then a ragged last block.
+  // Vocab: ragged past one upcast tile, exactly one tile, a single entry; the
+  // tiles only exist for bf16 and fp16, which upcast weight a tile at a time.
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t vocab : {kLceChunkVocab + 13, kLceChunkVocab, int64_t{1}}) {
+      const int64_t block_rows = lce_block_rows(vocab, sizeof(float));
+      const int64_t tokens = std::min(block_rows, int64_t{600}) + 37;
+      at::Tensor hidden = torch::randn({tokens, 8}).to(dtype);
+      at::Tensor weight = (torch::randn({vocab, 8}) * 0.5).to(dtype);
+      at::Tensor targets = RandomTargets(tokens, vocab, 30);
+      at::Tensor token_weights = torch::rand({tokens});
+      // With one entry the softmax is 1 and the whole gradient is the z-loss
+      // term, 2 z_loss lse w, made as (1 + 2 z_loss lse) w - w: fp32 loses a
+      // factor 1 / (2 z_loss |lse|) to that cancellation, about 100 at 1e-3.
+      const double z_loss = vocab == 1 ? 0.1 : 1e-3;
+      Result got = RunKernel(hidden, weight, targets, token_weights, z_loss);
+      // The reference sees the same rounded inputs, so only the fp32 compute differs.
+      Result ref = Reference(hidden, weight, targets, token_weights, z_loss);
+      // bf16 gradients are rounded to bf16 on the way out: 2^-8 relative.
+      const double rtol = dtype == at::kFloat ? kFp32Rtol : 1e-2;
+      const std::string where = std::string(c10::toString(dtype)) +
+                                ", V = " + std::to_string(vocab) +
+                                ", block rows = " + std::to_string(block_rows);
+      ExpectClose(got.sum, ref.sum, kFp32Rtol, "sum, " + where);
+      ExpectClose(got.d_hidden, ref.d_hidden, rtol, "d_hidden, " + where);
+      ExpectClose(got.d_weight, ref.d_weight, rtol, "d_weight, " + where);
+    }
+  }
+}
+
+TEST(LinearCrossEntropy, BlocksHoldWholeRowsWithinTheByteBudget) {
+  for (int64_t vocab : {int64_t{1}, int64_t{4096}, int64_t{151936}, int64_t{1} << 24}) {
+    const int64_t rows = lce_block_rows(vocab, sizeof(float));
+    EXPECT_GE(rows, 1) << "V = " << vocab;
+    EXPECT_LE(rows, kLceMaxBlockRows) << "V = " << vocab;
+    if (rows > 1) EXPECT_LE(rows * vocab * 4, kLceLogitsBlockBytes) << "V = " << vocab;
+  }
+}
+
+TEST(LinearCrossEntropy, NoGradientsAreMadeUnderNoGrad) {
+  at::Tensor hidden = torch::randn({6, 4}).requires_grad_();
+  at::Tensor weight = torch::randn({9, 4}).requires_grad_();
+  at::Tensor targets = Targets({1, kIgnore, 8, 3, 0, 2});
+  const double expected = Reference(hidden, weight, targets, std::nullopt, 0.0).sum.item<double>();
+  torch::NoGradGuard no_grad;
+  LossSum out = linear_cross_entropy(hidden, weight, targets);
+  EXPECT_FALSE(out.sum.requires_grad());
+  EXPECT_NEAR(out.sum.item<double>(), expected, 1e-5 * std::abs(expected));
+}
+
+TEST(LinearCrossEntropy, SecondBackwardThroughTheSameLossIsAClearError) {
+  at::Tensor hidden = torch::randn({6, 4}).requires_grad_();
+  at::Tensor weight = torch::randn({9, 4});
+  at::Tensor targets = Targets({1, kIgnore, 8, 3, 0, 2});
+  at::Tensor sum = linear_cross_entropy(hidden, weight, targets).sum;
+  sum.backward({}, /*retain_graph=*/true);
+  try {
+    sum.backward();
+    ADD_FAILURE() << "second backward did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("backward ran twice"), std::string::npos)
+        << e.what_without_backtrace();
   }
 }
 
