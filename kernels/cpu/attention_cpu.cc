@@ -20,10 +20,16 @@
 // Delta_i = dO_i . O_i:
 //   dV_j = sum_i P_ij dO_i          dS_ij = P_ij (dO_i . v_j - Delta_i)
 //   dK_j = scale sum_i dS_ij q_i    dQ_i  = scale sum_j dS_ij k_j
-// Two passes give every output element a single owner, so there are no
-// atomics and the result does not depend on the thread count: (key tile, kv
-// head) items accumulate dK and dV over all query heads of the group, then
-// (query tile, query head) items accumulate dQ.
+// One pass, five tile products per (query tile, key tile): S, dV, dP, dK, dQ.
+// A work item is (closed group of tokens, query head), where a closed group is
+// a document (both halves for block diffusion): no query sees a key outside
+// its group, so the item owns every dQ, dK and dV row it writes, for its head.
+// There are no atomics, the sums run in a fixed order whatever the thread
+// count, and, as in ATen's CPU flash attention, parallelism is (groups x query
+// heads). With grouped-query attention, dK and dV are made per query head and
+// summed over each group at the end. (A pass for dK and dV by key tile and
+// another for dQ by query tile would parallelise over tiles too, but computes
+// S and dP twice: 7 products instead of 5.)
 //
 // Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
 // sum and exp runs in fp32 (fp64 for fp64 inputs, so that finite differences
@@ -296,8 +302,7 @@ struct Problem {
   int64_t num_heads;
   int64_t num_kv_heads;
   int64_t head_dim;
-  const int64_t* key_ranges;    // (T, 4)
-  const int64_t* query_ranges;  // (T, 4)
+  const int64_t* key_ranges;  // (T, 4)
   T scale;
 
   int64_t ldq() const { return num_heads * head_dim; }
@@ -305,34 +310,85 @@ struct Problem {
   int64_t group() const { return num_heads / num_kv_heads; }
 };
 
-// A tile of one head: rows (queries) for the forward and dQ, columns (keys)
-// for dK/dV, with the spans of the other side it meets.
+// A query tile of kBlockM rows inside one segment, with the spans of keys
+// that some row of it sees.
+struct QueryTile {
+  Span rows;
+  Spans keys;
+  int64_t cost;  // rows x keys: the score elements it computes per head
+};
+
+// Cuts every segment into query tiles, dropping tiles whose rows see no key.
+// Tiles come out in token order.
+std::vector<QueryTile> MakeQueryTiles(const std::vector<int64_t>& segments,
+                                      const int64_t* key_ranges) {
+  std::vector<QueryTile> tiles;
+  for (size_t s = 0; s + 1 < segments.size(); ++s) {
+    for (int64_t b = segments[s]; b < segments[s + 1]; b += kBlockM) {
+      const Span rows{b, std::min(b + kBlockM, segments[s + 1])};
+      const Spans keys = UnionOfRanges(key_ranges, rows);
+      if (keys.count != 0) tiles.push_back({rows, keys, rows.size() * keys.total()});
+    }
+  }
+  return tiles;
+}
+
+// Consecutive query tiles [tiles.begin, tiles.end) of one query head.
 struct WorkItem {
-  Span tile;
+  Span tiles;
   int64_t head;
-  Spans other;
   int64_t cost;
 };
 
-// Cuts every segment into tiles of `block`, pairs each with the spans that
-// `ranges` gives it, and repeats for `num_heads` heads, most costly first.
-std::vector<WorkItem> MakeWorkItems(const std::vector<int64_t>& segments, const int64_t* ranges,
-                                    int64_t block, int64_t num_heads, int64_t heads_per_item) {
+// One work item per (run of tiles, query head), most costly first: causal
+// tiles differ in cost by up to T / kBlockN, and starting the longest first
+// keeps the last thread from finishing alone.
+std::vector<WorkItem> MakeWorkItems(const std::vector<QueryTile>& tiles,
+                                    const std::vector<Span>& runs, int64_t num_heads) {
   std::vector<WorkItem> items;
-  for (size_t s = 0; s + 1 < segments.size(); ++s) {
-    for (int64_t b = segments[s]; b < segments[s + 1]; b += block) {
-      const Span tile{b, std::min(b + block, segments[s + 1])};
-      const Spans other = UnionOfRanges(ranges, tile);
-      if (other.count == 0) continue;
-      const int64_t cost = tile.size() * other.total() * heads_per_item;
-      for (int64_t h = 0; h < num_heads; ++h) items.push_back({tile, h, other, cost});
-    }
+  for (const Span& run : runs) {
+    int64_t cost = 0;
+    for (int64_t t = run.begin; t < run.end; ++t) cost += tiles[t].cost;
+    for (int64_t h = 0; h < num_heads; ++h) items.push_back({run, h, cost});
   }
-  // Causal tiles differ in cost by up to T / kBlockN; starting the longest
-  // first keeps the last thread from finishing alone.
   std::stable_sort(items.begin(), items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   return items;
+}
+
+// Each tile alone: the forward's runs.
+std::vector<Span> SingleTileRuns(const std::vector<QueryTile>& tiles) {
+  std::vector<Span> runs;
+  for (int64_t t = 0; t < static_cast<int64_t>(tiles.size()); ++t) runs.push_back({t, t + 1});
+  return runs;
+}
+
+// The backward's runs: the tiles of each closed group of tokens, a set of
+// consecutive segments whose queries see keys only inside it (a document; both
+// halves of a block-diffusion document). One work item then owns the dQ, dK and
+// dV rows of its group for its head, so there are no atomics and the sums run
+// in a fixed order.
+std::vector<Span> ClosedGroupRuns(const std::vector<QueryTile>& tiles) {
+  std::vector<Span> runs;    // tile indices
+  std::vector<Span> tokens;  // the tokens each run covers, queries and keys
+  for (int64_t t = 0; t < static_cast<int64_t>(tiles.size()); ++t) {
+    Span hull = tiles[t].rows;
+    for (int i = 0; i < tiles[t].keys.count; ++i) {
+      hull = {std::min(hull.begin, tiles[t].keys.span[i].begin),
+              std::max(hull.end, tiles[t].keys.span[i].end)};
+    }
+    Span run{t, t + 1};
+    // Fold in every earlier run this tile's tokens reach back into.
+    while (!tokens.empty() && hull.begin < tokens.back().end) {
+      hull = {std::min(hull.begin, tokens.back().begin), std::max(hull.end, tokens.back().end)};
+      run.begin = runs.back().begin;
+      runs.pop_back();
+      tokens.pop_back();
+    }
+    runs.push_back(run);
+    tokens.push_back(hull);
+  }
+  return runs;
 }
 
 // Calls worker(claim) once on each intra-op thread; claim() hands out the
@@ -395,11 +451,11 @@ int64_t ScoreTile(const Problem<T>& p, const T* q_tile, const T* k_tile, Span ro
 // ---------------------------------------------------------------------------
 
 template <typename T>
-void ForwardItem(const Problem<T>& p, const WorkItem& item, T* out, T* lse, Workspace<T>& ws) {
-  const Span rows = item.tile;
+void ForwardTile(const Problem<T>& p, const QueryTile& tile, int64_t h, T* out, T* lse,
+                 Workspace<T>& ws) {
+  const Span rows = tile.rows;
   const int64_t m = rows.size();
   const int64_t d = p.head_dim;
-  const int64_t h = item.head;
   const int64_t g = h / p.group();
   const T* q_tile = p.q + rows.begin * p.ldq() + h * d;  // (m, D), row stride ldq
   T* s = ws.s.data();                                    // (kBlockM, kBlockN)
@@ -410,8 +466,8 @@ void ForwardItem(const Problem<T>& p, const WorkItem& item, T* out, T* lse, Work
   std::fill(row_max, row_max + m, -std::numeric_limits<T>::infinity());
   std::fill(row_sum, row_sum + m, T(0));
 
-  for (int si = 0; si < item.other.count; ++si) {
-    const Span keys = item.other.span[si];
+  for (int si = 0; si < tile.keys.count; ++si) {
+    const Span keys = tile.keys.span[si];
     for (int64_t c = keys.begin; c < keys.end; c += kBlockN) {
       const Span cols{c, std::min(c + kBlockN, keys.end)};
       const Coverage coverage = Classify(p.key_ranges, rows, cols);
@@ -471,62 +527,31 @@ void Probabilities(T* s, const T* lse_rows, int64_t m, int64_t n_padded) {
   }
 }
 
-// dK and dV for one key tile of kv head `item.head`, over every query head of
-// its group and every query tile that sees the keys.
+// Where one query head's dK and dV rows accumulate: straight into the
+// gradients when each kv head has one query head, otherwise into that query
+// head's slice of (T, Hq, D) buffers that are summed over each group at the
+// end, so that the query heads of a group never write the same rows.
 template <typename T>
-void KeyValueGradItem(const Problem<T>& p, const Upstream<T>& up, const WorkItem& item, T* grad_k,
-                      T* grad_v, Workspace<T>& ws) {
-  const Span cols = item.tile;
-  const int64_t n = cols.size();
-  const int64_t d = p.head_dim;
-  const int64_t g = item.head;
-  const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
-  const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
-  T* s = ws.s.data();                                    // (kBlockM, kBlockN)
-  T* dp = ws.dp.data();                                  // (kBlockM, kBlockN)
-  T* dk = ws.acc.data();                                 // (kBlockN, D)
-  T* dv = dk + kBlockN * d;                              // (kBlockN, D)
-  std::fill(dk, dk + 2 * kBlockN * d, T(0));
+struct KeyValueGrads {
+  T* dk;  // (T, Hq, D) per query head, or (T, Hkv, D)
+  T* dv;  // likewise
+  bool per_query_head;
 
-  for (int64_t h = g * p.group(); h < (g + 1) * p.group(); ++h) {
-    for (int si = 0; si < item.other.count; ++si) {
-      const Span queries = item.other.span[si];
-      for (int64_t r = queries.begin; r < queries.end; r += kBlockM) {
-        const Span rows{r, std::min(r + kBlockM, queries.end)};
-        const Coverage coverage = Classify(p.key_ranges, rows, cols);
-        if (coverage == Coverage::kNone) continue;
-        const int64_t m = rows.size();
-        const T* q_tile = p.q + rows.begin * p.ldq() + h * d;           // (m, D)
-        const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;  // (m, D)
-        const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
-        Probabilities(s, up.lse + h * p.num_tokens + rows.begin, m, n_padded);
-        // dv (n, D) row-major = column-major (D, n) += dO^T (D, m) . P (m, n)
-        Gemm('N', 'T', d, n, m, T(1), do_tile, p.ldq(), s, kBlockN, T(1), dv, d);
-        // dp (m, n) row-major = column-major (n, m) = V (n, D) . dO^T (D, m)
-        Gemm('T', 'N', n, m, d, T(1), v_tile, p.ldk(), do_tile, p.ldq(), T(0), dp, kBlockN);
-        for (int64_t i = 0; i < m; ++i) {
-          SoftmaxGrad(dp + i * kBlockN, s + i * kBlockN,
-                      up.delta[h * p.num_tokens + rows.begin + i], n_padded);
-        }
-        // dk (n, D) row-major = column-major (D, n) += scale Q^T (D, m) . dS (m, n)
-        Gemm('N', 'T', d, n, m, p.scale, q_tile, p.ldq(), dp, kBlockN, T(1), dk, d);
-      }
-    }
+  // Offset of token j's row for query head h.
+  int64_t offset(const Problem<T>& p, int64_t j, int64_t h) const {
+    return per_query_head ? j * p.ldq() + h * p.head_dim : j * p.ldk() + h / p.group() * p.head_dim;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    std::copy(dk + j * d, dk + (j + 1) * d, grad_k + (cols.begin + j) * p.ldk() + g * d);
-    std::copy(dv + j * d, dv + (j + 1) * d, grad_v + (cols.begin + j) * p.ldk() + g * d);
-  }
-}
+  int64_t ld(const Problem<T>& p) const { return per_query_head ? p.ldq() : p.ldk(); }
+};
 
-// dQ for one query tile of query head `item.head`.
+// dQ of one query tile of head h, and its terms of dK and dV, over every key
+// tile the tile's rows see.
 template <typename T>
-void QueryGradItem(const Problem<T>& p, const Upstream<T>& up, const WorkItem& item, T* grad_q,
-                   Workspace<T>& ws) {
-  const Span rows = item.tile;
+void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile, int64_t h,
+              T* grad_q, const KeyValueGrads<T>& kv, Workspace<T>& ws) {
+  const Span rows = tile.rows;
   const int64_t m = rows.size();
   const int64_t d = p.head_dim;
-  const int64_t h = item.head;
   const int64_t g = h / p.group();
   const T* q_tile = p.q + rows.begin * p.ldq() + h * d;            // (m, D)
   const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;   // (m, D)
@@ -535,24 +560,31 @@ void QueryGradItem(const Problem<T>& p, const Upstream<T>& up, const WorkItem& i
   T* s = ws.s.data();                                              // (kBlockM, kBlockN)
   T* dp = ws.dp.data();                                            // (kBlockM, kBlockN)
   T* dq = ws.acc.data();                                           // (kBlockM, D)
+  const int64_t ld_kv = kv.ld(p);
   std::fill(dq, dq + m * d, T(0));
 
-  for (int si = 0; si < item.other.count; ++si) {
-    const Span keys = item.other.span[si];
+  for (int si = 0; si < tile.keys.count; ++si) {
+    const Span keys = tile.keys.span[si];
     for (int64_t c = keys.begin; c < keys.end; c += kBlockN) {
       const Span cols{c, std::min(c + kBlockN, keys.end)};
       const Coverage coverage = Classify(p.key_ranges, rows, cols);
       if (coverage == Coverage::kNone) continue;
       const int64_t n = cols.size();
-      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D)
-      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D)
+      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;       // (n, D)
+      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;       // (n, D)
+      T* dk = kv.dk + kv.offset(p, cols.begin, h);                // (n, D), row stride ld_kv
+      T* dv = kv.dv + kv.offset(p, cols.begin, h);                // (n, D), row stride ld_kv
       const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
       Probabilities(s, lse_rows, m, n_padded);
+      // dv (n, D) row-major = column-major (D, n) += dO^T (D, m) . P (m, n)
+      Gemm('N', 'T', d, n, m, T(1), do_tile, p.ldq(), s, kBlockN, T(1), dv, ld_kv);
       // dp (m, n) row-major = column-major (n, m) = V (n, D) . dO^T (D, m)
       Gemm('T', 'N', n, m, d, T(1), v_tile, p.ldk(), do_tile, p.ldq(), T(0), dp, kBlockN);
       for (int64_t i = 0; i < m; ++i) {
         SoftmaxGrad(dp + i * kBlockN, s + i * kBlockN, delta_rows[i], n_padded);
       }
+      // dk (n, D) row-major = column-major (D, n) += scale Q^T (D, m) . dS (m, n)
+      Gemm('N', 'T', d, n, m, p.scale, q_tile, p.ldq(), dp, kBlockN, T(1), dk, ld_kv);
       // dq (m, D) row-major = column-major (D, m) += scale K^T (D, n) . dS^T (n, m)
       Gemm('N', 'N', d, m, n, p.scale, k_tile, p.ldk(), dp, kBlockN, T(1), dq, d);
     }
@@ -577,7 +609,7 @@ std::vector<int64_t> ToVector(const at::Tensor& t) {
 
 template <typename T>
 Problem<T> MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_ranges, const at::Tensor& query_ranges, double scale) {
+                       const at::Tensor& key_ranges, double scale) {
   return Problem<T>{q.const_data_ptr<T>(),
                     k.const_data_ptr<T>(),
                     v.const_data_ptr<T>(),
@@ -586,7 +618,6 @@ Problem<T> MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     k.size(1),
                     q.size(2),
                     key_ranges.const_data_ptr<int64_t>(),
-                    query_ranges.const_data_ptr<int64_t>(),
                     static_cast<T>(scale)};
 }
 
@@ -650,23 +681,24 @@ AttentionCpuForward attention_cpu_forward(const at::Tensor& q, const at::Tensor&
   const at::Tensor kc = k.to(compute).contiguous();
   const at::Tensor vc = v.to(compute).contiguous();
   const at::Tensor key_ranges = mask.key_ranges.contiguous();
-  const at::Tensor query_ranges = mask.query_ranges.contiguous();
   at::Tensor out = at::empty_like(qc);                               // (T, Hq, D)
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options());  // (Hq, T)
-  const std::vector<WorkItem> items =
-      MakeWorkItems(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>(), kBlockM,
-                    q.size(1), /*heads_per_item=*/1);
+  const std::vector<QueryTile> tiles =
+      MakeQueryTiles(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>());
+  const std::vector<WorkItem> items = MakeWorkItems(tiles, SingleTileRuns(tiles), q.size(1));
   // A tile in which no row sees a key gets no work item; its rows keep the
   // empty-row result.
   out.zero_();
   lse.fill_(-std::numeric_limits<double>::infinity());
   AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_forward", [&] {
-    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, query_ranges, scale);
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, scale);
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     scalar_t* lse_ptr = lse.mutable_data_ptr<scalar_t>();
     ParallelOverItems(static_cast<int64_t>(items.size()), [&](const auto& claim) {
       Workspace<scalar_t> ws(p.head_dim);
-      for (int64_t i = claim(); i >= 0; i = claim()) ForwardItem(p, items[i], out_ptr, lse_ptr, ws);
+      for (int64_t i = claim(); i >= 0; i = claim()) {
+        ForwardTile(p, tiles[items[i].tiles.begin], items[i].head, out_ptr, lse_ptr, ws);
+      }
     });
   });
   return {out.to(q.scalar_type()), lse};
@@ -686,37 +718,39 @@ AttentionCpuGrads attention_cpu_backward(const at::Tensor& grad_out, const at::T
   // sum_j P_ij dP_ij = Delta_i holds for the P it produced.
   const at::Tensor delta = (dout * out.to(compute)).sum(-1).t().contiguous();
   const at::Tensor key_ranges = mask.key_ranges.contiguous();
-  const at::Tensor query_ranges = mask.query_ranges.contiguous();
-  const std::vector<int64_t> segments = ToVector(mask.segments);
   const int64_t num_heads = q.size(1);
   const int64_t num_kv_heads = k.size(1);
+  const bool per_query_head = num_heads != num_kv_heads;
   // Keys no query sees, and queries that see no key, get gradient 0 without a tile.
   at::Tensor grad_q = at::zeros_like(qc);
-  at::Tensor grad_k = at::zeros_like(kc);
-  at::Tensor grad_v = at::zeros_like(vc);
-  const std::vector<WorkItem> kv_items =
-      MakeWorkItems(segments, query_ranges.const_data_ptr<int64_t>(), kBlockN, num_kv_heads,
-                    num_heads / num_kv_heads);
-  const std::vector<WorkItem> q_items = MakeWorkItems(
-      segments, key_ranges.const_data_ptr<int64_t>(), kBlockM, num_heads, /*heads_per_item=*/1);
+  at::Tensor grad_k = per_query_head ? at::zeros_like(qc) : at::zeros_like(kc);
+  at::Tensor grad_v = per_query_head ? at::zeros_like(qc) : at::zeros_like(vc);
+  const std::vector<QueryTile> tiles =
+      MakeQueryTiles(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>());
+  const std::vector<WorkItem> items = MakeWorkItems(tiles, ClosedGroupRuns(tiles), num_heads);
   AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_backward", [&] {
-    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, query_ranges, scale);
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, scale);
     const Upstream<scalar_t> up{dout.const_data_ptr<scalar_t>(), lsec.const_data_ptr<scalar_t>(),
                                 delta.const_data_ptr<scalar_t>()};
-    scalar_t* gk = grad_k.mutable_data_ptr<scalar_t>();
-    scalar_t* gv = grad_v.mutable_data_ptr<scalar_t>();
+    const KeyValueGrads<scalar_t> kv{grad_k.mutable_data_ptr<scalar_t>(),
+                                     grad_v.mutable_data_ptr<scalar_t>(), per_query_head};
     scalar_t* gq = grad_q.mutable_data_ptr<scalar_t>();
-    ParallelOverItems(static_cast<int64_t>(kv_items.size()), [&](const auto& claim) {
+    ParallelOverItems(static_cast<int64_t>(items.size()), [&](const auto& claim) {
       Workspace<scalar_t> ws(p.head_dim);
       for (int64_t i = claim(); i >= 0; i = claim()) {
-        KeyValueGradItem(p, up, kv_items[i], gk, gv, ws);
+        for (int64_t t = items[i].tiles.begin; t < items[i].tiles.end; ++t) {
+          GradTile(p, up, tiles[t], items[i].head, gq, kv, ws);
+        }
       }
     });
-    ParallelOverItems(static_cast<int64_t>(q_items.size()), [&](const auto& claim) {
-      Workspace<scalar_t> ws(p.head_dim);
-      for (int64_t i = claim(); i >= 0; i = claim()) QueryGradItem(p, up, q_items[i], gq, ws);
-    });
   });
+  if (per_query_head) {
+    // (T, Hq, D) -> (T, Hkv, D): query head h belongs to kv head h / group.
+    const int64_t tokens = q.size(0);
+    const int64_t group = num_heads / num_kv_heads;
+    grad_k = grad_k.view({tokens, num_kv_heads, group, q.size(2)}).sum(2);
+    grad_v = grad_v.view({tokens, num_kv_heads, group, q.size(2)}).sum(2);
+  }
   return {grad_q.to(q.scalar_type()), grad_k.to(k.scalar_type()), grad_v.to(v.scalar_type())};
 }
 

@@ -37,7 +37,7 @@ struct IntervalMask {
   // alone decides every masked element.
   at::Tensor key_ranges;
   // int64 (T, 4): row j = the queries that see key j, in the same form. Only
-  // used to find the query tiles of a key tile in the backward.
+  // used by the CUDA backward, to find the query tiles of a key tile.
   at::Tensor query_ranges;
 };
 

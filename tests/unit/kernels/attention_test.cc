@@ -231,6 +231,27 @@ TEST_F(AttentionTest, BlockDiffusionMatchesMaskBuiltFromDefinition) {
   }
 }
 
+// Each backward work item owns the rows it writes (a document, both halves of
+// a block-diffusion one), so the gradients are the same bits whatever the
+// thread count; an item that shared rows with another would race here.
+TEST_F(AttentionTest, GradientsAreBitwiseTheSameForAnyThreadCount) {
+  SCOPED_TRACE(SeedTrace());
+  const std::vector<int64_t> lengths = {2 * kAttnBlockM + 10, 40, 3 * kAttnBlockM};
+  const Inputs in = RandomInputs(Total(lengths), 4, 2, 32, torch::kFloat);
+  const int threads = at::get_num_threads();
+  for (const AttentionMask& mask : {Causal(lengths), BlockDiffusion(lengths, 16)}) {
+    at::set_num_threads(1);
+    const Grads one = KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out);
+    at::set_num_threads(4);
+    const Grads four = KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(torch::equal(one.out, four.out));
+    EXPECT_TRUE(torch::equal(one.dq, four.dq));
+    EXPECT_TRUE(torch::equal(one.dk, four.dk));
+    EXPECT_TRUE(torch::equal(one.dv, four.dv));
+  }
+}
+
 TEST_F(AttentionTest, BlockDiffusionCleanQueriesIgnoreNoisyTokens) {
   SCOPED_TRACE(SeedTrace());
   // Changing the noisy half must leave the clean half's output unchanged.
