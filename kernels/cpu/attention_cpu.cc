@@ -436,12 +436,21 @@ int64_t ScoreTile(const Problem<T>& p, const T* q_tile, const T* k_tile, Span ro
     T* row = s + i * kBlockN;
     std::fill(row + n, row + n_padded, kNegInf);
     if (coverage == Coverage::kFull) continue;
+    // The keys the row does not see are the gaps around its two intervals
+    // (hi0 <= lo1 when both are non-empty): fill those, clipped to the tile.
     const int64_t* r = p.key_ranges + 4 * (rows.begin + i);
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t c = cols.begin + j;
-      const bool visible = (r[0] <= c && c < r[1]) || (r[2] <= c && c < r[3]);
-      if (!visible) row[j] = kNegInf;
+    const bool has0 = r[0] < r[1];
+    const bool has1 = r[2] < r[3];
+    const std::array<Span, 2> seen = {has0 ? Span{r[0], r[1]} : Span{r[2], r[3]},
+                                      has1 && has0 ? Span{r[2], r[3]} : Span{}};
+    int64_t hidden_from = cols.begin;
+    for (const Span& interval : seen) {
+      if (interval.size() <= 0) continue;
+      const int64_t gap_end = std::clamp(interval.begin, hidden_from, cols.end);
+      std::fill(row + (hidden_from - cols.begin), row + (gap_end - cols.begin), kNegInf);
+      hidden_from = std::clamp(interval.end, hidden_from, cols.end);
     }
+    std::fill(row + (hidden_from - cols.begin), row + n, kNegInf);
   }
   return n_padded;
 }
@@ -570,10 +579,10 @@ void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile,
       const Coverage coverage = Classify(p.key_ranges, rows, cols);
       if (coverage == Coverage::kNone) continue;
       const int64_t n = cols.size();
-      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;       // (n, D)
-      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;       // (n, D)
-      T* dk = kv.dk + kv.offset(p, cols.begin, h);                // (n, D), row stride ld_kv
-      T* dv = kv.dv + kv.offset(p, cols.begin, h);                // (n, D), row stride ld_kv
+      const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D)
+      const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D)
+      T* dk = kv.dk + kv.offset(p, cols.begin, h);           // (n, D), row stride ld_kv
+      T* dv = kv.dv + kv.offset(p, cols.begin, h);           // (n, D), row stride ld_kv
       const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
       Probabilities(s, lse_rows, m, n_padded);
       // dv (n, D) row-major = column-major (D, n) += dO^T (D, m) . P (m, n)
