@@ -4,11 +4,15 @@ Qwen3, data and optimizer, on CPU, measured side by side in one run.
 Setup (issue 3): 4 layers, hidden 256, 8 heads, vocab 4096, seq 512, LoRA r=16
 all-linear, fp32, AdamW. Each side runs as its own process; tokens/s is taken
 over the steps after warm-up, peak RSS by polling the process every 10 ms.
+The sides alternate for ROUNDS rounds and each reports its median, because a
+single 10-step run on these shared machines varies by +-10%.
 Prints one table row per figure as a ratio against the baseline.
 """
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,7 +23,7 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
 
-SEQ, MBS, STEPS, WARMUP = 512, 4, 12, 2
+SEQ, MBS, STEPS, WARMUP, ROUNDS = 512, 4, 12, 2, 3
 
 
 def make_inputs(root):
@@ -65,6 +69,11 @@ def run_reference(root):
     print(json.dumps({"step_time_s": times}))
 
 
+def tokens_per_s(step_times):
+    """Tokens per second over the steps after warm-up."""
+    return MBS * SEQ / (sum(step_times[WARMUP:]) / (STEPS - WARMUP))
+
+
 def measure(cmd):
     """Runs cmd, polling its RSS; returns (stdout, peak RSS in bytes)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -100,19 +109,25 @@ def main():
                 "optimizer": {"lr": 1e-4}, "max_steps": STEPS, "precision": "fp32"}
         with open(os.path.join(root, "job.yaml"), "w") as f:
             yaml.safe_dump(spec, f)
-        _, ours_rss = measure([os.path.join(args.bin, "ballast-train"), "--spec",
-                               os.path.join(root, "job.yaml"), "--out", os.path.join(root, "out")])
-        with open(os.path.join(root, "out", "metrics.jsonl")) as f:
-            ours_times = [json.loads(line)["step_time_s"] for line in f]
-        out, ref_rss = measure([sys.executable, __file__, "--reference", root])
-        ref_times = json.loads(out)["step_time_s"]
+        ours_tps, ours_rss, ref_tps, ref_rss = [], [], [], []
+        for _ in range(ROUNDS):
+            out_dir = os.path.join(root, "out")
+            shutil.rmtree(out_dir, ignore_errors=True)
+            _, rss = measure([os.path.join(args.bin, "ballast-train"), "--spec",
+                              os.path.join(root, "job.yaml"), "--out", out_dir])
+            with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+                ours_tps.append(tokens_per_s([json.loads(line)["step_time_s"] for line in f]))
+            ours_rss.append(rss)
+            out, rss = measure([sys.executable, __file__, "--reference", root])
+            ref_tps.append(tokens_per_s(json.loads(out)["step_time_s"]))
+            ref_rss.append(rss)
 
-    tokens = MBS * SEQ
-    ours_tps = tokens / (sum(ours_times[WARMUP:]) / (STEPS - WARMUP))
-    ref_tps = tokens / (sum(ref_times[WARMUP:]) / (STEPS - WARMUP))
+    ours_tps, ref_tps = statistics.median(ours_tps), statistics.median(ref_tps)
+    ours_rss, ref_rss = statistics.median(ours_rss), statistics.median(ref_rss)
     name = "trainer_cpu/qwen3-tiny lora r16 seq512 vs transformers+peft"
     print(f"{name}: {ours_tps / ref_tps:.2f}x tokens/s ({ours_tps:.0f} vs {ref_tps:.0f}), "
-          f"{ours_rss / ref_rss:.2f}x peak RSS ({ours_rss / 2**20:.0f} vs {ref_rss / 2**20:.0f} MiB)")
+          f"{ours_rss / ref_rss:.2f}x peak RSS ({ours_rss / 2**20:.0f} vs {ref_rss / 2**20:.0f} MiB) "
+          f"(median of {ROUNDS} alternating runs)")
 
 
 if __name__ == "__main__":

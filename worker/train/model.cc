@@ -46,6 +46,11 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
+// Tensors stacked along dim 0, without a copy when there is only one.
+at::Tensor JoinRows(const std::vector<at::Tensor>& parts) {
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
+}
+
 }  // namespace
 
 absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelConfig& c,
@@ -122,20 +127,63 @@ const at::Tensor& Decoder::lm_head_weight() const {
   return params_->get(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
-at::Tensor Decoder::linear(const std::string& module, const std::string& short_name,
-                           const at::Tensor& x, bool training) const {
-  const std::string bias_name = module + ".bias";
-  at::Tensor bias = params_->contains(bias_name) ? weight(bias_name) : at::Tensor();
-  at::Tensor y = at::linear(x, weight(module + ".weight"), bias);  // (T, out)
-  if (!lora_ || !lora_->targets(short_name)) return y;
-  at::Tensor in = lora_->lora_dropout > 0 ? at::dropout(x, lora_->lora_dropout, training) : x;
-  at::Tensor down = at::linear(in, weight(module + ".lora_A.weight"));  // (T, r)
-  // y + (down @ B^T) * scaling as one GEMM that accumulates into y: scaling
-  // goes on B (out x r) rather than on a (T, out) product, which saves two
-  // passes over (T, out) forward and backward. Exact for the usual power-of-two
-  // scaling (alpha / r); otherwise it moves one rounding, well inside parity.
-  at::Tensor up = weight(module + ".lora_B.weight") * lora_->scaling();  // (out, r)
-  return at::addmm(y, down, up.t());
+std::vector<at::Tensor> Decoder::project(const std::string& prefix,
+                                         const std::vector<std::string>& modules,
+                                         const at::Tensor& x, bool training) const {
+  std::vector<at::Tensor> weights, biases;
+  std::vector<int64_t> out_sizes;
+  bool any_bias = false;
+  for (const std::string& m : modules) {
+    at::Tensor w = weight(prefix + m + ".weight");  // (out_m, in)
+    const bool has_bias = params_->contains(prefix + m + ".bias");
+    any_bias |= has_bias;
+    biases.push_back(has_bias ? weight(prefix + m + ".bias") : at::zeros({w.size(0)}, w.options()));
+    out_sizes.push_back(w.size(0));
+    weights.push_back(std::move(w));
+  }
+  at::Tensor y = at::linear(x, JoinRows(weights), any_bias ? JoinRows(biases) : at::Tensor());
+
+  std::vector<size_t> adapted;  // indices into modules
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (lora_ && lora_->targets(modules[i])) adapted.push_back(i);
+  }
+  if (adapted.empty())
+    return modules.size() == 1 ? std::vector<at::Tensor>{y} : y.split_with_sizes(out_sizes, 1);
+
+  // down = dropout(x) A^T of every adapted module, side by side: (T, sum r).
+  // Without dropout the modules share x, so their A's are one GEMM; with it
+  // each module draws its own mask, in module order, as PEFT does.
+  std::vector<at::Tensor> a_weights, downs;
+  for (size_t i : adapted) {
+    at::Tensor a = weight(prefix + modules[i] + ".lora_A.weight");  // (r, in)
+    if (lora_->lora_dropout > 0) {
+      downs.push_back(at::linear(at::dropout(x, lora_->lora_dropout, training), a));
+    }
+    a_weights.push_back(std::move(a));
+  }
+  at::Tensor down =
+      lora_->lora_dropout > 0 ? at::cat(downs, 1) : at::linear(x, JoinRows(a_weights));
+  // y += down @ up^T as one accumulating GEMM. up (sum out, sum r) is block
+  // diagonal: a module's rows hold scaling * B over its own r columns (zero
+  // rows for a module without an adapter). Scaling B rather than a (T, out)
+  // product saves two passes over (T, out) each way; it is exact for the usual
+  // power-of-two scaling (alpha / r) and otherwise moves one rounding, well
+  // inside parity.
+  const int64_t rank_total = down.size(1);
+  std::vector<at::Tensor> up_rows;
+  int64_t column = 0;
+  for (size_t i = 0, next = 0; i < modules.size(); ++i) {
+    if (next < adapted.size() && adapted[next] == i) {
+      at::Tensor b = weight(prefix + modules[i] + ".lora_B.weight") * lora_->scaling();  // (out, r)
+      up_rows.push_back(at::constant_pad_nd(b, {column, rank_total - column - b.size(1)}));
+      column += b.size(1);
+      ++next;
+    } else {
+      up_rows.push_back(at::zeros({out_sizes[i], rank_total}, y.options()));
+    }
+  }
+  y = at::addmm(y, down, JoinRows(up_rows).t());
+  return modules.size() == 1 ? std::vector<at::Tensor>{y} : y.split_with_sizes(out_sizes, 1);
 }
 
 at::Tensor Decoder::rms_norm(const at::Tensor& x, const std::string& weight_name) const {
@@ -157,12 +205,12 @@ at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::
 
   // Attention block.
   at::Tensor x = rms_norm(h, p + "input_layernorm.weight");
-  at::Tensor q = linear(p + "self_attn.q_proj", "q_proj", x, training)
-                     .view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
-  at::Tensor k = linear(p + "self_attn.k_proj", "k_proj", x, training)
-                     .view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
-  at::Tensor v = linear(p + "self_attn.v_proj", "v_proj", x, training)
-                     .view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  // q, k and v read the same x, so they are one projection (see project()).
+  std::vector<at::Tensor> qkv =
+      project(p + "self_attn.", {"q_proj", "k_proj", "v_proj"}, x, training);
+  at::Tensor q = qkv[0].view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
+  at::Tensor k = qkv[1].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  at::Tensor v = qkv[2].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
   if (c.qk_norm) {
     q = rms_norm(q, p + "self_attn.q_norm.weight");
     k = rms_norm(k, p + "self_attn.k_norm.weight");
@@ -173,14 +221,13 @@ at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::
   mask.kind = kernels::MaskKind::kCausal;
   mask.cu_seqlens = cu_seqlens;
   at::Tensor attn = kernels::attention(q, k, v.contiguous(), mask, 1.0 / std::sqrt(c.head_dim));
-  at::Tensor out = h + linear(p + "self_attn.o_proj", "o_proj",
-                              attn.view({t, c.num_attention_heads * c.head_dim}), training);
+  at::Tensor out = h + project(p + "self_attn.", {"o_proj"},
+                               attn.view({t, c.num_attention_heads * c.head_dim}), training)[0];
 
-  // MLP block.
+  // MLP block; gate and up read the same x, so they are one projection.
   x = rms_norm(out, p + "post_attention_layernorm.weight");
-  at::Tensor gate = linear(p + "mlp.gate_proj", "gate_proj", x, training);
-  at::Tensor up = linear(p + "mlp.up_proj", "up_proj", x, training);
-  return out + linear(p + "mlp.down_proj", "down_proj", at::silu(gate) * up, training);
+  std::vector<at::Tensor> gate_up = project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
+  return out + project(p + "mlp.", {"down_proj"}, at::silu(gate_up[0]) * gate_up[1], training)[0];
 }
 
 at::Tensor Decoder::hidden_states(const PackedBatch& batch, bool training) const {

@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/loss.h"
@@ -64,8 +65,14 @@ class Decoder {
 
  private:
   at::Tensor weight(const std::string& name) const;
-  at::Tensor linear(const std::string& module, const std::string& short_name, const at::Tensor& x,
-                    bool training) const;
+  // x (T, in) through the linear modules prefix + modules[i] (e.g. q_proj,
+  // k_proj, v_proj of one layer) with their LoRA adapters: one GEMM over the
+  // concatenated weights and one over the adapters, so the products are fewer
+  // and wider, and x's gradient arrives as one tensor rather than a sum over
+  // modules. Returns one (T, out_i) view per module.
+  std::vector<at::Tensor> project(const std::string& prefix,
+                                  const std::vector<std::string>& modules, const at::Tensor& x,
+                                  bool training) const;
   at::Tensor rms_norm(const at::Tensor& x, const std::string& weight_name) const;
 
   ModelConfig config_;
