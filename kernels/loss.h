@@ -19,8 +19,10 @@ struct LossSum {
   at::Tensor count;
 };
 
-// Cross-entropy of logits = hidden @ weight^T, computed in chunks over T and V
-// so that the (T, V) logits are never materialised; the log-sum-exp is fp32.
+// Cross-entropy of logits = hidden @ weight^T, computed a block of rows at a
+// time (on CUDA also in vocabulary tiles) so that the (T, V) logits are never
+// materialised; the log-sum-exp is fp32. With gradients enabled the forward
+// also makes them, so the backward only scales (see kernels/loss.cc).
 //   hidden         (T, H)  fp32 / bf16 / fp16, or fp64 (computed in fp64, for gradient checks)
 //   weight         (V, H)  same dtype (the lm_head)
 //   targets        (T)     int64, in [0, V) or ignore_index
