@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "worker/train/activation_checkpoint.h"
+#include "worker/train/rope.h"
 #include "worker/train/safetensors.h"
 
 namespace ballast::train {
@@ -37,13 +38,6 @@ at::Tensor RopeInvFreq(const ModelConfig& c) {
     inv_freq = torch::where(medium, smoothed, scaled);
   }
   return inv_freq;
-}
-
-// x (T, heads, D): x * cos + rotate_half(x) * sin, with cos/sin (T, D).
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
 // Tensors stacked along dim 0, without a copy when there is only one.
@@ -215,8 +209,8 @@ at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::
     q = rms_norm(q, p + "self_attn.q_norm.weight");
     k = rms_norm(k, p + "self_attn.k_norm.weight");
   }
-  q = ApplyRope(q, cos, sin).contiguous();
-  k = ApplyRope(k, cos, sin).contiguous();
+  q = ApplyRope(q, cos, sin);  // contiguous
+  k = ApplyRope(k, cos, sin);
   kernels::AttentionMask mask;
   mask.kind = kernels::MaskKind::kCausal;
   mask.cu_seqlens = cu_seqlens;
