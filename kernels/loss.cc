@@ -100,7 +100,10 @@ LceSumAndGrads sum_and_grads_on_device(const at::Tensor& hidden, const at::Tenso
 // backward scales them in place: scaling a fresh (V, H) copy would double the
 // peak memory this loss exists to save. They are released by the first
 // backward, so a second backward through the same graph is an error, as it is
-// for any freed graph.
+// for any freed graph. The CPU backend's unit gradients are in the compute
+// dtype and are rounded to the input dtype after scaling; the CUDA backend's
+// come in the input dtype, so bf16 / fp16 gradients on CUDA are rounded twice
+// (one extra rounding, not a bias: the factor is applied in fp32).
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
@@ -111,6 +114,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     LceSumAndGrads out =
         sum_and_grads_on_device(hidden, weight, targets, rows, token_weights.value_or(at::Tensor()),
                                 z_loss, need_hidden, need_weight);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(hidden.scalar_type());
     ctx->saved_data["d_hidden"] = out.unit_grads.hidden;
     ctx->saved_data["d_weight"] = out.unit_grads.weight;
     return out.sum;
@@ -121,11 +125,13 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     TORCH_CHECK(ctx->saved_data.count("d_hidden") == 1,
                 "linear_cross_entropy: backward ran twice through the same loss; its "
                 "gradients are released by the first backward (retain_graph is not supported)");
-    const at::Tensor& grad_sum = grad_outputs[0];
+    const at::Tensor& grad_sum = grad_outputs[0];  // 0-dim, the loss's dtype
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     auto take_scaled = [&](const char* key) {
       at::Tensor grad = ctx->saved_data[key].toOptional<at::Tensor>().value_or(at::Tensor());
       ctx->saved_data.erase(key);
-      return grad.defined() ? grad.mul_(grad_sum.to(grad.scalar_type())) : grad;
+      // A 0-dim factor keeps grad's dtype and is applied at full precision.
+      return grad.defined() ? grad.mul_(grad_sum).to(dtype) : grad;
     };
     at::Tensor d_hidden = take_scaled("d_hidden");
     at::Tensor d_weight = take_scaled("d_weight");

@@ -86,7 +86,7 @@ LceSumAndGrads linear_cross_entropy_cpu(const at::Tensor& hidden, const at::Tens
 
   LceSumAndGrads out;
   // Ignored rows are never written, so they keep the zero they start with.
-  if (need_hidden) out.unit_grads.hidden = at::zeros(hidden.sizes(), hidden.options());  // (T, H)
+  if (need_hidden) out.unit_grads.hidden = at::zeros(hidden.sizes(), opts);  // (T, H)
   // dweight sums over every row block, so it accumulates in the compute dtype.
   at::Tensor dweight = need_weight ? at::zeros(weight.sizes(), opts) : at::Tensor();  // (V, H)
 
@@ -125,10 +125,10 @@ LceSumAndGrads linear_cross_entropy_cpu(const at::Tensor& hidden, const at::Tens
       if (need_hidden) dh.addmm_(dz.t(), w);
       if (need_weight) dweight.narrow(0, v0, w.size(0)).addmm_(dz, h);
     });
-    if (need_hidden) out.unit_grads.hidden.index_copy_(0, idx, dh.to(hidden.scalar_type()));
+    if (need_hidden) out.unit_grads.hidden.index_copy_(0, idx, dh);
   }
   out.sum = loss.mul_(coef).sum();
-  if (need_weight) out.unit_grads.weight = dweight.to(weight.scalar_type());
+  if (need_weight) out.unit_grads.weight = dweight;
   return out;
 }
 

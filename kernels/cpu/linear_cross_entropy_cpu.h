@@ -28,13 +28,15 @@ inline constexpr int64_t kLceChunkVocab = 8192;
 int64_t lce_block_rows(int64_t vocab, int64_t element_bytes);
 
 struct LceGrads {
-  at::Tensor hidden;  // (T, H) hidden's dtype, zero on ignored rows; undefined unless asked for.
-  at::Tensor weight;  // (V, H) weight's dtype; undefined unless asked for.
+  at::Tensor hidden;  // (T, H), zero on ignored rows; undefined unless asked for.
+  at::Tensor weight;  // (V, H); undefined unless asked for.
 };
 
-// The loss and, when asked for, its gradients for an upstream gradient of 1;
-// the autograd wrapper scales them by the actual upstream gradient, which is
-// exact because the loss is a sum.
+// The loss and, when asked for, its gradients for an upstream gradient of 1,
+// in the compute dtype (fp32, or fp64 for fp64 inputs). The autograd wrapper
+// scales them by the actual upstream gradient (exact, because the loss is a
+// sum) and only then rounds them to the inputs' dtype, so a bf16 or fp16
+// gradient is rounded once.
 struct LceSumAndGrads {
   // Scalar: sum over counted rows of token_weight * loss; fp32 (fp64 for fp64 inputs).
   at::Tensor sum;

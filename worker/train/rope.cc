@@ -68,8 +68,8 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor dy = grad_outputs[0].stride(2) == 1 ? grad_outputs[0]
-                                                         : grad_outputs[0].contiguous();
+    const at::Tensor dy =
+        grad_outputs[0].stride(2) == 1 ? grad_outputs[0] : grad_outputs[0].contiguous();
     at::Tensor dx = at::empty(dy.sizes(), dy.options());
     Rotate(dy, saved[0], saved[1], /*backward=*/true, dx);
     return {dx, at::Tensor(), at::Tensor()};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/linear_cross_entropy_cpu.h"
@@ -115,6 +116,26 @@ TEST(LinearCrossEntropy, Bf16InputsMatchReferenceOnTheRoundedValues) {
   ExpectClose(got.sum, ref.sum, kFp32Rtol, "sum");
   ExpectClose(got.d_hidden, ref.d_hidden, 1e-2, "d_hidden");
   ExpectClose(got.d_weight, ref.d_weight, 1e-2, "d_weight");
+}
+
+// The gradient is scaled by the upstream factor in fp32 and rounded to bf16
+// once, so every element is within one bf16 rounding (2^-9 relative, 2^-8
+// with margin) of the exact value; rounding the unit gradient or the factor
+// to bf16 first would add up to two more.
+TEST(LinearCrossEntropy, Bf16GradientsAreRoundedOnceAfterScaling) {
+  torch::manual_seed(8);
+  at::Tensor hidden = torch::randn({40, 16}).to(torch::kBFloat16);
+  at::Tensor weight = torch::randn({50, 16}).to(torch::kBFloat16);
+  at::Tensor targets = RandomTargets(40, 50, 7);
+  constexpr double kUpstream = 1.0 / 3.0;  // not a bf16 value
+  Result got = RunKernel(hidden, weight, targets, std::nullopt, 0.0, kUpstream);
+  Result ref = Reference(hidden, weight, targets, std::nullopt, 0.0);
+  for (auto [actual, exact, what] :
+       {std::make_tuple(got.d_hidden, ref.d_hidden * kUpstream, "d_hidden"),
+        std::make_tuple(got.d_weight, ref.d_weight * kUpstream, "d_weight")}) {
+    const at::Tensor excess = (actual - exact).abs() - std::ldexp(1.0, -8) * exact.abs() - 1e-30;
+    EXPECT_LE(excess.max().item<double>(), 0.0) << what;
+  }
 }
 
 TEST(LinearCrossEntropy, GradientsMatchFiniteDifferencesInFloat64) {

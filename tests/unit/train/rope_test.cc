@@ -59,8 +59,9 @@ TEST(RopeTest, Bf16IsWithinARoundingOfTheOpByOpResult) {
   at::Tensor x = torch::randn({64, 2, 16}).to(torch::kBFloat16);
   at::Tensor out = ApplyRope(x, cos.to(torch::kBFloat16), sin.to(torch::kBFloat16));
   ASSERT_EQ(out.scalar_type(), torch::kBFloat16);
-  at::Tensor exact = ReferenceRope(x.to(torch::kDouble), cos.to(torch::kBFloat16).to(torch::kDouble),
-                                   sin.to(torch::kBFloat16).to(torch::kDouble));
+  at::Tensor exact =
+      ReferenceRope(x.to(torch::kDouble), cos.to(torch::kBFloat16).to(torch::kDouble),
+                    sin.to(torch::kBFloat16).to(torch::kDouble));
   // One bf16 rounding of a value up to |x| (|cos|, |sin| <= 1): 2^-8 relative.
   EXPECT_LE((out.to(torch::kDouble) - exact).abs().max().item<double>(),
             std::ldexp(1.0, -8) * 2 * x.abs().max().item<float>());
