@@ -124,18 +124,25 @@ const at::Tensor& Decoder::lm_head_weight() const {
 std::vector<at::Tensor> Decoder::project(const std::string& prefix,
                                          const std::vector<std::string>& modules,
                                          const at::Tensor& x, bool training) const {
-  std::vector<at::Tensor> weights, biases;
+  std::vector<at::Tensor> weights;
   std::vector<int64_t> out_sizes;
   bool any_bias = false;
   for (const std::string& m : modules) {
-    at::Tensor w = weight(prefix + m + ".weight");  // (out_m, in)
-    const bool has_bias = params_->contains(prefix + m + ".bias");
-    any_bias |= has_bias;
-    biases.push_back(has_bias ? weight(prefix + m + ".bias") : at::zeros({w.size(0)}, w.options()));
-    out_sizes.push_back(w.size(0));
-    weights.push_back(std::move(w));
+    weights.push_back(weight(prefix + m + ".weight"));  // (out_m, in)
+    out_sizes.push_back(weights.back().size(0));
+    any_bias |= params_->contains(prefix + m + ".bias");
   }
-  at::Tensor y = at::linear(x, JoinRows(weights), any_bias ? JoinRows(biases) : at::Tensor());
+  at::Tensor bias;  // (sum out), zeros for a module without one (Qwen2 has q/k/v bias only)
+  if (any_bias) {
+    std::vector<at::Tensor> biases;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const std::string name = prefix + modules[i] + ".bias";
+      biases.push_back(params_->contains(name) ? weight(name)
+                                               : at::zeros({out_sizes[i]}, weights[i].options()));
+    }
+    bias = JoinRows(biases);
+  }
+  at::Tensor y = at::linear(x, JoinRows(weights), bias);
 
   std::vector<size_t> adapted;  // indices into modules
   for (size_t i = 0; i < modules.size(); ++i) {

@@ -79,6 +79,16 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
 }  // namespace
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // The kernel indexes cos/sin by token and x by its strides; a mismatch would
+  // read out of bounds, so it is refused here.
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0,
+              "ApplyRope: x must be (T, heads, D) with D even, got ", x.sizes());
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == x.size(0) &&
+                  cos.size(1) == x.size(2),
+              "ApplyRope: cos and sin must be (T, D) = (", x.size(0), ", ", x.size(2), "), got ",
+              cos.sizes(), " and ", sin.sizes());
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "ApplyRope: cos and sin must have x's dtype ", x.scalar_type());
   return RopeFunction::apply(x, cos, sin);
 }
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,20 @@ TEST(RopeTest, Bf16IsWithinARoundingOfTheOpByOpResult) {
   // One bf16 rounding of a value up to |x| (|cos|, |sin| <= 1): 2^-8 relative.
   EXPECT_LE((out.to(torch::kDouble) - exact).abs().max().item<double>(),
             std::ldexp(1.0, -8) * 2 * x.abs().max().item<float>());
+}
+
+TEST(RopeTest, MismatchedShapesAreRefusedNamingThem) {
+  const at::Tensor x = torch::randn({8, 2, 16});
+  const auto [cos, sin] = CosSin(8, 16).front();
+  EXPECT_THROW(ApplyRope(torch::randn({8, 2, 15}), cos, sin), c10::Error);
+  try {
+    ApplyRope(x, cos.narrow(0, 0, 7), sin.narrow(0, 0, 7));
+    ADD_FAILURE() << "short cos/sin accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("cos and sin must be (T, D)"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
 }
 
 }  // namespace
