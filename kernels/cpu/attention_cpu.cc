@@ -37,8 +37,7 @@
 // Tile products go to the BLAS that LibTorch links (MKL in the PyPI wheel)
 // through its Fortran entry points, because an ATen op per tile costs more in
 // dispatch than a small tile costs in arithmetic. The fp32 exp is vectorised
-// (Cody-Waite reduction and a degree-7 polynomial, within 1e-7 relative of
-// expf) and cloned for AVX2 where the CPU has it.
+// (kernels/cpu/vec8.h) and cloned for AVX2 where the CPU has it.
 //
 // Threads. Work items run on at::parallel_for's OpenMP threads, longest
 // first; this file is built with OpenMP for that (kernels/CMakeLists.txt).
@@ -58,6 +57,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/vec8.h"
+
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
             const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
@@ -72,23 +73,10 @@ namespace {
 
 constexpr int64_t kBlockM = kAttnBlockM;
 constexpr int64_t kBlockN = kAttnBlockN;
-// Row kernels work on kVec floats at a time; a row of a score tile is padded
-// with -inf up to a multiple of kVec, which exp turns into 0.
-constexpr int64_t kVec = 8;
+// Row kernels work on kVec floats at a time (kernels/cpu/vec8.h); a row of a
+// score tile is padded with -inf up to a multiple of kVec, which exp turns into 0.
 static_assert(kBlockM > 0 && kBlockN > 0, "tiles must be non-empty");
 static_assert(kBlockN % kVec == 0, "score rows are padded to kVec within kBlockN");
-
-#if defined(__x86_64__) && defined(__GNUC__)
-// The baseline build targets any x86-64; like ATen's own kernels, the row
-// kernels pick an AVX2 + FMA body at load time when the CPU has one.
-#define BALLAST_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define BALLAST_ROW_KERNEL
-#endif
-
-using Vec8f = float __attribute__((vector_size(32)));
-using Vec8i = int32_t __attribute__((vector_size(32)));
-static_assert(sizeof(Vec8f) == kVec * sizeof(float));
 
 // ---------------------------------------------------------------------------
 // Tile products
@@ -138,41 +126,12 @@ double RowMax(const double* s, int64_t n) {
 }
 
 // s[j] = exp(s[j] - shift); returns the sum. -inf gives exactly 0 and NaN
-// stays NaN, so a poisoned input reaches the output instead of vanishing.
+// stays NaN (see Exp8).
 BALLAST_ROW_KERNEL float ExpRowSum(float* s, float shift, int64_t n) {
-  // exp(x) = 2^r * exp(f), r = round(x / ln 2), f = x - r ln 2 in
-  // [-ln2/2, ln2/2]; ln 2 is split in two so that r * ln2_hi is exact.
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  // Adding then subtracting 1.5 * 2^23 rounds to the nearest integer.
-  constexpr float kRound = 12582912.0f;
-  // Below this exp(x) is subnormal in fp32; it is flushed to 0.
-  constexpr float kMinArg = -87.33f;
-  constexpr float kMaxArg = 88.37f;
   Vec8f sum{};
   for (int64_t j = 0; j < n; j += kVec) {
-    Vec8f x;
-    std::memcpy(&x, s + j, sizeof x);
-    x = x - shift;
-    Vec8f xc = x < kMinArg ? Vec8f{} + kMinArg : x;
-    xc = xc > kMaxArg ? Vec8f{} + kMaxArg : xc;
-    const Vec8f r = (xc * kLog2e + kRound) - kRound;
-    const Vec8f f = (xc - r * kLn2Hi) - r * kLn2Lo;
-    Vec8f p = Vec8f{} + 1.9875691500e-4f;
-    p = p * f + 1.3981999507e-3f;
-    p = p * f + 8.3334519073e-3f;
-    p = p * f + 4.1665795894e-2f;
-    p = p * f + 1.6666665459e-1f;
-    p = p * f + 5.0000001201e-1f;
-    p = p * f * f + f + 1.0f;
-    // Multiply by 2^r by adding r to the exponent bits (GCC's reinterpret_cast
-    // of a vector keeps its bits).
-    const Vec8i bits = reinterpret_cast<Vec8i>(p) + (__builtin_convertvector(r, Vec8i) << 23);
-    Vec8f y = reinterpret_cast<Vec8f>(bits);
-    y = x < kMinArg ? Vec8f{} : y;
-    y = x != x ? x : y;
-    std::memcpy(s + j, &y, sizeof y);
+    const Vec8f y = Exp8(Load8(s + j) - shift);
+    Store8(s + j, y);
     sum += y;
   }
   float total = 0.0f;

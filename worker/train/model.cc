@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
+#include "kernels/swiglu.h"
 #include "worker/train/activation_checkpoint.h"
 #include "worker/train/rope.h"
 #include "worker/train/safetensors.h"
@@ -121,9 +122,8 @@ const at::Tensor& Decoder::lm_head_weight() const {
   return params_->get(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
-std::vector<at::Tensor> Decoder::project(const std::string& prefix,
-                                         const std::vector<std::string>& modules,
-                                         const at::Tensor& x, bool training) const {
+at::Tensor Decoder::project(const std::string& prefix, const std::vector<std::string>& modules,
+                            const at::Tensor& x, bool training) const {
   std::vector<at::Tensor> weights;
   std::vector<int64_t> out_sizes;
   bool any_bias = false;
@@ -148,8 +148,7 @@ std::vector<at::Tensor> Decoder::project(const std::string& prefix,
   for (size_t i = 0; i < modules.size(); ++i) {
     if (lora_ && lora_->targets(modules[i])) adapted.push_back(i);
   }
-  if (adapted.empty())
-    return modules.size() == 1 ? std::vector<at::Tensor>{y} : y.split_with_sizes(out_sizes, 1);
+  if (adapted.empty()) return y;
 
   // down = dropout(x) A^T of every adapted module, side by side: (T, sum r).
   // Without dropout the modules share x, so their A's are one GEMM; with it
@@ -183,8 +182,9 @@ std::vector<at::Tensor> Decoder::project(const std::string& prefix,
       up_rows.push_back(at::zeros({out_sizes[i], rank_total}, y.options()));
     }
   }
-  y = at::addmm(y, down, JoinRows(up_rows).t());
-  return modules.size() == 1 ? std::vector<at::Tensor>{y} : y.split_with_sizes(out_sizes, 1);
+  // In place: y is a fresh GEMM output that no backward reads, and the
+  // out-of-place addmm would first copy all of (T, sum out) into a new tensor.
+  return y.addmm_(down, JoinRows(up_rows).t());
 }
 
 at::Tensor Decoder::rms_norm(const at::Tensor& x, const std::string& weight_name) const {
@@ -207,8 +207,11 @@ at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::
   // Attention block.
   at::Tensor x = rms_norm(h, p + "input_layernorm.weight");
   // q, k and v read the same x, so they are one projection (see project()).
+  const int64_t q_width = c.num_attention_heads * c.head_dim;
+  const int64_t kv_width = c.num_key_value_heads * c.head_dim;
   std::vector<at::Tensor> qkv =
-      project(p + "self_attn.", {"q_proj", "k_proj", "v_proj"}, x, training);
+      project(p + "self_attn.", {"q_proj", "k_proj", "v_proj"}, x, training)
+          .split_with_sizes({q_width, kv_width, kv_width}, 1);
   at::Tensor q = qkv[0].view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
   at::Tensor k = qkv[1].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
   at::Tensor v = qkv[2].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
@@ -222,13 +225,13 @@ at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::
   mask.kind = kernels::MaskKind::kCausal;
   mask.cu_seqlens = cu_seqlens;
   at::Tensor attn = kernels::attention(q, k, v.contiguous(), mask, 1.0 / std::sqrt(c.head_dim));
-  at::Tensor out = h + project(p + "self_attn.", {"o_proj"},
-                               attn.view({t, c.num_attention_heads * c.head_dim}), training)[0];
+  at::Tensor out = h + project(p + "self_attn.", {"o_proj"}, attn.view({t, q_width}), training);
 
-  // MLP block; gate and up read the same x, so they are one projection.
+  // MLP block; gate and up read the same x, so they are one projection, and
+  // the gate reads it whole.
   x = rms_norm(out, p + "post_attention_layernorm.weight");
-  std::vector<at::Tensor> gate_up = project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
-  return out + project(p + "mlp.", {"down_proj"}, at::silu(gate_up[0]) * gate_up[1], training)[0];
+  at::Tensor gate_up = project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
+  return out + project(p + "mlp.", {"down_proj"}, kernels::swiglu(gate_up), training);
 }
 
 at::Tensor Decoder::hidden_states(const PackedBatch& batch, bool training) const {

@@ -69,10 +69,9 @@ class Decoder {
   // k_proj, v_proj of one layer) with their LoRA adapters: one GEMM over the
   // concatenated weights and one over the adapters, so the products are fewer
   // and wider, and x's gradient arrives as one tensor rather than a sum over
-  // modules. Returns one (T, out_i) view per module.
-  std::vector<at::Tensor> project(const std::string& prefix,
-                                  const std::vector<std::string>& modules, const at::Tensor& x,
-                                  bool training) const;
+  // modules. Returns (T, sum out_i), the modules' outputs side by side.
+  at::Tensor project(const std::string& prefix, const std::vector<std::string>& modules,
+                     const at::Tensor& x, bool training) const;
   at::Tensor rms_norm(const at::Tensor& x, const std::string& weight_name) const;
 
   ModelConfig config_;
