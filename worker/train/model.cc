@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 #include "kernels/swiglu.h"
 #include "worker/train/activation_checkpoint.h"
+#include "worker/train/lora_update.h"
 #include "worker/train/rope.h"
 #include "worker/train/safetensors.h"
 
@@ -163,28 +164,19 @@ at::Tensor Decoder::project(const std::string& prefix, const std::vector<std::st
   }
   at::Tensor down =
       lora_->lora_dropout > 0 ? at::cat(downs, 1) : at::linear(x, JoinRows(a_weights));
-  // y += down @ up^T as one accumulating GEMM. up (sum out, sum r) is block
-  // diagonal: a module's rows hold scaling * B over its own r columns (zero
-  // rows for a module without an adapter). Scaling B rather than a (T, out)
-  // product saves two passes over (T, out) each way; it is exact for the usual
-  // power-of-two scaling (alpha / r) and otherwise moves one rounding, well
-  // inside parity.
-  const int64_t rank_total = down.size(1);
-  std::vector<at::Tensor> up_rows;
+  // y[:, module's columns] += scaling * down[:, module's ranks] @ B^T, per
+  // adapted module (see lora_update.h).
+  std::vector<at::Tensor> ups;
+  std::vector<int64_t> out_begins;
   int64_t column = 0;
-  for (size_t i = 0, next = 0; i < modules.size(); ++i) {
+  for (size_t i = 0, next = 0; i < modules.size(); column += out_sizes[i], ++i) {
     if (next < adapted.size() && adapted[next] == i) {
-      at::Tensor b = weight(prefix + modules[i] + ".lora_B.weight") * lora_->scaling();  // (out, r)
-      up_rows.push_back(at::constant_pad_nd(b, {column, rank_total - column - b.size(1)}));
-      column += b.size(1);
+      ups.push_back(weight(prefix + modules[i] + ".lora_B.weight"));  // (out, r)
+      out_begins.push_back(column);
       ++next;
-    } else {
-      up_rows.push_back(at::zeros({out_sizes[i], rank_total}, y.options()));
     }
   }
-  // In place: y is a fresh GEMM output that no backward reads, and the
-  // out-of-place addmm would first copy all of (T, sum out) into a new tensor.
-  return y.addmm_(down, JoinRows(up_rows).t());
+  return AddLoraUpdate(y, down, ups, out_begins, lora_->scaling());
 }
 
 at::Tensor Decoder::rms_norm(const at::Tensor& x, const std::string& weight_name) const {
