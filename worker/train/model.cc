@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
+#include "kernels/rms_norm.h"
 #include "kernels/swiglu.h"
 #include "worker/train/activation_checkpoint.h"
 #include "worker/train/lora_update.h"
@@ -180,13 +181,7 @@ at::Tensor Decoder::project(const std::string& prefix, const std::vector<std::st
 }
 
 at::Tensor Decoder::rms_norm(const at::Tensor& x, const std::string& weight_name) const {
-  // Normalised in fp32 and rounded to x's dtype before the weight multiplies
-  // it, as HF's Qwen/Llama RMSNorm does; ATen's fused kernel does the fp32
-  // part in one pass forward and backward (bitwise equal to the op-by-op
-  // formula in fp32, and ~1.5x faster at the trainer's shapes).
-  at::Tensor normed =
-      at::rms_norm(x.to(torch::kFloat), {x.size(-1)}, std::nullopt, config_.rms_norm_eps);
-  return weight(weight_name) * normed.to(x.scalar_type());
+  return kernels::rms_norm(x, weight(weight_name), config_.rms_norm_eps);
 }
 
 at::Tensor Decoder::layer_forward(int64_t layer, const at::Tensor& h, const at::Tensor& cos,
