@@ -85,8 +85,8 @@ std::vector<Case> Cases() {
   cases.push_back({"linear_cross_entropy/T=4096 H=1024 V=151936", Kind::kLinearCrossEntropy, 4096,
                    1024, 151936, 1, 1, true, ""});
   // The trainer benchmark's shape (bench/trainer_vs_peft.py): a small vocabulary.
-  cases.push_back({"linear_cross_entropy/T=2048 H=256 V=4096", Kind::kLinearCrossEntropy, 2048,
-                   256, 4096, 1, 5, true, ""});
+  cases.push_back({"linear_cross_entropy/T=2048 H=256 V=4096", Kind::kLinearCrossEntropy, 2048, 256,
+                   4096, 1, 5, true, ""});
   return cases;
 }
 
