@@ -89,6 +89,10 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
               cos.sizes(), " and ", sin.sizes());
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "ApplyRope: cos and sin must have x's dtype ", x.scalar_type());
+  // The kernel reads the tensors' memory from the host. The trainer runs on
+  // the CPU today; a device tensor here would be read as host memory.
+  TORCH_CHECK(x.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(),
+              "ApplyRope: x, cos and sin must be CPU tensors, got ", x.device());
   return RopeFunction::apply(x, cos, sin);
 }
 

@@ -82,5 +82,19 @@ TEST(RopeTest, MismatchedShapesAreRefusedNamingThem) {
   }
 }
 
+TEST(RopeTest, DeviceTensorsAreRefusedRatherThanReadAsHostMemory) {
+  // A meta tensor stands in for a device one: it has no host memory either.
+  const at::Tensor x = torch::empty({8, 2, 16}, torch::Device(torch::kMeta));
+  const at::Tensor cs = torch::empty({8, 16}, torch::Device(torch::kMeta));
+  try {
+    ApplyRope(x, cs, cs);
+    ADD_FAILURE() << "a meta tensor was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("must be CPU tensors"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
 }  // namespace
 }  // namespace ballast::train
