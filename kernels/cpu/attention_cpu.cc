@@ -53,7 +53,6 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -110,8 +109,7 @@ void Gemm(char transa, char transb, int64_t m, int64_t n, int64_t k, double alph
 BALLAST_ROW_KERNEL float RowMax(const float* s, int64_t n) {
   Vec8f best = Vec8f{} - std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; j += kVec) {
-    Vec8f x;
-    std::memcpy(&x, s + j, sizeof x);
+    const Vec8f x = Load8(s + j);
     best = x > best ? x : best;
   }
   float m = best[0];
@@ -150,13 +148,7 @@ double ExpRowSum(double* s, double shift, int64_t n) {
 
 // dp[j] = p[j] * (dp[j] - delta): dP becomes dS in place.
 BALLAST_ROW_KERNEL void SoftmaxGrad(float* dp, const float* p, float delta, int64_t n) {
-  for (int64_t j = 0; j < n; j += kVec) {
-    Vec8f x, y;
-    std::memcpy(&x, dp + j, sizeof x);
-    std::memcpy(&y, p + j, sizeof y);
-    x = y * (x - delta);
-    std::memcpy(dp + j, &x, sizeof x);
-  }
+  for (int64_t j = 0; j < n; j += kVec) Store8(dp + j, Load8(p + j) * (Load8(dp + j) - delta));
 }
 
 void SoftmaxGrad(double* dp, const double* p, double delta, int64_t n) {
@@ -166,12 +158,7 @@ void SoftmaxGrad(double* dp, const double* p, double delta, int64_t n) {
 // x[0, n) *= a, for rows of any length (n = D).
 BALLAST_ROW_KERNEL void ScaleRow(float* x, float a, int64_t n) {
   int64_t j = 0;
-  for (; j + kVec <= n; j += kVec) {
-    Vec8f y;
-    std::memcpy(&y, x + j, sizeof y);
-    y = y * a;
-    std::memcpy(x + j, &y, sizeof y);
-  }
+  for (; j + kVec <= n; j += kVec) Store8(x + j, Load8(x + j) * a);
   for (; j < n; ++j) x[j] *= a;
 }
 
