@@ -72,6 +72,7 @@ class LoraUpdateFunction : public torch::autograd::Function<LoraUpdateFunction> 
 at::Tensor AddLoraUpdate(const at::Tensor& y, const at::Tensor& down,
                          const std::vector<at::Tensor>& ups, const std::vector<int64_t>& out_begins,
                          double scaling) {
+  TORCH_CHECK(y.dim() == 2, "AddLoraUpdate: y must be (T, sum out), got ", y.sizes());
   TORCH_CHECK(ups.size() == out_begins.size(), "AddLoraUpdate: ", ups.size(), " adapters but ",
               out_begins.size(), " column offsets");
   int64_t ranks = 0;

@@ -74,5 +74,15 @@ TEST(LoraUpdate, RefusesAnAdapterThatDoesNotFit) {
   }
 }
 
+TEST(LoraUpdate, RefusesAYThatIsNotAMatrix) {
+  const Inputs in = RandomInputs();
+  try {
+    AddLoraUpdate(at::linear(in.x, in.w).flatten(), in.down, {in.b0, in.b1}, kOutBegins, kScaling);
+    FAIL() << "a flat y was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("y must be (T, sum out)"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ballast::train
