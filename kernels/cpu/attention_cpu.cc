@@ -8,7 +8,8 @@
 //   out_i = sum_{j in V(i)} exp(s_ij - lse_i) v_j
 // A row with V(i) empty gets out_i = 0, lse_i = -inf, and gradient 0, never NaN.
 //
-// Forward. One work item is (query tile of kAttnBlockM rows, query head). It
+// Forward. One work item is (query tile, query head); a query tile is
+// kAttnBlockM rows, or kAttnShortBlockM in short segments (attention_cpu.h). It
 // walks only the key tiles of kAttnBlockN columns that some row of the tile
 // sees, keeps per row the running max m and sum l of exp(s - m), rescales the
 // output accumulator when m grows, and divides by l at the end (online
@@ -31,13 +32,18 @@
 // another for dQ by query tile would parallelise over tiles too, but computes
 // S and dP twice: 7 products instead of 5.)
 //
+// Layout. Score tiles are kept key-major, S^T (keys x queries), so that every
+// tile product reads its operands where they lie: Q^T and dO^T of the query
+// tile are transposed once per query tile (and reused for every key tile it
+// sees), and K, V, Q and dO rows are read in place. The softmax statistics
+// then run down the columns, vectorised across queries. The products go to
+// kernels/cpu/tile_product.h: a register kernel that copies no operand where
+// the CPU has AVX-512, BLAS elsewhere.
+//
 // Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
 // sum and exp runs in fp32 (fp64 for fp64 inputs, so that finite differences
-// can check the gradients).
-// Tile products go to the BLAS that LibTorch links (MKL in the PyPI wheel)
-// through its Fortran entry points, because an ATen op per tile costs more in
-// dispatch than a small tile costs in arithmetic. The fp32 exp is vectorised
-// (kernels/cpu/vec8.h) and cloned for AVX2 where the CPU has it.
+// can check the gradients). The fp32 exp is vectorised (kernels/cpu/vec8.h)
+// and cloned for AVX2 where the CPU has it.
 //
 // Threads. Work items run on at::parallel_for's OpenMP threads, longest
 // first; this file is built with OpenMP for that (kernels/CMakeLists.txt).
@@ -56,103 +62,117 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/tile_product.h"
 #include "kernels/cpu/vec8.h"
-
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-            const float* beta, float* c, const int* ldc);
-void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
-            const double* beta, double* c, const int* ldc);
-}
 
 namespace ballast::kernels {
 namespace {
 
 constexpr int64_t kBlockM = kAttnBlockM;
 constexpr int64_t kBlockN = kAttnBlockN;
-// Row kernels work on kVec floats at a time (kernels/cpu/vec8.h); a row of a
-// score tile is padded with -inf up to a multiple of kVec, which exp turns into 0.
+// Row stride of the key-major tiles (S^T, dP^T, Q^T, dO^T): the query columns
+// padded past kBlockM. A 1024-byte stride would put every 4th row of a tile in
+// the same L1 set, so that a product's 64-column panel of Q^T would thrash a
+// quarter of the sets; 1088 bytes (17 lines) spreads the rows over all of them.
+constexpr int64_t kLdT = kBlockM + 16;
+// The column kernels work on kVec queries at a time (kernels/cpu/vec8.h); a
+// tile's queries are padded to a multiple of kVec with zero rows of Q^T and
+// dO^T, whose columns are computed and never read back.
 static_assert(kBlockM > 0 && kBlockN > 0, "tiles must be non-empty");
-static_assert(kBlockN % kVec == 0, "score rows are padded to kVec within kBlockN");
+static_assert(kBlockM % kVec == 0, "padded query columns stay within kBlockM");
+static_assert(kAttnShortBlockM <= kBlockM, "the workspace holds the tallest query tile");
+
+int64_t PaddedWidth(int64_t queries) { return (queries + kVec - 1) / kVec * kVec; }
 
 // ---------------------------------------------------------------------------
-// Tile products
+// Column kernels over a key-major tile t (n rows of stride kLdT), for `width`
+// query columns, a multiple of kVec.
 // ---------------------------------------------------------------------------
 
-// C = alpha * op(A) op(B) + beta * C in BLAS's column-major terms, C (m, n).
-// A row-major (r, c) tile with row stride ld is a column-major (c, r) matrix
-// with the same ld, which is how every tile below is handed over. With
-// beta == 0, C is not read. Sizes fit int: tiles are at most 256 wide and the
-// front end checks H * D < 2^31.
-void Gemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb),
-            ildc = static_cast<int>(ldc);
-  sgemm_(&transa, &transb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
-}
-
-void Gemm(char transa, char transb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb),
-            ildc = static_cast<int>(ldc);
-  dgemm_(&transa, &transb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
-}
-
-// ---------------------------------------------------------------------------
-// Row kernels. n is a multiple of kVec for the score rows.
-// ---------------------------------------------------------------------------
-
-BALLAST_ROW_KERNEL float RowMax(const float* s, int64_t n) {
-  Vec8f best = Vec8f{} - std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; j += kVec) {
-    const Vec8f x = Load8(s + j);
-    best = x > best ? x : best;
+// max_j t[j][i] into out[i].
+BALLAST_ROW_KERNEL void ColumnMax(const float* t, int64_t n, int64_t width, float* out) {
+  for (int64_t i = 0; i < width; i += kVec) {
+    Store8(out + i, Vec8f{} - std::numeric_limits<float>::infinity());
   }
-  float m = best[0];
-  for (int64_t t = 1; t < kVec; ++t) m = std::max(m, best[t]);
-  return m;
-}
-
-double RowMax(const double* s, int64_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-  return m;
-}
-
-// s[j] = exp(s[j] - shift); returns the sum. -inf gives exactly 0 and NaN
-// stays NaN (see Exp8).
-BALLAST_ROW_KERNEL float ExpRowSum(float* s, float shift, int64_t n) {
-  Vec8f sum{};
-  for (int64_t j = 0; j < n; j += kVec) {
-    const Vec8f y = Exp8(Load8(s + j) - shift);
-    Store8(s + j, y);
-    sum += y;
-  }
-  float total = 0.0f;
-  for (int64_t t = 0; t < kVec; ++t) total += sum[t];
-  return total;
-}
-
-double ExpRowSum(double* s, double shift, int64_t n) {
-  double total = 0.0;
   for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - shift);
-    total += s[j];
+    for (int64_t i = 0; i < width; i += kVec) {
+      const Vec8f x = Load8(t + j * kLdT + i);
+      const Vec8f best = Load8(out + i);
+      Store8(out + i, x > best ? x : best);
+    }
   }
-  return total;
 }
 
-// dp[j] = p[j] * (dp[j] - delta): dP becomes dS in place.
-BALLAST_ROW_KERNEL void SoftmaxGrad(float* dp, const float* p, float delta, int64_t n) {
-  for (int64_t j = 0; j < n; j += kVec) Store8(dp + j, Load8(p + j) * (Load8(dp + j) - delta));
+void ColumnMax(const double* t, int64_t n, int64_t width, double* out) {
+  std::fill(out, out + width, -std::numeric_limits<double>::infinity());
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < width; ++i) out[i] = std::max(out[i], t[j * kLdT + i]);
+  }
 }
 
-void SoftmaxGrad(double* dp, const double* p, double delta, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
+// t[j][i] = exp(t[j][i] - shift[i]), and sum[i] = sum_j of the new t[j][i].
+// -inf gives exactly 0 and NaN stays NaN (see Exp8).
+BALLAST_ROW_KERNEL void ExpColumns(float* t, int64_t n, int64_t width, const float* shift,
+                                   float* sum) {
+  for (int64_t i = 0; i < width; i += kVec) Store8(sum + i, Vec8f{});
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < width; i += kVec) {
+      const Vec8f y = Exp8(Load8(t + j * kLdT + i) - Load8(shift + i));
+      Store8(t + j * kLdT + i, y);
+      Store8(sum + i, Load8(sum + i) + y);
+    }
+  }
+}
+
+void ExpColumns(double* t, int64_t n, int64_t width, const double* shift, double* sum) {
+  std::fill(sum, sum + width, 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < width; ++i) {
+      t[j * kLdT + i] = std::exp(t[j * kLdT + i] - shift[i]);
+      sum[i] += t[j * kLdT + i];
+    }
+  }
+}
+
+// dp[j][i] = p[j][i] * (dp[j][i] - delta[i]): dP^T becomes dS^T in place.
+BALLAST_ROW_KERNEL void SoftmaxGradColumns(float* dp, const float* p, int64_t n, int64_t width,
+                                           const float* delta) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < width; i += kVec) {
+      const int64_t at = j * kLdT + i;
+      Store8(dp + at, Load8(p + at) * (Load8(dp + at) - Load8(delta + i)));
+    }
+  }
+}
+
+void SoftmaxGradColumns(double* dp, const double* p, int64_t n, int64_t width,
+                        const double* delta) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < width; ++i) {
+      dp[j * kLdT + i] = p[j * kLdT + i] * (dp[j * kLdT + i] - delta[i]);
+    }
+  }
+}
+
+// row[i] = -inf where key j is outside query i's intervals [lo0, hi0) and
+// [lo1, hi1).
+BALLAST_ROW_KERNEL void HideKeyFromQueries(float* row, float j, const float* lo0, const float* hi0,
+                                           const float* lo1, const float* hi1, int64_t width) {
+  const Vec8f key = Vec8f{} + j;
+  const Vec8f hidden = Vec8f{} - std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < width; i += kVec) {
+    const Vec8i seen = ((Load8(lo0 + i) <= key) & (key < Load8(hi0 + i))) |
+                       ((Load8(lo1 + i) <= key) & (key < Load8(hi1 + i)));
+    Store8(row + i, seen ? Load8(row + i) : hidden);
+  }
+}
+
+void HideKeyFromQueries(double* row, double j, const double* lo0, const double* hi0,
+                        const double* lo1, const double* hi1, int64_t width) {
+  for (int64_t i = 0; i < width; ++i) {
+    const bool seen = (lo0[i] <= j && j < hi0[i]) || (lo1[i] <= j && j < hi1[i]);
+    if (!seen) row[i] = -std::numeric_limits<double>::infinity();
+  }
 }
 
 // x[0, n) *= a, for rows of any length (n = D).
@@ -164,6 +184,17 @@ BALLAST_ROW_KERNEL void ScaleRow(float* x, float a, int64_t n) {
 
 void ScaleRow(double* x, double a, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= a;
+}
+
+// dst (D, kLdT) = the transpose of src (m, D) with row stride ld, and zero in
+// the padding columns [m, width).
+template <typename T>
+void TransposeTile(const T* src, int64_t m, int64_t d, int64_t ld, int64_t width, T* dst) {
+  for (int64_t c = 0; c < d; ++c) {
+    T* column = dst + c * kLdT;
+    for (int64_t i = 0; i < m; ++i) column[i] = src[i * ld + c];
+    std::fill(column + m, column + width, T(0));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -270,8 +301,10 @@ std::vector<QueryTile> MakeQueryTiles(const std::vector<int64_t>& segments,
                                       const int64_t* key_ranges) {
   std::vector<QueryTile> tiles;
   for (size_t s = 0; s + 1 < segments.size(); ++s) {
-    for (int64_t b = segments[s]; b < segments[s + 1]; b += kBlockM) {
-      const Span rows{b, std::min(b + kBlockM, segments[s + 1])};
+    const int64_t length = segments[s + 1] - segments[s];
+    const int64_t block = length >= kAttnLongSegment ? kBlockM : kAttnShortBlockM;
+    for (int64_t b = segments[s]; b < segments[s + 1]; b += block) {
+      const Span rows{b, std::min(b + block, segments[s + 1])};
       const Spans keys = UnionOfRanges(key_ranges, rows);
       if (keys.count != 0) tiles.push_back({rows, keys, rows.size() * keys.total()});
     }
@@ -354,51 +387,63 @@ void ParallelOverItems(int64_t num_items, const Worker& worker) {
 template <typename T>
 struct Workspace {
   explicit Workspace(int64_t head_dim)
-      : s(kBlockM * kBlockN, T(0)),
-        dp(kBlockM * kBlockN, T(0)),
-        acc(2 * std::max(kBlockM, kBlockN) * head_dim, T(0)),
-        row_a(kBlockM, T(0)),
-        row_b(kBlockM, T(0)) {}
-  std::vector<T> s;      // (kBlockM, kBlockN) scores, then probabilities
-  std::vector<T> dp;     // (kBlockM, kBlockN) dP, then dS
-  std::vector<T> acc;    // (kBlockM, D) for O or dQ; (kBlockN, D) x 2 for dK, dV
-  std::vector<T> row_a;  // (kBlockM) running max m, or lse
-  std::vector<T> row_b;  // (kBlockM) running sum l, or Delta
+      : qt(head_dim * kLdT, T(0)),
+        dot(head_dim * kLdT, T(0)),
+        st(kBlockN * kLdT, T(0)),
+        dpt(kBlockN * kLdT, T(0)),
+        acc(kBlockM * head_dim, T(0)),
+        running_max(kLdT, T(0)),
+        running_sum(kLdT, T(0)),
+        shift(kLdT, T(0)),
+        tile_sum(kLdT, T(0)),
+        delta(kLdT, T(0)),
+        seen(4 * kLdT, T(0)) {}
+  std::vector<T> qt;           // (D, kLdT) Q^T of the query tile
+  std::vector<T> dot;          // (D, kLdT) dO^T of the query tile
+  std::vector<T> st;           // (kBlockN, kLdT) S^T, then P^T
+  std::vector<T> dpt;          // (kBlockN, kLdT) dP^T, then dS^T
+  std::vector<T> acc;          // (kBlockM, D) O or dQ
+  std::vector<T> running_max;  // per query: m of the online softmax
+  std::vector<T> running_sum;  // per query: l of the online softmax
+  std::vector<T> shift;        // per query: what this key tile's exp subtracts
+  std::vector<T> tile_sum;     // per query: this key tile's sum of exp
+  std::vector<T> delta;        // per query: Delta = dO . O
+  std::vector<T> seen;         // per query: its key intervals in the key tile, see HideUnseen
 };
 
-// s (rows, kBlockN) = scale * Q K^T for the tile, with columns past the tile
-// padded to kVec with -inf and the keys a row does not see set to -inf.
-// Returns the padded width.
+// Sets to -inf the entries of the key-major tile st (n, kLdT) that the mask
+// hides: key j is seen by query i when lo0 <= j < hi0 or lo1 <= j < hi1, with
+// the query's key intervals taken relative to the tile's first key and clamped
+// to [0, n]. They are small integers, exact in T, so a row of keys is masked
+// kVec queries at a time. Padding queries see nothing.
 template <typename T>
-int64_t ScoreTile(const Problem<T>& p, const T* q_tile, const T* k_tile, Span rows, Span cols,
-                  Coverage coverage, T* s) {
-  const int64_t m = rows.size();
+void HideUnseen(const int64_t* key_ranges, Span rows, Span cols, int64_t width, T* seen, T* st) {
   const int64_t n = cols.size();
-  const int64_t n_padded = (n + kVec - 1) / kVec * kVec;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  // s (m, n) row-major = column-major (n, m) = K (n, D) . Q^T (D, m)
-  Gemm('T', 'N', n, m, p.head_dim, p.scale, k_tile, p.ldk(), q_tile, p.ldq(), T(0), s, kBlockN);
-  for (int64_t i = 0; i < m; ++i) {
-    T* row = s + i * kBlockN;
-    std::fill(row + n, row + n_padded, kNegInf);
-    if (coverage == Coverage::kFull) continue;
-    // The keys the row does not see are the gaps around its two intervals
-    // (hi0 <= lo1 when both are non-empty): fill those, clipped to the tile.
-    const int64_t* r = p.key_ranges + 4 * (rows.begin + i);
-    const bool has0 = r[0] < r[1];
-    const bool has1 = r[2] < r[3];
-    const std::array<Span, 2> seen = {has0 ? Span{r[0], r[1]} : Span{r[2], r[3]},
-                                      has1 && has0 ? Span{r[2], r[3]} : Span{}};
-    int64_t hidden_from = cols.begin;
-    for (const Span& interval : seen) {
-      if (interval.size() <= 0) continue;
-      const int64_t gap_end = std::clamp(interval.begin, hidden_from, cols.end);
-      std::fill(row + (hidden_from - cols.begin), row + (gap_end - cols.begin), kNegInf);
-      hidden_from = std::clamp(interval.end, hidden_from, cols.end);
+  T* bounds[4] = {seen, seen + kLdT, seen + 2 * kLdT, seen + 3 * kLdT};
+  for (int64_t i = 0; i < width; ++i) {
+    for (int b = 0; b < 4; ++b) {
+      bounds[b][i] = i < rows.size()
+                         ? static_cast<T>(std::clamp(
+                               key_ranges[4 * (rows.begin + i) + b] - cols.begin, int64_t{0}, n))
+                         : T(0);
     }
-    std::fill(row + (hidden_from - cols.begin), row + n, kNegInf);
   }
-  return n_padded;
+  for (int64_t j = 0; j < n; ++j) {
+    HideKeyFromQueries(st + j * kLdT, static_cast<T>(j), bounds[0], bounds[1], bounds[2], bounds[3],
+                       width);
+  }
+}
+
+// st (n, kLdT) = scale * K Q^T for the tile, key-major, over the padded query
+// columns, with the queries a key is hidden from set to -inf. Needs ws.qt.
+template <typename T>
+void ScoreTile(const Problem<T>& p, const T* k_tile, Span rows, Span cols, Coverage coverage,
+               const T* qt, T* seen, T* st) {
+  const int64_t n = cols.size();
+  TileProduct(n, PaddedWidth(rows.size()), p.head_dim, p.scale, k_tile, p.ldk(), 1, qt, kLdT, false,
+              st, kLdT);
+  if (coverage != Coverage::kFull)
+    HideUnseen(p.key_ranges, rows, cols, PaddedWidth(rows.size()), seen, st);
 }
 
 // ---------------------------------------------------------------------------
@@ -408,18 +453,22 @@ int64_t ScoreTile(const Problem<T>& p, const T* q_tile, const T* k_tile, Span ro
 template <typename T>
 void ForwardTile(const Problem<T>& p, const QueryTile& tile, int64_t h, T* out, T* lse,
                  Workspace<T>& ws) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const Span rows = tile.rows;
   const int64_t m = rows.size();
+  const int64_t width = PaddedWidth(m);
   const int64_t d = p.head_dim;
   const int64_t g = h / p.group();
-  const T* q_tile = p.q + rows.begin * p.ldq() + h * d;  // (m, D), row stride ldq
-  T* s = ws.s.data();                                    // (kBlockM, kBlockN)
-  T* o = ws.acc.data();                                  // (kBlockM, D)
-  T* row_max = ws.row_a.data();                          // (kBlockM)
-  T* row_sum = ws.row_b.data();                          // (kBlockM)
+  T* st = ws.st.data();
+  T* o = ws.acc.data();  // (m, D)
+  T* running_max = ws.running_max.data();
+  T* running_sum = ws.running_sum.data();
+  T* shift = ws.shift.data();
+  T* tile_sum = ws.tile_sum.data();
+  TransposeTile(p.q + rows.begin * p.ldq() + h * d, m, d, p.ldq(), width, ws.qt.data());
   std::fill(o, o + m * d, T(0));
-  std::fill(row_max, row_max + m, -std::numeric_limits<T>::infinity());
-  std::fill(row_sum, row_sum + m, T(0));
+  std::fill(running_max, running_max + width, kNegInf);
+  std::fill(running_sum, running_sum + width, T(0));
 
   for (int si = 0; si < tile.keys.count; ++si) {
     const Span keys = tile.keys.span[si];
@@ -427,34 +476,37 @@ void ForwardTile(const Problem<T>& p, const QueryTile& tile, int64_t h, T* out, 
       const Span cols{c, std::min(c + kBlockN, keys.end)};
       const Coverage coverage = Classify(p.key_ranges, rows, cols);
       if (coverage == Coverage::kNone) continue;
+      const int64_t n = cols.size();
       const T* k_tile = p.k + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
       const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D), row stride ldk
-      const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
-      for (int64_t i = 0; i < m; ++i) {
-        T* row = s + i * kBlockN;
-        const T new_max = std::max(row_max[i], RowMax(row, n_padded));
-        // While a row has seen no key its max is -inf; shifting by 0 instead
+      ScoreTile(p, k_tile, rows, cols, coverage, ws.qt.data(), ws.seen.data(), st);
+      ColumnMax(st, n, width, shift);
+      for (int64_t i = 0; i < width; ++i) {
+        const T new_max = std::max(running_max[i], shift[i]);
+        // While a query has seen no key its max is -inf; shifting by 0 instead
         // avoids -inf - -inf, which is NaN, and exp(-inf - 0) is the 0 we want.
-        const T shift = new_max == -std::numeric_limits<T>::infinity() ? T(0) : new_max;
-        const T rescale = std::exp(row_max[i] - shift);
-        row_sum[i] = row_sum[i] * rescale + ExpRowSum(row, shift, n_padded);
-        row_max[i] = new_max;
-        if (rescale != T(1)) ScaleRow(o + i * d, rescale, d);
+        shift[i] = new_max == kNegInf ? T(0) : new_max;
+        const T rescale = std::exp(running_max[i] - shift[i]);
+        running_max[i] = new_max;
+        running_sum[i] *= rescale;
+        if (i < m && rescale != T(1)) ScaleRow(o + i * d, rescale, d);
       }
-      // o (m, D) row-major = column-major (D, m) += V^T (D, n) . P^T (n, m)
-      Gemm('N', 'N', d, m, cols.size(), T(1), v_tile, p.ldk(), s, kBlockN, T(1), o, d);
+      ExpColumns(st, n, width, shift, tile_sum);
+      for (int64_t i = 0; i < width; ++i) running_sum[i] += tile_sum[i];
+      // o (m, D) += P V, with P (i, j) = st[j][i]
+      TileProduct(m, d, n, T(1), st, 1, kLdT, v_tile, p.ldk(), true, o, d);
     }
   }
 
   for (int64_t i = 0; i < m; ++i) {
-    // l == 0 only for a row that saw no key: output 0, lse -inf. A NaN l
+    // l == 0 only for a query that saw no key: output 0, lse -inf. A NaN l
     // propagates.
-    const bool empty = row_sum[i] == T(0);
-    const T inv = empty ? T(0) : T(1) / row_sum[i];
+    const bool empty = running_sum[i] == T(0);
+    const T inv = empty ? T(0) : T(1) / running_sum[i];
     T* dst = out + (rows.begin + i) * p.ldq() + h * d;
     for (int64_t c = 0; c < d; ++c) dst[c] = o[i * d + c] * inv;
     lse[h * p.num_tokens + rows.begin + i] =
-        empty ? -std::numeric_limits<T>::infinity() : row_max[i] + std::log(row_sum[i]);
+        empty ? kNegInf : running_max[i] + std::log(running_sum[i]);
   }
 }
 
@@ -468,19 +520,6 @@ struct Upstream {
   const T* lse;       // (Hq, T)
   const T* delta;     // (Hq, T): rowsum(dO * O)
 };
-
-// P = exp(S - lse) in place for the rows of a score tile. A row with
-// lse = -inf saw no key in the forward; shifting it by +inf instead gives
-// P = 0 rather than exp(-inf - -inf) = NaN.
-template <typename T>
-void Probabilities(T* s, const T* lse_rows, int64_t m, int64_t n_padded) {
-  for (int64_t i = 0; i < m; ++i) {
-    const T shift = lse_rows[i] == -std::numeric_limits<T>::infinity()
-                        ? std::numeric_limits<T>::infinity()
-                        : lse_rows[i];
-    ExpRowSum(s + i * kBlockN, shift, n_padded);
-  }
-}
 
 // Where one query head's dK and dV rows accumulate: straight into the
 // gradients when each kv head has one query head, otherwise into that query
@@ -506,17 +545,30 @@ void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile,
               T* grad_q, const KeyValueGrads<T>& kv, Workspace<T>& ws) {
   const Span rows = tile.rows;
   const int64_t m = rows.size();
+  const int64_t width = PaddedWidth(m);
   const int64_t d = p.head_dim;
   const int64_t g = h / p.group();
-  const T* q_tile = p.q + rows.begin * p.ldq() + h * d;            // (m, D)
-  const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;   // (m, D)
-  const T* lse_rows = up.lse + h * p.num_tokens + rows.begin;      // (m)
-  const T* delta_rows = up.delta + h * p.num_tokens + rows.begin;  // (m)
-  T* s = ws.s.data();                                              // (kBlockM, kBlockN)
-  T* dp = ws.dp.data();                                            // (kBlockM, kBlockN)
-  T* dq = ws.acc.data();                                           // (kBlockM, D)
+  const T* q_tile = p.q + rows.begin * p.ldq() + h * d;           // (m, D)
+  const T* do_tile = up.grad_out + rows.begin * p.ldq() + h * d;  // (m, D)
+  T* st = ws.st.data();
+  T* dpt = ws.dpt.data();
+  T* dq = ws.acc.data();  // (m, D)
+  T* shift = ws.shift.data();
+  T* delta = ws.delta.data();
   const int64_t ld_kv = kv.ld(p);
+  TransposeTile(q_tile, m, d, p.ldq(), width, ws.qt.data());
+  TransposeTile(do_tile, m, d, p.ldq(), width, ws.dot.data());
   std::fill(dq, dq + m * d, T(0));
+  // P = exp(S - lse). A query with lse = -inf saw no key in the forward;
+  // shifting it by +inf instead gives P = 0 rather than exp(-inf - -inf) = NaN.
+  // The padding columns get P = 0 the same way.
+  for (int64_t i = 0; i < width; ++i) {
+    const T lse_i =
+        i < m ? up.lse[h * p.num_tokens + rows.begin + i] : -std::numeric_limits<T>::infinity();
+    shift[i] =
+        lse_i == -std::numeric_limits<T>::infinity() ? std::numeric_limits<T>::infinity() : lse_i;
+    delta[i] = i < m ? up.delta[h * p.num_tokens + rows.begin + i] : T(0);
+  }
 
   for (int si = 0; si < tile.keys.count; ++si) {
     const Span keys = tile.keys.span[si];
@@ -529,19 +581,17 @@ void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile,
       const T* v_tile = p.v + cols.begin * p.ldk() + g * d;  // (n, D)
       T* dk = kv.dk + kv.offset(p, cols.begin, h);           // (n, D), row stride ld_kv
       T* dv = kv.dv + kv.offset(p, cols.begin, h);           // (n, D), row stride ld_kv
-      const int64_t n_padded = ScoreTile(p, q_tile, k_tile, rows, cols, coverage, s);
-      Probabilities(s, lse_rows, m, n_padded);
-      // dv (n, D) row-major = column-major (D, n) += dO^T (D, m) . P (m, n)
-      Gemm('N', 'T', d, n, m, T(1), do_tile, p.ldq(), s, kBlockN, T(1), dv, ld_kv);
-      // dp (m, n) row-major = column-major (n, m) = V (n, D) . dO^T (D, m)
-      Gemm('T', 'N', n, m, d, T(1), v_tile, p.ldk(), do_tile, p.ldq(), T(0), dp, kBlockN);
-      for (int64_t i = 0; i < m; ++i) {
-        SoftmaxGrad(dp + i * kBlockN, s + i * kBlockN, delta_rows[i], n_padded);
-      }
-      // dk (n, D) row-major = column-major (D, n) += scale Q^T (D, m) . dS (m, n)
-      Gemm('N', 'T', d, n, m, p.scale, q_tile, p.ldq(), dp, kBlockN, T(1), dk, ld_kv);
-      // dq (m, D) row-major = column-major (D, m) += scale K^T (D, n) . dS^T (n, m)
-      Gemm('N', 'N', d, m, n, p.scale, k_tile, p.ldk(), dp, kBlockN, T(1), dq, d);
+      ScoreTile(p, k_tile, rows, cols, coverage, ws.qt.data(), ws.seen.data(), st);
+      ExpColumns(st, n, width, shift, ws.tile_sum.data());
+      // dv (n, D) += P^T dO
+      TileProduct(n, d, m, T(1), st, kLdT, 1, do_tile, p.ldq(), true, dv, ld_kv);
+      // dpt (n, width) = V dO^T
+      TileProduct(n, width, d, T(1), v_tile, p.ldk(), 1, ws.dot.data(), kLdT, false, dpt, kLdT);
+      SoftmaxGradColumns(dpt, st, n, width, delta);
+      // dk (n, D) += scale dS^T Q
+      TileProduct(n, d, m, p.scale, dpt, kLdT, 1, q_tile, p.ldq(), true, dk, ld_kv);
+      // dq (m, D) += scale dS K, with dS (i, j) = dpt[j][i]
+      TileProduct(m, d, n, p.scale, dpt, 1, kLdT, k_tile, p.ldk(), true, dq, d);
     }
   }
   for (int64_t i = 0; i < m; ++i) {
@@ -564,7 +614,7 @@ std::vector<int64_t> ToVector(const at::Tensor& t) {
 
 template <typename T>
 Problem<T> MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_ranges, double scale) {
+                       const IntervalMask& mask, double scale) {
   return Problem<T>{q.const_data_ptr<T>(),
                     k.const_data_ptr<T>(),
                     v.const_data_ptr<T>(),
@@ -572,7 +622,7 @@ Problem<T> MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     q.size(1),
                     k.size(1),
                     q.size(2),
-                    key_ranges.const_data_ptr<int64_t>(),
+                    mask.key_ranges.const_data_ptr<int64_t>(),
                     static_cast<T>(scale)};
 }
 
@@ -635,18 +685,18 @@ AttentionCpuForward attention_cpu_forward(const at::Tensor& q, const at::Tensor&
   const at::Tensor qc = q.to(compute).contiguous();
   const at::Tensor kc = k.to(compute).contiguous();
   const at::Tensor vc = v.to(compute).contiguous();
-  const at::Tensor key_ranges = mask.key_ranges.contiguous();
+  const IntervalMask ranges{mask.segments, mask.key_ranges.contiguous(), mask.query_ranges};
   at::Tensor out = at::empty_like(qc);                               // (T, Hq, D)
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options());  // (Hq, T)
   const std::vector<QueryTile> tiles =
-      MakeQueryTiles(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>());
+      MakeQueryTiles(ToVector(mask.segments), ranges.key_ranges.const_data_ptr<int64_t>());
   const std::vector<WorkItem> items = MakeWorkItems(tiles, SingleTileRuns(tiles), q.size(1));
   // A tile in which no row sees a key gets no work item; its rows keep the
   // empty-row result.
   out.zero_();
   lse.fill_(-std::numeric_limits<double>::infinity());
   AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_forward", [&] {
-    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, scale);
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, ranges, scale);
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     scalar_t* lse_ptr = lse.mutable_data_ptr<scalar_t>();
     ParallelOverItems(static_cast<int64_t>(items.size()), [&](const auto& claim) {
@@ -672,7 +722,7 @@ AttentionCpuGrads attention_cpu_backward(const at::Tensor& grad_out, const at::T
   // Delta_i = dO_i . O_i, (Hq, T); the forward's O, so the identity
   // sum_j P_ij dP_ij = Delta_i holds for the P it produced.
   const at::Tensor delta = (dout * out.to(compute)).sum(-1).t().contiguous();
-  const at::Tensor key_ranges = mask.key_ranges.contiguous();
+  const IntervalMask ranges{mask.segments, mask.key_ranges.contiguous(), mask.query_ranges};
   const int64_t num_heads = q.size(1);
   const int64_t num_kv_heads = k.size(1);
   const bool per_query_head = num_heads != num_kv_heads;
@@ -681,10 +731,10 @@ AttentionCpuGrads attention_cpu_backward(const at::Tensor& grad_out, const at::T
   at::Tensor grad_k = per_query_head ? at::zeros_like(qc) : at::zeros_like(kc);
   at::Tensor grad_v = per_query_head ? at::zeros_like(qc) : at::zeros_like(vc);
   const std::vector<QueryTile> tiles =
-      MakeQueryTiles(ToVector(mask.segments), key_ranges.const_data_ptr<int64_t>());
+      MakeQueryTiles(ToVector(mask.segments), ranges.key_ranges.const_data_ptr<int64_t>());
   const std::vector<WorkItem> items = MakeWorkItems(tiles, ClosedGroupRuns(tiles), num_heads);
   AT_DISPATCH_FLOATING_TYPES(compute, "attention_cpu_backward", [&] {
-    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, key_ranges, scale);
+    const Problem<scalar_t> p = MakeProblem<scalar_t>(qc, kc, vc, ranges, scale);
     const Upstream<scalar_t> up{dout.const_data_ptr<scalar_t>(), lsec.const_data_ptr<scalar_t>(),
                                 delta.const_data_ptr<scalar_t>()};
     const KeyValueGrads<scalar_t> kv{grad_k.mutable_data_ptr<scalar_t>(),

@@ -20,13 +20,18 @@
 
 namespace ballast::kernels {
 
-// Query tile and key tile of the FlashAttention-2 style loops. BLAS packs both
-// operands of every tile product, and large tiles amortise that, but a causal
-// tile computes its whole diagonal block, half of it masked. 128 x 256 is
-// within noise of 256 x 256 at 4k-16k tokens (D = 64..128) and 1.2x faster
-// on the trainer's 512-token documents (D = 32), where 256-row tiles compute
-// 3/4 of the square instead of 5/8; 64-row tiles gain nothing more.
-inline constexpr int64_t kAttnBlockM = 128;
+// Query tile and key tile of the FlashAttention-2 style loops. A query tile
+// of m rows streams every key and value row it sees once, so taller tiles
+// read K and V less often: on long documents, where K and V no longer fit in
+// cache, 256-row tiles were 8-13% faster than 128-row ones (fwd and bwd, 4k to
+// 32k tokens, D = 64 and 128). But a causal tile also computes its whole
+// diagonal block, half of it masked, about m / L extra work on a document of
+// L tokens; on the trainer's 512-token documents (D = 32) 128-row tiles were
+// 12% faster. So documents (segments) shorter than kAttnLongSegment use
+// kAttnShortBlockM rows.
+inline constexpr int64_t kAttnBlockM = 256;
+inline constexpr int64_t kAttnShortBlockM = 128;
+inline constexpr int64_t kAttnLongSegment = 2048;
 inline constexpr int64_t kAttnBlockN = 256;
 
 // A mask as intervals of absolute token indices. An interval [lo, hi) with

@@ -98,8 +98,8 @@ constexpr double kFp16Tol = 2e-3;
 
 // Document lengths straddle the query and key tiles: one token, one query
 // tile and a bit, one key tile and a bit, half a tile, exactly one tile.
-const std::vector<int64_t> kUnevenDocs = {1, kAttnBlockM + 6, kAttnBlockN + 1, kAttnBlockM / 2,
-                                          kAttnBlockM};
+const std::vector<int64_t> kUnevenDocs = {1, kAttnShortBlockM + 6, kAttnBlockN + 1,
+                                          kAttnShortBlockM / 2, kAttnShortBlockM};
 
 TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInFp32) {
   SCOPED_TRACE(SeedTrace());
@@ -114,6 +114,20 @@ TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInFp32) {
                   ReferenceGrads(in.q, in.k, in.v, mask, scale, in.grad_out), kFp32Tol, what);
     }
   }
+}
+
+// Documents of kAttnLongSegment tokens or more are cut into kAttnBlockM-row
+// query tiles, shorter ones into kAttnShortBlockM rows: one of each, the long
+// one ending in a partial tile.
+TEST_F(AttentionTest, TallAndShortQueryTilesMatchFloat64Reference) {
+  SCOPED_TRACE(SeedTrace());
+  const std::vector<int64_t> docs = {kAttnShortBlockM + 3, kAttnLongSegment + kAttnBlockM + 7};
+  const AttentionMask mask = Causal(docs);
+  const Inputs in = RandomInputs(Total(docs), 4, 2, 64, torch::kFloat);
+  const double scale = 0.125;
+  ExpectClose(KernelGrads(in.q, in.k, in.v, mask, scale, in.grad_out),
+              ReferenceGrads(in.q, in.k, in.v, mask, scale, in.grad_out), kFp32Tol,
+              "long and short documents");
 }
 
 TEST_F(AttentionTest, CausalPackedGqaMatchesFloat64ReferenceInBf16AndFp16) {
@@ -172,7 +186,7 @@ TEST_F(AttentionTest, SlidingWindowMatchesFloat64Reference) {
   SCOPED_TRACE(SeedTrace());
   // Windows from one token to more than a key tile, over a document longer
   // than a key tile.
-  for (int64_t window : {int64_t{1}, int64_t{17}, kAttnBlockM - 1, kAttnBlockN + 20}) {
+  for (int64_t window : {int64_t{1}, int64_t{17}, kAttnShortBlockM - 1, kAttnBlockN + 20}) {
     const AttentionMask mask = Causal({kAttnBlockN + 44, 3, 220}, window);
     const Inputs in = RandomInputs(kAttnBlockN + 267, 4, 2, 32, torch::kFloat);
     ExpectClose(KernelGrads(in.q, in.k, in.v, mask, 0.2, in.grad_out),
@@ -219,9 +233,9 @@ TEST_F(AttentionTest, EmptyDocumentsAndEmptyBatchAreAccepted) {
 
 TEST_F(AttentionTest, BlockDiffusionMatchesMaskBuiltFromDefinition) {
   SCOPED_TRACE(SeedTrace());
-  // Halves of 5, 40 and kAttnBlockM + 30 tokens: blocks that do and do not
+  // Halves of 5, 40 and kAttnShortBlockM + 30 tokens: blocks that do and do not
   // divide L, and a half that crosses a query tile.
-  const std::vector<int64_t> lengths = {10, 80, 2 * (kAttnBlockM + 30)};
+  const std::vector<int64_t> lengths = {10, 80, 2 * (kAttnShortBlockM + 30)};
   for (int64_t block_size : {1, 3, 16, 64, 200}) {
     const AttentionMask mask = BlockDiffusion(lengths, block_size);
     const Inputs in = RandomInputs(Total(lengths), 4, 2, 32, torch::kFloat);
@@ -236,7 +250,7 @@ TEST_F(AttentionTest, BlockDiffusionMatchesMaskBuiltFromDefinition) {
 // thread count; an item that shared rows with another would race here.
 TEST_F(AttentionTest, GradientsAreBitwiseTheSameForAnyThreadCount) {
   SCOPED_TRACE(SeedTrace());
-  const std::vector<int64_t> lengths = {2 * kAttnBlockM + 10, 40, 3 * kAttnBlockM};
+  const std::vector<int64_t> lengths = {2 * kAttnShortBlockM + 10, 40, 3 * kAttnShortBlockM};
   const Inputs in = RandomInputs(Total(lengths), 4, 2, 32, torch::kFloat);
   const int threads = at::get_num_threads();
   for (const AttentionMask& mask : {Causal(lengths), BlockDiffusion(lengths, 16)}) {
@@ -275,9 +289,9 @@ TEST_F(AttentionTest, RowsThatSeeNoKeyGiveZeroOutputAndZeroGradient) {
   // Segment [0, kSeen): row i sees [0, i] except rows 3 and kLate, which see
   // nothing (kLate in the second query tile). Segment [kSeen, kT): nobody
   // sees anything, so its tile has no work at all.
-  constexpr int64_t kSeen = kAttnBlockM + 6;
-  constexpr int64_t kLate = kAttnBlockM + 2;
-  const BlindRows blind = BlindRowsMask(kAttnBlockM);
+  constexpr int64_t kSeen = kAttnShortBlockM + 6;
+  constexpr int64_t kLate = kAttnShortBlockM + 2;
+  const BlindRows blind = BlindRowsMask(kAttnShortBlockM);
   const int64_t kT = blind.tokens;
   const IntervalMask& mask = blind.mask;
   const torch::Tensor& visible = blind.visible;
