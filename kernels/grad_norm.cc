@@ -78,8 +78,12 @@ GradNormResult grad_norm(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     if (!t.defined()) continue;
     TORCH_CHECK(t.is_contiguous(), "grad_norm: every tensor must be contiguous");
-    TORCH_CHECK(at::isFloatingType(t.scalar_type()),
-                "grad_norm: tensors must be fp64, fp32, bf16 or fp16, got ", t.scalar_type());
+    // Listed, not isFloatingType: that also admits the float8 types, which
+    // neither backend reads (the CUDA one would skip them without a word).
+    const at::ScalarType dtype = t.scalar_type();
+    TORCH_CHECK(
+        dtype == at::kDouble || dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+        "grad_norm: tensors must be fp64, fp32, bf16 or fp16, got ", dtype);
     if (first) device = t.device();
     TORCH_CHECK(t.device() == device, "grad_norm: all tensors must be on one device, got ", device,
                 " and ", t.device());

@@ -3,7 +3,11 @@
 // compiled to key intervals by interval_mask() (kernels/cpu/attention_cpu.h),
 // the same structure the CPU kernel reads, so both backends mask identically.
 //
-// Supported: bf16 and fp16 inputs, head dim 64, 128 or 256, sm_80 or newer.
+// Supported: bf16 and fp16 inputs, head dim 64, 128 or 256, sm_80 or newer
+// with 163 KiB of shared memory per block (A100, H100/H200, B200: sm_80, 90,
+// 100). The tiles are sized for that; GPUs that allow 99 KiB (sm_86, 89, 120:
+// A10, L4, L40S, RTX) get a c10::Error naming the bytes a kernel needs for
+// the forward at D >= 128 and for the backward.
 // fp32 and fp64 inputs, and other head dims, throw a c10::Error that says so;
 // they run on CPU. In a build without CUDA every entry point throws.
 #ifndef BALLAST_KERNELS_CUDA_ATTENTION_CUDA_H_

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 namespace ballast::kernels {
 namespace {
@@ -62,9 +63,17 @@ TEST(GradNorm, EmptyListAndUndefinedTensorsGiveZero) {
   EXPECT_FLOAT_EQ(r.norm.item<float>(), std::sqrt(3.f));
 }
 
-TEST(GradNorm, RejectsNonContiguousAndIntegerTensors) {
+TEST(GradNorm, RejectsNonContiguousIntegerAndFloat8Tensors) {
   EXPECT_THROW(grad_norm({torch::ones({4, 4}).t()}), c10::Error);
   EXPECT_THROW(grad_norm({torch::ones({4}, torch::kLong)}), c10::Error);
+  try {
+    grad_norm({torch::ones({4}), torch::ones({4}).to(torch::kFloat8_e4m3fn)});
+    FAIL() << "a float8 tensor was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("fp64, fp32, bf16 or fp16"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
 }
 
 TEST(GradNormCuda, MatchesCpuOnDevice) {
