@@ -12,10 +12,11 @@
 // stored and A' either A as stored (a_depth == 1) or its transpose.
 #include "kernels/cpu/tile_product.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -97,60 +98,33 @@ __attribute__((target("avx512f"))) void RegisterTile(int64_t depth, float alpha,
   }
 }
 
-template <int R>
-void RegisterTileOfWidth(int vectors, int64_t depth, float alpha, const float* a, int64_t a_row,
-                         int64_t a_depth, const float* b, int64_t ldb, __mmask16 last,
-                         bool accumulate, float* c, int64_t ldc) {
-  switch (vectors) {
-    case 1:
-      return RegisterTile<R, 1>(depth, alpha, a, a_row, a_depth, b, ldb, last, accumulate, c, ldc);
-    case 2:
-      return RegisterTile<R, 2>(depth, alpha, a, a_row, a_depth, b, ldb, last, accumulate, c, ldc);
-    case 3:
-      return RegisterTile<R, 3>(depth, alpha, a, a_row, a_depth, b, ldb, last, accumulate, c, ldc);
-    default:
-      return RegisterTile<R, 4>(depth, alpha, a, a_row, a_depth, b, ldb, last, accumulate, c, ldc);
-  }
-}
+using RegisterTileFn = void (*)(int64_t, float, const float*, int64_t, int64_t, const float*,
+                                int64_t, __mmask16, bool, float*, int64_t);
+
+// Every tile size, by [rows - 1][vectors - 1]: the edges of C get tiles of
+// fewer rows and narrower panels.
+constexpr RegisterTileFn kRegisterTiles[kTileRows][kTileVectors] = {
+    {RegisterTile<1, 1>, RegisterTile<1, 2>, RegisterTile<1, 3>, RegisterTile<1, 4>},
+    {RegisterTile<2, 1>, RegisterTile<2, 2>, RegisterTile<2, 3>, RegisterTile<2, 4>},
+    {RegisterTile<3, 1>, RegisterTile<3, 2>, RegisterTile<3, 3>, RegisterTile<3, 4>},
+    {RegisterTile<4, 1>, RegisterTile<4, 2>, RegisterTile<4, 3>, RegisterTile<4, 4>},
+    {RegisterTile<5, 1>, RegisterTile<5, 2>, RegisterTile<5, 3>, RegisterTile<5, 4>},
+    {RegisterTile<6, 1>, RegisterTile<6, 2>, RegisterTile<6, 3>, RegisterTile<6, 4>},
+};
 
 void RegisterProduct(int64_t rows, int64_t cols, int64_t depth, float alpha, const float* a,
                      int64_t a_row, int64_t a_depth, const float* b, int64_t ldb, bool accumulate,
                      float* c, int64_t ldc) {
-  static_assert(kTileRows == 6 && kTileVectors == 4, "the switches below list every tile size");
   for (int64_t col = 0; col < cols; col += kPanel) {
     const int64_t width = std::min(kPanel, cols - col);
-    const int vectors = static_cast<int>((width + kLanes - 1) / kLanes);
+    const int64_t vectors = (width + kLanes - 1) / kLanes;
     const int64_t last_width = width - kLanes * (vectors - 1);
     const __mmask16 last = static_cast<__mmask16>((1u << last_width) - 1);
     for (int64_t row = 0; row < rows; row += kTileRows) {
-      const float* a_tile = a + row * a_row;
-      const float* b_panel = b + col;
-      float* c_tile = c + row * ldc + col;
-      const auto tile = [&](auto rows_constant) {
-        RegisterTileOfWidth<decltype(rows_constant)::value>(vectors, depth, alpha, a_tile, a_row,
-                                                            a_depth, b_panel, ldb, last, accumulate,
-                                                            c_tile, ldc);
-      };
-      switch (std::min<int64_t>(kTileRows, rows - row)) {
-        case 1:
-          tile(std::integral_constant<int, 1>{});
-          break;
-        case 2:
-          tile(std::integral_constant<int, 2>{});
-          break;
-        case 3:
-          tile(std::integral_constant<int, 3>{});
-          break;
-        case 4:
-          tile(std::integral_constant<int, 4>{});
-          break;
-        case 5:
-          tile(std::integral_constant<int, 5>{});
-          break;
-        default:
-          tile(std::integral_constant<int, 6>{});
-          break;
-      }
+      const int64_t tile_rows = std::min<int64_t>(kTileRows, rows - row);
+      kRegisterTiles[tile_rows - 1][vectors - 1](depth, alpha, a + row * a_row, a_row, a_depth,
+                                                 b + col, ldb, last, accumulate,
+                                                 c + row * ldc + col, ldc);
     }
   }
 }
@@ -158,9 +132,11 @@ void RegisterProduct(int64_t rows, int64_t cols, int64_t depth, float alpha, con
 #endif  // BALLAST_HAS_AVX512_KERNEL
 
 bool DetectRegisterKernel() {
-#ifdef BALLAST_HAS_AVX512_KERNEL
   const char* choice = std::getenv("BALLAST_CPU_TILE_PRODUCT");
-  if (choice != nullptr && std::strcmp(choice, "blas") == 0) return false;
+  TORCH_CHECK(choice == nullptr || std::strcmp(choice, "blas") == 0,
+              "BALLAST_CPU_TILE_PRODUCT must be unset or 'blas', got '", choice, "'");
+  if (choice != nullptr) return false;
+#ifdef BALLAST_HAS_AVX512_KERNEL
   return __builtin_cpu_supports("avx512f");
 #else
   return false;

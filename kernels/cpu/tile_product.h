@@ -32,7 +32,8 @@ void TileProduct(int64_t rows, int64_t cols, int64_t depth, double alpha, const 
 
 // Whether fp32 products run the register kernel. False when the CPU lacks
 // AVX-512F, or when the environment sets BALLAST_CPU_TILE_PRODUCT=blas (tests
-// use it to cover the BLAS path on any machine). Read once.
+// use it to cover the BLAS path on any machine); any other value of that
+// variable throws a c10::Error that names it. Read once, at the first call.
 bool TileProductUsesRegisterKernel();
 
 }  // namespace ballast::kernels

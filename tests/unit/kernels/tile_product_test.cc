@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace ballast::kernels {
@@ -73,6 +74,30 @@ TEST(TileProduct, Fp32MatchesFloat64Reference) {
                  "BALLAST_CPU_TILE_PRODUCT=blas)\n";
   }
   for (const Shape& s : Shapes()) CheckAgainstFloat64<float>(s, 1e-5);
+}
+
+// The ctest entries run this unset, with "blas", and with a value that is
+// neither (tests/unit/CMakeLists.txt).
+TEST(TileProduct, HonoursTheEnvironmentChoice) {
+  const char* choice = std::getenv("BALLAST_CPU_TILE_PRODUCT");
+  if (choice == nullptr) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    EXPECT_EQ(TileProductUsesRegisterKernel(), __builtin_cpu_supports("avx512f") != 0);
+#else
+    EXPECT_FALSE(TileProductUsesRegisterKernel());
+#endif
+  } else if (std::string(choice) == "blas") {
+    EXPECT_FALSE(TileProductUsesRegisterKernel());
+  } else {
+    try {
+      TileProductUsesRegisterKernel();
+      FAIL() << "BALLAST_CPU_TILE_PRODUCT=" << choice << " was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("BALLAST_CPU_TILE_PRODUCT"),
+                std::string::npos)
+          << e.what_without_backtrace();
+    }
+  }
 }
 
 TEST(TileProduct, Fp64MatchesFloat64Reference) {
