@@ -53,9 +53,23 @@ def test_corrupt_safetensors_names_the_file(tmp_path, model_and_data):
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])  # truncated mid-buffer
     r = run(tmp_path, base_spec(str(model), model_and_data[1]))
-    assert r.returncode != 0
+    # 2, not 1: a restart reads the same file, so the coordinator must not retry.
+    assert r.returncode == 2, r.stderr
     assert "model.safetensors" in r.stderr
-    assert "Segmentation" not in r.stderr and r.returncode > 0
+
+
+def test_tensor_of_the_wrong_shape_is_not_restartable(tmp_path, model_and_data):
+    import json
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(model_and_data[0], model)
+    config = json.loads((model / "config.json").read_text())
+    config["intermediate_size"] += 8  # the weights no longer match config.json
+    (model / "config.json").write_text(json.dumps(config))
+    r = run(tmp_path, base_spec(str(model), model_and_data[1]))
+    assert r.returncode == 2, r.stderr
+    assert "mlp.gate_proj.weight has shape" in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
 
 
 def test_token_outside_vocabulary_names_file_and_line(tmp_path, model_and_data):

@@ -15,11 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/version.h"
-#include "worker/train/agent_channel.h"
-#include "worker/train/device_info.h"
-#include "worker/train/export.h"
-#include "worker/train/inference.h"
-#include "worker/train/trainer.h"
+#include "worker/train/checkpoint/export.h"
+#include "worker/train/model/inference.h"
+#include "worker/train/rank/agent_channel.h"
+#include "worker/train/rank/device_info.h"
+#include "worker/train/trainer/trainer.h"
 
 namespace {
 
@@ -35,13 +35,19 @@ void KeepActivationsMapped() {
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
 }
 
-// Exit codes: 0 done, 1 the job failed (restartable), 2 bad spec or
-// arguments, 143 cancelled by the worker (as if killed by SIGTERM).
+// Exit codes (docs/control-plane.md): 0 done; 2 the spec or an input is bad,
+// which a restart on the same spec and files cannot fix, so the coordinator
+// fails the job without retrying; 143 cancelled (as if killed by SIGTERM);
+// 1 anything else, which a restart may fix (a lost peer, a full disk).
 int Fail(const absl::Status& status) {
   std::cerr << "ballast-train: " << status.message() << "\n";
   switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument:     // a value the spec, model or data contradicts
+    case absl::StatusCode::kNotFound:            // a missing file or tensor
+    case absl::StatusCode::kFailedPrecondition:  // a shape that disagrees; the guard's diagnosis
+    case absl::StatusCode::kDataLoss:            // a corrupt safetensors file or checkpoint
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted:  // the job does not fit in memory
       return 2;
     case absl::StatusCode::kCancelled:
       return 143;
@@ -154,8 +160,11 @@ int main(int argc, char** argv) {
       }
       status = RunSpec(spec_path, overrides, out_dir, flags);
     }
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("out of memory: an allocation failed");
   } catch (const std::exception& e) {
-    // LibTorch reports through exceptions; they stop at this boundary.
+    // LibTorch reports through exceptions; the subcommands' stop here (the
+    // Trainer converts its own).
     status = absl::InternalError(e.what());
   }
   if (!status.ok()) return Fail(status);

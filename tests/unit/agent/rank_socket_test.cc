@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "worker/train/agent_channel.h"
+#include "worker/train/rank/agent_channel.h"
 
 namespace ballast::agent {
 namespace {

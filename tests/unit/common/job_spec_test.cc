@@ -46,6 +46,7 @@ TEST(JobSpec, DefaultsFollowTheProtoComments) {
       "model: {path: m}\ndata: {path: d, seq_len: 8}\noptimizer: {lr: 0.1}\nmax_steps: 3\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->method(), "lora");
+  EXPECT_EQ(spec->task(), "causal_lm");
   EXPECT_EQ(spec->lora().r(), 8);
   EXPECT_DOUBLE_EQ(spec->lora().lora_alpha(), 16);
   EXPECT_THAT(spec->lora().target_modules(), ::testing::ElementsAre("q_proj", "v_proj"));
@@ -80,7 +81,7 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"lora.lora_dropout=1", "lora.lora_dropout = 1"},
         Case{"schedule.kind=step", "schedule.kind = 'step' is not supported"},
         Case{"lora.target_modules=[qkv]", "lora.target_modules = 'qkv'"},
-        Case{"method=qlora", "method = 'qlora'"},
+        Case{"method=qlora", "method = 'qlora'"}, Case{"task=reranker", "task = 'reranker'"},
         Case{"checkpoint_every=101", "checkpoint_every = 101"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());

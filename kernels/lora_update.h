@@ -1,0 +1,33 @@
+// The adapters' share of a fused projection (the decoder's fused projections,
+// worker/train/model/decoder.h): with the modules' outputs side by side in y (T, sum out) and their
+// A products side by side in down (T, sum r),
+//   y[:, module i's columns] += scaling * down[:, module i's ranks] @ B_i^T
+// for every adapted module i, in place.
+#ifndef BALLAST_KERNELS_LORA_UPDATE_H_
+#define BALLAST_KERNELS_LORA_UPDATE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ballast::kernels {
+
+// y (T, sum out), a fresh product that no backward reads; down (T, sum r);
+// ups[i] is B_i (out_i, r_i), whose rows start at column out_begins[i] of y
+// and whose ranks are the next r_i columns of down, in order. Returns y,
+// differentiable in y, down and every B_i.
+//
+// One product per module, each into its own columns: a block-diagonal B over
+// all modules would be one product, but multiplies the zero blocks too (half
+// or more of the work for gate/up and q/k/v, both ways), and autograd would
+// copy y for the out-of-place add and concatenate the pieces of its gradient.
+// The backward hands y's gradient through unchanged and writes each module's
+// share of down's gradient into its columns.
+at::Tensor add_lora_update(const at::Tensor& y, const at::Tensor& down,
+                           const std::vector<at::Tensor>& ups,
+                           const std::vector<int64_t>& out_begins, double scaling);
+
+}  // namespace ballast::kernels
+
+#endif  // BALLAST_KERNELS_LORA_UPDATE_H_

@@ -1,0 +1,91 @@
+// KeepCheckpointsAtOrBefore: what `ballast-train --resume-at-or-before N`
+// (a rollback, or a restart after one) resumes from.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/str_format.h"
+#include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/io/file_tree.h"
+#include "worker/train/optim/adamw.h"
+
+namespace ballast::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointRollbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "checkpoint_rollback.XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    params_.Add("w", torch::randn({2, 2}), ParamStore::kNoLayer, /*trainable=*/true);
+    AdamW opt({}, params_);
+    for (int64_t step : {5, 10, 15}) {
+      absl::StatusOr<std::string> saved = SaveCheckpoint(dir_, {step, step * 2}, params_, opt);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      EXPECT_EQ(fs::path(*saved).filename(), fs::path(absl::StrFormat("step-%08d", step)));
+    }
+  }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
+
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::string dir_;
+  ParamStore params_;
+};
+
+TEST_F(CheckpointRollbackTest, ResumesFromTheNewestAtOrBeforeAndDeletesNewerOnes) {
+  absl::StatusOr<std::optional<std::string>> kept = KeepCheckpointsAtOrBefore(dir_, 12);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(kept->has_value());
+  EXPECT_EQ(fs::path(**kept).filename(), "step-00000010");
+  EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000005", "step-00000010"}));
+  // A later plain restart cannot jump forward past the rollback any more.
+  EXPECT_EQ(fs::path(*LatestCheckpoint(dir_)).filename(), "step-00000010");
+}
+
+TEST_F(CheckpointRollbackTest, AStepWithACheckpointKeepsThatCheckpoint) {
+  absl::StatusOr<std::optional<std::string>> kept = KeepCheckpointsAtOrBefore(dir_, 15);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(fs::path(**kept).filename(), "step-00000015");
+  EXPECT_EQ(Names().size(), 3u);
+}
+
+TEST_F(CheckpointRollbackTest, NothingAtOrBeforeMeansStartOverWithNoCheckpoints) {
+  fs::create_directories(fs::path(dir_) / ".step-00000020.tmp");  // an interrupted save
+  absl::StatusOr<std::optional<std::string>> kept = KeepCheckpointsAtOrBefore(dir_, 4);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_FALSE(kept->has_value());
+  EXPECT_TRUE(Names().empty());
+}
+
+TEST_F(CheckpointRollbackTest, ComparesStepsAsNumbersPastEightDigits) {
+  fs::create_directories(fs::path(dir_) / "step-123456789");
+  fs::create_directories(fs::path(dir_) / "step-1000000000");
+  absl::StatusOr<std::optional<std::string>> kept = KeepCheckpointsAtOrBefore(dir_, 999999999);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(fs::path(**kept).filename(), "step-123456789");
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "step-1000000000"));
+  fs::create_directories(fs::path(dir_) / "step-1000000000");
+  EXPECT_EQ(fs::path(*LatestCheckpoint(dir_)).filename(), "step-1000000000");
+}
+
+TEST(CheckpointRollbackNoFolderTest, AMissingFolderHasNothingToResume) {
+  absl::StatusOr<std::optional<std::string>> kept =
+      KeepCheckpointsAtOrBefore("/nonexistent/ballast/checkpoints", 10);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_FALSE(kept->has_value());
+}
+
+}  // namespace
+}  // namespace ballast::train

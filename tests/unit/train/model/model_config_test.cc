@@ -1,0 +1,389 @@
+#include "worker/train/model/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "worker/train/io/file_tree.h"
+
+namespace ballast::train {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+// Qwen3-4B's config.json: head_dim 128 is explicit, not hidden_size / heads (80).
+json Qwen3Config() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": null,
+    "rope_theta": 1000000,
+    "sliding_window": null,
+    "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16",
+    "use_cache": true,
+    "use_sliding_window": false,
+    "vocab_size": 151936
+  })");
+}
+
+// Qwen2.5-0.5B's config.json, which has no attention_bias key.
+json Qwen2Config() {
+  return json::parse(R"({
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": true,
+    "use_sliding_window": false,
+    "vocab_size": 151936
+  })");
+}
+
+// Llama-3.2-1B's config.json.
+json Llama32Config() {
+  return json::parse(R"({
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": false,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+      "factor": 32.0,
+      "high_freq_factor": 4.0,
+      "low_freq_factor": 1.0,
+      "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": true,
+    "vocab_size": 128256
+  })");
+}
+
+absl::StatusOr<ModelConfig> Parse(const json& j) { return ParseModelConfig(j.dump()); }
+
+// Expects INVALID_ARGUMENT whose message contains every one of `parts`.
+void ExpectInvalid(const json& j, std::initializer_list<std::string> parts) {
+  const absl::Status s = Parse(j).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const std::string& part : parts) EXPECT_THAT(s.message(), HasSubstr(part));
+}
+
+TEST(ModelConfig, ParsesQwen3WithExplicitHeadDim) {
+  auto c = Parse(Qwen3Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_EQ(c->vocab_size, 151936);
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->intermediate_size, 9728);
+  EXPECT_EQ(c->num_hidden_layers, 36);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_scaling.type, "default");
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->mlp_bias);
+  EXPECT_TRUE(c->qk_norm);
+}
+
+TEST(ModelConfig, Qwen2AlwaysHasAttentionBias) {
+  auto c = Parse(Qwen2Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 64);
+
+  json j = Qwen2Config();
+  j["attention_bias"] = false;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention_bias);
+}
+
+TEST(ModelConfig, ParsesLlama3RopeScaling) {
+  auto c = Parse(Llama32Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->qk_norm);
+}
+
+TEST(ModelConfig, ParsesLinearRopeScalingWithLegacyTypeKey) {
+  json j = Llama32Config();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 2.0);
+}
+
+TEST(ModelConfig, ReadsRopeParametersFromTransformers5) {
+  json j = Qwen3Config();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e6}};
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5e6);
+  EXPECT_EQ(c->rope_scaling.type, "default");
+}
+
+TEST(ModelConfig, RejectsRopeThetaThatDisagreesWithRopeParameters) {
+  json j = Qwen3Config();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e6}};
+  ExpectInvalid(j, {"rope_theta", "rope_parameters.rope_theta"});
+}
+
+TEST(ModelConfig, AppliesDefaults) {
+  json j = Llama32Config();
+  for (const char* key :
+       {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "hidden_act", "tie_word_embeddings", "attention_bias", "mlp_bias", "attention_dropout"}) {
+    j.erase(key);
+  }
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 32);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(c->rope_scaling.type, "default");
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+}
+
+TEST(ModelConfig, NullHeadDimIsDerived) {
+  json j = Qwen2Config();
+  j["head_dim"] = nullptr;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 896 / 14);
+}
+
+TEST(ModelConfig, LlamaAttentionBiasFollowsKey) {
+  json j = Llama32Config();
+  j["attention_bias"] = true;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention_bias);
+}
+
+TEST(ModelConfig, RejectsUnknownModelType) {
+  json j = Qwen3Config();
+  j["model_type"] = "qwen3_moe";
+  ExpectInvalid(j, {"model_type", "qwen3_moe", "llama, qwen2, qwen3"});
+}
+
+TEST(ModelConfig, RejectsMissingRequiredKey) {
+  for (const char* key : {"model_type", "vocab_size", "hidden_size", "intermediate_size",
+                          "num_hidden_layers", "num_attention_heads", "max_position_embeddings"}) {
+    json j = Qwen3Config();
+    j.erase(key);
+    SCOPED_TRACE(key);
+    ExpectInvalid(j, {key, "required"});
+  }
+}
+
+TEST(ModelConfig, RejectsWrongType) {
+  json j = Qwen3Config();
+  j["hidden_size"] = "2560";
+  ExpectInvalid(j, {"hidden_size must be an integer"});
+
+  j = Qwen3Config();
+  j["num_hidden_layers"] = 36.5;
+  ExpectInvalid(j, {"num_hidden_layers must be an integer"});
+
+  j = Qwen3Config();
+  j["tie_word_embeddings"] = 1;
+  ExpectInvalid(j, {"tie_word_embeddings must be a boolean"});
+
+  j = Qwen3Config();
+  j["rms_norm_eps"] = "1e-6";
+  ExpectInvalid(j, {"rms_norm_eps must be a number"});
+}
+
+TEST(ModelConfig, RejectsOutOfRangeValues) {
+  json j = Qwen3Config();
+  j["vocab_size"] = 0;
+  ExpectInvalid(j, {"vocab_size", "> 0"});
+
+  j = Qwen3Config();
+  j["rms_norm_eps"] = -1e-6;
+  ExpectInvalid(j, {"rms_norm_eps", "> 0"});
+
+  j = Qwen3Config();
+  j["rope_theta"] = 0;
+  ExpectInvalid(j, {"rope_theta", "> 0"});
+}
+
+TEST(ModelConfig, RejectsKvHeadsThatDoNotDivideHeads) {
+  json j = Qwen3Config();
+  j["num_key_value_heads"] = 5;
+  ExpectInvalid(j, {"num_key_value_heads", "divide"});
+}
+
+TEST(ModelConfig, RejectsUnderivableHeadDim) {
+  json j = Qwen3Config();
+  j.erase("head_dim");
+  j["num_attention_heads"] = 24;
+  j["num_key_value_heads"] = 8;
+  ExpectInvalid(j, {"head_dim", "2560"});
+}
+
+TEST(ModelConfig, RejectsOddOrOversizedHeadDim) {
+  json j = Qwen3Config();
+  j["head_dim"] = 127;
+  ExpectInvalid(j, {"head_dim", "even", "256"});
+  j["head_dim"] = 512;
+  ExpectInvalid(j, {"head_dim", "even", "256"});
+}
+
+TEST(ModelConfig, RejectsUnsupportedHiddenAct) {
+  json j = Qwen3Config();
+  j["hidden_act"] = "gelu";
+  ExpectInvalid(j, {"hidden_act", "silu", "gelu"});
+}
+
+TEST(ModelConfig, RejectsUnsupportedRopeType) {
+  json j = Qwen3Config();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  ExpectInvalid(j, {"rope_scaling.rope_type", "yarn", "default, linear, llama3"});
+}
+
+TEST(ModelConfig, RejectsRopeScalingWithoutType) {
+  json j = Qwen3Config();
+  j["rope_scaling"] = {{"factor", 4.0}};
+  ExpectInvalid(j, {"rope_scaling.rope_type", "required"});
+}
+
+TEST(ModelConfig, RejectsLinearRopeScalingWithoutFactor) {
+  json j = Llama32Config();
+  j["rope_scaling"] = {{"rope_type", "linear"}};
+  ExpectInvalid(j, {"rope_scaling.factor", "required"});
+}
+
+TEST(ModelConfig, RejectsIncompleteLlama3RopeScaling) {
+  json j = Llama32Config();
+  j["rope_scaling"].erase("low_freq_factor");
+  ExpectInvalid(j, {"rope_scaling.low_freq_factor", "required"});
+
+  j = Llama32Config();
+  j["rope_scaling"].erase("original_max_position_embeddings");
+  ExpectInvalid(j, {"rope_scaling.original_max_position_embeddings", "required"});
+
+  j = Llama32Config();
+  j["rope_scaling"]["high_freq_factor"] = 1.0;
+  ExpectInvalid(j, {"rope_scaling.high_freq_factor", "low_freq_factor"});
+}
+
+TEST(ModelConfig, RejectsSlidingWindow) {
+  json j = Qwen2Config();
+  j["use_sliding_window"] = true;
+  ExpectInvalid(j, {"use_sliding_window is not supported"});
+}
+
+TEST(ModelConfig, RejectsMlpBias) {
+  json j = Llama32Config();
+  j["mlp_bias"] = true;
+  ExpectInvalid(j, {"mlp_bias", "false"});
+}
+
+TEST(ModelConfig, RejectsAttentionDropout) {
+  json j = Llama32Config();
+  j["attention_dropout"] = 0.1;
+  ExpectInvalid(j, {"attention_dropout", "0"});
+}
+
+TEST(ModelConfig, RejectsTextThatIsNotAJsonObject) {
+  EXPECT_EQ(ParseModelConfig("{").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseModelConfig("[]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+class LoadModelConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl =
+        (std::filesystem::path(::testing::TempDir()) / "model_config.XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
+
+  std::string dir_;
+};
+
+TEST_F(LoadModelConfigTest, ReadsConfigJson) {
+  std::ofstream(dir_ + "/config.json") << Qwen3Config().dump(2);
+  auto c = LoadModelConfig(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+}
+
+TEST_F(LoadModelConfigTest, MissingFileIsNotFoundNamingPath) {
+  const absl::Status s = LoadModelConfig(dir_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(dir_ + "/config.json"));
+}
+
+TEST_F(LoadModelConfigTest, ParseErrorNamesPath) {
+  json j = Qwen3Config();
+  j["hidden_act"] = "relu";
+  std::ofstream(dir_ + "/config.json") << j.dump();
+  const absl::Status s = LoadModelConfig(dir_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(dir_ + "/config.json"));
+  EXPECT_THAT(s.message(), HasSubstr("hidden_act"));
+}
+
+}  // namespace
+}  // namespace ballast::train

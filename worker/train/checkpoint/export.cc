@@ -1,0 +1,52 @@
+#include "worker/train/checkpoint/export.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/io/safetensors.h"
+#include "worker/train/model/lora.h"
+#include "worker/train/model/pretrained.h"
+
+namespace ballast::train {
+namespace fs = std::filesystem;
+
+absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_dir,
+                           const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = t.detach();
+  if (absl::Status s = WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), by_name,
+                                        {{"format", "pt"}});
+      !s.ok()) {
+    return s;
+  }
+  for (const char* file : {"config.json", "generation_config.json", "tokenizer.json",
+                           "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path src = fs::path(base_dir) / file;
+    if (!fs::exists(src)) continue;
+    fs::copy_file(src, fs::path(out_dir) / file, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExportMergedLora(const std::string& base_dir, const std::string& adapter_dir,
+                              const std::string& out_dir) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(base_dir);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<LoraConfig> lora = ReadPeftAdapterConfig(adapter_dir);
+  if (!lora.ok()) return lora.status();
+  absl::StatusOr<ParamStore> params = LoadPretrained(base_dir, *config, /*trainable=*/false);
+  if (!params.ok()) return params.status();
+  if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
+  if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
+  return ExportHfModel(base_dir, out_dir, MergedTensors(*lora, *params));
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,192 @@
+#include "worker/train/model/decoder.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/lora_update.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "worker/train/model/activation_checkpoint.h"
+
+namespace ballast::train {
+namespace {
+
+// HF's rotary inverse frequencies, computed with the same ops and dtypes as
+// transformers' _compute_default_rope_parameters / _compute_llama3_parameters
+// so that cos/sin match bit for bit in fp32.
+at::Tensor RopeInvFreq(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  at::Tensor exponent = torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / d;
+  at::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponent);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    inv_freq = inv_freq / s.factor;
+  } else if (s.type == "llama3") {
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_len / s.low_freq_factor;
+    const double high_freq_wavelen = old_len / s.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+    at::Tensor smooth =
+        (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
+// Tensors stacked along dim 0, without a copy when there is only one.
+at::Tensor JoinRows(const std::vector<at::Tensor>& parts) {
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
+}
+
+}  // namespace
+
+Decoder::Decoder(ModelConfig config, const ParamStore* params, std::optional<LoraConfig> lora,
+                 at::ScalarType compute_dtype, bool gradient_checkpointing)
+    : config_(std::move(config)),
+      params_(params),
+      lora_(std::move(lora)),
+      compute_dtype_(compute_dtype),
+      gradient_checkpointing_(gradient_checkpointing),
+      inv_freq_(RopeInvFreq(config_)) {}
+
+at::Tensor Decoder::Weight(const std::string& name) const {
+  const at::Tensor& w = params_->get(name);
+  // Differentiable cast: in bf16 compute the gradient flows back to the fp32 master.
+  return w.scalar_type() == compute_dtype_ ? w : w.to(compute_dtype_);
+}
+
+const at::Tensor& Decoder::lm_head_weight() const {
+  return params_->get(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+}
+
+at::Tensor Decoder::Project(const std::string& prefix, const std::vector<std::string>& modules,
+                            const at::Tensor& x, bool training) const {
+  std::vector<at::Tensor> weights;
+  std::vector<int64_t> out_sizes;
+  bool any_bias = false;
+  for (const std::string& m : modules) {
+    weights.push_back(Weight(prefix + m + ".weight"));  // (out_m, in)
+    out_sizes.push_back(weights.back().size(0));
+    any_bias |= params_->contains(prefix + m + ".bias");
+  }
+  at::Tensor bias;  // (sum out), zeros for a module without one (Qwen2 has q/k/v bias only)
+  if (any_bias) {
+    std::vector<at::Tensor> biases;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const std::string name = prefix + modules[i] + ".bias";
+      biases.push_back(params_->contains(name) ? Weight(name)
+                                               : at::zeros({out_sizes[i]}, weights[i].options()));
+    }
+    bias = JoinRows(biases);
+  }
+  at::Tensor y = at::linear(x, JoinRows(weights), bias);
+
+  std::vector<size_t> adapted;  // indices into modules
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (lora_ && lora_->targets(modules[i])) adapted.push_back(i);
+  }
+  if (adapted.empty()) return y;
+
+  // down = dropout(x) A^T of every adapted module, side by side: (T, sum r).
+  // Without dropout the modules share x, so their A's are one GEMM; with it
+  // each module draws its own mask, in module order, as PEFT does.
+  std::vector<at::Tensor> a_weights, downs;
+  for (size_t i : adapted) {
+    at::Tensor a = Weight(prefix + modules[i] + ".lora_A.weight");  // (r, in)
+    if (lora_->lora_dropout > 0) {
+      downs.push_back(at::linear(at::dropout(x, lora_->lora_dropout, training), a));
+    }
+    a_weights.push_back(std::move(a));
+  }
+  at::Tensor down =
+      lora_->lora_dropout > 0 ? at::cat(downs, 1) : at::linear(x, JoinRows(a_weights));
+  // y[:, module's columns] += scaling * down[:, module's ranks] @ B^T, per
+  // adapted module (see lora_update.h).
+  std::vector<at::Tensor> ups;
+  std::vector<int64_t> out_begins;
+  int64_t column = 0;
+  for (size_t i = 0, next = 0; i < modules.size(); column += out_sizes[i], ++i) {
+    if (next < adapted.size() && adapted[next] == i) {
+      ups.push_back(Weight(prefix + modules[i] + ".lora_B.weight"));  // (out, r)
+      out_begins.push_back(column);
+      ++next;
+    }
+  }
+  return kernels::add_lora_update(y, down, ups, out_begins, lora_->scaling());
+}
+
+at::Tensor Decoder::RmsNorm(const at::Tensor& x, const std::string& weight_name) const {
+  return kernels::rms_norm(x, Weight(weight_name), config_.rms_norm_eps);
+}
+
+at::Tensor Decoder::LayerForward(int64_t layer, const at::Tensor& h, const at::Tensor& cos,
+                                 const at::Tensor& sin, const kernels::AttentionMask& mask,
+                                 bool training) const {
+  const ModelConfig& c = config_;
+  const std::string p = LayerPrefix(layer);
+  const int64_t t = h.size(0);
+
+  // Attention block.
+  at::Tensor x = RmsNorm(h, p + "input_layernorm.weight");
+  // q, k and v read the same x, so they are one projection (see Project()).
+  const int64_t q_width = c.num_attention_heads * c.head_dim;
+  const int64_t kv_width = c.num_key_value_heads * c.head_dim;
+  std::vector<at::Tensor> qkv =
+      Project(p + "self_attn.", {"q_proj", "k_proj", "v_proj"}, x, training)
+          .split_with_sizes({q_width, kv_width, kv_width}, 1);
+  at::Tensor q = qkv[0].view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
+  at::Tensor k = qkv[1].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  at::Tensor v = qkv[2].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
+  if (c.qk_norm) {
+    q = RmsNorm(q, p + "self_attn.q_norm.weight");
+    k = RmsNorm(k, p + "self_attn.k_norm.weight");
+  }
+  q = kernels::apply_rope(q, cos, sin);  // contiguous
+  k = kernels::apply_rope(k, cos, sin);
+  at::Tensor attn = kernels::attention(q, k, v.contiguous(), mask, 1.0 / std::sqrt(c.head_dim));
+  at::Tensor out = h + Project(p + "self_attn.", {"o_proj"}, attn.view({t, q_width}), training);
+
+  // MLP block; gate and up read the same x, so they are one projection, and
+  // the gate reads it whole.
+  x = RmsNorm(out, p + "post_attention_layernorm.weight");
+  at::Tensor gate_up = Project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
+  return out + Project(p + "mlp.", {"down_proj"}, kernels::swiglu(gate_up), training);
+}
+
+at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const {
+  // cos/sin (T, D) in fp32 as HF computes them, then in the compute dtype.
+  at::Tensor freqs = batch.position_ids.to(torch::kFloat).unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  at::Tensor cos = emb.cos().to(compute_dtype_);
+  at::Tensor sin = emb.sin().to(compute_dtype_);
+
+  kernels::AttentionMask mask;
+  mask.kind = batch.mask.kind;
+  mask.block_size = batch.mask.block_size;
+  mask.cu_seqlens = batch.cu_seqlens;
+
+  at::Tensor h = at::embedding(Weight("model.embed_tokens.weight"), batch.input_ids);  // (T, H)
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    if (gradient_checkpointing_ && training && torch::GradMode::is_enabled()) {
+      h = CheckpointedLayer(*this, *params_, i, h, cos, sin, mask);
+    } else {
+      h = LayerForward(i, h, cos, sin, mask, training);
+    }
+  }
+  return RmsNorm(h, "model.norm.weight");
+}
+
+at::Tensor Decoder::Logits(const PackedBatch& batch) const {
+  torch::NoGradGuard no_grad;
+  at::Tensor hidden = HiddenStates(batch, /*training=*/false);
+  return at::linear(hidden.to(torch::kFloat), lm_head_weight().to(torch::kFloat));
+}
+
+}  // namespace ballast::train

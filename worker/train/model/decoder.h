@@ -1,0 +1,79 @@
+// Decoder: the Llama / Qwen2 / Qwen3 decoder-only transformer on packed,
+// variable-length batches, reading every tensor from a ParamStore.
+//
+//   h = embed(input_ids)                                   (T, H)
+//   per layer: h += o_proj(attention(rope(q), rope(k), v)) with RMSNorm before,
+//              h += down(silu(gate(x)) * up(x))           with RMSNorm before
+//   hidden = norm(h)                                       (T, H)
+// RMSNorm computes in fp32 and casts back; RoPE is rotate-half; GQA repeats kv
+// heads inside the attention kernel; Qwen3 applies per-head q_norm / k_norm
+// before RoPE. Attention goes through kernels/ with the batch's mask (causal
+// or block diffusion, never a dense mask). The decoder stops at the hidden
+// states: what is trained on them (the loss) is the objective's
+// (worker/train/objective/).
+//
+// Thread-compatible: a const Decoder may run forwards from several threads
+// only if the ParamStore is not written meanwhile; the trainer uses one.
+#ifndef BALLAST_WORKER_TRAIN_MODEL_DECODER_H_
+#define BALLAST_WORKER_TRAIN_MODEL_DECODER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "worker/train/data/packed_batch.h"
+#include "worker/train/model/lora.h"
+#include "worker/train/model/model_config.h"
+#include "worker/train/model/param_store.h"
+
+namespace ballast::train {
+
+class Decoder {
+ public:
+  // `params` must outlive the decoder. `lora` is set for LoRA jobs.
+  // compute_dtype is kFloat or kBFloat16 (bf16 compute over fp32 masters).
+  Decoder(ModelConfig config, const ParamStore* params, std::optional<LoraConfig> lora,
+          at::ScalarType compute_dtype, bool gradient_checkpointing);
+
+  // Final-normed hidden states, (T, H) in the compute dtype, differentiable
+  // in every trainable tensor. `training` turns LoRA dropout on.
+  at::Tensor HiddenStates(const PackedBatch& batch, bool training) const;
+  // (T, V) fp32 logits; for evaluation and parity checks only.
+  at::Tensor Logits(const PackedBatch& batch) const;
+
+  // One decoder layer, (T, H) -> (T, H). Public for the checkpointing function.
+  at::Tensor LayerForward(int64_t layer, const at::Tensor& h, const at::Tensor& cos,
+                          const at::Tensor& sin, const kernels::AttentionMask& mask,
+                          bool training) const;
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // The fp32 master of the output projection (the embeddings when tied), (V, H).
+  const at::Tensor& lm_head_weight() const;
+
+ private:
+  // The tensor under `name` in the compute dtype (a differentiable cast).
+  at::Tensor Weight(const std::string& name) const;
+  // x (T, in) through the linear modules prefix + modules[i] (e.g. q_proj,
+  // k_proj, v_proj of one layer) with their LoRA adapters: one GEMM over the
+  // concatenated weights and one over the adapters, so the products are fewer
+  // and wider, and x's gradient arrives as one tensor rather than a sum over
+  // modules. Returns (T, sum out_i), the modules' outputs side by side.
+  at::Tensor Project(const std::string& prefix, const std::vector<std::string>& modules,
+                     const at::Tensor& x, bool training) const;
+  at::Tensor RmsNorm(const at::Tensor& x, const std::string& weight_name) const;
+
+  ModelConfig config_;
+  const ParamStore* params_;
+  std::optional<LoraConfig> lora_;
+  at::ScalarType compute_dtype_;
+  bool gradient_checkpointing_;
+  at::Tensor inv_freq_;  // (head_dim / 2) fp32, with rope_scaling applied
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_MODEL_DECODER_H_

@@ -1,0 +1,38 @@
+#include "worker/train/model/inference.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/data/tokenized_dataset.h"
+#include "worker/train/io/safetensors.h"
+#include "worker/train/model/decoder.h"
+#include "worker/train/model/lora.h"
+#include "worker/train/model/pretrained.h"
+
+namespace ballast::train {
+
+absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
+                         const std::string& tokens_path, const std::string& out_path) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<TokenizedDataset> docs =
+      TokenizedDataset::Load(tokens_path, config->vocab_size, config->max_position_embeddings);
+  if (!docs.ok()) return docs.status();
+  absl::StatusOr<ParamStore> params = LoadPretrained(model_dir, *config, /*trainable=*/false);
+  if (!params.ok()) return params.status();
+
+  std::optional<LoraConfig> lora;
+  if (!adapter_dir.empty()) {
+    absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(adapter_dir);
+    if (!read.ok()) return read.status();
+    lora = *read;
+    if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
+    if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
+  }
+  Decoder decoder(*config, &*params, lora, torch::kFloat, /*gradient_checkpointing=*/false);
+  PackedBatch batch = docs->Pack(0, docs->size(), /*shuffle=*/false, /*seed=*/0);
+  return WriteSafetensors(out_path,
+                          {{"logits", decoder.Logits(batch)}, {"cu_seqlens", batch.cu_seqlens}});
+}
+
+}  // namespace ballast::train

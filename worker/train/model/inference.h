@@ -1,0 +1,21 @@
+// Forward-only evaluation: the logits of a model (optionally with a PEFT
+// adapter) on tokenized documents. Used to check a trained model against
+// other implementations, and by `ballast-train logits`.
+#ifndef BALLAST_WORKER_TRAIN_MODEL_INFERENCE_H_
+#define BALLAST_WORKER_TRAIN_MODEL_INFERENCE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ballast::train {
+
+// Reads documents from `tokens_path` (JSONL with input_ids), packs them, and
+// writes `out_path` (safetensors) with "logits" (T, V) fp32 and "cu_seqlens".
+// `adapter_dir` may be empty. Errors name the folder or file at fault.
+absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
+                         const std::string& tokens_path, const std::string& out_path);
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_MODEL_INFERENCE_H_

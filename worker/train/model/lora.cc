@@ -1,0 +1,247 @@
+#include "worker/train/model/lora.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/io/safetensors.h"
+
+namespace ballast::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// PEFT prefixes every key of a causal LM with the wrapper's path.
+constexpr char kPeftPrefix[] = "base_model.model.";
+
+const std::vector<std::string>& LinearModules() {
+  static const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"};
+  return kModules;
+}
+
+std::string ModulePath(int64_t layer, const std::string& short_name) {
+  const bool attn = short_name == "q_proj" || short_name == "k_proj" || short_name == "v_proj" ||
+                    short_name == "o_proj";
+  return absl::StrCat("model.layers.", layer, attn ? ".self_attn." : ".mlp.", short_name);
+}
+
+// (out, in) of a linear module.
+std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& m) {
+  const int64_t q = c.num_attention_heads * c.head_dim;
+  const int64_t kv = c.num_key_value_heads * c.head_dim;
+  if (m == "q_proj") return {q, c.hidden_size};
+  if (m == "k_proj" || m == "v_proj") return {kv, c.hidden_size};
+  if (m == "o_proj") return {c.hidden_size, q};
+  if (m == "down_proj") return {c.hidden_size, c.intermediate_size};
+  return {c.intermediate_size, c.hidden_size};  // gate_proj, up_proj
+}
+
+std::string SaveTargetName(const std::string& short_name) {
+  return short_name == "lm_head" ? "lm_head.weight" : "model.embed_tokens.weight";
+}
+
+}  // namespace
+
+double LoraConfig::scaling() const {
+  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / r;
+}
+
+LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec) {
+  LoraConfig c;
+  c.r = spec.r();
+  c.lora_alpha = spec.lora_alpha();
+  c.use_rslora = spec.use_rslora();
+  c.lora_dropout = spec.lora_dropout();
+  c.init_lora_weights = spec.init_lora_weights();
+  for (const std::string& m : spec.target_modules()) {
+    c.target_modules_as_given.push_back(m);
+    if (m == "all-linear") {
+      c.target_modules.insert(LinearModules().begin(), LinearModules().end());
+    } else {
+      c.target_modules.insert(m);
+    }
+  }
+  c.modules_to_save.assign(spec.modules_to_save().begin(), spec.modules_to_save().end());
+  return c;
+}
+
+absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
+                             ParamStore* params) {
+  for (const std::string& m : lora.modules_to_save) {
+    if (m == "lm_head" && config.tie_word_embeddings) {
+      return absl::InvalidArgumentError(
+          "lora.modules_to_save: lm_head is tied to embed_tokens in this model; save embed_tokens");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  // PEFT's module order: per layer, attention q k v o, then mlp gate up down.
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    for (const std::string& m : LinearModules()) {
+      if (!lora.targets(m)) continue;
+      const auto [out, in] = LinearShape(config, m);
+      at::Tensor a = torch::empty({lora.r, in}, torch::kFloat);
+      if (lora.init_lora_weights == "gaussian") {
+        a.normal_(0.0, 1.0 / static_cast<double>(lora.r));
+      } else {
+        torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+      }
+      const std::string path = ModulePath(layer, m);
+      params->Add(path + ".lora_A.weight", a, layer, /*trainable=*/true);
+      params->Add(path + ".lora_B.weight", torch::zeros({out, lora.r}, torch::kFloat), layer,
+                  /*trainable=*/true);
+    }
+  }
+  for (const std::string& m : lora.modules_to_save) params->SetTrainable(SaveTargetName(m));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "adapter_config.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("adapter config not found: ", path.string()));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("r") || !j.contains("lora_alpha") ||
+      !j.contains("target_modules")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), " is not JSON with r, lora_alpha and target_modules"));
+  }
+  v1::LoraSpec spec;
+  spec.set_r(j["r"].get<int32_t>());
+  spec.set_lora_alpha(j["lora_alpha"].get<double>());
+  spec.set_use_rslora(j.value("use_rslora", false));
+  const nlohmann::json& targets = j["target_modules"];
+  if (targets.is_string()) {
+    spec.add_target_modules(targets.get<std::string>());
+  } else {
+    // PEFT may list full module paths; the short name is the last component.
+    for (const auto& t : targets) {
+      const std::string name = t.get<std::string>();
+      spec.add_target_modules(name.substr(name.rfind('.') + 1));
+    }
+  }
+  if (j.contains("modules_to_save") && j["modules_to_save"].is_array()) {
+    for (const auto& m : j["modules_to_save"]) spec.add_modules_to_save(m.get<std::string>());
+  }
+  return LoraConfigFromSpec(spec);
+}
+
+absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params) {
+  const fs::path config_path = fs::path(dir) / "adapter_config.json";
+  std::ifstream in(config_path);
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("adapter config not found: ", config_path.string()));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path.string(), " is not valid JSON"));
+  }
+  auto mismatch = [&](const std::string& key, const std::string& theirs, const std::string& ours) {
+    return absl::FailedPreconditionError(absl::StrCat(config_path.string(), ": ", key, " is ",
+                                                      theirs, " but the job spec says ", ours));
+  };
+  if (j.value("r", 0) != lora.r)
+    return mismatch("r", j.value("r", nlohmann::json()).dump(), absl::StrCat(lora.r));
+  if (j.value("lora_alpha", 0.0) != lora.lora_alpha) {
+    return mismatch("lora_alpha", j.value("lora_alpha", nlohmann::json()).dump(),
+                    absl::StrCat(lora.lora_alpha));
+  }
+  if (j.value("use_rslora", false) != lora.use_rslora) {
+    return mismatch("use_rslora", j.value("use_rslora", nlohmann::json()).dump(),
+                    lora.use_rslora ? "true" : "false");
+  }
+  absl::StatusOr<SafetensorsCheckpoint> ckpt =
+      SafetensorsCheckpoint::Open(dir, "adapter_model.safetensors");
+  if (!ckpt.ok()) return ckpt.status();
+  // Every adapter of the job must be in the file, and the file must hold no
+  // adapter the job lacks: either means the target modules differ.
+  int64_t matched = 0;
+  for (const std::string& name : params->TrainableNames()) {
+    absl::StatusOr<at::Tensor> t = ckpt->tensor(kPeftPrefix + name);
+    if (!t.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": adapter has no tensor ", kPeftPrefix, name, "; target_modules differ?"));
+    }
+    if (t->sizes() != params->get(name).sizes()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": ", kPeftPrefix, name, " has another shape than r implies"));
+    }
+    params->Assign(name, *t);
+    ++matched;
+  }
+  if (matched != static_cast<int64_t>(ckpt->names().size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": adapter holds ", ckpt->names().size(), " tensors, the job trains ",
+                     matched, "; target_modules or modules_to_save differ"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_model_path,
+                             const LoraConfig& lora, const ParamStore& params) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& name : params.TrainableNames()) {
+    tensors[kPeftPrefix + name] = params.get(name).detach();
+  }
+  if (absl::Status s = WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(),
+                                        tensors, {{"format", "pt"}});
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> targets(lora.target_modules.begin(), lora.target_modules.end());
+  nlohmann::json config = {
+      {"alpha_pattern", nlohmann::json::object()},
+      {"base_model_name_or_path", base_model_path},
+      {"bias", "none"},
+      {"exclude_modules", nullptr},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights",
+       lora.init_lora_weights == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true)},
+      {"layers_pattern", nullptr},
+      {"layers_to_transform", nullptr},
+      {"lora_alpha", lora.lora_alpha},
+      {"lora_bias", false},
+      {"lora_dropout", lora.lora_dropout},
+      {"modules_to_save", lora.modules_to_save.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(lora.modules_to_save)},
+      {"peft_type", "LORA"},
+      {"r", lora.r},
+      {"rank_pattern", nlohmann::json::object()},
+      {"revision", nullptr},
+      {"target_modules", targets},
+      {"task_type", "CAUSAL_LM"},
+      {"use_dora", false},
+      {"use_rslora", lora.use_rslora},
+  };
+  std::ofstream out(fs::path(dir) / "adapter_config.json", std::ios::trunc);
+  out << config.dump(2) << "\n";
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", dir, "/adapter_config.json"));
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& lora,
+                                                              const ParamStore& params) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const std::string a_suffix = ".lora_A.weight";
+  for (const std::string& name : params.names()) {
+    if (name.find(".lora_") != std::string::npos) continue;
+    at::Tensor value = params.get(name).detach();
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    if (params.contains(module + a_suffix) && name == module + ".weight") {
+      value = value + lora.scaling() * at::matmul(params.get(module + ".lora_B.weight"),
+                                                  params.get(module + a_suffix));
+    }
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,70 @@
+// LoRA as PEFT defines it (huggingface/peft, tuners/lora):
+//   y = base(x) + B(A(dropout(x))) * scaling,  A: (r, in), B: (out, r),
+//   scaling = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+// Adapters live in the ParamStore under "<module>.lora_A.weight" and
+// "<module>.lora_B.weight", next to the frozen base weight.
+#ifndef BALLAST_WORKER_TRAIN_MODEL_LORA_H_
+#define BALLAST_WORKER_TRAIN_MODEL_LORA_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ballast/v1/job_spec.pb.h"
+#include "worker/train/model/model_config.h"
+#include "worker/train/model/param_store.h"
+
+namespace ballast::train {
+
+struct LoraConfig {
+  int64_t r = 8;
+  double lora_alpha = 16;
+  bool use_rslora = false;
+  double lora_dropout = 0.0;
+  // Module short names (q_proj, ..., down_proj); "all-linear" is expanded.
+  std::set<std::string> target_modules;
+  std::string init_lora_weights = "kaiming";  // kaiming | gaussian
+  std::vector<std::string> modules_to_save;   // embed_tokens | lm_head
+  // Target modules exactly as the user wrote them, for adapter_config.json.
+  std::vector<std::string> target_modules_as_given;
+
+  double scaling() const;
+  bool targets(const std::string& module_short_name) const {
+    return target_modules.count(module_short_name) != 0;
+  }
+};
+
+// From the job spec's lora section (already validated).
+LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec);
+
+// Adds lora_A / lora_B for every targeted linear of every layer to `params`,
+// initialised as PEFT does: A kaiming_uniform(a=sqrt(5)) or normal(0, 1/r),
+// B zeros. Makes modules_to_save trainable. Draws from the default CPU
+// generator, which the caller seeds.
+absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora, ParamStore* params);
+
+// Reads a PEFT adapter folder's adapter_config.json (r, lora_alpha,
+// use_rslora, target_modules as short names or full paths, modules_to_save).
+absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir);
+
+// Copies an existing PEFT adapter folder's tensors into the adapters made by
+// AddLoraAdapters. Its adapter_config.json must agree with `lora` on r,
+// lora_alpha, use_rslora and target modules (FAILED_PRECONDITION otherwise).
+absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params);
+
+// Writes dir/adapter_model.safetensors and dir/adapter_config.json exactly as
+// PEFT's save_pretrained does, so PeftModel.from_pretrained(base, dir) loads it.
+absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_model_path,
+                             const LoraConfig& lora, const ParamStore& params);
+
+// The base tensor name with the adapter folded in: W + scaling * B @ A.
+// Returns every base tensor (merged where adapted), for a full HF export.
+std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& lora,
+                                                              const ParamStore& params);
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_MODEL_LORA_H_

@@ -1,0 +1,72 @@
+#include "worker/train/model/param_store.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace ballast::train {
+
+void ParamStore::Add(const std::string& name, at::Tensor value, int64_t layer, bool trainable) {
+  TORCH_CHECK(index_.count(name) == 0, "ParamStore: duplicate tensor ", name);
+  value.set_requires_grad(trainable);
+  index_.emplace(name, Entry{std::move(value), layer, trainable});
+  names_.push_back(name);
+  num_layers_ = std::max(num_layers_, layer + 1);
+}
+
+const at::Tensor& ParamStore::get(const std::string& name) const {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "ParamStore: no tensor named ", name);
+  return it->second.value;
+}
+
+void ParamStore::Assign(const std::string& name, const at::Tensor& value) {
+  const at::Tensor& dst = get(name);
+  TORCH_CHECK(dst.sizes() == value.sizes(), "ParamStore: ", name, " has shape ", dst.sizes(),
+              ", got ", value.sizes());
+  at::NoGradGuard no_grad;
+  const_cast<at::Tensor&>(dst).copy_(value);
+}
+
+std::vector<std::string> ParamStore::TrainableNames() const {
+  std::vector<std::string> out;
+  for (const auto& n : names_) {
+    if (index_.at(n).trainable) out.push_back(n);
+  }
+  return out;
+}
+
+std::vector<std::string> ParamStore::LayerNames(int64_t layer) const {
+  std::vector<std::string> out;
+  for (const auto& n : names_) {
+    if (index_.at(n).layer == layer) out.push_back(n);
+  }
+  return out;
+}
+
+bool ParamStore::trainable(const std::string& name) const {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "ParamStore: no tensor named ", name);
+  return it->second.trainable;
+}
+
+void ParamStore::SetTrainable(const std::string& name) {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "ParamStore: no tensor named ", name);
+  it->second.trainable = true;
+  it->second.value.set_requires_grad(true);
+}
+
+int64_t ParamStore::Numel() const {
+  int64_t n = 0;
+  for (const auto& [name, e] : index_) n += e.value.numel();
+  return n;
+}
+
+int64_t ParamStore::TrainableNumel() const {
+  int64_t n = 0;
+  for (const auto& [name, e] : index_) n += e.trainable ? e.value.numel() : 0;
+  return n;
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,64 @@
+// ParamStore: the single owner of every tensor a model is made of.
+//
+// Tensors are keyed by their HF checkpoint names ("model.layers.3.mlp.up_proj.weight";
+// LoRA tensors as "model.layers.3.mlp.up_proj.lora_A.weight") and grouped by
+// decoder layer, so that a sharded trainer can flatten one layer's tensors
+// into one bucket without touching the model code: the model reads tensors
+// from here by name on every forward, and never keeps its own copies.
+// Thread-compatible.
+#ifndef BALLAST_WORKER_TRAIN_MODEL_PARAM_STORE_H_
+#define BALLAST_WORKER_TRAIN_MODEL_PARAM_STORE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ballast::train {
+
+class ParamStore {
+ public:
+  // Group of tensors outside any decoder layer (embeddings, final norm, lm_head).
+  static constexpr int64_t kNoLayer = -1;
+
+  // Adds a tensor. `layer` is its decoder layer, or kNoLayer. Trainable
+  // tensors get requires_grad. Names are unique (throws c10::Error otherwise).
+  void Add(const std::string& name, at::Tensor value, int64_t layer, bool trainable);
+
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // The tensor under `name`; throws c10::Error naming it when absent.
+  const at::Tensor& get(const std::string& name) const;
+  // Replaces the value under `name` in place (same shape and dtype), keeping
+  // requires_grad; used by checkpoint restore and the optimizer.
+  void Assign(const std::string& name, const at::Tensor& value);
+
+  // Names in insertion order (HF order: embeddings, layers 0..n-1, norm, head).
+  const std::vector<std::string>& names() const { return names_; }
+  // Names of trainable tensors, in insertion order.
+  std::vector<std::string> TrainableNames() const;
+  // Names of one decoder layer (or kNoLayer), in insertion order.
+  std::vector<std::string> LayerNames(int64_t layer) const;
+  bool trainable(const std::string& name) const;
+  // Marks an existing tensor trainable (LoRA's modules_to_save).
+  void SetTrainable(const std::string& name);
+  int64_t num_layers() const { return num_layers_; }
+  // Elements over all tensors, and over trainable ones.
+  int64_t Numel() const;
+  int64_t TrainableNumel() const;
+
+ private:
+  struct Entry {
+    at::Tensor value;
+    int64_t layer;
+    bool trainable;
+  };
+  std::vector<std::string> names_;
+  std::map<std::string, Entry> index_;
+  int64_t num_layers_ = 0;
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_MODEL_PARAM_STORE_H_

@@ -1,0 +1,60 @@
+#include "worker/train/trainer/metrics_log.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::train {
+namespace {
+
+nlohmann::json ToJson(const StepRecord& r) {
+  nlohmann::json j = {
+      {"step", r.step},
+      {"loss", r.loss && std::isfinite(*r.loss) ? nlohmann::json(*r.loss) : nlohmann::json()},
+      {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
+      {"lr", r.lr},
+      {"tokens", r.tokens},
+      {"supervised_tokens", r.supervised_tokens},
+      {"step_time_s", r.step_time_s},
+      {"skipped", r.skipped}};
+  if (!r.skip_reason.empty()) j["skip_reason"] = r.skip_reason;
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t step) {
+  MetricsLog log(path);
+  if (absl::Status s = log.TruncateAfter(step); !s.ok()) return s;
+  return log;
+}
+
+absl::Status MetricsLog::Append(const StepRecord& record) {
+  out_ << ToJson(record).dump() << "\n";
+  out_.flush();
+  return out_ ? absl::OkStatus() : absl::InternalError(absl::StrCat("cannot append to ", path_));
+}
+
+absl::Status MetricsLog::TruncateAfter(int64_t step) {
+  out_.close();
+  std::string kept, line;
+  {
+    std::ifstream in(path_);
+    while (in && std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A torn last line (a crash mid-write) ends the log like a later step.
+      if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > step) break;
+      kept += line + "\n";
+    }
+  }
+  std::ofstream rewrite(path_, std::ios::trunc);
+  rewrite << kept;
+  rewrite.close();
+  if (!rewrite) return absl::InternalError(absl::StrCat("cannot rewrite ", path_));
+  out_.open(path_, std::ios::app);
+  if (!out_) return absl::InternalError(absl::StrCat("cannot open ", path_, " for appending"));
+  return absl::OkStatus();
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,138 @@
+// Trainer: one rank of a job, run from its spec to max_steps.
+//
+// The step reads top to bottom (Step below):
+//   batch -> reduce token counts -> forward -> objective (sum, count) ->
+//   backward -> reduce sums of squares -> grad_norm -> guard -> clip ->
+//   optimizer -> metrics
+// The loss of every micro-batch is divided by the supervised-token count of
+// the whole optimizer step over all ranks (never per micro-batch, never by
+// numel). The model, the objective, the guard and the collectives are
+// components the step calls, each in its own folder of worker/train/.
+//
+// Thread-compatible: one thread drives a Trainer.
+#ifndef BALLAST_WORKER_TRAIN_TRAINER_TRAINER_H_
+#define BALLAST_WORKER_TRAIN_TRAINER_TRAINER_H_
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ballast/v1/job_spec.pb.h"
+#include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/collectives/collectives.h"
+#include "worker/train/data/tokenized_dataset.h"
+#include "worker/train/guard/guard.h"
+#include "worker/train/model/decoder.h"
+#include "worker/train/model/lora.h"
+#include "worker/train/model/param_store.h"
+#include "worker/train/objective/objective.h"
+#include "worker/train/optim/adamw.h"
+#include "worker/train/trainer/metrics_log.h"
+#include "worker/train/trainer/training_observer.h"
+
+namespace ballast::train {
+
+struct TrainerOptions {
+  // 0 resumes from the newest checkpoint. N > 0 resumes from the newest at or
+  // before step N and deletes the newer ones (a rollback); with none at or
+  // before N, training starts over from step 0.
+  int64_t resume_at_or_before = 0;
+  // Gets every report and is asked between steps whether to stop; null for a
+  // standalone run. Not owned; it must outlive the Trainer.
+  TrainingObserver* observer = nullptr;
+  // Where the step's tensors live. Only the CPU for now.
+  c10::Device device = c10::kCPU;
+  // The job's ranks; null for a job of one rank. Not owned; it must outlive
+  // the Trainer.
+  Collectives* collectives = nullptr;
+  GuardOptions guard;
+};
+
+class Trainer {
+ public:
+  // Loads the model, the adapters and the data of a spec that
+  // ValidateJobSpec accepted, before any compute. Errors:
+  //   INVALID_ARGUMENT  a value the model or the data contradicts (a task or
+  //                     device this build does not train, a token outside the
+  //                     vocabulary), naming the field or file and line
+  //   NOT_FOUND         a missing file or tensor, naming it
+  //   FAILED_PRECONDITION a tensor whose shape disagrees with config.json, or
+  //                     an init_adapter that disagrees with the spec
+  //   DATA_LOSS         a corrupt safetensors file, naming it
+  //   RESOURCE_EXHAUSTED the model does not fit in memory
+  // Never throws: LibTorch's exceptions become INTERNAL (or
+  // RESOURCE_EXHAUSTED for an allocation failure).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const v1::JobSpec& spec,
+                                                         const std::string& out_dir,
+                                                         TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains from the checkpoint TrainerOptions picks (or from the start) to
+  // max_steps, appending to out_dir/metrics.jsonl and checkpointing every
+  // spec.checkpoint_every steps, then exports out_dir/adapter (LoRA) or
+  // out_dir/model (full). Returns OK when the export is written, and else:
+  //   CANCELLED          the observer asked to stop: the step in progress
+  //                      finished, nothing more was written
+  //   FAILED_PRECONDITION the guard's rollback budget is spent, or it asked
+  //                      for a rollback with no checkpoint to go back to; the
+  //                      message is the diagnosis (step, reason)
+  //   DATA_LOSS          the checkpoint to resume from is corrupt
+  //   RESOURCE_EXHAUSTED an allocation failed
+  //   INTERNAL           a write failed, or LibTorch threw
+  // Never throws.
+  absl::Status Run();
+
+  // One optimizer step from `*position`, which it advances (step and data
+  // cursor). The returned record is what metrics.jsonl gets; `verdict` is
+  // what the ranks agreed the guard does with the step (the update is
+  // applied only for kApply). May throw c10::Error from LibTorch.
+  StepRecord Step(TrainPosition* position, GuardVerdict* verdict);
+
+  const ParamStore& params() const { return params_; }
+  const AdamW& optimizer() const { return optimizer_; }
+
+ private:
+  Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
+          ParamStore params, std::optional<LoraConfig> lora, TokenizedDataset data,
+          std::unique_ptr<Objective> objective);
+
+  absl::Status RunSteps();
+  // The checkpoint to resume from (see TrainerOptions::resume_at_or_before).
+  absl::StatusOr<std::optional<std::string>> ResumeCheckpoint() const;
+  absl::Status SaveCheckpointAt(const TrainPosition& position);
+  // Goes back to the newest checkpoint after a bad streak, or fails with the
+  // guard's diagnosis when it cannot.
+  absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,
+                        MetricsLog* metrics);
+  absl::Status Export();
+  void Report(const StepRecord& record, const GuardVerdict& verdict);
+  void Log(const std::string& level, const std::string& text);
+
+  const v1::JobSpec spec_;
+  const std::string out_dir_;
+  const std::string checkpoints_dir_;
+  const int64_t resume_at_or_before_;
+  const c10::Device device_;
+  SingleRank single_rank_;
+  Collectives* const collectives_;
+  NullObserver null_observer_;
+  TrainingObserver* const observer_;
+  ModelConfig config_;
+  ParamStore params_;
+  std::optional<LoraConfig> lora_;
+  TokenizedDataset data_;
+  Decoder decoder_;
+  std::unique_ptr<Objective> objective_;
+  AdamW optimizer_;
+  Guard guard_;
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_TRAINER_TRAINER_H_
