@@ -63,7 +63,8 @@ class Bench {
     std::string tmpl = (fs::temp_directory_path() / "ballast-bench-XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
     fs::create_directories(dir_ / "model");
-    std::ofstream(dir_ / "model" / "config.json") << R"({"max_position_embeddings": 4096})";
+    std::ofstream(dir_ / "model" / "config.json")
+        << R"({"model_type": "qwen3", "max_position_embeddings": 4096})";
     std::ofstream(dir_ / "data.jsonl") << "{\"input_ids\": [1, 2]}\n";
     spec_.mutable_model()->set_path((dir_ / "model").string());
     spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());

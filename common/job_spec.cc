@@ -2,6 +2,7 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
+#include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -179,12 +181,23 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
   return spec;
 }
 
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text) {
+  v1::JobSpec spec;
+  // The default options refuse unknown fields, as the YAML loader does.
+  if (auto s = google::protobuf::util::JsonStringToMessage(json_text, &spec); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec is not valid JobSpec JSON: ", s.ToString()));
+  }
+  return spec;
+}
+
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("spec file not found: ", path));
   std::stringstream text;
   text << in.rdbuf();
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(text.str());
+  absl::StatusOr<v1::JobSpec> spec =
+      absl::EndsWith(path, ".json") ? ParseJobSpecJson(text.str()) : ParseJobSpecYaml(text.str());
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }

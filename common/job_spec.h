@@ -1,5 +1,6 @@
-// Job spec: the YAML a user writes, as the ballast.v1.JobSpec proto, and its
-// validation. Keys mirror the proto's field names (snake_case); see README.
+// Job spec: the YAML a user writes, or the proto JSON a worker hands its
+// ranks, as the ballast.v1.JobSpec proto, and its validation. YAML keys
+// mirror the proto's field names (snake_case); see README.
 //
 // Every error is INVALID_ARGUMENT and names the field by its dotted path
 // (e.g. "lora.r") with the allowed range, so a bad spec fails before any
@@ -20,7 +21,14 @@ namespace ballast {
 // YAML are errors; absent keys keep their proto defaults (see ApplyDefaults).
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text);
 
-// Reads and parses a spec file. NOT_FOUND names the path when it is missing.
+// Parses the proto JSON form of a JobSpec (protobuf's JSON parser: field
+// names in snake_case or lowerCamelCase, int64 as numbers or strings).
+// Unknown fields and malformed JSON are INVALID_ARGUMENT.
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text);
+
+// Reads and parses a spec file: proto JSON (ParseJobSpecJson) when the name
+// ends in ".json", YAML (ParseJobSpecYaml) otherwise. Errors are prefixed
+// with the path; NOT_FOUND names the path when it is missing.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Applies `key=value` overrides (dotted paths, YAML values), as in
@@ -31,8 +39,9 @@ absl::Status ApplyOverrides(const std::vector<std::string>& overrides, v1::JobSp
 void ApplyDefaults(v1::JobSpec* spec);
 
 // Checks every field against its documented range. Call after ApplyDefaults.
-// Checks that need the model (seq_len against max_position_embeddings, the
-// model folder's contents) are the trainer's.
+// Checks that need the model (model_type, seq_len against
+// max_position_embeddings) or the data file are ValidateJobSpecFiles', and
+// PrepareJobSpec runs both (common/job_spec_files.h).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 }  // namespace ballast

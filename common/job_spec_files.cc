@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/model_types.h"
 
 namespace ballast {
 
@@ -12,17 +14,46 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path config_path = fs::path(spec.model().path()) / "config.json";
+  const std::string config_name = config_path.string();
   if (!fs::is_regular_file(config_path, ec)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.path: ", config_path.string(),
+        absl::StrCat("model.path: ", config_name,
                      " does not exist; model.path must be an HF model folder with config.json"));
   }
   std::ifstream in(config_path);
   // Without exceptions, a malformed file parses to a "discarded" value.
   const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("model.path: ", config_path.string(),
-                                                   " is not valid JSON (expected a JSON object)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", config_name, " is not valid JSON (expected a JSON object)"));
+  }
+
+  const auto model_type = config.find("model_type");
+  if (model_type == config.end() || !model_type->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", config_name,
+                     " has no model_type string; allowed: ", SupportedModelTypesText()));
+  }
+  if (!IsSupportedModelType(model_type->get<std::string>())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.path: ", config_name, " has model_type '", model_type->get<std::string>(),
+        "', which is not supported; allowed: ", SupportedModelTypesText()));
+  }
+
+  // The trainer cannot build rotary embeddings without it, so a config that
+  // lacks it is refused here rather than after the job is queued.
+  const auto max_pos = config.find("max_position_embeddings");
+  if (max_pos == config.end() || !max_pos->is_number_integer() || max_pos->get<int64_t>() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", config_name,
+                     " needs max_position_embeddings, a positive integer that bounds "
+                     "data.seq_len"));
+  }
+  const int64_t limit = max_pos->get<int64_t>();
+  if (spec.data().seq_len() > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
+                     limit, " (max_position_embeddings in ", config_name, ")"));
   }
 
   if (!fs::is_regular_file(spec.data().path(), ec)) {
@@ -30,17 +61,13 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
                                                    " does not exist or is not a file; expected "
                                                    "a tokenized JSONL file"));
   }
-
-  const auto max_pos = config.find("max_position_embeddings");
-  if (max_pos != config.end() && max_pos->is_number_integer()) {
-    const int64_t limit = max_pos->get<int64_t>();
-    if (spec.data().seq_len() > limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.seq_len: ", spec.data().seq_len(), " is out of range; allowed 1..",
-                       limit, " (max_position_embeddings of ", spec.model().path(), ")"));
-    }
-  }
   return absl::OkStatus();
+}
+
+absl::Status PrepareJobSpec(v1::JobSpec* spec) {
+  ApplyDefaults(spec);
+  if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
+  return ValidateJobSpecFiles(*spec);
 }
 
 }  // namespace ballast

@@ -1,7 +1,9 @@
 // Checks of a job spec against the files it names: the model folder's
 // config.json and the data file. ValidateJobSpec (job_spec.h) checks ranges
-// alone; this one reads the disk, so the coordinator runs it at submission
-// and a spec that cannot run fails before it is queued.
+// alone; these read the disk. The coordinator runs PrepareJobSpec at
+// submission and ballast-train runs it before it creates the trainer, so a
+// spec that cannot run fails before it is queued or loads any weights, and
+// both refuse it with the same message.
 #ifndef BALLAST_COMMON_JOB_SPEC_FILES_H_
 #define BALLAST_COMMON_JOB_SPEC_FILES_H_
 
@@ -10,12 +12,18 @@
 
 namespace ballast {
 
-// OK when model.path/config.json exists and parses as a JSON object,
-// data.path is an existing regular file, and data.seq_len is at most the
-// model's max_position_embeddings (when config.json states one). Otherwise
-// INVALID_ARGUMENT naming the field, the path, and the allowed range.
-// Reads only config.json; thread-safe.
+// OK when model.path/config.json exists and parses as a JSON object, its
+// model_type is supported (common/model_types.h), it states a positive
+// integer max_position_embeddings, data.seq_len is at most that, and
+// data.path is an existing regular file. Otherwise INVALID_ARGUMENT naming
+// the field, the path, and the allowed values or range. Reads only
+// config.json and the data file's metadata; thread-safe.
 absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec);
+
+// Every rule a spec must pass before it runs, in order: ApplyDefaults, then
+// ValidateJobSpec (ranges), then ValidateJobSpecFiles. Returns the first
+// failure, as those do; fills `spec`'s defaults on success and failure alike.
+absl::Status PrepareJobSpec(v1::JobSpec* spec);
 
 }  // namespace ballast
 

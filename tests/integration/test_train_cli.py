@@ -1,6 +1,8 @@
 """ballast-train on bad input: a clear message naming the field or file, a
 usage exit code, and nothing written as if the run had worked."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -45,8 +47,34 @@ def test_missing_model_names_the_file(tmp_path, model_and_data):
     assert str(tmp_path / "nowhere" / "config.json") in r.stderr
 
 
+def test_unsupported_model_type_is_refused_as_at_submission(tmp_path, model_and_data):
+    # The same rule and message as ballastd's SubmitJob (common/job_spec_files.h).
+    model = tmp_path / "model"
+    shutil.copytree(model_and_data[0], model)
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "qwen3_moe"
+    (model / "config.json").write_text(json.dumps(config))
+    r = run(tmp_path, base_spec(str(model), model_and_data[1]))
+    assert r.returncode == 2, r.stderr
+    assert (f"{model / 'config.json'} has model_type 'qwen3_moe', which is not supported; "
+            "allowed: llama, qwen2, qwen3") in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+
+
+def test_dot_json_spec_is_read_as_proto_json(tmp_path, model_and_data):
+    # lowerCamelCase names are proto JSON only; the YAML loader would refuse
+    # "maxSteps" as an unknown key, so this error shows which parser read it.
+    spec = base_spec(*model_and_data)
+    del spec["max_steps"]
+    spec["maxSteps"] = "0"
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / "spec.json"), "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "max_steps = 0 is out of range; allowed: 1..10^9" in r.stderr
+
+
 def test_corrupt_safetensors_names_the_file(tmp_path, model_and_data):
-    import shutil
     model = tmp_path / "model"
     shutil.copytree(model_and_data[0], model)
     weights = model / "model.safetensors"

@@ -43,7 +43,8 @@ std::vector<std::string> TrainArguments(const v1::Assignment& assignment,
                                         const std::string& spec_path,
                                         const std::string& socket_path);
 
-// Writes the spec as JSON, which ballast-train's YAML loader reads.
+// Writes the spec as proto JSON. `path` must end in ".json": ballast-train
+// then reads it with protobuf's JSON parser (LoadJobSpecFile), not as YAML.
 absl::Status WriteSpecJson(const v1::JobSpec& spec, const std::string& path);
 
 // Kills (SIGKILL, whole process group) the ranks a previous run of the worker

@@ -1,6 +1,6 @@
 // ballast-train: one rank of a Ballast job, or a standalone run.
 //
-//   ballast-train --spec JOB.yaml --out DIR [--set key=value]...
+//   ballast-train --spec JOB.yaml|JOB.json --out DIR [--set key=value]...
 //       [--agent-socket PATH] [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/job_spec_files.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/model/inference.h"
@@ -72,11 +73,12 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
     return absl::InvalidArgumentError(
         absl::StrCat("world_size ", flags.world_size, " needs ZeRO-3 sharding, not built yet"));
   }
+  // A worker hands its rank spec.json (proto JSON); a user passes YAML.
   absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
-  ballast::ApplyDefaults(&*spec);
-  if (absl::Status s = ballast::ValidateJobSpec(*spec); !s.ok()) return s;
+  // The same checks as submission, so a standalone run refuses what ballastd would.
+  if (absl::Status s = ballast::PrepareJobSpec(&*spec); !s.ok()) return s;
   std::unique_ptr<ballast::train::AgentChannel> channel;
   if (!flags.agent_socket.empty()) {
     absl::StatusOr<std::unique_ptr<ballast::train::AgentChannel>> connected =
@@ -103,7 +105,9 @@ int main(int argc, char** argv) {
   });
   std::string spec_path, out_dir;
   std::vector<std::string> overrides;
-  app.add_option("--spec", spec_path, "Job spec YAML (README: Job spec)")->check(CLI::ExistingFile);
+  app.add_option("--spec", spec_path,
+                 "Job spec: YAML, or proto JSON if the name ends in .json (README: Job spec)")
+      ->check(CLI::ExistingFile);
   app.add_option("--out", out_dir, "Run folder: metrics.jsonl, checkpoints/, adapter/ or model/");
   app.add_option("--set", overrides, "Override a spec key: key.path=value (repeatable)");
   RankFlags flags;

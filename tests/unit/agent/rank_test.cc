@@ -52,7 +52,7 @@ v1::JobSpec TrickySpec() {
   return spec;
 }
 
-TEST(SpecJsonTest, RoundTripsThroughTheTrainersYamlLoader) {
+TEST(SpecJsonTest, RoundTripsThroughTheTrainersJsonLoader) {
   const std::string dir = TempDir("spec_json_test");
   ASSERT_FALSE(dir.empty());
   const std::string path = dir + "/spec.json";

@@ -2,9 +2,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 
 namespace ballast {
 namespace {
@@ -110,6 +114,49 @@ TEST(JobSpec, MalformedYamlAndMissingFileAreClearErrors) {
   absl::StatusOr<v1::JobSpec> missing = LoadJobSpecFile("/nonexistent/job.yaml");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobSpec, ParsesProtoJsonAsProtobufWritesIt) {
+  // int64 fields as strings and explicit zeros of optional fields, as
+  // MessageToJsonString writes them for a worker's spec.json.
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(R"({
+    "model": {"path": "/m"}, "data": {"path": "/d", "seq_len": 64, "shuffle": false},
+    "optimizer": {"lr": 0.001, "beta1": 0}, "maxSteps": "5000000000", "seed": "18446744073709551615"
+  })");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_steps(), 5000000000);
+  EXPECT_EQ(spec->seed(), 18446744073709551615ull);
+  EXPECT_TRUE(spec->data().has_shuffle());
+  EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_TRUE(spec->optimizer().has_beta1());
+}
+
+TEST(JobSpec, ProtoJsonRefusesUnknownFieldsAndMalformedText) {
+  absl::StatusOr<v1::JobSpec> unknown = ParseJobSpecJson(R"({"lora": {"rank": 8}})");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("rank"));
+  absl::StatusOr<v1::JobSpec> malformed = ParseJobSpecJson("{\"model\": ");
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(malformed.status().message(), HasSubstr("not valid JobSpec JSON"));
+}
+
+TEST(JobSpec, LoadsDotJsonFilesAsProtoJsonAndOthersAsYaml) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("ballast-spec-", getpid());
+  std::filesystem::create_directories(dir);
+  // Protobuf's JSON parser takes lowerCamelCase names; the YAML loader
+  // takes the proto's own names only, so the same text tells them apart.
+  const std::string text = R"({"maxSteps": 7})";
+  std::ofstream(dir / "spec.json") << text;
+  std::ofstream(dir / "spec.yaml") << text;
+  absl::StatusOr<v1::JobSpec> json = LoadJobSpecFile((dir / "spec.json").string());
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->max_steps(), 7);
+  absl::StatusOr<v1::JobSpec> yaml = LoadJobSpecFile((dir / "spec.yaml").string());
+  EXPECT_EQ(yaml.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(yaml.status().message(), HasSubstr("unknown key 'maxSteps'"));
+  EXPECT_THAT(yaml.status().message(), HasSubstr((dir / "spec.yaml").string()));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(JobSpec, EveryExampleSpecIsValid) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
+
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
 #include "tests/unit/server/test_util.h"
@@ -81,6 +83,22 @@ TEST_F(BallastdTest, SubmitGetAndBadInputOverGrpc) {
   v1::GetJobRequest get;
   get.set_job_id("job-ffffffffffff");
   EXPECT_EQ(jobs_->GetJob(Context().get(), get, &again).error_code(), grpc::NOT_FOUND);
+}
+
+TEST_F(BallastdTest, SubmitRefusesAnUnsupportedModelTypeWithInvalidArgument) {
+  Start();
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  std::ofstream(dir_.path() / "model" / "config.json")
+      << R"({"model_type": "qwen3_moe", "max_position_embeddings": 2048})";
+  v1::Job job;
+  grpc::Status refused = jobs_->SubmitJob(Context().get(), submit, &job);
+  EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("model_type 'qwen3_moe'"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("allowed: llama, qwen2, qwen3"));
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(jobs_->ListJobs(Context().get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
 }
 
 TEST_F(BallastdTest, MessageAboveFourMebibytesIsResourceExhausted) {

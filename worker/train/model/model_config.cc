@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/model_types.h"
 
 namespace ballast::train {
 namespace {
@@ -175,10 +176,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
 
   std::optional<std::string> model_type;
   BALLAST_ASSIGN_OR_RETURN(model_type, f.OptionalString("model_type"));
-  if (!model_type) return Invalid("model_type", "is required (one of llama, qwen2, qwen3)");
-  if (*model_type != "llama" && *model_type != "qwen2" && *model_type != "qwen3") {
+  if (!model_type) {
     return Invalid("model_type",
-                   absl::StrCat("must be one of llama, qwen2, qwen3; got \"", *model_type, "\""));
+                   absl::StrCat("is required (one of ", SupportedModelTypesText(), ")"));
+  }
+  if (!IsSupportedModelType(*model_type)) {
+    return Invalid("model_type", absl::StrCat("must be one of ", SupportedModelTypesText(),
+                                              "; got \"", *model_type, "\""));
   }
   c.model_type = *model_type;
 

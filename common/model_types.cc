@@ -1,0 +1,16 @@
+#include "common/model_types.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_join.h"
+
+namespace ballast {
+
+bool IsSupportedModelType(absl::string_view model_type) {
+  return std::find(kSupportedModelTypes.begin(), kSupportedModelTypes.end(), model_type) !=
+         kSupportedModelTypes.end();
+}
+
+std::string SupportedModelTypesText() { return absl::StrJoin(kSupportedModelTypes, ", "); }
+
+}  // namespace ballast

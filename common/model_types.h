@@ -1,0 +1,27 @@
+// The model families Ballast trains: the values of an HF config.json's
+// model_type that the trainer's decoder implements. This is the one list;
+// submission (ValidateJobSpecFiles), ballast-train and the trainer's
+// config.json parser all check against it. Thread-safe (constants only).
+#ifndef BALLAST_COMMON_MODEL_TYPES_H_
+#define BALLAST_COMMON_MODEL_TYPES_H_
+
+#include <array>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace ballast {
+
+// Every supported model_type, in the order error messages list them.
+inline constexpr std::array<absl::string_view, 3> kSupportedModelTypes = {"llama", "qwen2",
+                                                                          "qwen3"};
+
+// True when `model_type` is one of kSupportedModelTypes (exact, case-sensitive).
+bool IsSupportedModelType(absl::string_view model_type);
+
+// kSupportedModelTypes as "llama, qwen2, qwen3", for error messages.
+std::string SupportedModelTypesText();
+
+}  // namespace ballast
+
+#endif  // BALLAST_COMMON_MODEL_TYPES_H_
