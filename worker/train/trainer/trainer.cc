@@ -64,11 +64,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     if (!objective.ok()) return objective.status();
     absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
     if (!config.ok()) return config.status();
-    if (spec.data().seq_len() > config->max_position_embeddings) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
-                       config->max_position_embeddings, " (max_position_embeddings of the model)"));
-    }
     absl::StatusOr<TokenizedDataset> data =
         TokenizedDataset::Load(spec.data().path(), config->vocab_size, spec.data().seq_len());
     if (!data.ok()) return data.status();

@@ -55,7 +55,9 @@ struct TrainerOptions {
 class Trainer {
  public:
   // Loads the model, the adapters and the data of a spec that
-  // ValidateJobSpec accepted, before any compute. Errors:
+  // ballast::PrepareJobSpec (common/job_spec_files.h) accepted, before any
+  // compute; the spec's rules (ranges, model_type, seq_len against the model)
+  // live there alone. Errors:
   //   INVALID_ARGUMENT  a value the model or the data contradicts (a task or
   //                     device this build does not train, a token outside the
   //                     vocabulary), naming the field or file and line
