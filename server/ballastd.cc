@@ -50,6 +50,11 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
     return absl::InvalidArgumentError(
         absl::StrCat("--stop-grace-ms: ", options.stop_grace_ms, "; allowed 0..600000"));
   }
+  if (options.agent_silence_ms == 0) options.agent_silence_ms = options.lease_ms / 2;
+  if (options.agent_silence_ms < 100 || options.agent_silence_ms > 600000) {
+    return absl::InvalidArgumentError(absl::StrCat("--agent-silence-ms: ", options.agent_silence_ms,
+                                                   "; allowed 100..600000 (0: half the lease)"));
+  }
 
   // abseil's deadlock detector (on in this abseil build) walks a global graph
   // on every lock; the lock order here is simple and annotated, so turn it
@@ -68,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   co.lease_ms = options.lease_ms;
   co.event_retention = options.event_retention;
   co.stop_grace_ms = options.stop_grace_ms;
+  co.agent_silence_ms = options.agent_silence_ms;
   co.now_ms = options.now_ms;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(d->store_.get(), &d->metrics_, std::move(co));

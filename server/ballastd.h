@@ -35,6 +35,8 @@ struct BallastdOptions {
   int64_t lease_ms = 15000;
   int64_t event_retention = 10000;
   int64_t stop_grace_ms = 10000;
+  // CoordinatorOptions::agent_silence_ms; 0 picks half the lease.
+  int64_t agent_silence_ms = 0;
   // When set, RPCs must carry "authorization: Bearer TOKEN".
   std::string token;
   // Unix ms; empty means the system clock.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -206,7 +207,7 @@ absl::Status Coordinator::Load() {
     if (workers_.count(device.worker_id) == 0) orphaned.push_back(key);
   }
   for (const RankKey& key : orphaned) {
-    live_ranks_.erase(key);
+    ReleaseRank(key);
     OnRankGone(&jobs_.at(std::get<0>(key)), std::get<2>(key), kLost,
                absl::StrCat("rank ", std::get<2>(key), ": its worker is unknown"));
   }
@@ -353,13 +354,26 @@ void Coordinator::ReleaseRank(const RankKey& key) {
   if (it == live_ranks_.end()) return;
   scheduler_.Release(it->second.worker_id, it->second.device);
   live_ranks_.erase(it);
+  if (JobEntry* job = FindJob(std::get<0>(key)); job != nullptr) EnqueueIfIdle(job);
+}
+
+bool Coordinator::HasLiveRanks(const std::string& job_id) const {
+  auto it = live_ranks_.lower_bound({job_id, std::numeric_limits<int32_t>::min(), 0});
+  return it != live_ranks_.end() && std::get<0>(it->first) == job_id;
+}
+
+void Coordinator::EnqueueIfIdle(JobEntry* job) {
+  const v1::Job& j = job->record.job;
+  if (j.state() != v1::JOB_STATE_QUEUED || HasLiveRanks(j.id())) return;
+  scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
+                     j.spec().devices());
 }
 
 void Coordinator::Requeue(JobEntry* job, const std::string& reason) {
   Transition(job, v1::JOB_STATE_QUEUED, reason);
-  const v1::Job& j = job->record.job;
-  scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
-                     j.spec().devices());
+  // Ranks of the failed attempt that are still stopping hold the job back;
+  // ReleaseRank queues it when the last one is gone.
+  EnqueueIfIdle(job);
 }
 
 void Coordinator::FailAttempt(JobEntry* job, const std::string& reason, bool count_restart) {
@@ -456,6 +470,7 @@ void Coordinator::RunScheduler() {
       a.set_master_addr(master);
       a.set_master_port(port);
       a.set_resume_at_or_before(r.resume_at_or_before);
+      a.set_agent_silence_ms(options_.agent_silence_ms);
       Send(p.worker_id(), std::move(a));
     }
     Transition(job, v1::JOB_STATE_SCHEDULED,
@@ -659,7 +674,7 @@ void Coordinator::MakeSchedulable(WorkerEntry* worker) {
   worker->schedulable = true;
 }
 
-void Coordinator::MarkDead(WorkerEntry* worker, const std::string& reason) {
+void Coordinator::MarkDead(WorkerEntry* worker) {
   const std::string id = worker->record.worker.id();
   worker->record.worker.set_alive(false);
   worker->schedulable = false;
@@ -668,18 +683,23 @@ void Coordinator::MarkDead(WorkerEntry* worker, const std::string& reason) {
   worker->outbox->Close();
   worker->outbox = std::make_shared<Mailbox<v1::Assignment>>();
   PutWorker(*worker);
+}
+
+bool Coordinator::ReleaseLostRanks(const WorkerEntry& worker, const std::string& reason) {
+  const std::string& id = worker.record.worker.id();
   std::vector<RankKey> lost;
   for (const auto& [key, device] : live_ranks_) {
     if (device.worker_id == id) lost.push_back(key);
   }
   for (const RankKey& key : lost) {
-    live_ranks_.erase(key);
+    ReleaseRank(key);
     JobEntry* job = FindJob(std::get<0>(key));
     if (job != nullptr && job->record.attempt == std::get<1>(key)) {
       OnRankGone(job, std::get<2>(key), kLost,
                  absl::StrCat("rank ", std::get<2>(key), ": worker ", id, " ", reason));
     }
   }
+  return !lost.empty();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
@@ -743,7 +763,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     if (device.worker_id == id && running.count(key) == 0) gone.push_back(key);
   }
   for (const RankKey& key : gone) {
-    live_ranks_.erase(key);
+    ReleaseRank(key);
     JobEntry* job = FindJob(std::get<0>(key));
     if (job != nullptr && job->record.attempt == std::get<1>(key)) {
       OnRankGone(
@@ -908,14 +928,27 @@ void Coordinator::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return;
   const int64_t now = options_.now_ms();
-  bool expired = false;
+  // A lost worker's ranks may still run (a frozen agent, a cut network) until
+  // they notice their agent's silence and fence themselves.
+  const int64_t fence_ms =
+      options_.agent_silence_ms > 0 ? options_.agent_silence_ms + kFenceMarginMs : 0;
+  std::set<std::string> with_ranks;
+  for (const auto& [key, device] : live_ranks_) with_ranks.insert(device.worker_id);
+  bool changed = false;
   for (auto& [id, w] : workers_) {
     if (w.record.worker.alive() && now > w.deadline_ms) {
-      MarkDead(&w, absl::StrCat("lost its lease (", options_.lease_ms, " ms without a heartbeat)"));
-      expired = true;
+      MarkDead(&w);
+      changed = true;
+    }
+    if (!w.record.worker.alive() && with_ranks.count(id) > 0 && now > w.deadline_ms + fence_ms) {
+      changed |= ReleaseLostRanks(
+          w,
+          absl::StrCat(
+              "lost its lease (", options_.lease_ms, " ms without a heartbeat",
+              fence_ms > 0 ? absl::StrCat("; its ranks fenced after ", fence_ms, " ms") : "", ")"));
     }
   }
-  if (!expired) return;
+  if (!changed) return;
   RunScheduler();
   Flush();
 }

@@ -39,8 +39,14 @@ struct CoordinatorOptions {
   int64_t lease_ms = 15000;
   // Events kept per job.
   int64_t event_retention = 10000;
-  // SIGTERM -> SIGKILL delay sent with stop assignments.
+  // Cancel -> SIGKILL delay sent with stop assignments.
   int64_t stop_grace_ms = 10000;
+  // Sent with every start: a rank whose worker sends no keepalive for this
+  // long stops by itself. A worker that loses its lease keeps its ranks (and
+  // their devices) this long plus kFenceMarginMs more before its jobs are
+  // requeued, so the old rank is gone before the new one starts. 0: ranks
+  // do not fence themselves and jobs are requeued at lease expiry.
+  int64_t agent_silence_ms = 0;
   // Rendezvous ports are kMasterPortBase + an offset that changes per attempt.
   int32_t master_port_base = 29500;
   // Unix time in ms. Tests pass a fake clock to expire leases on demand.
@@ -145,9 +151,15 @@ class Coordinator {
   // the worker is unknown or dead.
   absl::StatusOr<v1::ReportEventsResponse> ReportEvents(const v1::ReportEventsRequest& request);
 
-  // Marks workers past their lease dead and requeues (or fails) their jobs.
-  // Called by the lease thread; tests call it after moving their clock.
+  // Marks workers past their lease dead, and once agent_silence_ms (and the
+  // margin) more have passed, gives up their ranks: their jobs are requeued
+  // (or failed). Called by the lease thread; tests call it after moving
+  // their clock.
   void ExpireLeases();
+
+  // What a dead worker's ranks get beyond agent_silence_ms to notice the
+  // silence (they look four times per limit) and exit.
+  static constexpr int64_t kFenceMarginMs = 1000;
 
   // Ends every stream and stops the lease thread. Idempotent.
   void Shutdown();
@@ -213,8 +225,14 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(const std::string& worker_id, v1::Assignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A live rank is gone: frees its device.
+  // A live rank is gone: frees its device, and lets its job's next attempt
+  // be scheduled once no rank of the job runs any more.
   void ReleaseRank(const RankKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a QUEUED job in the scheduler unless a rank of it (of any
+  // attempt) still runs: two ranks of one job and rank number never run at
+  // once.
+  void EnqueueIfIdle(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasLiveRanks(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The current attempt's rank ended: exit_code >= 0 from RankExited, or
   // kLost when its worker went away. Drives the state machine.
   void OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code, const std::string& why)
@@ -228,7 +246,12 @@ class Coordinator {
   void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a live worker and its live ranks into the scheduler.
   void MakeSchedulable(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkDead(WorkerEntry* worker, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker leaves the scheduler and its stream ends. Its ranks stay
+  // live until ReleaseLostRanks.
+  void MarkDead(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up a dead worker's ranks; false when it had none.
+  bool ReleaseLostRanks(const WorkerEntry& worker, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NOT_FOUND ("register again") when the worker is unknown or dead.
   absl::StatusOr<WorkerEntry*> LiveWorker(const std::string& worker_id)

@@ -66,8 +66,11 @@ int main(int argc, char** argv) {
                  "Events kept per job; older ones are deleted and counted")
       ->capture_default_str();
   app.add_option("--stop-grace-ms", options.stop_grace_ms,
-                 "SIGTERM -> SIGKILL delay sent with stop assignments")
+                 "Cancel -> SIGKILL delay sent with stop assignments")
       ->capture_default_str();
+  app.add_option("--agent-silence-ms", options.agent_silence_ms,
+                 "A rank whose worker sends no keepalive this long stops by itself; a lost "
+                 "worker's jobs wait this long (+1 s) after its lease (default: half the lease)");
   app.add_option("--ready-file", ready_file,
                  "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
   CLI11_PARSE(app, argc, argv);

@@ -80,6 +80,20 @@ def test_cancel_mid_run_stops_ranks_within_10s(cluster, inputs):
     assert time.monotonic() - t0 < 10
     assert cluster.wait_state(job_id, TERMINAL, 15)["state"] == "JOB_STATE_CANCELLED"
     assert cluster.cli("watch", job_id).returncode == 1
+    # The rank was asked over its socket and finished its step (stop-grace is
+    # 3 s, far more than a step): exit 143, not a kill.
+    out = job["output_dir"]
+    with open(os.path.join(out, "rank-0.log"), errors="replace") as f:
+        assert "cancelled after step" in f.read()
+    assert "exited with code 143" in cluster.workers[0].output()
+    # What a cancelled job keeps (docs/control-plane.md): each finished step's
+    # line, in order, and its checkpoints; no export, no attempt folder.
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f]
+    assert len(steps) >= 2 and steps == list(range(1, len(steps) + 1))
+    assert os.listdir(os.path.join(out, "checkpoints"))
+    assert not os.path.exists(os.path.join(out, "adapter"))
+    assert not os.listdir(os.path.join(out, "attempts"))
 
 
 def test_coordinator_kill9_and_restart_keeps_the_job(cluster, inputs):

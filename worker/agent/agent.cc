@@ -30,6 +30,13 @@ constexpr absl::Duration kStreamDeadline = absl::Minutes(10);
 
 constexpr char kSocketDirPrefix[] = "/tmp/ballast-worker-";
 
+// Keepalives go out this many times per rank silence limit, so a late or
+// lost one never fences a rank whose worker is fine.
+constexpr int kKeepalivesPerSilence = 4;
+// How often the keepalive loop looks when no rank asks for keepalives.
+constexpr absl::Duration kKeepaliveIdle = absl::Seconds(1);
+constexpr absl::Duration kMinKeepalive = absl::Milliseconds(10);
+
 // Socket folders of workers that died without cleaning up (kill -9): their
 // pid is gone. A live pid's folder is left alone, whoever owns it now.
 void RemoveStaleSocketDirs() {
@@ -112,6 +119,7 @@ absl::Status Agent::Start() {
   session_ = std::thread([this] { SessionLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   janitor_ = std::thread([this] { JanitorLoop(); });
+  keepalive_ = std::thread([this] { KeepaliveLoop(); });
   return absl::OkStatus();
 }
 
@@ -125,6 +133,7 @@ void Agent::Shutdown() {
   session_.join();
   heartbeat_.join();
   janitor_.join();
+  keepalive_.join();
 
   // No thread adds ranks any more: stop them all, then wait for their exits
   // so that each RankExited is queued before the last flush.
@@ -133,7 +142,8 @@ void Agent::Shutdown() {
     absl::MutexLock lock(&mu_);
     ranks.swap(ranks_);
   }
-  for (auto& [key, rank] : ranks) rank->Stop(options_.shutdown_grace);
+  for (auto& [key, rank] : ranks)
+    rank->Stop(options_.shutdown_grace, "the worker is shutting down");
   const absl::Time deadline = absl::Now() + options_.shutdown_grace + absl::Seconds(3);
   for (auto& [key, rank] : ranks) {
     while (!rank->Finished() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
@@ -171,6 +181,7 @@ absl::Status Agent::RegisterOnce() {
   grpc::ClientContext context;
   v1::RegisterWorkerResponse response;
   grpc::Status status;
+  const auto sent = std::chrono::steady_clock::now();
   {
     TrackedCall call(this, &context, options_.rpc_timeout);
     // Waits (within the deadline) for a coordinator that is coming back,
@@ -187,6 +198,7 @@ absl::Status Agent::RegisterOnce() {
   }
   SaveWorkerId(response.worker_id());
   relay_->SetWorkerId(response.worker_id());
+  RenewLease(sent, response.lease_ms());
   const absl::Duration interval =
       response.heartbeat_interval_ms() > 0 ? absl::Milliseconds(response.heartbeat_interval_ms())
       : response.lease_ms() > 0            ? absl::Milliseconds(response.lease_ms() / 3)
@@ -328,11 +340,14 @@ void Agent::HeartbeatLoop() {
     grpc::ClientContext context;
     v1::HeartbeatResponse response;
     grpc::Status status;
+    const auto sent = std::chrono::steady_clock::now();
     {
       TrackedCall call(this, &context, std::min(interval, options_.rpc_timeout));
       status = coordinator_->stub()->Heartbeat(&context, request, &response);
     }
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    if (status.ok()) {
+      RenewLease(sent, response.lease_ms());
+    } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       std::cerr << "ballast-worker: the coordinator does not know " << request.worker_id()
                 << "; registering again\n";
       Reregister(epoch);
@@ -365,6 +380,44 @@ void Agent::JanitorLoop() {
     // Destroyed outside the lock: a Rank's destructor joins threads whose
     // exit callback takes mu_.
     done.clear();
+  }
+}
+
+void Agent::RenewLease(std::chrono::steady_clock::time_point sent, int64_t lease_ms) {
+  absl::MutexLock lock(&mu_);
+  // The coordinator started the lease when the call arrived, after `sent`.
+  lease_until_ = std::max(lease_until_, sent + std::chrono::milliseconds(lease_ms));
+}
+
+void Agent::KeepaliveLoop() {
+  bool lapsed = false;
+  for (;;) {
+    absl::Duration period = kKeepaliveIdle;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      const bool fresh = std::chrono::steady_clock::now() < lease_until_;
+      // Stopped once per lapse: the coordinator will requeue these jobs
+      // elsewhere, so the ranks end at a step boundary now rather than at
+      // their silence limit.
+      const bool stop = !fresh && !lapsed;
+      lapsed = !fresh;
+      for (auto& [key, rank] : ranks_) {
+        if (rank->Finished()) continue;
+        if (rank->agent_silence() > absl::ZeroDuration()) {
+          period = std::min(period, rank->agent_silence() / kKeepalivesPerSilence);
+        }
+        if (fresh) {
+          rank->SendKeepalive();
+        } else if (stop && rank->agent_silence() > absl::ZeroDuration()) {
+          std::cerr << "ballast-worker: lease lapsed (no heartbeat accepted for a lease); "
+                    << "stopping rank " << rank->ref().rank() << " of " << rank->ref().job_id()
+                    << "\n";
+          rank->Stop(rank->agent_silence(), "the worker lost its lease");
+        }
+      }
+    }
+    if (!SleepFor(std::max(period, kMinKeepalive))) return;
   }
 }
 
@@ -428,7 +481,8 @@ void Agent::StopRanks(const v1::Assignment& a) {
     const auto& [job, attempt, r] = key;
     // Attempt 0 stops every attempt of that rank.
     if (job == a.job_id() && r == a.rank() && (a.attempt() == 0 || attempt == a.attempt())) {
-      rank->Stop(absl::Milliseconds(std::max<int64_t>(0, a.grace_ms())));
+      rank->Stop(absl::Milliseconds(std::max<int64_t>(0, a.grace_ms())),
+                 absl::StrCat("stop assignment from the coordinator (attempt ", attempt, ")"));
     }
   }
 }

@@ -4,6 +4,13 @@
 // StreamAssignments open (reconnecting with backoff, 100 ms doubling to 5 s),
 // starts and stops ranks as assignments say, and relays their events.
 //
+// Fencing: while its lease is fresh (less than lease_ms since it sent the
+// last heartbeat the coordinator accepted) the agent sends each rank a
+// keepalive on its socket several times per the rank's silence limit. Once
+// the lease lapses it sends none and asks its ranks to stop; a rank that
+// hears nothing for its limit stops by itself, so even a frozen agent's
+// ranks are gone before the coordinator hands their work to another worker.
+//
 // Thread-safe: Start and Shutdown are called by the owner; everything else
 // runs on the agent's own threads.
 #ifndef BALLAST_WORKER_AGENT_AGENT_H_
@@ -11,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -77,6 +85,10 @@ class Agent {
   void SessionLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void JanitorLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepaliveLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A heartbeat or registration sent at `sent` was accepted with `lease`.
+  void RenewLease(std::chrono::steady_clock::time_point sent, int64_t lease_ms)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Assignments.
   void Handle(const v1::Assignment& assignment) ABSL_LOCKS_EXCLUDED(mu_);
@@ -113,6 +125,10 @@ class Agent {
   // Counts successful registrations; 0 before the first.
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(5);
+  // Until when the coordinator surely still counts this worker alive: the
+  // send time of the last accepted heartbeat plus the lease. Monotonic, so
+  // that a freeze (SIGSTOP) or a clock step cannot stretch it.
+  std::chrono::steady_clock::time_point lease_until_ ABSL_GUARDED_BY(mu_);
   std::map<RankKey, std::unique_ptr<Rank>> ranks_ ABSL_GUARDED_BY(mu_);
   int finished_pending_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_socket_ ABSL_GUARDED_BY(mu_) = 0;
@@ -124,6 +140,7 @@ class Agent {
   std::thread session_;
   std::thread heartbeat_;
   std::thread janitor_;
+  std::thread keepalive_;
 };
 
 }  // namespace ballast::agent

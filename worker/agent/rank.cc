@@ -26,6 +26,12 @@ std::vector<std::string> TrainArguments(const v1::Assignment& a, const std::stri
                                    "--agent-socket", socket_path,
                                    "--rank",         absl::StrCat(a.rank()),
                                    "--world-size",   absl::StrCat(std::max(1, a.world_size()))};
+  // The attempt scopes the rank's writes (OUT/attempts/N until committed);
+  // the silence limit is its fence against a worker that lost its lease.
+  if (a.attempt() > 0) args.insert(args.end(), {"--attempt", absl::StrCat(a.attempt())});
+  if (a.agent_silence_ms() > 0) {
+    args.insert(args.end(), {"--agent-silence-ms", absl::StrCat(a.agent_silence_ms())});
+  }
   if (!a.master_addr().empty()) {
     args.insert(args.end(), {"--master-addr", a.master_addr()});
   }
@@ -88,7 +94,8 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignme
   ref.set_job_id(assignment.job_id());
   ref.set_rank(assignment.rank());
   ref.set_attempt(assignment.attempt());
-  std::unique_ptr<Rank> rank(new Rank(ref, env, relay, std::move(on_finished)));
+  std::unique_ptr<Rank> rank(new Rank(ref, absl::Milliseconds(assignment.agent_silence_ms()), env,
+                                      relay, std::move(on_finished)));
   Rank* self = rank.get();
 
   absl::StatusOr<std::unique_ptr<RankSocket>> socket =
@@ -126,9 +133,10 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignme
   return rank;
 }
 
-Rank::Rank(v1::RankRef ref, RankEnvironment env, EventRelay* relay,
+Rank::Rank(v1::RankRef ref, absl::Duration agent_silence, RankEnvironment env, EventRelay* relay,
            std::function<void()> on_finished)
     : ref_(std::move(ref)),
+      agent_silence_(agent_silence),
       env_(std::move(env)),
       relay_(relay),
       on_finished_(std::move(on_finished)) {}
@@ -148,8 +156,22 @@ v1::RankEvent Rank::NewEvent() const {
   return event;
 }
 
-void Rank::Stop(absl::Duration grace) {
-  if (process_) process_->Stop(grace);
+void Rank::Stop(absl::Duration grace, const std::string& reason) {
+  if (!process_) return;
+  v1::RankControl control;
+  control.mutable_cancel()->set_reason(reason);
+  if (socket_->Send(control).ok()) {
+    process_->KillAfter(grace);
+  } else {
+    process_->Stop(grace);
+  }
+}
+
+void Rank::SendKeepalive() {
+  v1::RankControl control;
+  control.mutable_keepalive();
+  // A miss is harmless: the next one follows within a quarter of the limit.
+  (void)socket_->Send(control);
 }
 
 bool Rank::Finished() const {

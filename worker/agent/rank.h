@@ -70,19 +70,32 @@ class Rank {
   const v1::RankRef& ref() const { return ref_; }
   pid_t pid() const { return process_->pid(); }
 
-  // SIGTERM now, SIGKILL after `grace`; RankExited says stopped=true.
-  void Stop(absl::Duration grace);
+  // Asks the rank to stop at its next step boundary (RankControl.cancel with
+  // `reason` on its socket; SIGTERM, which the trainer takes the same way,
+  // when the socket cannot carry it), and SIGKILLs it if it still runs
+  // `grace` later. RankExited says stopped=true. Later calls do nothing.
+  void Stop(absl::Duration grace, const std::string& reason);
+
+  // Tells the rank its worker still holds its lease (RankControl.keepalive).
+  // Never blocks; a rank that is not connected yet or is gone misses it.
+  void SendKeepalive();
+
+  // The Assignment's agent_silence_ms: how long the rank waits for a
+  // keepalive before it fences itself; zero when it does not.
+  absl::Duration agent_silence() const { return agent_silence_; }
 
   // True once RankExited has been queued.
   bool Finished() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  Rank(v1::RankRef ref, RankEnvironment env, EventRelay* relay, std::function<void()> on_finished);
+  Rank(v1::RankRef ref, absl::Duration agent_silence, RankEnvironment env, EventRelay* relay,
+       std::function<void()> on_finished);
   v1::RankEvent NewEvent() const;
   void OnMessage(const v1::RankMessage& message);
   void OnExit(const ProcessExit& exit) ABSL_LOCKS_EXCLUDED(mu_);
 
   const v1::RankRef ref_;
+  const absl::Duration agent_silence_;
   const RankEnvironment env_;
   EventRelay* const relay_;
   const std::function<void()> on_finished_;

@@ -153,12 +153,16 @@ RankProcess::~RankProcess() {
   killer_.join();
 }
 
-void RankProcess::Stop(absl::Duration grace) {
+void RankProcess::Stop(absl::Duration grace) { StopWith(grace, /*sigterm=*/true); }
+
+void RankProcess::KillAfter(absl::Duration grace) { StopWith(grace, /*sigterm=*/false); }
+
+void RankProcess::StopWith(absl::Duration grace, bool sigterm) {
   absl::MutexLock lock(&mu_);
   if (exited_ || stop_requested_) return;
   stop_requested_ = true;
   kill_deadline_ = absl::Now() + grace;
-  kill(-pid_, SIGTERM);
+  if (sigterm) kill(-pid_, SIGTERM);
 }
 
 bool RankProcess::Exited() const {

@@ -67,8 +67,12 @@ class RankProcess {
   pid_t pid() const { return pid_; }
 
   // Sends SIGTERM to the process group, and SIGKILL when it has not exited
-  // `grace` later. Returns at once. Later calls do nothing.
+  // `grace` later. Returns at once. Later calls (and KillAfter) do nothing.
   void Stop(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stop for a process already asked to stop another way (over its socket):
+  // no SIGTERM now, SIGKILL when it has not exited `grace` later; the exit
+  // counts as stopped. Later calls (and Stop) do nothing.
+  void KillAfter(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once the process has exited (on_exit may still be running).
   bool Exited() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -78,6 +82,7 @@ class RankProcess {
 
  private:
   RankProcess(pid_t pid, SpawnOptions options, int64_t log_start);
+  void StopWith(absl::Duration grace, bool sigterm) ABSL_LOCKS_EXCLUDED(mu_);
   void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void KillerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   bool ExitedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -1,13 +1,16 @@
 // ballast-train: one rank of a Ballast job, or a standalone run.
 //
 //   ballast-train --spec JOB.yaml|JOB.json --out DIR [--set key=value]...
-//       [--agent-socket PATH] [--resume-at-or-before N]
+//       [--agent-socket PATH [--agent-silence-ms N]] [--attempt N]
+//       [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 #include <malloc.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <climits>
 #include <iostream>
 
@@ -19,7 +22,9 @@
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/model/inference.h"
 #include "worker/train/rank/agent_channel.h"
+#include "worker/train/rank/attempt_output.h"
 #include "worker/train/rank/device_info.h"
+#include "worker/train/rank/rank_observer.h"
 #include "worker/train/trainer/trainer.h"
 
 namespace {
@@ -38,8 +43,12 @@ void KeepActivationsMapped() {
 
 // Exit codes (docs/control-plane.md): 0 done; 2 the spec or an input is bad,
 // which a restart on the same spec and files cannot fix, so the coordinator
-// fails the job without retrying; 143 cancelled (as if killed by SIGTERM);
-// 1 anything else, which a restart may fix (a lost peer, a full disk).
+// fails the job without retrying; 3 fenced (its worker went silent, or a
+// newer attempt took the output folder over; restartable); 143 cancelled by
+// the worker or SIGTERM; 1 anything else, which a restart may fix (a lost
+// peer, a full disk).
+constexpr int kExitFenced = 3;
+
 int Fail(const absl::Status& status) {
   std::cerr << "ballast-train: " << status.message() << "\n";
   switch (status.code()) {
@@ -50,6 +59,8 @@ int Fail(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kResourceExhausted:  // the job does not fit in memory
       return 2;
+    case absl::StatusCode::kAborted:
+      return kExitFenced;
     case absl::StatusCode::kCancelled:
       return 143;
     default:
@@ -60,6 +71,8 @@ int Fail(const absl::Status& status) {
 // How this process was started: alone, or as one rank under a worker.
 struct RankFlags {
   std::string agent_socket;
+  int64_t agent_silence_ms = 0;
+  int32_t attempt = 0;
   int64_t resume_at_or_before = 0;
   int rank = 0;
   int world_size = 1;
@@ -81,18 +94,52 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   if (absl::Status s = ballast::PrepareJobSpec(&*spec); !s.ok()) return s;
   std::unique_ptr<ballast::train::AgentChannel> channel;
   if (!flags.agent_socket.empty()) {
+    ballast::train::SilenceFence fence;
+    fence.limit = std::chrono::milliseconds(flags.agent_silence_ms);
+    fence.on_silent = [limit = flags.agent_silence_ms](std::chrono::milliseconds silent) {
+      // The worker is frozen, dead or cut off, and the coordinator hands
+      // this rank's work to another worker once the lease and this limit
+      // have run out: stop now, in the middle of a step if need be, without
+      // writing anything more (uncommitted work stays in the attempt folder).
+      std::cerr << "ballast-train: no keepalive from the worker for " << silent.count()
+                << " ms (--agent-silence-ms " << limit << "); stopping without writing more"
+                << std::endl;
+      _exit(kExitFenced);
+    };
     absl::StatusOr<std::unique_ptr<ballast::train::AgentChannel>> connected =
-        ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank);
+        ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank, std::move(fence));
     if (!connected.ok()) return absl::UnavailableError(connected.status().message());
     channel = *std::move(connected);
   }
+  // Under a coordinator the trainer writes into its attempt's own folder and
+  // every report is committed to out_dir before it goes up.
+  std::unique_ptr<ballast::train::AttemptOutput> output;
+  if (flags.attempt > 0) {
+    absl::StatusOr<std::unique_ptr<ballast::train::AttemptOutput>> claimed =
+        ballast::train::AttemptOutput::Claim(out_dir, flags.attempt, flags.resume_at_or_before);
+    if (!claimed.ok()) return claimed.status();
+    output = *std::move(claimed);
+  }
+  ballast::train::RankObserver observer(channel.get(), output.get());
   ballast::train::TrainerOptions options;
   options.resume_at_or_before = flags.resume_at_or_before;
-  options.observer = channel.get();
+  options.observer = &observer;
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
-      ballast::train::Trainer::Create(*spec, out_dir, options);
-  if (!trainer.ok()) return trainer.status();
-  return (*trainer)->Run();
+      ballast::train::Trainer::Create(*spec, output ? output->dir() : out_dir, options);
+  absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
+  // A refused commit ended the run, whatever the trainer made of the stop.
+  if (!observer.commit_status().ok()) status = observer.commit_status();
+  if (output == nullptr) return status;
+  if (!status.ok()) {
+    output->Discard();
+    return status;
+  }
+  absl::StatusOr<std::string> exported = output->CommitExport();
+  if (!exported.ok()) return exported.status();
+  const std::string line = absl::StrCat("committed attempt ", flags.attempt, ": ", *exported);
+  std::cerr << "ballast-train: " << line << std::endl;
+  observer.OnLog("info", line);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -113,6 +160,13 @@ int main(int argc, char** argv) {
   RankFlags flags;
   app.add_option("--agent-socket", flags.agent_socket,
                  "Unix socket of the ballast-worker that started this rank");
+  app.add_option("--agent-silence-ms", flags.agent_silence_ms,
+                 "With --agent-socket: exit (code 3) when the worker sends no keepalive this "
+                 "long; 0 never")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--attempt", flags.attempt,
+                 "The coordinator's attempt: write into OUT/attempts/N and commit into OUT")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--resume-at-or-before", flags.resume_at_or_before,
                  "Resume from the newest checkpoint at or before step N; newer ones are deleted")
       ->check(CLI::NonNegativeNumber);
@@ -162,6 +216,9 @@ int main(int argc, char** argv) {
                   << flags.world_size - 1 << "\n";
         return 2;
       }
+      // Before anything slow: a SIGTERM while loading stops the run at its
+      // first step boundary.
+      ballast::train::RankObserver::CatchSigterm();
       status = RunSpec(spec_path, overrides, out_dir, flags);
     }
   } catch (const std::bad_alloc&) {

@@ -8,8 +8,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "worker/train/rank/agent_channel.h"
 
@@ -186,6 +188,101 @@ TEST_F(RankSocketTest, ControlMessageArrivingInPiecesIsParsedWhenComplete) {
   EXPECT_TRUE((*channel)->CancelRequested());
   close(conn);
   close(listener);
+}
+
+// Connects a channel that fences itself after `limit` of silence and
+// records when it did.
+class FenceRecorder {
+ public:
+  train::SilenceFence Fence(std::chrono::milliseconds limit) {
+    train::SilenceFence fence;
+    fence.limit = limit;
+    fence.on_silent = [this](std::chrono::milliseconds silent) {
+      absl::MutexLock lock(&mu_);
+      silent_ = silent;
+      at_ = absl::Now();
+    };
+    return fence;
+  }
+  bool Fenced() {
+    absl::MutexLock lock(&mu_);
+    return at_.has_value();
+  }
+  // Waits up to `timeout` for the fence; when it fell, or nullopt.
+  std::optional<absl::Time> WaitFenced(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto fenced = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return at_.has_value(); };
+    mu_.AwaitWithTimeout(absl::Condition(&fenced), timeout);
+    return at_;
+  }
+  std::chrono::milliseconds silent() {
+    absl::MutexLock lock(&mu_);
+    return silent_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::optional<absl::Time> at_ ABSL_GUARDED_BY(mu_);
+  std::chrono::milliseconds silent_ ABSL_GUARDED_BY(mu_){0};
+};
+
+TEST_F(RankSocketTest, KeepalivesHoldTheFenceOffAndItFallsSoonAfterTheyStop) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  FenceRecorder recorder;
+  constexpr std::chrono::milliseconds kLimit{300};
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel =
+      AgentChannel::Connect(path_, 0, recorder.Fence(kLimit));
+  ASSERT_TRUE(channel.ok());
+  v1::RankControl keepalive;
+  keepalive.mutable_keepalive();
+  // Four limits' worth of keepalives, each well within the limit.
+  absl::Time last_sent;
+  for (int i = 0; i < 24; ++i) {
+    absl::Status s = (*socket)->Send(keepalive);
+    // The rank may not be accepted yet on the first tries.
+    if (s.ok()) last_sent = absl::Now();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_FALSE(recorder.Fenced()) << "fenced while keepalives arrived";
+  EXPECT_FALSE((*channel)->CancelRequested()) << "a keepalive is not a cancel";
+
+  const std::optional<absl::Time> fenced = recorder.WaitFenced(absl::Seconds(5));
+  ASSERT_TRUE(fenced.has_value());
+  // Not before the limit, and late by at most a poll period (a quarter of it)
+  // plus scheduling noise.
+  EXPECT_GE(*fenced - last_sent, absl::FromChrono(kLimit));
+  EXPECT_LT(*fenced - last_sent, absl::FromChrono(kLimit) + absl::Milliseconds(500));
+  EXPECT_GT(recorder.silent(), kLimit);
+}
+
+TEST_F(RankSocketTest, AWorkerThatIsGoneFencesTheRankAfterTheLimit) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  FenceRecorder recorder;
+  const absl::Time connected = absl::Now();
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel =
+      AgentChannel::Connect(path_, 0, recorder.Fence(std::chrono::milliseconds(200)));
+  ASSERT_TRUE(channel.ok());
+  socket->reset();  // the worker dies without a word
+  const std::optional<absl::Time> fenced = recorder.WaitFenced(absl::Seconds(5));
+  ASSERT_TRUE(fenced.has_value());
+  EXPECT_GE(*fenced - connected, absl::Milliseconds(200));
+}
+
+TEST_F(RankSocketTest, WithoutALimitARankNeverFences) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  FenceRecorder recorder;
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel =
+      AgentChannel::Connect(path_, 0, recorder.Fence(std::chrono::milliseconds(0)));
+  ASSERT_TRUE(channel.ok());
+  socket->reset();
+  EXPECT_FALSE(recorder.WaitFenced(absl::Milliseconds(500)).has_value());
+  // The channel still closes promptly: its reader wakes to notice.
+  const absl::Time t0 = absl::Now();
+  channel->reset();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
 }
 
 TEST_F(RankSocketTest, RejectsAPathLongerThanSunPath) {

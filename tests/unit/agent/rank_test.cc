@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -86,6 +88,20 @@ TEST(TrainArgumentsTest, CarryEverythingTheTrainerNeeds) {
   ASSERT_GE(args.size(), 2u);
   EXPECT_EQ(args[args.size() - 2], "--resume-at-or-before");
   EXPECT_EQ(args.back(), "40");
+}
+
+TEST(TrainArgumentsTest, CarryTheAttemptAndTheSilenceLimitForFencing) {
+  v1::Assignment a;
+  a.set_output_dir("/jobs/j");
+  a.set_attempt(7);
+  a.set_agent_silence_ms(7500);
+  const std::vector<std::string> args = TrainArguments(a, "/w/spec.json", "/tmp/s.sock");
+  const auto at = std::find(args.begin(), args.end(), "--attempt");
+  ASSERT_NE(at, args.end());
+  EXPECT_EQ(*(at + 1), "7");
+  const auto silence = std::find(args.begin(), args.end(), "--agent-silence-ms");
+  ASSERT_NE(silence, args.end());
+  EXPECT_EQ(*(silence + 1), "7500");
 }
 
 class RankTest : public ::testing::Test {
@@ -186,11 +202,52 @@ TEST_F(RankTest, StopEndsTheRankAndMarksItStopped) {
   ASSERT_TRUE(rank.ok()) << rank.status();
   ASSERT_TRUE(server.WaitForAccepted(1, absl::Seconds(10)));
   EXPECT_FALSE((*rank)->Finished());
-  (*rank)->Stop(absl::Seconds(5));
+  // This trainer never connects to its socket: Stop falls back to SIGTERM.
+  (*rank)->Stop(absl::Seconds(5), "test");
   ASSERT_TRUE(server.WaitForAccepted(2, absl::Seconds(10)));
   const v1::RankExited exited = server.accepted_events()[1].exited();
   EXPECT_EQ(exited.exit_code(), 143);
   EXPECT_TRUE(exited.stopped());
+}
+
+TEST_F(RankTest, StopAsksOverTheSocketFirstAndKillsOnlyAfterTheGrace) {
+  // A trainer that connects, reports what comes down its socket and any
+  // SIGTERM, and never exits by itself.
+  std::ofstream(trainer_)
+      << "#!/usr/bin/env python3\n"
+         "import signal, socket, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *_: print('SIGTERM', flush=True))\n"
+         "s = socket.socket(socket.AF_UNIX)\n"
+         "s.connect(sys.argv[sys.argv.index('--agent-socket') + 1])\n"
+         "print('connected', flush=True)\n"
+         "print('control', s.recv(4096), flush=True)\n"
+         "time.sleep(60)\n";
+  TestCoordinator server;
+  CoordinatorConnection connection(server.address(), "");
+  EventRelay relay(&connection);
+  relay.SetWorkerId("w-1");
+  absl::StatusOr<std::unique_ptr<Rank>> rank = Rank::Start(assignment_, env_, &relay, nullptr);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const std::string log = assignment_.output_dir() + "/rank-0.log";
+  auto log_text = [&] {
+    std::ifstream in(log);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (int i = 0; i < 1000 && log_text().find("connected") == std::string::npos; ++i) {
+    usleep(10000);
+  }
+  ASSERT_THAT(log_text(), HasSubstr("connected"));
+
+  const absl::Time t0 = absl::Now();
+  (*rank)->Stop(absl::Seconds(1), "cancelled by the test");
+  ASSERT_TRUE(server.WaitForAccepted(2, absl::Seconds(10)));
+  const absl::Duration took = absl::Now() - t0;
+  const v1::RankExited exited = server.accepted_events()[1].exited();
+  EXPECT_EQ(exited.exit_code(), 128 + SIGKILL) << log_text();
+  EXPECT_TRUE(exited.stopped());
+  EXPECT_GE(took, absl::Milliseconds(900)) << "killed before the grace ran out";
+  EXPECT_THAT(log_text(), HasSubstr("cancelled by the test"));
+  EXPECT_THAT(log_text(), ::testing::Not(HasSubstr("SIGTERM")));
 }
 
 TEST_F(RankTest, MissingTrainerFailsToStartAndQueuesNothing) {

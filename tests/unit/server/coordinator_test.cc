@@ -26,6 +26,7 @@ class CoordinatorTest : public ::testing::Test {
     o.lease_ms = kLeaseMs;
     o.event_retention = retention_;
     o.stop_grace_ms = 5;
+    o.agent_silence_ms = agent_silence_ms_;
     o.now_ms = [this] { return now_.load(); };
     return o;
   }
@@ -120,6 +121,20 @@ class CoordinatorTest : public ::testing::Test {
 
   v1::Job Get(const std::string& id) { return *c_->GetJob(id); }
 
+  void Heartbeat(const std::string& worker_id) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(worker_id);
+    EXPECT_TRUE(c_->Heartbeat(hb).ok()) << worker_id;
+  }
+
+  static v1::RankRef Ref(const v1::Assignment& a) {
+    v1::RankRef ref;
+    ref.set_job_id(a.job_id());
+    ref.set_attempt(a.attempt());
+    ref.set_rank(a.rank());
+    return ref;
+  }
+
   // The only START for `job_id` among `assignments`.
   static v1::Assignment StartOf(const std::vector<v1::Assignment>& assignments,
                                 const std::string& job_id) {
@@ -142,6 +157,7 @@ class CoordinatorTest : public ::testing::Test {
   TempDir dir_;
   std::atomic<int64_t> now_{1'700'000'000'000};
   int64_t retention_ = 10000;
+  int64_t agent_silence_ms_ = 0;
   MetricsRegistry metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
@@ -308,6 +324,78 @@ TEST_F(CoordinatorTest, LeaseExpiryRequeuesAndAReturningWorkerStopsItsStaleRank)
   }
   EXPECT_TRUE(stopped_old);
   EXPECT_EQ(StartOf(sent, job.id()).attempt(), 2);
+}
+
+TEST_F(CoordinatorTest, LostWorkersJobWaitsForItsRanksToFenceThemselvesBeforeItRunsElsewhere) {
+  agent_silence_ms_ = 500;
+  Reopen();
+  const int64_t t0 = now_;
+  const std::string w1 = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment first = StartOf(Drain(w1), job.id());
+  EXPECT_EQ(first.agent_silence_ms(), 500) << "the rank learns its fence";
+  ASSERT_TRUE(Report(w1, {Started(first), Step(first, 3)}).ok());
+  const std::string w2 = Register("node-2", 1);
+
+  // w1's lease runs out: it is dead, but its rank may still be running.
+  now_ = t0 + kLeaseMs + 1;
+  Heartbeat(w2);
+  c_->ExpireLeases();
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w1);
+  EXPECT_EQ(c_->Heartbeat(hb).status().code(), absl::StatusCode::kNotFound);
+  // Until the silence limit and the margin have passed, the job stays where it is.
+  now_ = t0 + kLeaseMs + 500 + Coordinator::kFenceMarginMs;
+  Heartbeat(w2);
+  c_->ExpireLeases();
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(Drain(w2).empty()) << "a second rank started while the first may run";
+
+  now_ += 1;
+  Heartbeat(w2);
+  c_->ExpireLeases();
+  v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_THAT(j.failure_reason(), HasSubstr("fenced after 1500 ms"));
+  const v1::Assignment second = StartOf(Drain(w2), job.id());
+  EXPECT_EQ(second.attempt(), 2);
+
+  // w1 thaws and reports what its old rank did: refused, and that rank is
+  // told to stop.
+  Register("node-1", 1, {Ref(first)}, w1);
+  bool stopped_old = false;
+  for (const v1::Assignment& s : Drain(w1)) {
+    stopped_old |= s.action() == v1::Assignment::ACTION_STOP && s.attempt() == 1;
+  }
+  EXPECT_TRUE(stopped_old);
+  const int64_t seq = Get(job.id()).last_seq();
+  ASSERT_TRUE(Report(w1, {Step(first, 4), Exited(first, 3)}).ok());
+  j = Get(job.id());
+  EXPECT_EQ(j.last_seq(), seq);
+  EXPECT_EQ(j.step(), 3);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+}
+
+TEST_F(CoordinatorTest, WorkerBackWithinTheFenceWaitKeepsItsRankAndTheJobItsAttempt) {
+  agent_silence_ms_ = 500;
+  Reopen();
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 3)}).ok());
+  now_ += kLeaseMs + 1;
+  c_->ExpireLeases();
+  Register("node-1", 1, {Ref(a)}, w);
+  // Past the point where its ranks would have been given up, had it stayed away.
+  now_ += 500 + Coordinator::kFenceMarginMs;
+  Heartbeat(w);
+  c_->ExpireLeases();
+  ASSERT_TRUE(Report(w, {Step(a, 4)}).ok());
+  const v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.step(), 4);
+  EXPECT_EQ(j.restarts(), 0);
 }
 
 TEST_F(CoordinatorTest, RestartLosesNoJobAndReadoptsRunningRanks) {

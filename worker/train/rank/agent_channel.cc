@@ -3,19 +3,34 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/delimited_message_util.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace ballast::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the reader wakes without traffic: bounds how late a silence is
+// noticed (at most a quarter of the limit) and how long the destructor waits.
+std::chrono::milliseconds PollPeriod(std::chrono::milliseconds limit) {
+  constexpr std::chrono::milliseconds kMax{100};
+  if (limit.count() <= 0) return kMax;
+  return std::clamp(limit / 4, std::chrono::milliseconds{1}, kMax);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AgentChannel>> AgentChannel::Connect(const std::string& path,
-                                                                    int rank) {
+                                                                    int rank, SilenceFence fence) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -32,10 +47,19 @@ absl::StatusOr<std::unique_ptr<AgentChannel>> AgentChannel::Connect(const std::s
     return absl::UnavailableError(
         absl::StrCat("cannot connect to the worker at ", path, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<AgentChannel>(new AgentChannel(fd, rank));
+  return std::unique_ptr<AgentChannel>(new AgentChannel(fd, rank, std::move(fence)));
 }
 
-AgentChannel::~AgentChannel() { close(fd_); }
+AgentChannel::AgentChannel(int fd, int rank, SilenceFence fence)
+    : fd_(fd), rank_(rank), fence_(std::move(fence)) {
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+AgentChannel::~AgentChannel() {
+  closing_.store(true);
+  reader_.join();
+  close(fd_);
+}
 
 absl::Status AgentChannel::Send(const v1::RankMessage& message) {
   if (broken_) return absl::UnavailableError("the worker's socket is closed");
@@ -62,33 +86,50 @@ absl::Status AgentChannel::Send(const v1::RankMessage& message) {
   return absl::OkStatus();
 }
 
-bool AgentChannel::CancelRequested() {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n > 0) {
-      pending_.append(buf, n);
-      continue;
+void AgentChannel::ReadLoop() {
+  const std::chrono::milliseconds period = PollPeriod(fence_.limit);
+  Clock::time_point last_keepalive = Clock::now();
+  std::string pending;  // bytes read but not parsed: a message may arrive in pieces
+  bool open = true;
+  while (!closing_.load()) {
+    // A closed socket polls readable forever; once the worker is gone only
+    // the silence clock is left to watch.
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, open ? 1 : 0, static_cast<int>(period.count()));
+    if (ready > 0) {
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        pending.append(buf, n);
+        ParseControl(&pending, &last_keepalive);
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        open = false;  // the worker is gone: no keepalive will come
+      }
     }
-    if (n < 0 && errno == EINTR) continue;
-    break;  // EAGAIN: nothing more now; 0 or an error: the worker is gone.
+    const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_keepalive);
+    if (fence_.limit.count() > 0 && silent > fence_.limit) {
+      if (fence_.on_silent) fence_.on_silent(silent);
+      return;
+    }
   }
-  // Parses every complete delimited message; a partial one waits for more.
-  while (!pending_.empty()) {
-    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(pending_.data()),
-                                              static_cast<int>(pending_.size()));
+}
+
+void AgentChannel::ParseControl(std::string* pending, Clock::time_point* last_keepalive) {
+  while (!pending->empty()) {
+    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(pending->data()),
+                                              static_cast<int>(pending->size()));
     uint32_t size = 0;
     if (!in.ReadVarint32(&size)) break;
     const size_t header = in.CurrentPosition();
-    if (pending_.size() - header < size) break;
+    if (pending->size() - header < size) break;
     v1::RankControl control;
-    if (control.ParseFromArray(pending_.data() + header, static_cast<int>(size)) &&
-        control.has_cancel()) {
-      cancelled_ = true;
+    if (control.ParseFromArray(pending->data() + header, static_cast<int>(size))) {
+      if (control.has_cancel()) cancelled_.store(true);
+      if (control.has_keepalive()) *last_keepalive = Clock::now();
     }
-    pending_.erase(0, header + size);
+    pending->erase(0, header + size);
   }
-  return cancelled_;
 }
 
 void AgentChannel::OnStep(const v1::StepMetrics& metrics) {

@@ -1,18 +1,30 @@
 // AgentChannel: the rank's end of the Unix-socket channel to its
 // ballast-worker (see proto/ballast/v1/rank_channel.proto).
 //
-// Reports go up as delimited RankMessages; RankControl comes down and is
-// read without blocking between steps. A worker that has gone away never
-// stops training: writes use MSG_NOSIGNAL, the first failed write marks the
-// channel broken, and later reports are dropped (metrics.jsonl still has
-// them).
+// Reports go up as delimited RankMessages. RankControl comes down and is read
+// by the channel's own thread as it arrives, so a rank in a long step still
+// hears its worker: a Cancel is kept until the trainer polls StopRequested
+// between steps, and a Keepalive resets the silence clock. With a silence
+// limit, a worker that sends no Keepalive for that long is presumed frozen,
+// dead or cut off from the coordinator, which will hand the rank's work to
+// another worker once the lease and the limit have run out; the channel then
+// calls `on_silent`, which fences the rank (it exits without writing more).
 //
-// Not thread-safe: one training thread uses it.
+// A worker that has gone away never fails a report: writes use MSG_NOSIGNAL,
+// the first failed write marks the channel broken, and later reports are
+// dropped (metrics.jsonl still has them).
+//
+// Thread-safety: Send and the TrainingObserver calls come from one training
+// thread; CancelRequested and StopRequested may be called from any thread.
 #ifndef BALLAST_WORKER_TRAIN_RANK_AGENT_CHANNEL_H_
 #define BALLAST_WORKER_TRAIN_RANK_AGENT_CHANNEL_H_
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,12 +33,27 @@
 
 namespace ballast::train {
 
+// When the rank gives up on a silent worker.
+struct SilenceFence {
+  // Zero (the default): never; the rank trains on without keepalives.
+  // Measured on the monotonic clock, which also runs while a process is
+  // stopped (SIGSTOP), so a frozen rank fences itself as soon as it resumes.
+  std::chrono::milliseconds limit{0};
+  // Called once, on the channel's thread, with how long the worker has been
+  // silent; meant not to return (ballast-train prints why and _exits). If it
+  // does return, the channel stops reading control messages.
+  std::function<void(std::chrono::milliseconds silent)> on_silent;
+};
+
 class AgentChannel : public TrainingObserver {
  public:
   // Connects to the worker listening at `path`; `rank` goes into log lines.
-  // UNAVAILABLE names the path when nothing listens there.
-  static absl::StatusOr<std::unique_ptr<AgentChannel>> Connect(const std::string& path, int rank);
+  // The silence clock starts now. UNAVAILABLE names the path when nothing
+  // listens there; INVALID_ARGUMENT when the path does not fit sun_path.
+  static absl::StatusOr<std::unique_ptr<AgentChannel>> Connect(const std::string& path, int rank,
+                                                               SilenceFence fence = {});
 
+  // Stops the reader thread (within its poll period) and closes the socket.
   ~AgentChannel() override;
   AgentChannel(const AgentChannel&) = delete;
   AgentChannel& operator=(const AgentChannel&) = delete;
@@ -35,9 +62,8 @@ class AgentChannel : public TrainingObserver {
   // every later call).
   absl::Status Send(const v1::RankMessage& message);
 
-  // Reads whatever control messages have arrived, without blocking; true
-  // once a Cancel has been received.
-  bool CancelRequested();
+  // True once a Cancel has been received; never blocks.
+  bool CancelRequested() const { return cancelled_.load(); }
 
   // TrainingObserver: each report becomes one RankMessage.
   void OnStep(const v1::StepMetrics& metrics) override;
@@ -47,14 +73,20 @@ class AgentChannel : public TrainingObserver {
   bool StopRequested() override { return CancelRequested(); }
 
  private:
-  AgentChannel(int fd, int rank) : fd_(fd), rank_(rank) {}
+  AgentChannel(int fd, int rank, SilenceFence fence);
+  // The reader thread: control messages in, silence watched.
+  void ReadLoop();
+  // Parses every complete delimited message in *pending; a partial one stays.
+  void ParseControl(std::string* pending, std::chrono::steady_clock::time_point* last_keepalive);
 
   const int fd_;
   const int rank_;
+  const SilenceFence fence_;
+  // Training thread only.
   bool broken_ = false;
-  bool cancelled_ = false;
-  // Bytes read but not yet parsed: a control message may arrive in pieces.
-  std::string pending_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> closing_{false};
+  std::thread reader_;
 };
 
 }  // namespace ballast::train
