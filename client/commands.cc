@@ -78,9 +78,8 @@ std::optional<double> LastLoss(Connection& c, const v1::Job& job) {
   std::optional<double> loss;
   v1::JobEvent event;
   while (reader->Read(&event)) {
-    if (event.has_step_metrics() && event.step_metrics().supervised_tokens() > 0) {
-      loss = event.step_metrics().loss();
-    }
+    const v1::StepMetrics& m = event.training().step_metrics();
+    if (event.training().has_step_metrics() && m.supervised_tokens() > 0) loss = m.loss();
     // A live job's stream stays open past last_seq; stop at the edge.
     if (event.seq() >= job.last_seq()) break;
   }
@@ -256,11 +255,11 @@ int Logs(Session& session, const std::string& job_id, bool follow) {
   absl::StatusOr<v1::JobState> end = FollowEvents(
       c, options,
       [&](const v1::JobEvent& event) {
-        if (!event.has_log()) return;
+        if (!event.training().has_log()) return;
         if (session.format == OutputFormat::kJson) {
           PrintJson(session, event);
         } else {
-          *session.io.out << LogLineText(event.log()) << "\n" << std::flush;
+          *session.io.out << LogLineText(event.training().log()) << "\n" << std::flush;
         }
       },
       [&](const std::string& notice) { *session.io.err << "ballast: " << notice << "\n"; });

@@ -145,18 +145,18 @@ std::string LogLineText(const v1::LogLine& log) {
 }
 
 std::optional<std::string> EventLine(const v1::JobEvent& event) {
-  switch (event.kind_case()) {
-    case v1::JobEvent::kStateChange: {
-      const v1::StateChange& c = event.state_change();
-      std::string line =
-          c.from() == v1::JOB_STATE_UNSPECIFIED
-              ? absl::StrCat("state ", StateName(c.to()))
-              : absl::StrCat("state ", StateName(c.from()), " -> ", StateName(c.to()));
-      if (!c.reason().empty()) absl::StrAppend(&line, ": ", c.reason());
-      return line;
-    }
-    case v1::JobEvent::kGuard: {
-      const v1::GuardEvent& g = event.guard();
+  if (event.has_state_change()) {
+    const v1::StateChange& c = event.state_change();
+    std::string line = c.from() == v1::JOB_STATE_UNSPECIFIED
+                           ? absl::StrCat("state ", StateName(c.to()))
+                           : absl::StrCat("state ", StateName(c.from()), " -> ", StateName(c.to()));
+    if (!c.reason().empty()) absl::StrAppend(&line, ": ", c.reason());
+    return line;
+  }
+  const v1::TrainingEvent& training = event.training();
+  switch (training.kind_case()) {
+    case v1::TrainingEvent::kGuard: {
+      const v1::GuardEvent& g = training.guard();
       std::string line;
       switch (g.kind()) {
         case v1::GuardEvent::KIND_SKIP:
@@ -174,12 +174,12 @@ std::optional<std::string> EventLine(const v1::JobEvent& event) {
       if (!g.message().empty()) absl::StrAppend(&line, ": ", g.message());
       return line;
     }
-    case v1::JobEvent::kCheckpointSaved:
-      return absl::StrCat("checkpoint step ", event.checkpoint_saved().step(), ": ",
-                          event.checkpoint_saved().path());
-    case v1::JobEvent::kLog:
-      if (event.log().level() == "warning" || event.log().level() == "error") {
-        return LogLineText(event.log());
+    case v1::TrainingEvent::kCheckpointSaved:
+      return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
+                          training.checkpoint_saved().path());
+    case v1::TrainingEvent::kLog:
+      if (training.log().level() == "warning" || training.log().level() == "error") {
+        return LogLineText(training.log());
       }
       return std::nullopt;
     default:

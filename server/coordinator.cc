@@ -272,6 +272,7 @@ void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
   event.set_job_id(j.id());
   event.set_seq(j.last_seq());
   event.set_time_ms(options_.now_ms());
+  event.set_attempt(job->record.attempt);
   job->unflushed.push_back(std::move(event));
   Touch(job);
 }
@@ -841,32 +842,14 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
     Transition(job, v1::JOB_STATE_RUNNING,
                absl::StrCat("rank ", e.rank(), " started on worker ", worker_id));
   }
-  v1::JobEvent out;
   switch (e.kind_case()) {
-    case v1::RankEvent::kStepMetrics:
-      // Every rank reports the same global step; rank 0 speaks for the job.
-      if (e.rank() != 0) return;
-      j.set_step(e.step_metrics().step());
-      job->last_metrics = e.step_metrics();
-      // The trainer has resumed: a rollback target is used up.
-      job->record.resume_at_or_before = 0;
-      *out.mutable_step_metrics() = e.step_metrics();
-      break;
-    case v1::RankEvent::kGuard:
-      if (e.rank() != 0) return;
-      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
-      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
-      *out.mutable_guard() = e.guard();
-      break;
-    case v1::RankEvent::kCheckpointSaved:
-      if (e.rank() != 0) return;
-      j.set_checkpoint_step(e.checkpoint_saved().step());
-      *out.mutable_checkpoint_saved() = e.checkpoint_saved();
-      break;
-    case v1::RankEvent::kLog:
-      *out.mutable_log() = e.log();
-      out.mutable_log()->set_rank(e.rank());
-      break;
+    case v1::RankEvent::kTraining: {
+      if (!ApplyTrainingEvent(job, e.rank(), e.training())) return;
+      v1::JobEvent out;
+      *out.mutable_training() = e.training();
+      AddEvent(job, std::move(out));
+      return;
+    }
     case v1::RankEvent::kExited: {
       const v1::RankExited& x = e.exited();
       std::string why = absl::StrCat("rank ", e.rank(), " exited with code ", x.exit_code());
@@ -885,7 +868,35 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
     case v1::RankEvent::KIND_NOT_SET:
       return;
   }
-  AddEvent(job, std::move(out));
+}
+
+bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e) {
+  v1::Job& j = job->record.job;
+  switch (e.kind_case()) {
+    case v1::TrainingEvent::kStepMetrics:
+      // Every rank reports the same global step; rank 0 speaks for the job.
+      if (rank != 0) return false;
+      j.set_step(e.step_metrics().step());
+      job->last_metrics = e.step_metrics();
+      // The trainer has resumed: a rollback target is used up.
+      job->record.resume_at_or_before = 0;
+      break;
+    case v1::TrainingEvent::kGuard:
+      if (rank != 0) return false;
+      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
+      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
+      break;
+    case v1::TrainingEvent::kCheckpointSaved:
+      if (rank != 0) return false;
+      j.set_checkpoint_step(e.checkpoint_saved().step());
+      break;
+    case v1::TrainingEvent::kLog:
+    // A kind newer than this coordinator: its unknown fields travel along, so
+    // a watcher that knows it can read it.
+    case v1::TrainingEvent::KIND_NOT_SET:
+      break;
+  }
+  return true;
 }
 
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(

@@ -74,8 +74,9 @@ def test_python_client_submits_and_watches(cluster, stubs, tmp_path):
     seqs, steps, final = [], [], None
     for event in jobs.WatchJob(svc_pb2.WatchJobRequest(job_id=job.id), timeout=300):
         seqs.append(event.seq)
-        if event.HasField("step_metrics"):
-            steps.append(event.step_metrics.step)
+        if event.training.HasField("step_metrics"):
+            steps.append(event.training.step_metrics.step)
+            assert event.attempt == 1
         if event.HasField("state_change"):
             final = event.state_change.to
     assert final == job_pb2.JOB_STATE_SUCCEEDED

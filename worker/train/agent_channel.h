@@ -39,7 +39,7 @@ class AgentChannel : public TrainingObserver {
   // once a Cancel has been received.
   bool CancelRequested();
 
-  // TrainingObserver: each report becomes one RankMessage.
+  // TrainingObserver: each report becomes one RankMessage holding a TrainingEvent.
   void OnStep(const v1::StepMetrics& metrics) override;
   void OnGuard(const v1::GuardEvent& event) override;
   void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;

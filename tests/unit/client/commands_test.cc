@@ -232,7 +232,7 @@ v1::JobEvent StepEvent(int64_t seq, int64_t step, double loss) {
   v1::JobEvent e;
   e.set_job_id(kJobId);
   e.set_seq(seq);
-  v1::StepMetrics* m = e.mutable_step_metrics();
+  v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
   m->set_step(step);
   m->set_max_steps(3);
   m->set_loss(loss);
@@ -248,9 +248,10 @@ v1::JobEvent LogEvent(int64_t seq, std::string level, std::string text) {
   v1::JobEvent e;
   e.set_job_id(kJobId);
   e.set_seq(seq);
-  e.mutable_log()->set_rank(0);
-  e.mutable_log()->set_level(std::move(level));
-  e.mutable_log()->set_text(std::move(text));
+  v1::LogLine* log = e.mutable_training()->mutable_log();
+  log->set_rank(0);
+  log->set_level(std::move(level));
+  log->set_text(std::move(text));
   return e;
 }
 
@@ -259,8 +260,9 @@ std::vector<v1::JobEvent> SucceedingRun() {
   v1::JobEvent checkpoint;
   checkpoint.set_job_id(kJobId);
   checkpoint.set_seq(4);
-  checkpoint.mutable_checkpoint_saved()->set_step(2);
-  checkpoint.mutable_checkpoint_saved()->set_path("/out/checkpoints/step-2");
+  v1::CheckpointSaved* saved = checkpoint.mutable_training()->mutable_checkpoint_saved();
+  saved->set_step(2);
+  saved->set_path("/out/checkpoints/step-2");
   return {StateEvent(1, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING, "ranks started"),
           StepEvent(2, 1, 2.5),
           StepEvent(3, 2, 2.25),
@@ -503,7 +505,7 @@ TEST_F(CommandsTest, WatchJsonPrintsOneEventPerLine) {
     EXPECT_EQ(event["seq"], std::to_string(i + 1));
     EXPECT_EQ(event["job_id"], kJobId);
   }
-  EXPECT_EQ(nlohmann::json::parse(lines[2])["step_metrics"]["loss"], 2.25);
+  EXPECT_EQ(nlohmann::json::parse(lines[2])["training"]["step_metrics"]["loss"], 2.25);
 }
 
 TEST_F(CommandsTest, WatchOfAnUnknownJobExits1) {

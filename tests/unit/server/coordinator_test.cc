@@ -113,8 +113,8 @@ class CoordinatorTest : public ::testing::Test {
   }
   static v1::RankEvent Step(const v1::Assignment& a, int64_t step) {
     v1::RankEvent e = Event(a);
-    e.mutable_step_metrics()->set_step(step);
-    e.mutable_step_metrics()->set_loss(2.5);
+    e.mutable_training()->mutable_step_metrics()->set_step(step);
+    e.mutable_training()->mutable_step_metrics()->set_loss(2.5);
     return e;
   }
 
@@ -445,7 +445,7 @@ TEST_F(CoordinatorTest, WatchReplaysAfterSeqThenStreamsLiveEventsUntilTerminal) 
   ASSERT_TRUE(*(*watch)->Next(&got, absl::ZeroDuration()));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].seq(), seen);
-  EXPECT_EQ(got[0].step_metrics().step(), 1);
+  EXPECT_EQ(got[0].training().step_metrics().step(), 1);
   ASSERT_TRUE(Report(w, {Step(a, 2), Exited(a, 0)}).ok());
   got.clear();
   absl::StatusOr<bool> more = (*watch)->Next(&got, absl::Seconds(5));
@@ -509,6 +509,32 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("ballast_worker_devices{state=\"busy\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
+}
+
+TEST_F(CoordinatorTest, TrainingEventsReachWatchersAsTheRankSentThemWithTheirAttempt) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  v1::RankEvent log = Event(a);
+  v1::LogLine* line = log.mutable_training()->mutable_log();
+  line->set_rank(0);
+  line->set_level("warning");
+  line->set_text("slow data");
+  // A kind newer than this coordinator: field 15 of TrainingEvent, which it
+  // does not know.
+  const std::string wire = std::string("\x7a\x06") + "future";
+  v1::RankEvent future = Event(a);
+  ASSERT_TRUE(future.mutable_training()->ParseFromString(wire));
+  ASSERT_EQ(future.training().kind_case(), v1::TrainingEvent::KIND_NOT_SET);
+  ASSERT_TRUE(Report(w, {Started(a), log, future}).ok());
+
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  ASSERT_GE(events.size(), 2u);
+  const v1::JobEvent& got_log = events[events.size() - 2];
+  EXPECT_EQ(got_log.training().SerializeAsString(), log.training().SerializeAsString());
+  EXPECT_EQ(got_log.attempt(), a.attempt());
+  EXPECT_EQ(events.back().training().SerializeAsString(), wire);
+  EXPECT_EQ(events.back().attempt(), a.attempt());
 }
 
 TEST_F(CoordinatorTest, BadWorkerRegistrationIsInvalidArgument) {
