@@ -65,8 +65,8 @@ absl::StatusOr<v1::Job> SubmitWithRetries(Session& session, const v1::SubmitJobR
   }
 }
 
-// The loss of the job's newest step, read from the tail of its events; nullopt
-// when it has no step with supervised tokens among them or the read fails.
+// The loss of the job's newest step that has one, read from the tail of its
+// events; nullopt when no step among them has a loss or the read fails.
 std::optional<double> LastLoss(Connection& c, const v1::Job& job) {
   if (job.step() == 0 || job.last_seq() == 0) return std::nullopt;
   std::unique_ptr<grpc::ClientContext> context = c.UnaryContext();
@@ -79,7 +79,7 @@ std::optional<double> LastLoss(Connection& c, const v1::Job& job) {
   v1::JobEvent event;
   while (reader->Read(&event)) {
     const v1::StepMetrics& m = event.training().step_metrics();
-    if (event.training().has_step_metrics() && m.supervised_tokens() > 0) loss = m.loss();
+    if (m.has_loss()) loss = m.loss();
     // A live job's stream stays open past last_seq; stop at the edge.
     if (event.seq() >= job.last_seq()) break;
   }

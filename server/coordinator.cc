@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -973,17 +974,23 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   for (const auto& [id, job] : jobs_) {
     if (!Terminal(job.record.job.state())) shown.insert(id);
   }
+  // A job with no value has no sample: a scrape then reads "no data", never a
+  // made-up NaN (a step without a loss).
   struct PerJob {
     const char* name;
     const char* help;
     MetricType type;
-    std::function<double(const JobEntry&)> value;
+    std::function<std::optional<double>(const JobEntry&)> value;
   };
   const PerJob per_job[] = {
       {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.step()); }},
-      {"ballast_job_loss", "Loss of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.loss(); }},
+      {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
+       MetricType::kGauge,
+       [](const JobEntry& j) -> std::optional<double> {
+         if (!j.last_metrics.has_loss()) return std::nullopt;
+         return j.last_metrics.loss();
+       }},
       {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
        [](const JobEntry& j) { return j.last_metrics.grad_norm(); }},
       {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
@@ -1002,7 +1009,8 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
     MetricFamily& f = family(m.name, m.help, m.type);
     for (const std::string& id : shown) {
       auto it = jobs_.find(id);
-      if (it != jobs_.end()) sample(f, {{"job_id", id}}, m.value(it->second));
+      if (it == jobs_.end()) continue;
+      if (std::optional<double> value = m.value(it->second)) sample(f, {{"job_id", id}}, *value);
     }
   }
 }

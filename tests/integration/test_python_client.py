@@ -77,6 +77,7 @@ def test_python_client_submits_and_watches(cluster, stubs, tmp_path):
         if event.training.HasField("step_metrics"):
             steps.append(event.training.step_metrics.step)
             assert event.attempt == 1
+            assert event.training.step_metrics.HasField("loss"), "every step has labels"
         if event.HasField("state_change"):
             final = event.state_change.to
     assert final == job_pb2.JOB_STATE_SUCCEEDED

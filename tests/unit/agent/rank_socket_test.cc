@@ -134,6 +134,23 @@ TEST_F(RankSocketTest, MessagesOfARankThatExitedAtOnceStillArrive) {
   EXPECT_EQ(got_[0].training().log().text(), "dying");
 }
 
+TEST_F(RankSocketTest, AStepWithoutLossArrivesWithoutOne) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+  ASSERT_TRUE(channel.ok());
+  v1::StepMetrics m;
+  m.set_step(1);
+  (*channel)->OnStep(m);
+  m.set_step(2);
+  m.set_loss(0.0);  // a real loss of 0 is a loss
+  (*channel)->OnStep(m);
+  ASSERT_TRUE(WaitForMessages(2));
+  absl::MutexLock lock(&mu_);
+  EXPECT_FALSE(got_[0].training().step_metrics().has_loss());
+  EXPECT_TRUE(got_[1].training().step_metrics().has_loss());
+}
+
 TEST_F(RankSocketTest, WritingToAGoneWorkerFailsWithoutSigpipe) {
   absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
   ASSERT_TRUE(socket.ok());

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -228,15 +229,18 @@ v1::JobEvent StateEvent(int64_t seq, v1::JobState from, v1::JobState to, std::st
   return e;
 }
 
-v1::JobEvent StepEvent(int64_t seq, int64_t step, double loss) {
+// A step of three; nullopt `loss`: a step without supervised tokens.
+v1::JobEvent StepEvent(int64_t seq, int64_t step, std::optional<double> loss) {
   v1::JobEvent e;
   e.set_job_id(kJobId);
   e.set_seq(seq);
   v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
   m->set_step(step);
   m->set_max_steps(3);
-  m->set_loss(loss);
-  m->set_supervised_tokens(100);
+  if (loss.has_value()) {
+    m->set_loss(*loss);
+    m->set_supervised_tokens(100);
+  }
   m->set_grad_norm(0.5);
   m->set_lr(1e-4);
   m->set_tokens_per_s(1000);
@@ -506,6 +510,22 @@ TEST_F(CommandsTest, WatchJsonPrintsOneEventPerLine) {
     EXPECT_EQ(event["job_id"], kJobId);
   }
   EXPECT_EQ(nlohmann::json::parse(lines[2])["training"]["step_metrics"]["loss"], 2.25);
+}
+
+TEST_F(CommandsTest, AStepWithoutLossWatchesAsADashAndHasNoLossInJson) {
+  {
+    absl::MutexLock lock(&service_.mu);
+    service_.events = {StepEvent(1, 1, std::nullopt),
+                       StateEvent(2, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED, "")};
+  }
+  CliResult text = RunBallast(With({"watch", kJobId}));
+  EXPECT_EQ(text.code, 0) << text.err;
+  EXPECT_EQ(Lines(text.out)[0], "step 1/3 loss - grad_norm 0.5 lr 1.0e-04 tok/s 1,000 ETA 4s");
+  CliResult json = RunBallast(With({"watch", kJobId, "-o", "json"}));
+  EXPECT_EQ(json.code, 0) << json.err;
+  const nlohmann::json step = nlohmann::json::parse(Lines(json.out)[0])["training"]["step_metrics"];
+  EXPECT_EQ(step["grad_norm"], 0.5);
+  EXPECT_FALSE(step.contains("loss")) << step;
 }
 
 TEST_F(CommandsTest, WatchOfAnUnknownJobExits1) {

@@ -11,6 +11,7 @@ namespace ballast::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 using testing::ValidSpec;
 
@@ -111,10 +112,18 @@ class CoordinatorTest : public ::testing::Test {
     e.mutable_exited()->set_stderr_tail(tail);
     return e;
   }
+  // A step of rank a.rank() with loss 2.5 and grad_norm 0.75.
   static v1::RankEvent Step(const v1::Assignment& a, int64_t step) {
-    v1::RankEvent e = Event(a);
-    e.mutable_training()->mutable_step_metrics()->set_step(step);
+    v1::RankEvent e = StepWithoutLoss(a, step);
     e.mutable_training()->mutable_step_metrics()->set_loss(2.5);
+    return e;
+  }
+  // A step without supervised tokens: no loss.
+  static v1::RankEvent StepWithoutLoss(const v1::Assignment& a, int64_t step) {
+    v1::RankEvent e = Event(a);
+    v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
+    m->set_step(step);
+    m->set_grad_norm(0.75);
     return e;
   }
 
@@ -509,6 +518,17 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("ballast_worker_devices{state=\"busy\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
+}
+
+TEST_F(CoordinatorTest, AStepWithoutLossHasNoLossSampleButKeepsItsOtherGauges) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 1), StepWithoutLoss(a, 2)}).ok());
+  const std::string text = metrics_.Encode();
+  EXPECT_THAT(text, Not(HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"}")));
+  EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 2\n"));
 }
 
 TEST_F(CoordinatorTest, TrainingEventsReachWatchersAsTheRankSentThemWithTheirAttempt) {
