@@ -87,16 +87,13 @@ std::string RenderTable(const std::vector<std::string>& header,
   return out;
 }
 
-std::string JobTable(const std::vector<v1::Job>& jobs,
-                     const std::vector<std::optional<double>>& losses, int64_t now_ms) {
+std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms) {
   std::vector<std::vector<std::string>> rows;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const v1::Job& job = jobs[i];
-    const std::optional<double> loss = i < losses.size() ? losses[i] : std::nullopt;
-    rows.push_back(
-        {job.id(), StateName(job.state()), job.spec().name().empty() ? "-" : job.spec().name(),
-         absl::StrCat(job.step(), "/", job.spec().max_steps()),
-         loss.has_value() ? absl::StrFormat("%.4f", *loss) : "-", Age(job.created_ms(), now_ms)});
+  for (const v1::Job& job : jobs) {
+    rows.push_back({job.id(), StateName(job.state()),
+                    job.spec().name().empty() ? "-" : job.spec().name(),
+                    absl::StrCat(job.step(), "/", job.spec().max_steps()),
+                    FormatLoss(job.last_step()), Age(job.created_ms(), now_ms)});
   }
   return RenderTable({"ID", "STATE", "NAME", "STEP", "LOSS", "AGE"}, rows);
 }

@@ -32,7 +32,7 @@ std::string Sparkline(std::span<const double> values);
 std::string FitColumns(const std::string& line, int columns);
 
 // The step's loss to four decimals, "2.3412"; "-" when the step has none (no
-// supervised token).
+// supervised token), and for a Job's absent last_step.
 std::string FormatLoss(const v1::StepMetrics& m);
 
 // "step 12/200 loss 2.3412 grad_norm 0.812 lr 1.0e-04 tok/s 1,950 ETA 1m32s",

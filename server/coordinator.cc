@@ -878,7 +878,7 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
       // Every rank reports the same global step; rank 0 speaks for the job.
       if (rank != 0) return false;
       j.set_step(e.step_metrics().step());
-      job->last_metrics = e.step_metrics();
+      *j.mutable_last_step() = e.step_metrics();
       // The trainer has resumed: a rollback target is used up.
       job->record.resume_at_or_before = 0;
       break;
@@ -975,12 +975,19 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
     if (!Terminal(job.record.job.state())) shown.insert(id);
   }
   // A job with no value has no sample: a scrape then reads "no data", never a
-  // made-up NaN (a step without a loss).
+  // made-up 0 (before the first step) or NaN (a step without a loss).
   struct PerJob {
     const char* name;
     const char* help;
     MetricType type;
     std::function<std::optional<double>(const JobEntry&)> value;
+  };
+  // Of the last step, when there is one.
+  auto last_step = [](double (v1::StepMetrics::*field)() const) {
+    return [field](const JobEntry& j) -> std::optional<double> {
+      if (!j.record.job.has_last_step()) return std::nullopt;
+      return (j.record.job.last_step().*field)();
+    };
   };
   const PerJob per_job[] = {
       {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
@@ -988,15 +995,16 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
       {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
        MetricType::kGauge,
        [](const JobEntry& j) -> std::optional<double> {
-         if (!j.last_metrics.has_loss()) return std::nullopt;
-         return j.last_metrics.loss();
+         const v1::StepMetrics& m = j.record.job.last_step();
+         if (!m.has_loss()) return std::nullopt;
+         return m.loss();
        }},
       {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.grad_norm(); }},
+       last_step(&v1::StepMetrics::grad_norm)},
       {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.lr(); }},
+       last_step(&v1::StepMetrics::lr)},
       {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.tokens_per_s(); }},
+       last_step(&v1::StepMetrics::tokens_per_s)},
       {"ballast_job_rollbacks_total", "Guard rollbacks since ballastd started.",
        MetricType::kCounter, [](const JobEntry& j) { return static_cast<double>(j.rollbacks); }},
       {"ballast_job_skipped_steps_total", "Steps the guard skipped since ballastd started.",

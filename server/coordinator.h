@@ -170,8 +170,6 @@ class Coordinator {
     // Exit codes of the current attempt's ranks; -1 while not exited.
     std::vector<int32_t> exit_codes;
     std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
-    // Rank 0's newest step, for the per-job gauges.
-    v1::StepMetrics last_metrics;
     int64_t rollbacks = 0;
     int64_t skipped_steps = 0;
     // Events made since the last Flush.

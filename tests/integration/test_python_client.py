@@ -84,6 +84,10 @@ def test_python_client_submits_and_watches(cluster, stubs, tmp_path):
     assert steps == [1, 2, 3, 4, 5]
     assert seqs == list(range(1, len(seqs) + 1)), "sequence numbers have no gaps"
 
+    # ListJobs alone carries each job's last step.
+    listed = jobs.ListJobs(svc_pb2.ListJobsRequest(), timeout=10).jobs
+    assert [j.last_step.step for j in listed if j.id == job.id] == [5]
+
     # A watcher that reconnects after seq k gets exactly the rest.
     k = len(seqs) // 2
     replay = [e.seq for e in jobs.WatchJob(

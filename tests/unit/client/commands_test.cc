@@ -608,33 +608,51 @@ TEST_F(CommandsTest, AnUnreachableCoordinatorExits3) {
   }
 }
 
-TEST_F(CommandsTest, ListFollowsPagesUpToTheLimitAndShowsTheLastLoss) {
+TEST_F(CommandsTest, ListShowsEachJobsLastLossFromListJobsAloneAndFollowsPagesUpToTheLimit) {
   {
     absl::MutexLock lock(&service_.mu);
+    // Finished with a loss; requeued after a last step without one; never run.
+    const int64_t steps[] = {3, 2, 0};
+    const std::optional<double> losses[] = {2.0, std::nullopt, std::nullopt};
     for (int i = 0; i < 3; ++i) {
       v1::Job job;
       job.set_id(i == 0 ? kJobId : absl::StrCat("job-00000000000", i + 1));
       job.set_state(i == 0 ? v1::JOB_STATE_SUCCEEDED : v1::JOB_STATE_QUEUED);
       job.mutable_spec()->set_name(i == 0 ? "demo" : "queued-run");
       job.mutable_spec()->set_max_steps(3);
-      job.set_step(i == 0 ? 3 : 0);
-      job.set_last_seq(i == 0 ? 6 : 0);
+      job.set_step(steps[i]);
+      job.set_last_seq(6);
+      if (steps[i] > 0) {
+        *job.mutable_last_step() = StepEvent(6, steps[i], losses[i]).training().step_metrics();
+      }
       service_.listed.push_back(job);
     }
+    // A stream per job would read these instead.
+    service_.events = {StepEvent(1, 3, 9.0)};
   }
   CliResult r = RunBallast(With({"list", "--state", "succeeded", "--state", "queued"}));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(Lines(r.out),
               ElementsAre("ID                STATE      NAME        STEP  LOSS    AGE",
                           "job-000000000001  SUCCEEDED  demo        3/3   2.0000  -",
-                          "job-000000000002  QUEUED     queued-run  0/3   -       -",
+                          "job-000000000002  QUEUED     queued-run  2/3   -       -",
                           "job-000000000003  QUEUED     queued-run  0/3   -       -"));
+  CliResult json = RunBallast(With({"list", "-o", "json"}));
+  EXPECT_EQ(json.code, 0) << json.err;
+  const nlohmann::json jobs = nlohmann::json::parse(json.out)["jobs"];
+  ASSERT_EQ(jobs.size(), 3u);
+  EXPECT_EQ(jobs[0]["last_step"]["loss"], 2.0);
+  EXPECT_EQ(jobs[1]["last_step"]["step"], "2");
+  EXPECT_FALSE(jobs[1]["last_step"].contains("loss")) << jobs[1];
+  EXPECT_FALSE(jobs[2].contains("last_step")) << jobs[2];
   CliResult limited = RunBallast(With({"list", "--limit", "1", "-o", "json"}));
   EXPECT_EQ(limited.code, 0) << limited.err;
   EXPECT_EQ(nlohmann::json::parse(limited.out)["jobs"].size(), 1u);
   absl::MutexLock lock(&service_.mu);
+  // Each page's request carries the filter: two pages of the first call.
   EXPECT_THAT(service_.list_states, ElementsAre(v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_QUEUED,
                                                 v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_QUEUED));
+  EXPECT_TRUE(service_.watch_after_seqs.empty()) << "list opened a WatchJob stream";
 }
 
 TEST_F(CommandsTest, CancelAndRollbackPrintTheNewState) {

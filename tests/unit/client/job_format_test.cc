@@ -59,7 +59,10 @@ TEST(JobFormat, JobTableAlignsColumns) {
   second.set_state(v1::JOB_STATE_SUCCEEDED);
   second.mutable_spec()->set_name("a-much-longer-name");
   second.set_step(200);
-  const std::string table = JobTable({RunningJob(), second}, {2.34119, std::nullopt}, kNow);
+  second.mutable_last_step()->set_step(200);  // a last step without a loss
+  v1::Job first = RunningJob();
+  first.mutable_last_step()->set_loss(2.34119);
+  const std::string table = JobTable({first, second}, kNow);
   const std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "ID                STATE      NAME                STEP     LOSS    AGE");

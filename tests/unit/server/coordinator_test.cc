@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
@@ -35,7 +36,10 @@ class CoordinatorTest : public ::testing::Test {
     auto store = Store::Open("sqlite:" + (dir_.path() / "ballastd.db").string());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    auto c = Coordinator::Create(store_.get(), &metrics_, Options());
+    // A restarted ballastd starts with an empty registry, and the registry
+    // keeps the collector of every coordinator it was given.
+    metrics_ = std::make_unique<MetricsRegistry>();
+    auto c = Coordinator::Create(store_.get(), metrics_.get(), Options());
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
   }
@@ -151,7 +155,7 @@ class CoordinatorTest : public ::testing::Test {
   TempDir dir_;
   std::atomic<int64_t> now_{1'700'000'000'000};
   int64_t retention_ = 10000;
-  MetricsRegistry metrics_;
+  std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
   std::map<std::string, std::unique_ptr<AssignmentFeed>> feeds_;
@@ -500,7 +504,7 @@ TEST_F(CoordinatorTest, RetentionDeletesOldEventsAndCountsThem) {
   ASSERT_EQ(events.size(), 5u);
   EXPECT_EQ(events.back().seq(), Get(job.id()).last_seq());
   const int64_t dropped = Get(job.id()).last_seq() - 5;
-  EXPECT_THAT(metrics_.Encode(),
+  EXPECT_THAT(metrics_->Encode(),
               HasSubstr("ballast_events_dropped_total " + std::to_string(dropped) + "\n"));
 }
 
@@ -510,7 +514,7 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   Submit();
   const v1::Assignment a = StartOf(Drain(w), job.id());
   ASSERT_TRUE(Report(w, {Started(a), Step(a, 9)}).ok());
-  const std::string text = metrics_.Encode();
+  const std::string text = metrics_->Encode();
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"running\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"queued\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"failed\"} 0\n"));
@@ -520,15 +524,48 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
 }
 
+TEST_F(CoordinatorTest, LastStepSurvivesARestartOnTheJobInListJobsAndInTheGauges) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), StepWithoutLoss(a, 6), Step(a, 7)}).ok());
+
+  Reopen();
+  const v1::Job after = Get(job.id());
+  ASSERT_TRUE(after.has_last_step());
+  EXPECT_EQ(after.last_step().step(), 7);
+  EXPECT_EQ(after.last_step().loss(), 2.5);
+  auto listed = c_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->jobs_size(), 1);
+  EXPECT_EQ(listed->jobs(0).last_step().step(), 7);
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
+}
+
 TEST_F(CoordinatorTest, AStepWithoutLossHasNoLossSampleButKeepsItsOtherGauges) {
   const std::string w = Register("node-1", 1);
   const v1::Job job = Submit();
   const v1::Assignment a = StartOf(Drain(w), job.id());
   ASSERT_TRUE(Report(w, {Started(a), Step(a, 1), StepWithoutLoss(a, 2)}).ok());
-  const std::string text = metrics_.Encode();
+  const v1::Job after = Get(job.id());
+  EXPECT_EQ(after.last_step().step(), 2);
+  EXPECT_FALSE(after.last_step().has_loss());
+  const std::string text = metrics_->Encode();
   EXPECT_THAT(text, Not(HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"}")));
   EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
   EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 2\n"));
+}
+
+TEST_F(CoordinatorTest, AJobBeforeItsFirstStepHasNoPerStepSamples) {
+  const v1::Job job = Submit();
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 0\n"));
+  for (const char* gauge : {"ballast_job_loss", "ballast_job_grad_norm",
+                            "ballast_job_learning_rate", "ballast_job_tokens_per_second"}) {
+    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat(gauge, "{job_id=\"", job.id(), "\"}"))));
+  }
 }
 
 TEST_F(CoordinatorTest, TrainingEventsReachWatchersAsTheRankSentThemWithTheirAttempt) {
