@@ -168,9 +168,9 @@ class Bench {
             ++ready;  // replay reached us: the watch is registered
             counted = true;
           }
-          if (!e.has_step_metrics()) continue;
+          if (!e.training().has_step_metrics()) continue;
           const int64_t now = Clock::now().time_since_epoch().count();
-          lags[w].push_back((now - sent_ns[e.step_metrics().step()].load()) / 1e6);
+          lags[w].push_back((now - sent_ns[e.training().step_metrics().step()].load()) / 1e6);
         }
         stream->Finish();
       });
@@ -190,7 +190,7 @@ class Bench {
         ballast::v1::RankEvent* e = report.add_events();
         e->set_job_id(job.id());
         e->set_attempt(start.attempt());
-        e->mutable_step_metrics()->set_step(step);
+        e->mutable_training()->mutable_step_metrics()->set_step(step);
       }
       ballast::v1::ReportEventsResponse ack;
       workers->ReportEvents(Context().get(), report, &ack);

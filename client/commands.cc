@@ -1,8 +1,5 @@
 #include "client/commands.h"
 
-#include <algorithm>
-#include <optional>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/event_stream.h"
@@ -14,9 +11,6 @@
 namespace ballast::client {
 
 namespace {
-
-// Events read back from the live edge to find a job's last loss for `list`.
-constexpr int64_t kLossLookback = 64;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -63,30 +57,6 @@ absl::StatusOr<v1::Job> SubmitWithRetries(Session& session, const v1::SubmitJobR
     if (!c.interrupt()->SleepFor(pause)) return absl::CancelledError("interrupted");
     pause *= 2;
   }
-}
-
-// The loss of the job's newest step, read from the tail of its events; nullopt
-// when it has no step with supervised tokens among them or the read fails.
-std::optional<double> LastLoss(Connection& c, const v1::Job& job) {
-  if (job.step() == 0 || job.last_seq() == 0) return std::nullopt;
-  std::unique_ptr<grpc::ClientContext> context = c.UnaryContext();
-  Interrupt::Scope scope(c.interrupt(), context.get());
-  v1::WatchJobRequest request;
-  request.set_job_id(job.id());
-  request.set_after_seq(std::max<int64_t>(0, job.last_seq() - kLossLookback));
-  auto reader = c.stub().WatchJob(context.get(), request);
-  std::optional<double> loss;
-  v1::JobEvent event;
-  while (reader->Read(&event)) {
-    if (event.has_step_metrics() && event.step_metrics().supervised_tokens() > 0) {
-      loss = event.step_metrics().loss();
-    }
-    // A live job's stream stays open past last_seq; stop at the edge.
-    if (event.seq() >= job.last_seq()) break;
-  }
-  context->TryCancel();
-  (void)reader->Finish();
-  return loss;
 }
 
 }  // namespace
@@ -141,9 +111,7 @@ int List(Session& session, const ListArgs& args) {
     return kExitOk;
   }
   std::vector<v1::Job> jobs(all.jobs().begin(), all.jobs().end());
-  std::vector<std::optional<double>> losses;
-  for (const v1::Job& job : jobs) losses.push_back(LastLoss(c, job));
-  *session.io.out << JobTable(jobs, losses, NowMs()) << std::flush;
+  *session.io.out << JobTable(jobs, NowMs()) << std::flush;
   return kExitOk;
 }
 
@@ -256,11 +224,11 @@ int Logs(Session& session, const std::string& job_id, bool follow) {
   absl::StatusOr<v1::JobState> end = FollowEvents(
       c, options,
       [&](const v1::JobEvent& event) {
-        if (!event.has_log()) return;
+        if (!event.training().has_log()) return;
         if (session.format == OutputFormat::kJson) {
           PrintJson(session, event);
         } else {
-          *session.io.out << LogLineText(event.log()) << "\n" << std::flush;
+          *session.io.out << LogLineText(event.training().log()) << "\n" << std::flush;
         }
       },
       [&](const std::string& notice) { *session.io.err << "ballast: " << notice << "\n"; });

@@ -65,7 +65,8 @@ struct ListArgs {
 // "submitted JOB_ID" (JSON: the Job), then watches it when asked.
 int Submit(Session& session, const SubmitArgs& args);
 
-// Table (ID STATE NAME STEP LOSS AGE) or one ListJobsResponse JSON document.
+// Table (ID STATE NAME STEP LOSS AGE) or one ListJobsResponse JSON document,
+// from ListJobs calls alone: each Job carries its last step's metrics.
 int List(Session& session, const ListArgs& args);
 
 // The job's details, or the Job as JSON. NOT_FOUND exits 1.

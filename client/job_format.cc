@@ -8,7 +8,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/progress.h"
@@ -87,16 +86,13 @@ std::string RenderTable(const std::vector<std::string>& header,
   return out;
 }
 
-std::string JobTable(const std::vector<v1::Job>& jobs,
-                     const std::vector<std::optional<double>>& losses, int64_t now_ms) {
+std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms) {
   std::vector<std::vector<std::string>> rows;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const v1::Job& job = jobs[i];
-    const std::optional<double> loss = i < losses.size() ? losses[i] : std::nullopt;
-    rows.push_back(
-        {job.id(), StateName(job.state()), job.spec().name().empty() ? "-" : job.spec().name(),
-         absl::StrCat(job.step(), "/", job.spec().max_steps()),
-         loss.has_value() ? absl::StrFormat("%.4f", *loss) : "-", Age(job.created_ms(), now_ms)});
+  for (const v1::Job& job : jobs) {
+    rows.push_back({job.id(), StateName(job.state()),
+                    job.spec().name().empty() ? "-" : job.spec().name(),
+                    absl::StrCat(job.step(), "/", job.spec().max_steps()),
+                    FormatLoss(job.last_step()), Age(job.created_ms(), now_ms)});
   }
   return RenderTable({"ID", "STATE", "NAME", "STEP", "LOSS", "AGE"}, rows);
 }
@@ -145,18 +141,18 @@ std::string LogLineText(const v1::LogLine& log) {
 }
 
 std::optional<std::string> EventLine(const v1::JobEvent& event) {
-  switch (event.kind_case()) {
-    case v1::JobEvent::kStateChange: {
-      const v1::StateChange& c = event.state_change();
-      std::string line =
-          c.from() == v1::JOB_STATE_UNSPECIFIED
-              ? absl::StrCat("state ", StateName(c.to()))
-              : absl::StrCat("state ", StateName(c.from()), " -> ", StateName(c.to()));
-      if (!c.reason().empty()) absl::StrAppend(&line, ": ", c.reason());
-      return line;
-    }
-    case v1::JobEvent::kGuard: {
-      const v1::GuardEvent& g = event.guard();
+  if (event.has_state_change()) {
+    const v1::StateChange& c = event.state_change();
+    std::string line = c.from() == v1::JOB_STATE_UNSPECIFIED
+                           ? absl::StrCat("state ", StateName(c.to()))
+                           : absl::StrCat("state ", StateName(c.from()), " -> ", StateName(c.to()));
+    if (!c.reason().empty()) absl::StrAppend(&line, ": ", c.reason());
+    return line;
+  }
+  const v1::TrainingEvent& training = event.training();
+  switch (training.kind_case()) {
+    case v1::TrainingEvent::kGuard: {
+      const v1::GuardEvent& g = training.guard();
       std::string line;
       switch (g.kind()) {
         case v1::GuardEvent::KIND_SKIP:
@@ -174,12 +170,12 @@ std::optional<std::string> EventLine(const v1::JobEvent& event) {
       if (!g.message().empty()) absl::StrAppend(&line, ": ", g.message());
       return line;
     }
-    case v1::JobEvent::kCheckpointSaved:
-      return absl::StrCat("checkpoint step ", event.checkpoint_saved().step(), ": ",
-                          event.checkpoint_saved().path());
-    case v1::JobEvent::kLog:
-      if (event.log().level() == "warning" || event.log().level() == "error") {
-        return LogLineText(event.log());
+    case v1::TrainingEvent::kCheckpointSaved:
+      return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
+                          training.checkpoint_saved().path());
+    case v1::TrainingEvent::kLog:
+      if (training.log().level() == "warning" || training.log().level() == "error") {
+        return LogLineText(training.log());
       }
       return std::nullopt;
     default:

@@ -33,10 +33,10 @@ std::string ToJson(const google::protobuf::Message& message);
 std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 
-// `list`: ID STATE NAME STEP LOSS AGE. `losses[i]` is jobs[i]'s last loss when
-// known; STEP is "step/max_steps"; AGE counts from created_ms to now_ms.
-std::string JobTable(const std::vector<v1::Job>& jobs,
-                     const std::vector<std::optional<double>>& losses, int64_t now_ms);
+// `list`: ID STATE NAME STEP LOSS AGE. STEP is "step/max_steps"; LOSS is the
+// last step's, "-" before the first step and for a step without a loss; AGE
+// counts from created_ms to now_ms.
+std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms);
 
 // `workers`: ID HOST KIND BUSY/CAP ALIVE LAST HEARTBEAT ("4s ago").
 std::string WorkerTable(const std::vector<v1::Worker>& workers, int64_t now_ms);

@@ -69,13 +69,16 @@ std::string FitColumns(const std::string& line, int columns) {
   return line;
 }
 
+std::string FormatLoss(const v1::StepMetrics& m) {
+  return m.has_loss() ? absl::StrFormat("%.4f", m.loss()) : "-";
+}
+
 std::string ProgressLine(const v1::StepMetrics& m, double mean_step_time_s,
                          const std::string& sparkline) {
-  const std::string loss = m.supervised_tokens() == 0 ? "-" : absl::StrFormat("%.4f", m.loss());
-  std::string line =
-      absl::StrFormat("step %d/%d loss %s grad_norm %.4g lr %.1e tok/s %s ETA %s", m.step(),
-                      m.max_steps(), loss, m.grad_norm(), m.lr(), FormatThousands(m.tokens_per_s()),
-                      FormatEta(m.step(), m.max_steps(), mean_step_time_s));
+  std::string line = absl::StrFormat("step %d/%d loss %s grad_norm %.4g lr %.1e tok/s %s ETA %s",
+                                     m.step(), m.max_steps(), FormatLoss(m), m.grad_norm(), m.lr(),
+                                     FormatThousands(m.tokens_per_s()),
+                                     FormatEta(m.step(), m.max_steps(), mean_step_time_s));
   if (m.skipped()) line += " skipped";
   if (!sparkline.empty()) absl::StrAppend(&line, " ", sparkline);
   return line;

@@ -31,10 +31,14 @@ std::string Sparkline(std::span<const double> values);
 // when columns <= 0. Keeps a redrawn line from wrapping, which \r cannot undo.
 std::string FitColumns(const std::string& line, int columns);
 
+// The step's loss to four decimals, "2.3412"; "-" when the step has none (no
+// supervised token), and for a Job's absent last_step.
+std::string FormatLoss(const v1::StepMetrics& m);
+
 // "step 12/200 loss 2.3412 grad_norm 0.812 lr 1.0e-04 tok/s 1,950 ETA 1m32s",
 // then " skipped" when the guard kept the step from the weights, then a space
-// and `sparkline` when it is not empty. The loss is "-" for a step with no
-// supervised tokens. `mean_step_time_s` drives the ETA.
+// and `sparkline` when it is not empty. The loss is FormatLoss.
+// `mean_step_time_s` drives the ETA.
 std::string ProgressLine(const v1::StepMetrics& m, double mean_step_time_s,
                          const std::string& sparkline);
 

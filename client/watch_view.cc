@@ -20,8 +20,8 @@ WatchView::WatchView(std::ostream* out, std::ostream* err, bool tty, int columns
     : out_(out), err_(err), tty_(tty), columns_(columns) {}
 
 void WatchView::OnEvent(const v1::JobEvent& event) {
-  if (event.has_step_metrics()) {
-    const v1::StepMetrics& m = event.step_metrics();
+  if (event.training().has_step_metrics()) {
+    const v1::StepMetrics& m = event.training().step_metrics();
     grad_norms_.push_back(m.grad_norm());
     step_times_.push_back(m.step_time_s());
     if (grad_norms_.size() > kHistory) grad_norms_.pop_front();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -273,6 +274,7 @@ void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
   event.set_job_id(j.id());
   event.set_seq(j.last_seq());
   event.set_time_ms(options_.now_ms());
+  event.set_attempt(job->record.attempt);
   job->unflushed.push_back(std::move(event));
   Touch(job);
 }
@@ -859,32 +861,14 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
     Transition(job, v1::JOB_STATE_RUNNING,
                absl::StrCat("rank ", e.rank(), " started on worker ", worker_id));
   }
-  v1::JobEvent out;
   switch (e.kind_case()) {
-    case v1::RankEvent::kStepMetrics:
-      // Every rank reports the same global step; rank 0 speaks for the job.
-      if (e.rank() != 0) return;
-      j.set_step(e.step_metrics().step());
-      job->last_metrics = e.step_metrics();
-      // The trainer has resumed: a rollback target is used up.
-      job->record.resume_at_or_before = 0;
-      *out.mutable_step_metrics() = e.step_metrics();
-      break;
-    case v1::RankEvent::kGuard:
-      if (e.rank() != 0) return;
-      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
-      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
-      *out.mutable_guard() = e.guard();
-      break;
-    case v1::RankEvent::kCheckpointSaved:
-      if (e.rank() != 0) return;
-      j.set_checkpoint_step(e.checkpoint_saved().step());
-      *out.mutable_checkpoint_saved() = e.checkpoint_saved();
-      break;
-    case v1::RankEvent::kLog:
-      *out.mutable_log() = e.log();
-      out.mutable_log()->set_rank(e.rank());
-      break;
+    case v1::RankEvent::kTraining: {
+      if (!ApplyTrainingEvent(job, e.rank(), e.training())) return;
+      v1::JobEvent out;
+      *out.mutable_training() = e.training();
+      AddEvent(job, std::move(out));
+      return;
+    }
     case v1::RankEvent::kExited: {
       const v1::RankExited& x = e.exited();
       std::string why = absl::StrCat("rank ", e.rank(), " exited with code ", x.exit_code());
@@ -903,7 +887,35 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
     case v1::RankEvent::KIND_NOT_SET:
       return;
   }
-  AddEvent(job, std::move(out));
+}
+
+bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e) {
+  v1::Job& j = job->record.job;
+  switch (e.kind_case()) {
+    case v1::TrainingEvent::kStepMetrics:
+      // Every rank reports the same global step; rank 0 speaks for the job.
+      if (rank != 0) return false;
+      j.set_step(e.step_metrics().step());
+      *j.mutable_last_step() = e.step_metrics();
+      // The trainer has resumed: a rollback target is used up.
+      job->record.resume_at_or_before = 0;
+      break;
+    case v1::TrainingEvent::kGuard:
+      if (rank != 0) return false;
+      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
+      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
+      break;
+    case v1::TrainingEvent::kCheckpointSaved:
+      if (rank != 0) return false;
+      j.set_checkpoint_step(e.checkpoint_saved().step());
+      break;
+    case v1::TrainingEvent::kLog:
+    // A kind newer than this coordinator: its unknown fields travel along, so
+    // a watcher that knows it can read it.
+    case v1::TrainingEvent::KIND_NOT_SET:
+      break;
+  }
+  return true;
 }
 
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
@@ -993,23 +1005,37 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   for (const auto& [id, job] : jobs_) {
     if (!Terminal(job.record.job.state())) shown.insert(id);
   }
+  // A job with no value has no sample: a scrape then reads "no data", never a
+  // made-up 0 (before the first step) or NaN (a step without a loss).
   struct PerJob {
     const char* name;
     const char* help;
     MetricType type;
-    std::function<double(const JobEntry&)> value;
+    std::function<std::optional<double>(const JobEntry&)> value;
+  };
+  // Of the last step, when there is one.
+  auto last_step = [](double (v1::StepMetrics::*field)() const) {
+    return [field](const JobEntry& j) -> std::optional<double> {
+      if (!j.record.job.has_last_step()) return std::nullopt;
+      return (j.record.job.last_step().*field)();
+    };
   };
   const PerJob per_job[] = {
       {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.step()); }},
-      {"ballast_job_loss", "Loss of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.loss(); }},
+      {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
+       MetricType::kGauge,
+       [](const JobEntry& j) -> std::optional<double> {
+         const v1::StepMetrics& m = j.record.job.last_step();
+         if (!m.has_loss()) return std::nullopt;
+         return m.loss();
+       }},
       {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.grad_norm(); }},
+       last_step(&v1::StepMetrics::grad_norm)},
       {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.lr(); }},
+       last_step(&v1::StepMetrics::lr)},
       {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
-       [](const JobEntry& j) { return j.last_metrics.tokens_per_s(); }},
+       last_step(&v1::StepMetrics::tokens_per_s)},
       {"ballast_job_rollbacks_total", "Guard rollbacks since ballastd started.",
        MetricType::kCounter, [](const JobEntry& j) { return static_cast<double>(j.rollbacks); }},
       {"ballast_job_skipped_steps_total", "Steps the guard skipped since ballastd started.",
@@ -1022,7 +1048,8 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
     MetricFamily& f = family(m.name, m.help, m.type);
     for (const std::string& id : shown) {
       auto it = jobs_.find(id);
-      if (it != jobs_.end()) sample(f, {{"job_id", id}}, m.value(it->second));
+      if (it == jobs_.end()) continue;
+      if (std::optional<double> value = m.value(it->second)) sample(f, {{"job_id", id}}, *value);
     }
   }
 }

@@ -182,8 +182,6 @@ class Coordinator {
     // Exit codes of the current attempt's ranks; -1 while not exited.
     std::vector<int32_t> exit_codes;
     std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
-    // Rank 0's newest step, for the per-job gauges.
-    v1::StepMetrics last_metrics;
     int64_t rollbacks = 0;
     int64_t skipped_steps = 0;
     // Events made since the last Flush.
@@ -205,7 +203,8 @@ class Coordinator {
   void CollectMetrics(std::vector<MetricFamily>* out);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds an event with the job's next seq; Flush stores and publishes it.
+  // Adds an event with the job's next seq, the time and the attempt; Flush
+  // stores and publishes it.
   void AddEvent(JobEntry* job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the state and adds its StateChange event.
   void Transition(JobEntry* job, v1::JobState to, const std::string& reason)
@@ -257,6 +256,11 @@ class Coordinator {
   absl::StatusOr<WorkerEntry*> LiveWorker(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Folds what the coordinator interprets of a current-attempt training event
+  // into the job. False when the event is to be dropped: another rank's copy
+  // of what rank 0 reports for the job.
+  bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FeedCurrent(const std::string& worker_id, const Mailbox<v1::Assignment>* mailbox);
   void ReturnAssignments(const std::string& worker_id, std::vector<v1::Assignment> undelivered);

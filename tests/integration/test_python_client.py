@@ -74,13 +74,19 @@ def test_python_client_submits_and_watches(cluster, stubs, tmp_path):
     seqs, steps, final = [], [], None
     for event in jobs.WatchJob(svc_pb2.WatchJobRequest(job_id=job.id), timeout=300):
         seqs.append(event.seq)
-        if event.HasField("step_metrics"):
-            steps.append(event.step_metrics.step)
+        if event.training.HasField("step_metrics"):
+            steps.append(event.training.step_metrics.step)
+            assert event.attempt == 1
+            assert event.training.step_metrics.HasField("loss"), "every step has labels"
         if event.HasField("state_change"):
             final = event.state_change.to
     assert final == job_pb2.JOB_STATE_SUCCEEDED
     assert steps == [1, 2, 3, 4, 5]
     assert seqs == list(range(1, len(seqs) + 1)), "sequence numbers have no gaps"
+
+    # ListJobs alone carries each job's last step.
+    listed = jobs.ListJobs(svc_pb2.ListJobsRequest(), timeout=10).jobs
+    assert [j.last_step.step for j in listed if j.id == job.id] == [5]
 
     # A watcher that reconnects after seq k gets exactly the rest.
     k = len(seqs) // 2

@@ -43,8 +43,9 @@ void EventRelay::Add(v1::RankEvent event) {
 void EventRelay::DropOneLocked() {
   // Step metrics are the cheapest loss: the next step's supersede them, and
   // metrics.jsonl in the output folder keeps every one.
-  auto victim = std::find_if(queue_.begin(), queue_.end(),
-                             [](const v1::RankEvent& e) { return e.has_step_metrics(); });
+  auto victim = std::find_if(queue_.begin(), queue_.end(), [](const v1::RankEvent& e) {
+    return e.training().has_step_metrics();
+  });
   if (victim == queue_.end()) victim = queue_.begin();
   const RankKey key{victim->job_id(), victim->attempt(), victim->rank()};
   if (dropped_unreported_[key]++ == 0) {
@@ -65,7 +66,7 @@ void EventRelay::FillBatchLocked() {
     note->set_job_id(std::get<0>(key));
     note->set_attempt(std::get<1>(key));
     note->set_rank(std::get<2>(key));
-    v1::LogLine* log = note->mutable_log();
+    v1::LogLine* log = note->mutable_training()->mutable_log();
     log->set_rank(std::get<2>(key));
     log->set_level("warning");
     log->set_text(absl::StrCat("ballast-worker dropped ", count,

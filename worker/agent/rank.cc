@@ -182,17 +182,9 @@ bool Rank::Finished() const {
 void Rank::OnMessage(const v1::RankMessage& message) {
   v1::RankEvent event = NewEvent();
   switch (message.kind_case()) {
-    case v1::RankMessage::kStepMetrics:
-      *event.mutable_step_metrics() = message.step_metrics();
-      break;
-    case v1::RankMessage::kGuard:
-      *event.mutable_guard() = message.guard();
-      break;
-    case v1::RankMessage::kCheckpointSaved:
-      *event.mutable_checkpoint_saved() = message.checkpoint_saved();
-      break;
-    case v1::RankMessage::kLog:
-      *event.mutable_log() = message.log();
+    case v1::RankMessage::kTraining:
+      // Relayed whole: the worker interprets no training event.
+      *event.mutable_training() = message.training();
       break;
     case v1::RankMessage::KIND_NOT_SET:
       return;  // From a newer trainer: a kind this worker does not know.

@@ -16,7 +16,7 @@ v1::RankEvent StepEvent(int64_t step) {
   e.set_job_id("job-000000000001");
   e.set_attempt(1);
   e.set_rank(0);
-  e.mutable_step_metrics()->set_step(step);
+  e.mutable_training()->mutable_step_metrics()->set_step(step);
   return e;
 }
 
@@ -25,7 +25,7 @@ v1::RankEvent LogEvent(const std::string& text) {
   e.set_job_id("job-000000000001");
   e.set_attempt(1);
   e.set_rank(0);
-  e.mutable_log()->set_text(text);
+  e.mutable_training()->mutable_log()->set_text(text);
   return e;
 }
 
@@ -50,7 +50,7 @@ TEST(EventRelayTest, DeliversEveryEventInOrderInBatchesWithTheToken) {
 
   const std::vector<v1::RankEvent> got = server.accepted_events();
   ASSERT_EQ(got.size(), 250u);
-  for (int i = 0; i < 250; ++i) EXPECT_EQ(got[i].step_metrics().step(), i + 1);
+  for (int i = 0; i < 250; ++i) EXPECT_EQ(got[i].training().step_metrics().step(), i + 1);
   const std::vector<v1::ReportEventsRequest> requests = server.requests();
   ASSERT_GE(requests.size(), 3u);  // at most 100 per batch
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -110,7 +110,7 @@ TEST(EventRelayTest, KeepsEventsWhileTheCoordinatorFailsAndDeliversThemLater) {
   server.FailNext(0);
   ASSERT_TRUE(relay.Flush(absl::Now() + absl::Seconds(10)).ok());
   ASSERT_EQ(server.accepted_events().size(), 20u);
-  EXPECT_EQ(server.accepted_events()[19].step_metrics().step(), 20);
+  EXPECT_EQ(server.accepted_events()[19].training().step_metrics().step(), 20);
 }
 
 TEST(EventRelayTest, WhenFullDropsOldestStepMetricsFirstAndSaysSo) {
@@ -128,12 +128,13 @@ TEST(EventRelayTest, WhenFullDropsOldestStepMetricsFirstAndSaysSo) {
 
   const std::vector<v1::RankEvent> got = server.accepted_events();
   ASSERT_EQ(got.size(), 11u);
-  ASSERT_TRUE(got[0].has_log());
-  EXPECT_EQ(got[0].log().level(), "warning");
-  EXPECT_THAT(got[0].log().text(), HasSubstr("dropped 5 events"));
+  ASSERT_TRUE(got[0].training().has_log());
+  EXPECT_EQ(got[0].training().log().level(), "warning");
+  EXPECT_THAT(got[0].training().log().text(), HasSubstr("dropped 5 events"));
   EXPECT_EQ(got[0].job_id(), "job-000000000001");
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[1 + i].log().text(), absl::StrCat("log ", i + 1));
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[6 + i].step_metrics().step(), 6 + i);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(got[1 + i].training().log().text(), absl::StrCat("log ", i + 1));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[6 + i].training().step_metrics().step(), 6 + i);
 }
 
 TEST(EventRelayTest, WhenFullOfOtherEventsDropsTheOldest) {
@@ -148,9 +149,9 @@ TEST(EventRelayTest, WhenFullOfOtherEventsDropsTheOldest) {
   ASSERT_TRUE(relay.Flush(absl::Now() + absl::Seconds(10)).ok());
   const std::vector<v1::RankEvent> got = server.accepted_events();
   ASSERT_EQ(got.size(), 4u);
-  EXPECT_THAT(got[0].log().text(), HasSubstr("dropped 2 events"));
-  EXPECT_EQ(got[1].log().text(), "log 3");
-  EXPECT_EQ(got[3].log().text(), "log 5");
+  EXPECT_THAT(got[0].training().log().text(), HasSubstr("dropped 2 events"));
+  EXPECT_EQ(got[1].training().log().text(), "log 3");
+  EXPECT_EQ(got[3].training().log().text(), "log 5");
 }
 
 TEST(EventRelayTest, BatchesStayFarBelowTheMessageLimit) {

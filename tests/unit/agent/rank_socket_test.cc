@@ -78,16 +78,16 @@ TEST_F(RankSocketTest, RankMessagesGoUpInOrderAndCancelComesDown) {
     absl::MutexLock lock(&mu_);
     ASSERT_EQ(got_.size(), 203u);
     for (int i = 0; i < 200; ++i) {
-      ASSERT_TRUE(got_[i].has_step_metrics());
-      EXPECT_EQ(got_[i].step_metrics().step(), i + 1);
-      EXPECT_EQ(got_[i].step_metrics().max_steps(), 200);
-      EXPECT_DOUBLE_EQ(got_[i].step_metrics().loss(), 1.0 / (i + 1));
+      ASSERT_TRUE(got_[i].training().has_step_metrics());
+      EXPECT_EQ(got_[i].training().step_metrics().step(), i + 1);
+      EXPECT_EQ(got_[i].training().step_metrics().max_steps(), 200);
+      EXPECT_DOUBLE_EQ(got_[i].training().step_metrics().loss(), 1.0 / (i + 1));
     }
-    EXPECT_EQ(got_[200].checkpoint_saved().path(), "/out/checkpoints/step-00000200");
-    EXPECT_EQ(got_[201].guard().kind(), v1::GuardEvent::KIND_SKIP);
-    EXPECT_EQ(got_[202].log().rank(), 3);
-    EXPECT_EQ(got_[202].log().level(), "info");
-    EXPECT_EQ(got_[202].log().text(), "resuming from checkpoint step 5 ✓");
+    EXPECT_EQ(got_[200].training().checkpoint_saved().path(), "/out/checkpoints/step-00000200");
+    EXPECT_EQ(got_[201].training().guard().kind(), v1::GuardEvent::KIND_SKIP);
+    EXPECT_EQ(got_[202].training().log().rank(), 3);
+    EXPECT_EQ(got_[202].training().log().level(), "info");
+    EXPECT_EQ(got_[202].training().log().text(), "resuming from checkpoint step 5 ✓");
   }
 
   EXPECT_FALSE((*channel)->CancelRequested());
@@ -133,7 +133,24 @@ TEST_F(RankSocketTest, MessagesOfARankThatExitedAtOnceStillArrive) {
   (*socket)->Drain(absl::Seconds(5));
   absl::MutexLock lock(&mu_);
   ASSERT_EQ(got_.size(), 1u);
-  EXPECT_EQ(got_[0].log().text(), "dying");
+  EXPECT_EQ(got_[0].training().log().text(), "dying");
+}
+
+TEST_F(RankSocketTest, AStepWithoutLossArrivesWithoutOne) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok());
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+  ASSERT_TRUE(channel.ok());
+  v1::StepMetrics m;
+  m.set_step(1);
+  (*channel)->OnStep(m);
+  m.set_step(2);
+  m.set_loss(0.0);  // a real loss of 0 is a loss
+  (*channel)->OnStep(m);
+  ASSERT_TRUE(WaitForMessages(2));
+  absl::MutexLock lock(&mu_);
+  EXPECT_FALSE(got_[0].training().step_metrics().has_loss());
+  EXPECT_TRUE(got_[1].training().step_metrics().has_loss());
 }
 
 TEST_F(RankSocketTest, WritingToAGoneWorkerFailsWithoutSigpipe) {
@@ -142,7 +159,7 @@ TEST_F(RankSocketTest, WritingToAGoneWorkerFailsWithoutSigpipe) {
   absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
   ASSERT_TRUE(channel.ok());
   v1::RankMessage m;
-  m.mutable_log()->set_text("hello");
+  m.mutable_training()->mutable_log()->set_text("hello");
   ASSERT_TRUE((*channel)->Send(m).ok());
   ASSERT_TRUE(WaitForMessages(1));
   socket->reset();  // the worker dies

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -228,15 +229,18 @@ v1::JobEvent StateEvent(int64_t seq, v1::JobState from, v1::JobState to, std::st
   return e;
 }
 
-v1::JobEvent StepEvent(int64_t seq, int64_t step, double loss) {
+// A step of three; nullopt `loss`: a step without supervised tokens.
+v1::JobEvent StepEvent(int64_t seq, int64_t step, std::optional<double> loss) {
   v1::JobEvent e;
   e.set_job_id(kJobId);
   e.set_seq(seq);
-  v1::StepMetrics* m = e.mutable_step_metrics();
+  v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
   m->set_step(step);
   m->set_max_steps(3);
-  m->set_loss(loss);
-  m->set_supervised_tokens(100);
+  if (loss.has_value()) {
+    m->set_loss(*loss);
+    m->set_supervised_tokens(100);
+  }
   m->set_grad_norm(0.5);
   m->set_lr(1e-4);
   m->set_tokens_per_s(1000);
@@ -248,9 +252,10 @@ v1::JobEvent LogEvent(int64_t seq, std::string level, std::string text) {
   v1::JobEvent e;
   e.set_job_id(kJobId);
   e.set_seq(seq);
-  e.mutable_log()->set_rank(0);
-  e.mutable_log()->set_level(std::move(level));
-  e.mutable_log()->set_text(std::move(text));
+  v1::LogLine* log = e.mutable_training()->mutable_log();
+  log->set_rank(0);
+  log->set_level(std::move(level));
+  log->set_text(std::move(text));
   return e;
 }
 
@@ -259,8 +264,9 @@ std::vector<v1::JobEvent> SucceedingRun() {
   v1::JobEvent checkpoint;
   checkpoint.set_job_id(kJobId);
   checkpoint.set_seq(4);
-  checkpoint.mutable_checkpoint_saved()->set_step(2);
-  checkpoint.mutable_checkpoint_saved()->set_path("/out/checkpoints/step-2");
+  v1::CheckpointSaved* saved = checkpoint.mutable_training()->mutable_checkpoint_saved();
+  saved->set_step(2);
+  saved->set_path("/out/checkpoints/step-2");
   return {StateEvent(1, v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_RUNNING, "ranks started"),
           StepEvent(2, 1, 2.5),
           StepEvent(3, 2, 2.25),
@@ -503,7 +509,23 @@ TEST_F(CommandsTest, WatchJsonPrintsOneEventPerLine) {
     EXPECT_EQ(event["seq"], std::to_string(i + 1));
     EXPECT_EQ(event["job_id"], kJobId);
   }
-  EXPECT_EQ(nlohmann::json::parse(lines[2])["step_metrics"]["loss"], 2.25);
+  EXPECT_EQ(nlohmann::json::parse(lines[2])["training"]["step_metrics"]["loss"], 2.25);
+}
+
+TEST_F(CommandsTest, AStepWithoutLossWatchesAsADashAndHasNoLossInJson) {
+  {
+    absl::MutexLock lock(&service_.mu);
+    service_.events = {StepEvent(1, 1, std::nullopt),
+                       StateEvent(2, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED, "")};
+  }
+  CliResult text = RunBallast(With({"watch", kJobId}));
+  EXPECT_EQ(text.code, 0) << text.err;
+  EXPECT_EQ(Lines(text.out)[0], "step 1/3 loss - grad_norm 0.5 lr 1.0e-04 tok/s 1,000 ETA 4s");
+  CliResult json = RunBallast(With({"watch", kJobId, "-o", "json"}));
+  EXPECT_EQ(json.code, 0) << json.err;
+  const nlohmann::json step = nlohmann::json::parse(Lines(json.out)[0])["training"]["step_metrics"];
+  EXPECT_EQ(step["grad_norm"], 0.5);
+  EXPECT_FALSE(step.contains("loss")) << step;
 }
 
 TEST_F(CommandsTest, WatchOfAnUnknownJobExits1) {
@@ -586,33 +608,51 @@ TEST_F(CommandsTest, AnUnreachableCoordinatorExits3) {
   }
 }
 
-TEST_F(CommandsTest, ListFollowsPagesUpToTheLimitAndShowsTheLastLoss) {
+TEST_F(CommandsTest, ListShowsEachJobsLastLossFromListJobsAloneAndFollowsPagesUpToTheLimit) {
   {
     absl::MutexLock lock(&service_.mu);
+    // Finished with a loss; requeued after a last step without one; never run.
+    const int64_t steps[] = {3, 2, 0};
+    const std::optional<double> losses[] = {2.0, std::nullopt, std::nullopt};
     for (int i = 0; i < 3; ++i) {
       v1::Job job;
       job.set_id(i == 0 ? kJobId : absl::StrCat("job-00000000000", i + 1));
       job.set_state(i == 0 ? v1::JOB_STATE_SUCCEEDED : v1::JOB_STATE_QUEUED);
       job.mutable_spec()->set_name(i == 0 ? "demo" : "queued-run");
       job.mutable_spec()->set_max_steps(3);
-      job.set_step(i == 0 ? 3 : 0);
-      job.set_last_seq(i == 0 ? 6 : 0);
+      job.set_step(steps[i]);
+      job.set_last_seq(6);
+      if (steps[i] > 0) {
+        *job.mutable_last_step() = StepEvent(6, steps[i], losses[i]).training().step_metrics();
+      }
       service_.listed.push_back(job);
     }
+    // A stream per job would read these instead.
+    service_.events = {StepEvent(1, 3, 9.0)};
   }
   CliResult r = RunBallast(With({"list", "--state", "succeeded", "--state", "queued"}));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(Lines(r.out),
               ElementsAre("ID                STATE      NAME        STEP  LOSS    AGE",
                           "job-000000000001  SUCCEEDED  demo        3/3   2.0000  -",
-                          "job-000000000002  QUEUED     queued-run  0/3   -       -",
+                          "job-000000000002  QUEUED     queued-run  2/3   -       -",
                           "job-000000000003  QUEUED     queued-run  0/3   -       -"));
+  CliResult json = RunBallast(With({"list", "-o", "json"}));
+  EXPECT_EQ(json.code, 0) << json.err;
+  const nlohmann::json jobs = nlohmann::json::parse(json.out)["jobs"];
+  ASSERT_EQ(jobs.size(), 3u);
+  EXPECT_EQ(jobs[0]["last_step"]["loss"], 2.0);
+  EXPECT_EQ(jobs[1]["last_step"]["step"], "2");
+  EXPECT_FALSE(jobs[1]["last_step"].contains("loss")) << jobs[1];
+  EXPECT_FALSE(jobs[2].contains("last_step")) << jobs[2];
   CliResult limited = RunBallast(With({"list", "--limit", "1", "-o", "json"}));
   EXPECT_EQ(limited.code, 0) << limited.err;
   EXPECT_EQ(nlohmann::json::parse(limited.out)["jobs"].size(), 1u);
   absl::MutexLock lock(&service_.mu);
+  // Each page's request carries the filter: two pages of the first call.
   EXPECT_THAT(service_.list_states, ElementsAre(v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_QUEUED,
                                                 v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_QUEUED));
+  EXPECT_TRUE(service_.watch_after_seqs.empty()) << "list opened a WatchJob stream";
 }
 
 TEST_F(CommandsTest, CancelAndRollbackPrintTheNewState) {

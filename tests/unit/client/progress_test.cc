@@ -88,11 +88,16 @@ TEST(Progress, ProgressLineHasEveryFieldInOrder) {
 TEST(Progress, ProgressLineMarksSkippedAndUnsupervisedSteps) {
   v1::StepMetrics m = Step12();
   m.set_supervised_tokens(0);
-  m.set_loss(NAN);
+  m.clear_loss();
   m.set_grad_norm(INFINITY);
   m.set_skipped(true);
   EXPECT_EQ(ProgressLine(m, 0.49, ""),
             "step 12/200 loss - grad_norm inf lr 1.0e-04 tok/s 1,950 ETA 1m32s skipped");
+  // A non-finite loss is a loss, and the reason the step was skipped.
+  m.set_supervised_tokens(3000);
+  m.set_loss(NAN);
+  EXPECT_EQ(ProgressLine(m, 0.49, ""),
+            "step 12/200 loss nan grad_norm inf lr 1.0e-04 tok/s 1,950 ETA 1m32s skipped");
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ using ::testing::HasSubstr;
 
 v1::JobEvent Step(int64_t step, double grad_norm) {
   v1::JobEvent e;
-  v1::StepMetrics* m = e.mutable_step_metrics();
+  v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
   m->set_step(step);
   m->set_max_steps(10);
   m->set_loss(1.5);
@@ -26,8 +26,8 @@ v1::JobEvent Step(int64_t step, double grad_norm) {
 
 v1::JobEvent Checkpoint(int64_t step) {
   v1::JobEvent e;
-  e.mutable_checkpoint_saved()->set_step(step);
-  e.mutable_checkpoint_saved()->set_path("/ckpt");
+  e.mutable_training()->mutable_checkpoint_saved()->set_step(step);
+  e.mutable_training()->mutable_checkpoint_saved()->set_path("/ckpt");
   return e;
 }
 

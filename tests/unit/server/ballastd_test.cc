@@ -204,7 +204,7 @@ TEST_F(BallastdTest, WorkerRunsAJobWhileAWatcherSeesItToTheEnd) {
     v1::RankEvent* e = report.add_events();
     e->set_job_id(job.id());
     e->set_attempt(start.attempt());
-    e->mutable_step_metrics()->set_step(step);
+    e->mutable_training()->mutable_step_metrics()->set_step(step);
   }
   v1::RankEvent* exit = report.add_events();
   exit->set_job_id(job.id());

@@ -5,12 +5,14 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 using testing::ValidSpec;
 
@@ -35,7 +37,10 @@ class CoordinatorTest : public ::testing::Test {
     auto store = Store::Open("sqlite:" + (dir_.path() / "ballastd.db").string());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    auto c = Coordinator::Create(store_.get(), &metrics_, Options());
+    // A restarted ballastd starts with an empty registry, and the registry
+    // keeps the collector of every coordinator it was given.
+    metrics_ = std::make_unique<MetricsRegistry>();
+    auto c = Coordinator::Create(store_.get(), metrics_.get(), Options());
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
   }
@@ -112,10 +117,18 @@ class CoordinatorTest : public ::testing::Test {
     e.mutable_exited()->set_stderr_tail(tail);
     return e;
   }
+  // A step of rank a.rank() with loss 2.5 and grad_norm 0.75.
   static v1::RankEvent Step(const v1::Assignment& a, int64_t step) {
+    v1::RankEvent e = StepWithoutLoss(a, step);
+    e.mutable_training()->mutable_step_metrics()->set_loss(2.5);
+    return e;
+  }
+  // A step without supervised tokens: no loss.
+  static v1::RankEvent StepWithoutLoss(const v1::Assignment& a, int64_t step) {
     v1::RankEvent e = Event(a);
-    e.mutable_step_metrics()->set_step(step);
-    e.mutable_step_metrics()->set_loss(2.5);
+    v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
+    m->set_step(step);
+    m->set_grad_norm(0.75);
     return e;
   }
 
@@ -158,7 +171,7 @@ class CoordinatorTest : public ::testing::Test {
   std::atomic<int64_t> now_{1'700'000'000'000};
   int64_t retention_ = 10000;
   int64_t agent_silence_ms_ = 0;
-  MetricsRegistry metrics_;
+  std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
   std::map<std::string, std::unique_ptr<AssignmentFeed>> feeds_;
@@ -533,7 +546,7 @@ TEST_F(CoordinatorTest, WatchReplaysAfterSeqThenStreamsLiveEventsUntilTerminal) 
   ASSERT_TRUE(*(*watch)->Next(&got, absl::ZeroDuration()));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].seq(), seen);
-  EXPECT_EQ(got[0].step_metrics().step(), 1);
+  EXPECT_EQ(got[0].training().step_metrics().step(), 1);
   ASSERT_TRUE(Report(w, {Step(a, 2), Exited(a, 0)}).ok());
   got.clear();
   absl::StatusOr<bool> more = (*watch)->Next(&got, absl::Seconds(5));
@@ -579,7 +592,7 @@ TEST_F(CoordinatorTest, RetentionDeletesOldEventsAndCountsThem) {
   ASSERT_EQ(events.size(), 5u);
   EXPECT_EQ(events.back().seq(), Get(job.id()).last_seq());
   const int64_t dropped = Get(job.id()).last_seq() - 5;
-  EXPECT_THAT(metrics_.Encode(),
+  EXPECT_THAT(metrics_->Encode(),
               HasSubstr("ballast_events_dropped_total " + std::to_string(dropped) + "\n"));
 }
 
@@ -589,7 +602,7 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   Submit();
   const v1::Assignment a = StartOf(Drain(w), job.id());
   ASSERT_TRUE(Report(w, {Started(a), Step(a, 9)}).ok());
-  const std::string text = metrics_.Encode();
+  const std::string text = metrics_->Encode();
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"running\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"queued\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"failed\"} 0\n"));
@@ -597,6 +610,76 @@ TEST_F(CoordinatorTest, MetricsExportJobStatesAndPerJobSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("ballast_worker_devices{state=\"busy\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_workers{state=\"alive\"} 1\n"));
+}
+
+TEST_F(CoordinatorTest, LastStepSurvivesARestartOnTheJobInListJobsAndInTheGauges) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), StepWithoutLoss(a, 6), Step(a, 7)}).ok());
+
+  Reopen();
+  const v1::Job after = Get(job.id());
+  ASSERT_TRUE(after.has_last_step());
+  EXPECT_EQ(after.last_step().step(), 7);
+  EXPECT_EQ(after.last_step().loss(), 2.5);
+  auto listed = c_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->jobs_size(), 1);
+  EXPECT_EQ(listed->jobs(0).last_step().step(), 7);
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"} 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
+}
+
+TEST_F(CoordinatorTest, AStepWithoutLossHasNoLossSampleButKeepsItsOtherGauges) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 1), StepWithoutLoss(a, 2)}).ok());
+  const v1::Job after = Get(job.id());
+  EXPECT_EQ(after.last_step().step(), 2);
+  EXPECT_FALSE(after.last_step().has_loss());
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, Not(HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"}")));
+  EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 2\n"));
+}
+
+TEST_F(CoordinatorTest, AJobBeforeItsFirstStepHasNoPerStepSamples) {
+  const v1::Job job = Submit();
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 0\n"));
+  for (const char* gauge : {"ballast_job_loss", "ballast_job_grad_norm",
+                            "ballast_job_learning_rate", "ballast_job_tokens_per_second"}) {
+    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat(gauge, "{job_id=\"", job.id(), "\"}"))));
+  }
+}
+
+TEST_F(CoordinatorTest, TrainingEventsReachWatchersAsTheRankSentThemWithTheirAttempt) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  v1::RankEvent log = Event(a);
+  v1::LogLine* line = log.mutable_training()->mutable_log();
+  line->set_rank(0);
+  line->set_level("warning");
+  line->set_text("slow data");
+  // A kind newer than this coordinator: field 15 of TrainingEvent, which it
+  // does not know.
+  const std::string wire = std::string("\x7a\x06") + "future";
+  v1::RankEvent future = Event(a);
+  ASSERT_TRUE(future.mutable_training()->ParseFromString(wire));
+  ASSERT_EQ(future.training().kind_case(), v1::TrainingEvent::KIND_NOT_SET);
+  ASSERT_TRUE(Report(w, {Started(a), log, future}).ok());
+
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  ASSERT_GE(events.size(), 2u);
+  const v1::JobEvent& got_log = events[events.size() - 2];
+  EXPECT_EQ(got_log.training().SerializeAsString(), log.training().SerializeAsString());
+  EXPECT_EQ(got_log.attempt(), a.attempt());
+  EXPECT_EQ(events.back().training().SerializeAsString(), wire);
+  EXPECT_EQ(events.back().attempt(), a.attempt());
 }
 
 TEST_F(CoordinatorTest, BadWorkerRegistrationIsInvalidArgument) {

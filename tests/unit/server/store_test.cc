@@ -23,7 +23,7 @@ v1::JobEvent MakeEvent(const std::string& job_id, int64_t seq) {
   v1::JobEvent e;
   e.set_job_id(job_id);
   e.set_seq(seq);
-  e.mutable_log()->set_text("event " + std::to_string(seq));
+  e.mutable_training()->mutable_log()->set_text("event " + std::to_string(seq));
   return e;
 }
 
@@ -61,7 +61,7 @@ TEST(Store, JobsWorkersAndEventsSurviveReopen) {
   auto events = (*store)->ReadEvents("job-a", 0, 10);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 2u);
-  EXPECT_EQ((*events)[1].log().text(), "event 2");
+  EXPECT_EQ((*events)[1].training().log().text(), "event 2");
   auto workers = (*store)->LoadWorkers();
   ASSERT_TRUE(workers.ok());
   ASSERT_EQ(workers->size(), 1u);

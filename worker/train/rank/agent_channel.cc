@@ -134,25 +134,25 @@ void AgentChannel::ParseControl(std::string* pending, Clock::time_point* last_ke
 
 void AgentChannel::OnStep(const v1::StepMetrics& metrics) {
   v1::RankMessage m;
-  *m.mutable_step_metrics() = metrics;
+  *m.mutable_training()->mutable_step_metrics() = metrics;
   (void)Send(m);  // A lost report is fine: metrics.jsonl has it.
 }
 
 void AgentChannel::OnGuard(const v1::GuardEvent& event) {
   v1::RankMessage m;
-  *m.mutable_guard() = event;
+  *m.mutable_training()->mutable_guard() = event;
   (void)Send(m);
 }
 
 void AgentChannel::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
   v1::RankMessage m;
-  *m.mutable_checkpoint_saved() = saved;
+  *m.mutable_training()->mutable_checkpoint_saved() = saved;
   (void)Send(m);
 }
 
 void AgentChannel::OnLog(const std::string& level, const std::string& text) {
   v1::RankMessage m;
-  v1::LogLine* log = m.mutable_log();
+  v1::LogLine* log = m.mutable_training()->mutable_log();
   log->set_rank(rank_);
   log->set_level(level);
   log->set_text(text);

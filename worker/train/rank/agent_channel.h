@@ -65,7 +65,7 @@ class AgentChannel : public TrainingObserver {
   // True once a Cancel has been received; never blocks.
   bool CancelRequested() const { return cancelled_.load(); }
 
-  // TrainingObserver: each report becomes one RankMessage.
+  // TrainingObserver: each report becomes one RankMessage holding a TrainingEvent.
   void OnStep(const v1::StepMetrics& metrics) override;
   void OnGuard(const v1::GuardEvent& event) override;
   void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;

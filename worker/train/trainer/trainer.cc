@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -336,7 +335,7 @@ void Trainer::Report(const StepRecord& m, const GuardVerdict& verdict) {
   v1::StepMetrics out;
   out.set_step(m.step);
   out.set_max_steps(spec_.max_steps());
-  out.set_loss(m.loss.value_or(std::numeric_limits<double>::quiet_NaN()));
+  if (m.loss) out.set_loss(*m.loss);  // absent: the step had no supervised tokens
   out.set_grad_norm(m.grad_norm);
   out.set_lr(m.lr);
   out.set_tokens(m.tokens);
