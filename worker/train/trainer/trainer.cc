@@ -9,6 +9,7 @@
 #include <iostream>
 #include <new>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
@@ -39,6 +40,14 @@ auto CatchTorch(F&& f) -> decltype(f()) {
     return absl::ResourceExhaustedError(
         "out of memory: an allocation failed; lower data.micro_batch_size or data.seq_len");
   } catch (const c10::Error& e) {
+    // The CPU allocator reports a failed allocation as a plain c10::Error
+    // (an enforce in c10/core/impl/alloc_cpu.cpp), not as OutOfMemoryError:
+    // its message is the only sign.
+    if (absl::StrContains(e.what_without_backtrace(), "can't allocate memory")) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory: ", e.what_without_backtrace(),
+                       "; lower data.micro_batch_size or data.seq_len"));
+    }
     return absl::InternalError(e.what_without_backtrace());
   } catch (const std::exception& e) {
     return absl::InternalError(e.what());
