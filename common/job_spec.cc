@@ -271,10 +271,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(CheckRange<int64_t>("max_steps", spec.max_steps(), 1, 1000000000, "1..10^9"));
   checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
                                        spec.max_steps(), "0..max_steps"));
-  // Multi-rank jobs need the ZeRO-3 sharding that is not built yet; until it
-  // is, refusing them at submission beats accepting a job that cannot run.
-  checks.push_back(CheckRange<int32_t>("devices", spec.devices(), 1, 1,
-                                       "1 (multi-rank jobs arrive with ZeRO-3 sharding)"));
+  // Whether the cluster can place that many is the coordinator's check at
+  // submission; the spec alone only bounds the gang.
+  checks.push_back(CheckRange<int32_t>("devices", spec.devices(), 1, 1024, "1..1024"));
   checks.push_back(CheckRange<int32_t>("scheduling.priority", spec.scheduling().priority(), -1000,
                                        1000, "-1000..1000"));
   checks.push_back(CheckRange<int32_t>("scheduling.max_restarts", spec.scheduling().max_restarts(),

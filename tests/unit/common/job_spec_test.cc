@@ -86,7 +86,9 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"schedule.kind=step", "schedule.kind = 'step' is not supported"},
         Case{"lora.target_modules=[qkv]", "lora.target_modules = 'qkv'"},
         Case{"method=qlora", "method = 'qlora'"}, Case{"task=reranker", "task = 'reranker'"},
-        Case{"checkpoint_every=101", "checkpoint_every = 101"}}) {
+        Case{"checkpoint_every=101", "checkpoint_every = 101"},
+        Case{"devices=0", "devices = 0 is out of range; allowed: 1..1024"},
+        Case{"devices=1025", "devices = 1025 is out of range; allowed: 1..1024"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;
@@ -94,6 +96,16 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
     absl::Status s = ValidateJobSpec(*spec);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.override_;
     EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.override_;
+  }
+}
+
+TEST(JobSpec, AGangOfUpTo1024DevicesIsValid) {
+  for (const char* devices : {"devices=2", "devices=1024"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+    ASSERT_TRUE(spec.ok());
+    ASSERT_TRUE(ApplyOverrides({devices}, &*spec).ok()) << devices;
+    ApplyDefaults(&*spec);
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << devices;
   }
 }
 
