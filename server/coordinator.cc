@@ -669,7 +669,7 @@ void Coordinator::PutWorker(const WorkerEntry& worker) {
 void Coordinator::MakeSchedulable(WorkerEntry* worker) {
   const std::string& id = worker->record.worker.id();
   scheduler_.RemoveWorker(id);
-  scheduler_.AddWorker(id, worker->record.worker.capacity());
+  scheduler_.AddWorker(id, worker->record.worker.capacity(), worker->record.worker.device_kind());
   for (const auto& [key, device] : live_ranks_) {
     if (device.worker_id == id) scheduler_.Occupy(id, device.device);
   }

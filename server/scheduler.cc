@@ -20,12 +20,13 @@ bool Scheduler::Dequeue(const std::string& job_id) {
   return true;
 }
 
-void Scheduler::AddWorker(const std::string& worker_id, int32_t capacity) {
+void Scheduler::AddWorker(const std::string& worker_id, int32_t capacity, const std::string& kind) {
   Worker& w = workers_[worker_id];
   if (static_cast<int32_t>(w.busy.size()) != capacity) {
     w.busy.assign(std::max(capacity, 0), false);
     w.free = std::max(capacity, 0);
   }
+  w.kind = kind;
 }
 
 void Scheduler::RemoveWorker(const std::string& worker_id) { workers_.erase(worker_id); }
@@ -81,10 +82,12 @@ void Scheduler::Take(const std::string& worker_id, Worker* worker, int32_t count
 std::vector<Decision> Scheduler::Schedule() {
   std::vector<std::pair<const std::string*, Worker*>> by_position;
   by_position.reserve(workers_.size());
-  Index index;
+  std::map<std::string, Pool> pools;
   int64_t usable_free = 0;
   for (auto& [id, w] : workers_) {
-    index.emplace_hint(index.end(), w.free, static_cast<int32_t>(by_position.size()));
+    Pool& pool = pools[w.kind];
+    pool.index.emplace_hint(pool.index.end(), w.free, static_cast<int32_t>(by_position.size()));
+    pool.usable_free += w.free;
     by_position.emplace_back(&id, &w);
     usable_free += w.free;
   }
@@ -95,54 +98,48 @@ std::vector<Decision> Scheduler::Schedule() {
   std::vector<Decision> decisions;
   for (auto it = queue_.begin(); it != queue_.end() && usable_free > 0;) {
     const int32_t need = it->second;
-    if (need > usable_free) {
+    // Where it fits now: on one worker, the one with the fewest free that
+    // suffice over every kind; else spread over the kind with the most free.
+    Pool* fit_pool = nullptr;
+    Index::iterator fit;
+    Pool* spread_pool = nullptr;
+    for (auto& [kind, pool] : pools) {
+      if (pool.usable_free < need) continue;
+      // Position -1 sorts before every worker with the same free count.
+      auto one = pool.index.lower_bound({need, -1});
+      if (one != pool.index.end() && (fit_pool == nullptr || *one < *fit)) {
+        fit_pool = &pool;
+        fit = one;
+      }
+      if (spread_pool == nullptr || pool.usable_free > spread_pool->usable_free) {
+        spread_pool = &pool;
+      }
+    }
+    if (spread_pool == nullptr) {
       if (!reserved) {
         reserved = true;
-        // The head's reservation: one worker big enough, the one nearest to
-        // free (most free now); else the workers with the most free until
-        // their capacity suffices. Nothing is reserved for a job larger than
-        // every live worker together, which would otherwise block everything.
-        std::vector<Index::iterator> pick;
-        for (auto w = index.rbegin(); w != index.rend(); ++w) {
-          if (capacity(w->second) >= need) {
-            pick.push_back(std::next(w).base());
-            break;
-          }
-        }
-        if (pick.empty()) {
-          int64_t total = 0;
-          for (auto w = index.rbegin(); w != index.rend() && total < need; ++w) {
-            pick.push_back(std::next(w).base());
-            total += capacity(w->second);
-          }
-          if (total < need) pick.clear();
-        }
-        for (const Index::iterator& w : pick) {
-          usable_free -= w->first;
-          index.erase(w);
-        }
+        Reserve(need, capacity, &pools, &usable_free);
       }
       ++it;
       continue;
     }
     Decision decision;
     decision.job_id = it->first.job_id;
-    auto take = [&](Index::iterator entry, int32_t count) {
+    auto take = [&](Pool* pool, Index::iterator entry, int32_t count) {
       const int32_t position = entry->second;
-      index.erase(entry);
+      pool->index.erase(entry);
       auto [id, worker] = by_position[position];
       Take(*id, worker, count, &decision);
-      index.emplace(worker->free, position);
+      pool->index.emplace(worker->free, position);
+      pool->usable_free -= count;
     };
-    // Position -1 sorts before every worker with the same free count.
-    auto fits = index.lower_bound({need, -1});
-    if (fits != index.end()) {
-      take(fits, need);
+    if (fit_pool != nullptr) {
+      take(fit_pool, fit, need);
     } else {
       for (int32_t left = need; left > 0;) {
-        auto largest = std::prev(index.end());
+        auto largest = std::prev(spread_pool->index.end());
         const int32_t count = std::min(left, largest->first);
-        take(largest, count);
+        take(spread_pool, largest, count);
         left -= count;
       }
     }
@@ -152,6 +149,43 @@ std::vector<Decision> Scheduler::Schedule() {
     decisions.push_back(std::move(decision));
   }
   return decisions;
+}
+
+void Scheduler::Reserve(int32_t need, const std::function<int32_t(int32_t)>& capacity,
+                        std::map<std::string, Pool>* pools, int64_t* usable_free) {
+  // The head's reservation, within one kind: one worker big enough, the one
+  // nearest to free (most free now) over every kind; else, in the first kind
+  // whose workers together are big enough, those with the most free until
+  // their capacity suffices. Nothing is reserved for a job larger than every
+  // kind's live workers together, which would otherwise block everything.
+  Pool* pick_pool = nullptr;
+  std::vector<Index::iterator> pick;
+  for (auto& [kind, pool] : *pools) {
+    for (auto w = pool.index.rbegin(); w != pool.index.rend(); ++w) {
+      if (capacity(w->second) < need) continue;
+      if (pick_pool == nullptr || pick.front()->first < w->first) {
+        pick_pool = &pool;
+        pick = {std::next(w).base()};
+      }
+      break;
+    }
+  }
+  for (auto p = pools->begin(); p != pools->end() && pick_pool == nullptr; ++p) {
+    Pool& pool = p->second;
+    int64_t total = 0;
+    pick.clear();
+    for (auto w = pool.index.rbegin(); w != pool.index.rend() && total < need; ++w) {
+      pick.push_back(std::next(w).base());
+      total += capacity(w->second);
+    }
+    if (total >= need) pick_pool = &pool;
+  }
+  if (pick_pool == nullptr) return;
+  for (const Index::iterator& w : pick) {
+    pick_pool->usable_free -= w->first;
+    *usable_free -= w->first;
+    pick_pool->index.erase(w);
+  }
 }
 
 }  // namespace ballast::server

@@ -5,10 +5,11 @@
 // coordinator calls it under its own lock.
 //
 // Rules (docs/control-plane.md, "Scheduling"):
-//  - A job needing N devices starts only when N are free at once: on one
-//    worker when one has N free (the one with the fewest free that suffice,
-//    to keep large holes for large jobs), otherwise over the workers with the
-//    most free devices, fewest workers first.
+//  - A job needing N devices starts only when N are free at once, all of one
+//    device kind: on one worker when one has N free (the one with the fewest
+//    free that suffice, to keep large holes for large jobs), otherwise over
+//    the workers of the kind with the most free devices, fewest workers
+//    first.
 //  - Higher priority first, then submission order.
 //  - Backfill: when the first job in order does not fit, it reserves the
 //    workers it would take as they free up; later jobs may use only devices
@@ -17,6 +18,7 @@
 #define BALLAST_SERVER_SCHEDULER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -42,8 +44,9 @@ class Scheduler {
   size_t queued() const { return queue_.size(); }
 
   // Adds a live worker with every device free, or revives a dead one keeping
-  // no occupancy. A changed capacity replaces the old one.
-  void AddWorker(const std::string& worker_id, int32_t capacity);
+  // no occupancy. A changed capacity replaces the old one. A gang only spans
+  // workers of the same `kind` ("cuda", "cpu").
+  void AddWorker(const std::string& worker_id, int32_t capacity, const std::string& kind = "cpu");
   // A dead worker offers nothing; its devices are forgotten.
   void RemoveWorker(const std::string& worker_id);
   // Marks a device busy (a re-adopted or placed rank). False when the worker
@@ -74,11 +77,21 @@ class Scheduler {
   struct Worker {
     std::vector<bool> busy;
     int32_t free = 0;
+    std::string kind;
   };
   // Live, unreserved workers as (free count, position in id order): ties
   // break the same way every time, with integer compares only.
   using Index = std::set<std::pair<int32_t, int32_t>>;
+  // The live, unreserved workers of one device kind during a Schedule pass.
+  struct Pool {
+    Index index;
+    int64_t usable_free = 0;
+  };
 
+  // Takes out of `pools` the workers the head job, which needs `need` and
+  // does not fit now, waits for, if some kind can ever hold it.
+  static void Reserve(int32_t need, const std::function<int32_t(int32_t)>& capacity,
+                      std::map<std::string, Pool>* pools, int64_t* usable_free);
   // Takes `count` free devices of one worker for `decision`, lowest first.
   void Take(const std::string& worker_id, Worker* worker, int32_t count, Decision* decision);
 

@@ -154,6 +154,42 @@ TEST(Scheduler, DeadWorkerOffersNothingAndOccupyFails) {
   EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"job"}));
 }
 
+TEST(Scheduler, AGangNeverMixesDeviceKinds) {
+  Scheduler s;
+  s.AddWorker("cpu-a", 2, "cpu");
+  s.AddWorker("cpu-b", 1, "cpu");
+  s.AddWorker("gpu-a", 2, "cuda");
+  s.Enqueue("five", 0, 1, 5);   // 3 cpu + 2 cuda are free, but no kind has 5
+  s.Enqueue("three", 0, 2, 3);  // only the CPU workers together
+  s.Enqueue("two", 0, 3, 2);    // fits gpu-a whole
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(Started(d), (std::vector<std::string>{"three", "two"}));
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"cpu-a", "cpu-a", "cpu-b"}));
+  EXPECT_EQ(Workers(d[1]), (std::vector<std::string>{"gpu-a", "gpu-a"}));
+  EXPECT_EQ(s.queued(), 1u);
+}
+
+TEST(Scheduler, AHeadJobReservesWithinOneKindAndOtherKindsStayUsable) {
+  Scheduler s;
+  s.AddWorker("cpu-a", 2, "cpu");
+  s.AddWorker("cpu-b", 2, "cpu");
+  s.AddWorker("gpu-a", 2, "cuda");
+  ASSERT_TRUE(s.Occupy("cpu-a", 0));
+  s.Enqueue("head", 0, 1, 4);  // waits for cpu-a and cpu-b
+  s.Enqueue("small-1", 0, 2, 1);
+  s.Enqueue("small-2", 0, 3, 1);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(Started(d), (std::vector<std::string>{"small-1", "small-2"}));
+  for (const Decision& small : d) {
+    EXPECT_EQ(Workers(small), (std::vector<std::string>{"gpu-a"})) << small.job_id;
+  }
+  s.Release("cpu-a", 0);
+  const std::vector<Decision> next = s.Schedule();
+  ASSERT_EQ(Started(next), (std::vector<std::string>{"head"}));
+  // Equal free counts: the later id first, as in every spread.
+  EXPECT_EQ(Workers(next[0]), (std::vector<std::string>{"cpu-b", "cpu-b", "cpu-a", "cpu-a"}));
+}
+
 TEST(Scheduler, DequeueRemovesAQueuedJob) {
   Scheduler s;
   s.Enqueue("job", 0, 1, 1);
