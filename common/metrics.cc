@@ -69,6 +69,14 @@ const char* TypeName(MetricType type) {
 
 }  // namespace
 
+void ObserveInto(const std::vector<double>& bounds, double value, HistogramValue* h) {
+  h->bucket_counts.resize(bounds.size() + 1, 0);
+  const size_t bucket = std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();
+  ++h->bucket_counts[bucket];
+  h->sum += value;
+  ++h->count;
+}
+
 std::string EscapeLabelValue(std::string_view value) { return Escape(value, /*quote=*/true); }
 
 std::string EncodePrometheusText(const std::vector<MetricFamily>& families) {
@@ -144,12 +152,7 @@ void MetricsRegistry::Observe(const std::string& name, const MetricLabels& label
   absl::MutexLock lock(&mu_);
   MetricSample* s = Series(name, labels, MetricType::kHistogram);
   if (s == nullptr) return;
-  const std::vector<double>& bounds = families_[name].meta.bounds;
-  // Prometheus buckets are "le": a value equal to a bound belongs to it.
-  const size_t bucket = std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();
-  ++s->histogram.bucket_counts[bucket];
-  s->histogram.sum += value;
-  ++s->histogram.count;
+  ObserveInto(families_[name].meta.bounds, value, &s->histogram);
 }
 
 void MetricsRegistry::AddCollector(std::function<void(std::vector<MetricFamily>*)> collector) {

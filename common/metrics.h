@@ -33,6 +33,10 @@ struct HistogramValue {
   uint64_t count = 0;
 };
 
+// Counts `value` into `h`, whose bucket_counts has one entry per bound plus
+// +Inf. Buckets are "le": a value equal to a bound belongs to it.
+void ObserveInto(const std::vector<double>& bounds, double value, HistogramValue* h);
+
 struct MetricSample {
   MetricLabels labels;
   // Counters and gauges.

@@ -29,6 +29,13 @@ constexpr size_t kRecentlyFinished = 50;
 constexpr size_t kWatchMailbox = 4096;
 // Stored events read per query when replaying.
 constexpr int kReplayChunk = 1000;
+// ballast_rank_step_seconds: from a tiny model's step on CPU to a large
+// model's on many ranks.
+const std::vector<double>& StepSecondsBounds() {
+  static const std::vector<double> bounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
+                                             5,    10,   30,  60,   120, 300};
+  return bounds;
+}
 
 bool Terminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -892,14 +899,21 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
 bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e) {
   v1::Job& j = job->record.job;
   switch (e.kind_case()) {
-    case v1::TrainingEvent::kStepMetrics:
-      // Every rank reports the same global step; rank 0 speaks for the job.
+    case v1::TrainingEvent::kStepMetrics: {
+      const v1::StepMetrics& m = e.step_metrics();
+      RankSeries& series = job->ranks[rank];
+      ObserveInto(StepSecondsBounds(), m.step_time_s(), &series.step_seconds);
+      series.peak_memory_bytes = m.peak_memory_bytes();
+      series.communicated_bytes += static_cast<double>(m.communicated_bytes());
+      // Every rank reports the same global step; rank 0 speaks for the job,
+      // so N ranks neither count a step N times nor move it back and forth.
       if (rank != 0) return false;
       j.set_step(e.step_metrics().step());
       *j.mutable_last_step() = e.step_metrics();
       // The trainer has resumed: a rollback target is used up.
       job->record.resume_at_or_before = 0;
       break;
+    }
     case v1::TrainingEvent::kGuard:
       if (rank != 0) return false;
       if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
@@ -1052,6 +1066,44 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
       if (std::optional<double> value = m.value(it->second)) sample(f, {{"job_id", id}}, *value);
     }
   }
+
+  // Per-rank series, for the same jobs: each rank's own step time, memory
+  // and traffic, where a slow or swapping rank shows up. Filled side by side,
+  // so they are built here and appended at the end (a reference into `out`
+  // would not survive the next family).
+  MetricFamily step_seconds{"ballast_rank_step_seconds",
+                            "Step time as each rank measured it.",
+                            MetricType::kHistogram,
+                            StepSecondsBounds(),
+                            {}};
+  MetricFamily peak_memory{"ballast_rank_peak_memory_bytes",
+                           "Peak memory of the rank: RSS on CPU, allocated device memory on a GPU.",
+                           MetricType::kGauge,
+                           {},
+                           {}};
+  MetricFamily communicated{"ballast_rank_communicated_bytes_total",
+                            "Bytes the rank sent and received in collectives since ballastd "
+                            "started.",
+                            MetricType::kCounter,
+                            {},
+                            {}};
+  for (const std::string& id : shown) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    for (const auto& [rank, series] : it->second.ranks) {
+      const MetricLabels labels = {{"job_id", id}, {"rank", absl::StrCat(rank)}};
+      MetricSample& s = step_seconds.samples.emplace_back();
+      s.labels = labels;
+      s.histogram = series.step_seconds;
+      if (series.peak_memory_bytes > 0) {
+        sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
+      }
+      sample(communicated, labels, series.communicated_bytes);
+    }
+  }
+  out->push_back(std::move(step_seconds));
+  out->push_back(std::move(peak_memory));
+  out->push_back(std::move(communicated));
 }
 
 }  // namespace ballast::server

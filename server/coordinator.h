@@ -177,8 +177,18 @@ class Coordinator {
     std::string worker_id;
     int32_t device = 0;
   };
+  // What one rank of a job reported for itself, for the ballast_rank_*
+  // series; since ballastd started, like the guard counters.
+  struct RankSeries {
+    HistogramValue step_seconds;
+    // The newest report; 0 when the rank does not measure it.
+    int64_t peak_memory_bytes = 0;
+    double communicated_bytes = 0;
+  };
   struct JobEntry {
     JobRecord record;
+    // By rank number, across attempts.
+    std::map<int32_t, RankSeries> ranks;
     // Exit codes of the current attempt's ranks; -1 while not exited.
     std::vector<int32_t> exit_codes;
     std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
