@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
@@ -511,6 +512,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
   if (const v1::Job* j = existing()) return *j;
+  if (absl::Status s = CheckGangFits(spec.devices()); !s.ok()) return s;
   std::string id;
   do {
     id = NewId("job-", 12);
@@ -537,6 +539,35 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   RunScheduler();
   Flush();
   return job.record.job;
+}
+
+absl::Status Coordinator::CheckGangFits(int32_t devices) const {
+  // Capacity of the live workers, per device kind: a gang is of one kind.
+  std::map<std::string, int64_t> by_kind;
+  std::vector<std::string> listed;
+  for (const auto& [id, w] : workers_) {
+    const v1::Worker& worker = w.record.worker;
+    if (!worker.alive()) continue;
+    by_kind[worker.device_kind()] += worker.capacity();
+    listed.push_back(absl::StrCat(id, " ", worker.capacity(), " ", worker.device_kind()));
+  }
+  // With no live worker the cluster may still be starting up (workers and
+  // ballastd launched together); the job waits in the queue for them, which
+  // beats refusing the first submissions of every fresh cluster.
+  if (listed.empty()) return absl::OkStatus();
+  int64_t largest = 0;
+  for (const auto& [kind, capacity] : by_kind) largest = std::max(largest, capacity);
+  if (devices <= largest) return absl::OkStatus();
+  constexpr size_t kListed = 8;
+  const size_t workers = listed.size();
+  if (workers > kListed) {
+    listed.resize(kListed);
+    listed.push_back(absl::StrCat("and ", workers - kListed, " more"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("devices ", devices, ": the largest gang this cluster can place is ", largest,
+                   by_kind.size() > 1 ? ", all of one device kind" : "", " (", workers,
+                   workers == 1 ? " worker: " : " workers: ", absl::StrJoin(listed, ", "), ")"));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {

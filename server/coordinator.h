@@ -119,7 +119,9 @@ class Coordinator {
 
   // --- JobService ---
   // Validates (ranges and files) and queues a job. With a request_id seen
-  // before, returns that job unchanged. INVALID_ARGUMENT names the field.
+  // before, returns that job unchanged. INVALID_ARGUMENT names the field, or
+  // gives the largest gang the live workers can place when `devices` is above
+  // it (with no live worker yet, the job is queued).
   absl::StatusOr<v1::Job> SubmitJob(v1::JobSpec spec, const std::string& request_id);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
@@ -251,6 +253,9 @@ class Coordinator {
   void FailAttempt(JobEntry* job, const std::string& reason, bool count_restart)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Requeue(JobEntry* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when `devices` is more than the live workers of any one
+  // device kind hold together; OK when none is live.
+  absl::Status CheckGangFits(int32_t devices) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts what fits and sends the start assignments.
   void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a live worker and its live ranks into the scheduler.

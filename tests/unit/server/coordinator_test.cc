@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "tests/unit/server/test_util.h"
@@ -61,12 +62,22 @@ class CoordinatorTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // A job of `devices` ranks.
+  v1::Job SubmitGang(int32_t devices, int32_t max_restarts = 3) {
+    v1::JobSpec spec = ValidSpec(dir_.path());
+    spec.set_devices(devices);
+    spec.mutable_scheduling()->set_max_restarts(max_restarts);
+    auto job = c_->SubmitJob(spec, "");
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
   std::string Register(const std::string& host, int capacity,
                        const std::vector<v1::RankRef>& running = {},
-                       const std::string& previous = "") {
+                       const std::string& previous = "", const std::string& kind = "cpu") {
     v1::RegisterWorkerRequest r;
     r.set_host(host);
-    r.set_device_kind("cpu");
+    r.set_device_kind(kind);
     r.set_capacity(capacity);
     r.set_previous_worker_id(previous);
     for (const v1::RankRef& ref : running) *r.add_running() = ref;
@@ -146,6 +157,20 @@ class CoordinatorTest : public ::testing::Test {
     ref.set_attempt(a.attempt());
     ref.set_rank(a.rank());
     return ref;
+  }
+
+  // The STARTs of `job_id` sent to `workers` so far, by rank.
+  std::map<int32_t, std::pair<std::string, v1::Assignment>> GangStarts(
+      const std::vector<std::string>& workers, const std::string& job_id) {
+    std::map<int32_t, std::pair<std::string, v1::Assignment>> out;
+    for (const std::string& w : workers) {
+      for (const v1::Assignment& a : Drain(w)) {
+        if (a.action() == v1::Assignment::ACTION_START && a.job_id() == job_id) {
+          EXPECT_TRUE(out.emplace(a.rank(), std::make_pair(w, a)).second) << "rank " << a.rank();
+        }
+      }
+    }
+    return out;
   }
 
   // The only START for `job_id` among `assignments`.
@@ -691,6 +716,211 @@ TEST_F(CoordinatorTest, BadWorkerRegistrationIsInvalidArgument) {
   r.set_device_kind("cuda");
   r.set_capacity(0);
   EXPECT_EQ(c_->RegisterWorker(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// Gangs: one job, several ranks
+
+TEST_F(CoordinatorTest, AGangSpreadsOverWorkersAndEveryRankMeetsAtRank0sHost) {
+  const std::string w1 = Register("node-1", 2);
+  const std::string w2 = Register("node-2", 2);
+  const v1::Job job = SubmitGang(4);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SCHEDULED);
+  const auto starts = GangStarts({w1, w2}, job.id());
+  ASSERT_EQ(starts.size(), 4u);
+  const std::string rank0_host = starts.at(0).first == w1 ? "node-1" : "node-2";
+  std::map<std::string, int> per_worker;
+  for (const auto& [rank, start] : starts) {
+    const v1::Assignment& a = start.second;
+    EXPECT_EQ(a.rank(), rank);
+    EXPECT_EQ(a.world_size(), 4);
+    EXPECT_EQ(a.attempt(), 1);
+    EXPECT_EQ(a.master_addr(), rank0_host) << "rank " << rank;
+    EXPECT_EQ(a.master_port(), starts.at(0).second.master_port()) << "rank " << rank;
+    ++per_worker[start.first];
+  }
+  EXPECT_EQ(per_worker[w1], 2);
+  EXPECT_EQ(per_worker[w2], 2);
+  EXPECT_EQ(Get(job.id()).placement_size(), 4);
+}
+
+TEST_F(CoordinatorTest, AGangSucceedsOnlyWhenEveryRankExitsZero) {
+  const std::string w1 = Register("node-1", 2);
+  const std::string w2 = Register("node-2", 2);
+  const v1::Job job = SubmitGang(4);
+  const auto starts = GangStarts({w1, w2}, job.id());
+  ASSERT_EQ(starts.size(), 4u);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(Report(starts.at(rank).first, {Started(starts.at(rank).second)}).ok());
+  }
+  for (int32_t rank = 0; rank < 3; ++rank) {
+    const auto& [w, a] = starts.at(rank);
+    ASSERT_TRUE(Report(w, {Exited(a, 0)}).ok());
+    EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING) << "after rank " << rank;
+  }
+  ASSERT_TRUE(Report(starts.at(3).first, {Exited(starts.at(3).second, 0)}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, ARankFailureStopsItsPeersAndTheNextAttemptWaitsUntilAllAreGone) {
+  const std::string w1 = Register("node-1", 2);
+  const std::string w2 = Register("node-2", 2);
+  const v1::Job job = SubmitGang(4, /*max_restarts=*/1);
+  auto starts = GangStarts({w1, w2}, job.id());
+  ASSERT_EQ(starts.size(), 4u);
+  for (const auto& [rank, start] : starts) {
+    ASSERT_TRUE(Report(start.first, {Started(start.second), Step(start.second, 3)}).ok());
+  }
+  // Rank 2 dies (kill -9): the job is requeued, every other rank is asked
+  // to stop, and nothing starts while they still run.
+  ASSERT_TRUE(Report(starts.at(2).first, {Exited(starts.at(2).second, 137)}).ok());
+  v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_THAT(j.failure_reason(), HasSubstr("rank 2 exited with code 137"));
+  std::set<int32_t> stopped;
+  for (const std::string& w : {w1, w2}) {
+    for (const v1::Assignment& a : Drain(w)) {
+      EXPECT_EQ(a.action(), v1::Assignment::ACTION_STOP) << "nothing starts yet";
+      EXPECT_EQ(a.attempt(), 1);
+      stopped.insert(a.rank());
+    }
+  }
+  EXPECT_EQ(stopped, (std::set<int32_t>{0, 1, 3}));
+  // The peers notice the lost rank and exit 1 themselves, or stop: neither
+  // counts as another failure of the attempt.
+  ASSERT_TRUE(Report(starts.at(0).first, {Exited(starts.at(0).second, 1, "lost rank 2")}).ok());
+  ASSERT_TRUE(Report(starts.at(1).first, {Exited(starts.at(1).second, 143)}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(GangStarts({w1, w2}, job.id()).empty());
+  ASSERT_TRUE(Report(starts.at(3).first, {Exited(starts.at(3).second, 1)}).ok());
+  j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(j.restarts(), 1);
+
+  // Attempt 2: all four ranks again, at a port of their own.
+  const auto second = GangStarts({w1, w2}, job.id());
+  ASSERT_EQ(second.size(), 4u);
+  for (const auto& [rank, start] : second) {
+    EXPECT_EQ(start.second.attempt(), 2);
+    EXPECT_EQ(start.second.world_size(), 4);
+    EXPECT_NE(start.second.master_port(), starts.at(0).second.master_port());
+  }
+  for (const auto& [rank, start] : second) {
+    ASSERT_TRUE(Report(start.first, {Started(start.second), Exited(start.second, 0)}).ok());
+  }
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, ARankExitingTwoFailsTheGangAndStopsItsPeers) {
+  const std::string w1 = Register("node-1", 2);
+  const v1::Job job = SubmitGang(2);
+  const auto starts = GangStarts({w1}, job.id());
+  ASSERT_EQ(starts.size(), 2u);
+  ASSERT_TRUE(Report(w1, {Started(starts.at(0).second), Started(starts.at(1).second)}).ok());
+  ASSERT_TRUE(Report(w1, {Exited(starts.at(1).second, 2, "bad data: row 3\n")}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_FAILED);
+  const std::vector<v1::Assignment> sent = Drain(w1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].action(), v1::Assignment::ACTION_STOP);
+  EXPECT_EQ(sent[0].rank(), 0);
+}
+
+TEST_F(CoordinatorTest, OnlyRank0MovesTheJobWhileEveryRankHasItsOwnSeries) {
+  const std::string w1 = Register("node-1", 2);
+  const v1::Job job = SubmitGang(2);
+  const auto starts = GangStarts({w1}, job.id());
+  ASSERT_EQ(starts.size(), 2u);
+  const v1::Assignment& r0 = starts.at(0).second;
+  const v1::Assignment& r1 = starts.at(1).second;
+  auto step = [](const v1::Assignment& a, int64_t n, int64_t memory, int64_t bytes) {
+    v1::RankEvent e = Step(a, n);
+    v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
+    m->set_step_time_s(0.2);
+    m->set_peak_memory_bytes(memory);
+    m->set_communicated_bytes(bytes);
+    return e;
+  };
+  ASSERT_TRUE(Report(w1, {Started(r0), Started(r1)}).ok());
+  const int64_t seq = Get(job.id()).last_seq();
+  // Rank 1 runs ahead of rank 0: the job's step does not move, and its copy
+  // of the global step is no event of the job.
+  ASSERT_TRUE(Report(w1, {step(r1, 1, 1000, 64), step(r1, 2, 3000, 64)}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 0);
+  EXPECT_EQ(Get(job.id()).last_seq(), seq);
+  ASSERT_TRUE(Report(w1, {step(r0, 1, 2000, 32), step(r0, 2, 2500, 32)}).ok());
+  const v1::Job j = Get(job.id());
+  EXPECT_EQ(j.step(), 2);
+  EXPECT_EQ(j.last_seq(), seq + 2) << "one event per step, from rank 0";
+
+  const std::string text = metrics_->Encode();
+  const std::string r0_labels = "{job_id=\"" + job.id() + "\",rank=\"0\"";
+  const std::string r1_labels = "{job_id=\"" + job.id() + "\",rank=\"1\"";
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_peak_memory_bytes" + r0_labels + "} 2500\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_peak_memory_bytes" + r1_labels + "} 3000\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_communicated_bytes_total" + r0_labels + "} 64\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_communicated_bytes_total" + r1_labels + "} 128\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_step_seconds_count" + r1_labels + "} 2\n"));
+  EXPECT_THAT(text,
+              HasSubstr("ballast_rank_step_seconds_bucket" + r0_labels + ",le=\"0.25\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE ballast_rank_step_seconds histogram\n"));
+}
+
+TEST_F(CoordinatorTest, RankSeriesLeaveWithTheJobsOtherSeries) {
+  const std::string w1 = Register("node-1", 1);
+  const v1::Job job = SubmitGang(1);
+  const v1::Assignment a = StartOf(Drain(w1), job.id());
+  ASSERT_TRUE(Report(w1, {Started(a), Step(a, 1), Exited(a, 0)}).ok());
+  const std::string label = "ballast_rank_step_seconds_count{job_id=\"" + job.id() + "\"";
+  EXPECT_THAT(metrics_->Encode(), HasSubstr(label));
+  // Past the recently-finished window the job's series go, its ranks' too.
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(c_->CancelJob(Submit().id()).ok());
+  EXPECT_THAT(metrics_->Encode(), Not(HasSubstr(label)));
+  EXPECT_THAT(metrics_->Encode(), Not(HasSubstr("ballast_job_step{job_id=\"" + job.id())));
+}
+
+TEST_F(CoordinatorTest, SubmissionRefusesAGangLargerThanTheClusterCanPlace) {
+  // No worker yet: the cluster may be starting, so the job waits.
+  const v1::Job early = SubmitGang(8);
+  EXPECT_EQ(early.state(), v1::JOB_STATE_QUEUED);
+
+  const std::string w1 = Register("node-1", 2);
+  const std::string w2 = Register("node-2", 2);
+  v1::JobSpec spec = ValidSpec(dir_.path());
+  spec.set_devices(8);
+  auto refused = c_->SubmitJob(spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("devices 8: the largest gang this cluster can place is 4 (2 workers: "));
+  EXPECT_THAT(refused.status().message(), HasSubstr(w1 + " 2 cpu"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(w2 + " 2 cpu"));
+  EXPECT_TRUE(c_->SubmitJob(
+                    [&] {
+                      spec.set_devices(4);
+                      return spec;
+                    }(),
+                    "")
+                  .ok());
+
+  // A gang is of one device kind: 4 CPU slots and 3 GPUs place at most 4.
+  Register("gpu-1", 3, {}, "", "cuda");
+  spec.set_devices(5);
+  refused = c_->SubmitJob(spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("is 4, all of one device kind (3 workers"));
+
+  // A dead worker places nothing: with node-2 gone, the GPUs are the largest gang.
+  now_ += kLeaseMs + 1;
+  Heartbeat(w1);
+  for (const v1::Worker& w : c_->ListWorkers()) {
+    if (w.host() == "gpu-1") Heartbeat(w.id());
+  }
+  c_->ExpireLeases();
+  spec.set_devices(4);
+  refused = c_->SubmitJob(spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("is 3, all of one device kind (2 workers"));
 }
 
 }  // namespace
