@@ -4,6 +4,7 @@
 //       [--agent-socket PATH [--agent-silence-ms N]] [--attempt N]
 //       [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
+//   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]...
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 #include <malloc.h>
@@ -24,6 +25,7 @@
 #include "worker/train/rank/agent_channel.h"
 #include "worker/train/rank/attempt_output.h"
 #include "worker/train/rank/device_info.h"
+#include "worker/train/rank/local_ranks.h"
 #include "worker/train/rank/rank_observer.h"
 #include "worker/train/trainer/trainer.h"
 
@@ -176,6 +178,11 @@ int main(int argc, char** argv) {
   app.add_option("--master-addr", flags.master_addr, "c10d TCPStore host (rank 0's)");
   app.add_option("--master-port", flags.master_port, "c10d TCPStore port")
       ->check(CLI::Range(0, 65535));
+  int nproc = 0;
+  app.add_option("--nproc", nproc,
+                 "Run N ranks of the job on this machine (standalone): each is this command "
+                 "with --rank R --world-size N and a free port of 127.0.0.1")
+      ->check(CLI::Range(1, 1024));
 
   CLI::App* logits = app.add_subcommand("logits", "Write a model's logits on tokenized documents");
   std::string model_dir, adapter_dir, tokens_path, logits_out;
@@ -199,6 +206,25 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   merge->add_option("--out", merge_out, "Output HF model folder")->required();
   CLI11_PARSE(app, argc, argv);
+
+  if (nproc > 0) {
+    for (const char* own : {"--rank", "--world-size", "--master-addr", "--master-port",
+                            "--agent-socket", "--attempt"}) {
+      if (app.count(own) > 0) {
+        std::cerr << "ballast-train: --nproc starts its own ranks; it cannot be combined with "
+                  << own << "\n";
+        return 2;
+      }
+    }
+    ballast::train::LocalRanksOptions local;
+    local.binary = "/proc/self/exe";
+    local.argv0 = argv[0];
+    local.args = ballast::train::ArgumentsWithout(argc, argv, "--nproc");
+    local.nproc = nproc;
+    absl::StatusOr<int> code = ballast::train::RunLocalRanks(local);
+    if (!code.ok()) return Fail(code.status());
+    return *code;
+  }
 
   absl::Status status;
   try {
