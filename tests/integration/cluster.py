@@ -88,9 +88,13 @@ class Process:
 class Cluster:
     """ballastd plus workers under one temporary folder."""
 
-    def __init__(self, root, lease_ms=3000):
+    def __init__(self, root, lease_ms=3000, stop_grace_ms=3000):
         self.root = root
         self.lease_ms = lease_ms
+        self.stop_grace_ms = stop_grace_ms
+        # Runs every process of the cluster's own (and the CLI) under this
+        # command, e.g. `ip netns exec NS`; empty: as they are.
+        self.prefix = []
         self.coordinator = None
         self.grpc = None
         self.http = None
@@ -98,13 +102,13 @@ class Cluster:
         os.makedirs(root, exist_ok=True)
 
     # -- coordinator -------------------------------------------------------
-    def start_coordinator(self, port=0):
+    def start_coordinator(self, port=0, host="127.0.0.1"):
         ready = os.path.join(self.root, "ready.json")
         if os.path.exists(ready):
             os.remove(ready)
-        argv = [BALLASTD, "--listen", f"127.0.0.1:{port}", "--http", "127.0.0.1:0",
+        argv = [*self.prefix, BALLASTD, "--listen", f"{host}:{port}", "--http", "127.0.0.1:0",
                 "--state-dir", os.path.join(self.root, "state"), "--ready-file", ready,
-                "--lease-ms", str(self.lease_ms), "--stop-grace-ms", "3000"]
+                "--lease-ms", str(self.lease_ms), "--stop-grace-ms", str(self.stop_grace_ms)]
         self.coordinator = Process(argv, os.path.join(self.root, "ballastd.log"))
         info = wait_for(lambda: self._read_ready(ready), 30, "ballastd's ready file")
         self.grpc, self.http = info["grpc"], info["http"]
@@ -121,16 +125,19 @@ class Cluster:
 
     def restart_coordinator_after_kill9(self):
         """kill -9, then start again on the same port and store."""
-        port = int(self.grpc.rsplit(":", 1)[1])
+        host, port = self.grpc.rsplit(":", 1)
         self.coordinator.kill9()
         self.coordinator.log.close()
-        return self.start_coordinator(port=port)
+        return self.start_coordinator(port=int(port), host=host)
 
     # -- workers -----------------------------------------------------------
-    def start_worker(self, name, cpu_slots=1):
-        argv = [WORKER, "--coordinator", self.grpc, "--cpu-slots", str(cpu_slots),
-                "--work-dir", os.path.join(self.root, name), "--host", "127.0.0.1"]
-        worker = Process(argv, os.path.join(self.root, f"{name}.log"))
+    def start_worker(self, name, cpu_slots=1, host="127.0.0.1", prefix=None, env=None):
+        """A worker advertising `host` to its gangs' other workers, run under
+        `prefix` (default the cluster's)."""
+        argv = [*(self.prefix if prefix is None else prefix), WORKER, "--coordinator", self.grpc,
+                "--cpu-slots", str(cpu_slots), "--work-dir", os.path.join(self.root, name),
+                "--host", host]
+        worker = Process(argv, os.path.join(self.root, f"{name}.log"), env=env)
         self.workers.append(worker)
         expected = len([w for w in self.workers if w.alive()])
         wait_for(lambda: len([w for w in self.list_workers() if w.get("alive")]) >= expected,
@@ -145,8 +152,8 @@ class Cluster:
 
     # -- CLI ---------------------------------------------------------------
     def cli(self, *args, timeout=60):
-        return subprocess.run([CLI, "--coordinator", self.grpc, *args], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run([*self.prefix, CLI, "--coordinator", self.grpc, *args],
+                              capture_output=True, text=True, timeout=timeout)
 
     def submit(self, spec, tmp_name="job.yaml", *extra):
         path = os.path.join(self.root, tmp_name)

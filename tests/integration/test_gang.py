@@ -1,0 +1,252 @@
+"""Multi-rank jobs end to end with real processes: a gang placed over two
+workers, a rank killed mid-run, a gang whose Gloo traffic crosses a veth pair
+between two network namespaces, and `ballast-train --nproc` without a
+coordinator. Each rank trains on one thread (OMP_NUM_THREADS=1), as CPU
+slots and `--nproc` give them on this 2-core machine."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from cluster import Cluster, train_ranks, wait_for, write_spec
+from reference import TRAIN
+from test_control_plane import TERMINAL, inputs, spec  # noqa: F401
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def make_cluster(tmp_path, request, **options):
+    c = Cluster(str(tmp_path / "cluster"), **options)
+    request.addfinalizer(lambda: finish(c, request))
+    return c
+
+
+def finish(c, request):
+    failed = getattr(request.node, "rep_call", None)
+    c.stop()
+    if failed is not None and failed.failed:
+        print(c.logs())
+
+
+def rank_of(process):
+    cmd = process.cmdline()
+    return int(cmd[cmd.index("--rank") + 1])
+
+
+def steps_in(path):
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank(
+        tmp_path, request, inputs):
+    cluster = make_cluster(tmp_path, request)
+    cluster.start_coordinator()
+    cluster.start_worker("w1", cpu_slots=2)
+    cluster.start_worker("w2", cpu_slots=2)
+    job_id = cluster.submit(spec(inputs, devices=4, max_steps=4, checkpoint_every=2))
+
+    r = cluster.cli("watch", job_id, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step 4/4" in r.stdout
+    job = cluster.job(job_id)
+    assert job["state"] == "JOB_STATE_SUCCEEDED"
+    assert int(job.get("restarts", 0)) == 0
+
+    # Every rank's log lines reach `ballast logs`, each saying whose it is.
+    logs = cluster.cli("logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    assert {int(m) for m in re.findall(r"^\[rank (\d+)\]", logs.stdout, re.M)} == {0, 1, 2, 3}
+    # The gang spanned both workers, two ranks each, and every rank exited 0.
+    for w in cluster.workers:
+        lines = w.output().splitlines()
+        assert sum("started rank" in line and job_id in line for line in lines) == 2
+        assert sum(f"of {job_id} attempt 1 exited with code 0" in line for line in lines) == 2
+    # Rank 0 alone wrote the job's outputs.
+    out = job["output_dir"]
+    assert steps_in(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
+    assert os.path.exists(os.path.join(out, "adapter", "adapter_model.safetensors"))
+    assert sorted(f for f in os.listdir(out) if f.startswith("rank-")) == [
+        f"rank-{r}.log" for r in range(4)]
+
+
+def test_b_a_rank_killed_mid_run_ends_its_peers_and_the_job_resumes_and_finishes(
+        tmp_path, request, inputs):
+    # A long stop grace: the peers must end by themselves, on the lost rank,
+    # not because their workers' SIGKILL came first.
+    cluster = make_cluster(tmp_path, request, stop_grace_ms=60000)
+    cluster.start_coordinator()
+    cluster.start_worker("w1", cpu_slots=2)
+    cluster.start_worker("w2", cpu_slots=2)
+    job_id = cluster.submit(spec(inputs, devices=4, max_steps=12, checkpoint_every=2,
+                                 schedule={"kind": "constant", "warmup_steps": 0}))
+    job = wait_for(lambda: (lambda j: j if int(j.get("step", 0)) >= 3 else None)(
+        cluster.job(job_id)), 180, "three steps")
+    out = job["output_dir"]
+    ranks = {rank_of(p): p for p in train_ranks(out)}
+    assert sorted(ranks) == [0, 1, 2, 3]
+
+    ranks[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    peers = [ranks[r] for r in (0, 2, 3)]
+    wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in peers), 30,
+             "the peers of the killed rank to exit")
+    assert time.monotonic() - killed_at < 30
+    for r in (0, 2, 3):
+        log = read(os.path.join(out, f"rank-{r}.log"))
+        assert re.search(r"\brank 1\b", log), f"rank-{r}.log does not name the lost rank:\n{log}"
+
+    r = cluster.cli("watch", job_id, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = cluster.job(job_id)
+    assert job["state"] == "JOB_STATE_SUCCEEDED"
+    assert int(job["restarts"]) == 1
+    assert "rank " in job.get("failure_reason", "") or "restart 1 of" in r.stdout
+    steps = steps_in(os.path.join(out, "metrics.jsonl"))
+    assert steps == list(range(1, 13)), "the second attempt resumed and redid nothing twice"
+
+
+# -- two hosts -----------------------------------------------------------------
+
+def ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair, 10.77.x.1 and 10.77.x.2,
+    each with its own loopback. Removed on every path."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2) to make network namespaces")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"ballast-{tag}-a", f"ballast-{tag}-b"]
+    subnet = f"10.77.{int(tag[:2], 16)}"
+    made = []
+    try:
+        for ns in names:
+            r = ip("netns", "add", ns)
+            if r.returncode != 0:
+                pytest.skip(f"cannot make a network namespace here: {r.stderr.strip()}")
+            made.append(ns)
+        veth = [f"bv{tag}a", f"bv{tag}b"]
+        r = ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+        if r.returncode != 0:
+            pytest.skip(f"cannot make a veth pair here: {r.stderr.strip()}")
+        addrs = [f"{subnet}.1", f"{subnet}.2"]
+        for ns, dev, addr in zip(names, veth, addrs):
+            for cmd in (["link", "set", dev, "netns", ns],
+                        ["-n", ns, "addr", "add", f"{addr}/24", "dev", dev],
+                        ["-n", ns, "link", "set", dev, "up"],
+                        ["-n", ns, "link", "set", "lo", "up"]):
+                r = ip(*cmd)
+                assert r.returncode == 0, f"ip {' '.join(cmd)}: {r.stderr}"
+        yield [(ns, addr, dev) for ns, addr, dev in zip(names, addrs, veth)]
+    finally:
+        for ns in made:
+            # Deleting a namespace kills nothing: end what still runs in it.
+            pids = ip("netns", "pids", ns).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            ip("netns", "del", ns)  # takes its end of the veth pair with it
+
+
+def test_c_a_two_rank_job_over_two_hosts_trains_across_the_veth(tmp_path, request, inputs,
+                                                                two_hosts):
+    (ns_a, addr_a, dev_a), (ns_b, addr_b, dev_b) = two_hosts
+    cluster = make_cluster(tmp_path, request)
+    # The coordinator and the CLI live on host A; host B reaches them over the veth.
+    cluster.prefix = ["ip", "netns", "exec", ns_a]
+    cluster.start_coordinator(host=addr_a)
+    cluster.start_worker("wa", cpu_slots=1, host=addr_a, env=ONE_THREAD)
+    cluster.start_worker("wb", cpu_slots=1, host=addr_b, prefix=["ip", "netns", "exec", ns_b],
+                         env=ONE_THREAD)
+
+    def veth_bytes():
+        counters = []
+        for ns, dev in ((ns_a, dev_a), (ns_b, dev_b)):
+            r = ip("-n", ns, "-s", "-j", "link", "show", dev)
+            stats = json.loads(r.stdout)[0]["stats64"]
+            counters.append(stats["tx"]["bytes"])
+        return counters
+
+    before = veth_bytes()
+    job_id = cluster.submit(spec(inputs, devices=2, max_steps=3, checkpoint_every=3))
+    r = cluster.cli("watch", job_id, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert cluster.job(job_id)["state"] == "JOB_STATE_SUCCEEDED"
+    workers = {w["host"]: w for w in cluster.list_workers()}
+    assert set(workers) == {addr_a, addr_b}
+    # Both sides sent far more than heartbeats: the ranks' collectives crossed.
+    sent = [after - b for after, b in zip(veth_bytes(), before)]
+    assert min(sent) > 100_000, f"bytes sent over the veth per side: {sent}"
+
+
+# -- ballast-train --nproc ------------------------------------------------------
+
+def run_nproc(tmp_path, job_spec, *extra, timeout=300):
+    write_spec(str(tmp_path / "job.yaml"), **job_spec)
+    return subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
+                           str(tmp_path / "out"), *extra], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_d_nproc_2_trains_standalone_into_one_metrics_file_and_one_export(tmp_path, inputs):
+    r = run_nproc(tmp_path, spec(inputs, max_steps=4), "--nproc", "2")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    assert steps_in(out / "metrics.jsonl") == [1, 2, 3, 4]
+    assert os.path.exists(out / "adapter" / "adapter_model.safetensors")
+    assert "[rank 0] " in r.stderr and "[rank 1] " in r.stderr
+
+
+def test_nproc_ends_with_the_first_failing_ranks_code_and_names_it(tmp_path, inputs):
+    # Every rank refuses the spec (exit 2); the launcher says which failed first.
+    r = run_nproc(tmp_path, spec(inputs, max_steps=4), "--nproc", "2", "--set", "lora.r=0")
+    assert r.returncode == 2, r.stderr
+    assert re.search(r"^\[rank [01]\] ballast-train: lora.r = 0 is out of range", r.stderr, re.M)
+    assert re.search(r"^ballast-train: rank [01] of 2 exited with code 2", r.stderr, re.M)
+
+
+def test_nproc_is_refused_with_flags_of_a_rank_under_a_worker(tmp_path, inputs):
+    for flags in (["--rank", "0"], ["--world-size", "2"], ["--agent-socket", "/tmp/x.sock"]):
+        r = run_nproc(tmp_path, spec(inputs, max_steps=4), "--nproc", "2", *flags)
+        assert r.returncode == 2, r.stderr
+        assert f"cannot be combined with {flags[0]}" in r.stderr
+
+
+def test_sigterm_to_the_launcher_reaches_its_ranks_and_ends_it_with_143(tmp_path, inputs):
+    write_spec(str(tmp_path / "job.yaml"),
+               **spec(inputs, max_steps=100000, schedule={"kind": "constant",
+                                                         "warmup_steps": 0}))
+    out = tmp_path / "out"
+    with open(tmp_path / "train.log", "wb") as log:
+        p = subprocess.Popen([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", str(out),
+                              "--nproc", "2"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: len(train_ranks(str(out))) == 3, 60, "the launcher and its 2 ranks")
+        ranks = [q for q in train_ranks(str(out)) if q.pid != p.pid]
+        wait_for(lambda: os.path.exists(out / "metrics.jsonl"), 120, "the first step")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 143
+        assert not any(q.is_running() and q.status() != "zombie" for q in ranks)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    log = read(tmp_path / "train.log")
+    assert "[rank 0] ballast-train: cancelled after step" in log, log
+    assert "[rank 1] " in log
