@@ -16,7 +16,8 @@ import pytest
 
 from cluster import Cluster, train_ranks, wait_for, write_spec
 from reference import TRAIN
-from test_control_plane import TERMINAL, inputs, spec  # noqa: F401
+from test_control_plane import inputs, spec  # noqa: F401
+from test_rank_stop import read, steps_in
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -37,16 +38,6 @@ def finish(c, request):
 def rank_of(process):
     cmd = process.cmdline()
     return int(cmd[cmd.index("--rank") + 1])
-
-
-def steps_in(path):
-    with open(path) as f:
-        return [json.loads(line)["step"] for line in f]
-
-
-def read(path):
-    with open(path, errors="replace") as f:
-        return f.read()
 
 
 def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank(
