@@ -196,13 +196,14 @@ absl::Status Coordinator::Load() {
     if (!r.job.request_id().empty()) request_ids_[r.job.request_id()] = id;
     JobEntry& job = jobs_[id];
     job.record = std::move(r);
-    job.exit_codes.assign(job.record.job.placement_size(), -1);
     const v1::Job& j = job.record.job;
     if (j.state() == v1::JOB_STATE_QUEUED) {
       scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order,
                          j.spec().devices());
     }
     for (const v1::RankPlacement& p : j.placement()) {
+      // A rank that exited before the restart stays exited.
+      if (p.has_exit_code()) continue;
       live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
     }
     if (Terminal(j.state())) recently_finished_.push_back(id);
@@ -407,8 +408,12 @@ void Coordinator::FailAttempt(JobEntry* job, const std::string& reason, bool cou
 void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
                              const std::string& why) {
   v1::Job& j = job->record.job;
-  if (rank >= 0 && rank < static_cast<int32_t>(job->exit_codes.size())) {
-    job->exit_codes[rank] = exit_code;
+  // Kept on the placement, which is stored, so ranks that finished before a
+  // ballastd restart still count after it.
+  for (v1::RankPlacement& p : *j.mutable_placement()) {
+    if (p.rank() != rank) continue;
+    p.set_exit_code(exit_code);
+    Touch(job);
   }
   const bool none_live = LiveRanks(*job).empty();
   switch (j.state()) {
@@ -428,8 +433,9 @@ void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
       return;  // a leftover rank of a job already queued or finished
   }
   if (exit_code == 0) {
-    if (std::all_of(job->exit_codes.begin(), job->exit_codes.end(),
-                    [](int32_t c) { return c == 0; })) {
+    if (std::all_of(j.placement().begin(), j.placement().end(), [](const v1::RankPlacement& p) {
+          return p.has_exit_code() && p.exit_code() == 0;
+        })) {
       j.set_failure_reason("");
       Transition(job, v1::JOB_STATE_SUCCEEDED, "every rank exited 0");
     }
@@ -461,7 +467,6 @@ void Coordinator::RunScheduler() {
     r.attempt += 1;
     j.clear_placement();
     for (const v1::RankPlacement& p : d.ranks) *j.add_placement() = p;
-    job->exit_codes.assign(d.ranks.size(), -1);
     const std::string& master = workers_.at(d.ranks.front().worker_id()).record.worker.host();
     // Each attempt gets its own port, so a new gang never meets a half-dead
     // TCPStore of the previous one on the same host.

@@ -191,8 +191,6 @@ class Coordinator {
     JobRecord record;
     // By rank number, across attempts.
     std::map<int32_t, RankSeries> ranks;
-    // Exit codes of the current attempt's ranks; -1 while not exited.
-    std::vector<int32_t> exit_codes;
     std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
     int64_t rollbacks = 0;
     int64_t skipped_steps = 0;

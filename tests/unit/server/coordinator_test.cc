@@ -812,6 +812,27 @@ TEST_F(CoordinatorTest, ARankFailureStopsItsPeersAndTheNextAttemptWaitsUntilAllA
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+TEST_F(CoordinatorTest, RanksThatExitedZeroBeforeARestartStillCountAfterIt) {
+  const std::string w1 = Register("node-1", 2);
+  const v1::Job job = SubmitGang(2);
+  const auto starts = GangStarts({w1}, job.id());
+  ASSERT_EQ(starts.size(), 2u);
+  const v1::Assignment& r0 = starts.at(0).second;
+  const v1::Assignment& r1 = starts.at(1).second;
+  ASSERT_TRUE(Report(w1, {Started(r0), Started(r1), Exited(r1, 0)}).ok());
+  EXPECT_EQ(Get(job.id()).placement(1).exit_code(), 0);
+
+  // ballastd restarts; the worker comes back running rank 0 only, which is
+  // all that is left of the gang, and rank 0 then finishes.
+  Reopen();
+  Register("node-1", 2, {Ref(r0)}, w1);
+  v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.restarts(), 0);
+  ASSERT_TRUE(Report(w1, {Exited(r0, 0)}).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, ARankExitingTwoFailsTheGangAndStopsItsPeers) {
   const std::string w1 = Register("node-1", 2);
   const v1::Job job = SubmitGang(2);
