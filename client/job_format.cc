@@ -125,7 +125,10 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   if (job.updated_ms() > 0) add("UPDATED", UtcTime(job.updated_ms()));
   if (!job.output_dir().empty()) add("OUTPUT", job.output_dir());
   for (const v1::RankPlacement& p : job.placement()) {
-    add(absl::StrCat("RANK ", p.rank()), absl::StrCat(p.worker_id(), " device ", p.device()));
+    // A gang's ranks end one by one; those already gone say how.
+    add(absl::StrCat("RANK ", p.rank()),
+        absl::StrCat(p.worker_id(), " device ", p.device(),
+                     p.has_exit_code() ? absl::StrCat(", exited ", p.exit_code()) : ""));
   }
   if (!job.failure_reason().empty()) add("FAILURE", job.failure_reason());
   add("EVENTS", absl::StrCat(job.last_seq()));

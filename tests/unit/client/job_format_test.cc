@@ -118,6 +118,20 @@ TEST(JobFormat, EventLinesForEverythingButStepsAndInfoLogs) {
   EXPECT_EQ(EventLine(e), std::nullopt);
 }
 
+TEST(JobFormat, DetailShowsEachRanksPlaceAndTheExitOfThoseGone) {
+  v1::Job job = RunningJob();
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankPlacement* p = job.add_placement();
+    p->set_rank(rank);
+    p->set_worker_id("worker-a");
+    p->set_device(rank);
+  }
+  job.mutable_placement(1)->set_exit_code(0);
+  const std::string detail = JobDetail(job, kNow);
+  EXPECT_THAT(detail, HasSubstr("worker-a device 0\n"));
+  EXPECT_THAT(detail, HasSubstr("worker-a device 1, exited 0\n"));
+}
+
 TEST(JobFormat, FinalLineCarriesTheFailureReason) {
   v1::Job job = RunningJob();
   job.set_state(v1::JOB_STATE_FAILED);
