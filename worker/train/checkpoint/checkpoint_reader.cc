@@ -164,8 +164,7 @@ absl::StatusOr<at::Tensor> CheckpointReader::Range(const FlatBucket& bucket, Par
 }
 
 absl::StatusOr<at::Tensor> CheckpointReader::GeneratorState(int rank) const {
-  const SafetensorsFile& file =
-      sharded() ? *files_[std::min(rank, world_size_ - 1)] : *files_[2];
+  const SafetensorsFile& file = sharded() ? *files_[std::min(rank, world_size_ - 1)] : *files_[2];
   absl::StatusOr<at::Tensor> t = file.tensor(sharded() ? "__rng__" : "cpu");
   if (!t.ok()) return absl::DataLossError(absl::StrCat(file.path(), " has no generator state"));
   return t->clone();

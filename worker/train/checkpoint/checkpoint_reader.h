@@ -48,8 +48,8 @@ class CheckpointReader {
   absl::Status CheckBucket(const FlatBucket& bucket) const;
 
   std::string dir_;
-  int world_size_ = 0;  // 0: the single-rank layout
-  FlatLayout saved_;     // sharded: the layout it was saved with
+  int world_size_ = 0;                                   // 0: the single-rank layout
+  FlatLayout saved_;                                     // sharded: the layout it was saved with
   std::vector<std::shared_ptr<SafetensorsFile>> files_;  // params, optimizer, rng | rank files
   int64_t optimizer_steps_ = 0;
   TrainPosition position_;

@@ -43,8 +43,7 @@ nlohmann::json LayoutJson(const FlatLayout& layout) {
 
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
                                                   const TrainPosition& position,
-                                                  const ShardedModel& model,
-                                                  const AdamW& optimizer,
+                                                  const ShardedModel& model, const AdamW& optimizer,
                                                   Collectives* collectives) {
   const int rank = collectives->rank();
   std::map<std::string, at::Tensor> tensors = optimizer.StateDict();
@@ -77,9 +76,9 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
     std::ofstream out(tmp / "layout.json");
     out << LayoutJson(model.layout()).dump();
     out.flush();
-    published = out ? PublishCheckpoint(folder, position)
-                    : absl::InternalError(absl::StrCat("cannot write ", folder.tmp_dir,
-                                                       "/layout.json"));
+    published =
+        out ? PublishCheckpoint(folder, position)
+            : absl::InternalError(absl::StrCat("cannot write ", folder.tmp_dir, "/layout.json"));
   }
   if (absl::Status s = Agree(published, collectives, "publishing the checkpoint"); !s.ok()) {
     return s;

@@ -35,8 +35,7 @@ namespace ballast::train {
 // (and nothing written) when a trainable shard holds a NaN or an infinity.
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
                                                   const TrainPosition& position,
-                                                  const ShardedModel& model,
-                                                  const AdamW& optimizer,
+                                                  const ShardedModel& model, const AdamW& optimizer,
                                                   Collectives* collectives);
 
 // Restores this rank's shards, moments and generator. DATA_LOSS names the

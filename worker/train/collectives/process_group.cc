@@ -133,8 +133,8 @@ class ProcessGroupCollectives : public Collectives {
       work->wait(r_.timeout);
     } catch (const std::exception& e) {
       throw std::runtime_error(absl::StrCat("rank ", r_.rank, " of ", r_.world_size,
-                                            ": a collective failed; ", LostRanks(), " (",
-                                            WhatOf(e), ")"));
+                                            ": a collective failed; ", LostRanks(), " (", WhatOf(e),
+                                            ")"));
     }
   }
 
@@ -234,9 +234,9 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
     tcp->setTimeout(r.timeout);
     store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("attempt-", r.attempt, "/"), tcp);
   } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        who, ": cannot ", r.rank == 0 ? "open" : "reach", " the rendezvous store at ", Address(r),
-        " within ", seconds, " (", WhatOf(e), ")"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(who, ": cannot ", r.rank == 0 ? "open" : "reach", " the rendezvous store at ",
+                     Address(r), " within ", seconds, " (", WhatOf(e), ")"));
   }
 
   try {
@@ -244,9 +244,9 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
     const std::vector<uint8_t> got = store->get("world_size");
     const std::string theirs(got.begin(), got.end());
     if (theirs != std::to_string(r.world_size)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(who, " was started with world size ", r.world_size, ", but the store at ",
-                       Address(r), " (rank 0's) says ", theirs));
+      return absl::FailedPreconditionError(absl::StrCat(who, " was started with world size ",
+                                                        r.world_size, ", but the store at ",
+                                                        Address(r), " (rank 0's) says ", theirs));
     }
     store->add("arrived", 1);
   } catch (const std::exception& e) {

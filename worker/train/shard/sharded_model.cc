@@ -145,8 +145,8 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
                                                 /*allow_unused=*/true);
     ctx->saved_data.erase("graph_out");
     ctx->saved_data.erase("h_leaf");
-    model->ReduceGradients(unit, std::vector<at::Tensor>(grads.begin() + (h_requires_grad ? 1 : 0),
-                                                         grads.end()));
+    model->ReduceGradients(
+        unit, std::vector<at::Tensor>(grads.begin() + (h_requires_grad ? 1 : 0), grads.end()));
     model->Release(unit);
 
     // One gradient per forward input: h, each flat buffer (theirs went to the
@@ -219,9 +219,7 @@ ShardedModel::~ShardedModel() = default;
 
 size_t ShardedModel::LayerUnit(int64_t layer) const { return layer_units_.at(layer); }
 size_t ShardedModel::num_units() const { return units_.size(); }
-bool ShardedModel::IsLayer(size_t unit) const {
-  return units_[unit].layer != ParamStore::kNoLayer;
-}
+bool ShardedModel::IsLayer(size_t unit) const { return units_[unit].layer != ParamStore::kNoLayer; }
 
 std::vector<at::Tensor> ShardedModel::TrainableFlats(size_t unit) const {
   std::vector<at::Tensor> out;
@@ -293,8 +291,8 @@ void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& f
     PendingReduction p;
     p.bucket = b;
     p.full = grad.to(torch::kFloat).contiguous();
-    p.shard = torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())},
-                           torch::kFloat);
+    p.shard =
+        torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())}, torch::kFloat);
     p.in_flight = collectives_->ReduceScatter(p.shard, p.full);
     pending_.push_back(std::move(p));
   }
@@ -356,8 +354,8 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::GatherFullTensors(
   for (const std::unique_ptr<Bucket>& bucket : buckets_) {
     const FlatBucket& plan = *bucket->plan;
     if (trainable_only && !plan.trainable) continue;
-    at::Tensor source = plan.trainable ? masters_.get(plan.key()).detach()
-                                       : bucket->frozen_shard.to(torch::kFloat);
+    at::Tensor source =
+        plan.trainable ? masters_.get(plan.key()).detach() : bucket->frozen_shard.to(torch::kFloat);
     at::Tensor full = torch::empty({plan.padded}, torch::kFloat);
     std::unique_ptr<InFlight> in_flight = collectives_->AllGather(full, source);
     WaitFor(in_flight);

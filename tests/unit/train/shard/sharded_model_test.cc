@@ -77,10 +77,10 @@ TEST_F(ShardedModelTest, LayoutGroupsUnitsInForwardOrderAndKeepsOffsetsAcrossWor
   const FlatLayout three = FlatLayout::Plan(params, 3);
   std::vector<std::string> keys;
   for (const FlatBucket& b : one.buckets) keys.push_back(b.key());
-  EXPECT_EQ(keys, (std::vector<std::string>{
-                      "model.embed_tokens/frozen", "model.layers.0/frozen",
-                      "model.layers.0/trainable", "model.layers.1/frozen",
-                      "model.layers.1/trainable", "model.norm/frozen", "lm_head/frozen"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"model.embed_tokens/frozen", "model.layers.0/frozen",
+                                            "model.layers.0/trainable", "model.layers.1/frozen",
+                                            "model.layers.1/trainable", "model.norm/frozen",
+                                            "lm_head/frozen"}));
   ASSERT_EQ(three.buckets.size(), one.buckets.size());
   for (size_t i = 0; i < one.buckets.size(); ++i) {
     const FlatBucket& a = one.buckets[i];
