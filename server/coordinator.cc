@@ -1118,7 +1118,7 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
                            {},
                            {}};
   MetricFamily communicated{"ballast_rank_communicated_bytes_total",
-                            "Bytes the rank sent and received in collectives since ballastd "
+                            "Bytes the rank sent in collectives since ballastd "
                             "started.",
                             MetricType::kCounter,
                             {},

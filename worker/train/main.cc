@@ -4,7 +4,8 @@
 //       [--agent-socket PATH [--agent-silence-ms N]] [--attempt N]
 //       [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
-//   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]...
+//       [--rendezvous-timeout SECONDS]
+//   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]... [--rendezvous-timeout S]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 #include <malloc.h>
@@ -21,6 +22,7 @@
 #include "common/job_spec_files.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
+#include "worker/train/collectives/process_group.h"
 #include "worker/train/model/inference.h"
 #include "worker/train/rank/agent_channel.h"
 #include "worker/train/rank/attempt_output.h"
@@ -78,16 +80,31 @@ struct RankFlags {
   int64_t resume_at_or_before = 0;
   int rank = 0;
   int world_size = 1;
-  std::string master_addr;
+  std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  double rendezvous_timeout_s = 300;
 };
+
+// A job of several ranks meets at rank 0's store before anything is loaded,
+// so that a missing peer fails the job in seconds, not after the model loads.
+absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const RankFlags& flags) {
+  if (flags.world_size == 1) return std::make_unique<ballast::train::SingleRank>();
+  if (flags.master_port <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world-size ", flags.world_size, " needs --master-port (rank 0's store)"));
+  }
+  ballast::train::Rendezvous r;
+  r.rank = flags.rank;
+  r.world_size = flags.world_size;
+  r.master_addr = flags.master_addr;
+  r.master_port = flags.master_port;
+  r.attempt = flags.attempt;
+  r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.rendezvous_timeout_s * 1000));
+  return ballast::train::ConnectProcessGroup(r);
+}
 
 absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string>& overrides,
                      const std::string& out_dir, const RankFlags& flags) {
-  if (flags.world_size > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size ", flags.world_size, " needs ZeRO-3 sharding, not built yet"));
-  }
   // A worker hands its rank spec.json (proto JSON); a user passes YAML.
   absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return spec.status();
@@ -113,21 +130,36 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
     if (!connected.ok()) return absl::UnavailableError(connected.status().message());
     channel = *std::move(connected);
   }
+  absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> collectives = ConnectRanks(flags);
+  if (!collectives.ok()) return collectives.status();
   // Under a coordinator the trainer writes into its attempt's own folder and
-  // every report is committed to out_dir before it goes up.
+  // every report is committed to out_dir before it goes up. Rank 0 claims
+  // the folder and commits; the other ranks write their checkpoint shards
+  // into it (a file system every rank of the job shares).
   std::unique_ptr<ballast::train::AttemptOutput> output;
+  std::string trainer_dir = out_dir;
   if (flags.attempt > 0) {
-    absl::StatusOr<std::unique_ptr<ballast::train::AttemptOutput>> claimed =
-        ballast::train::AttemptOutput::Claim(out_dir, flags.attempt, flags.resume_at_or_before);
-    if (!claimed.ok()) return claimed.status();
-    output = *std::move(claimed);
+    absl::Status claim_status;
+    if (flags.rank == 0) {
+      absl::StatusOr<std::unique_ptr<ballast::train::AttemptOutput>> claimed =
+          ballast::train::AttemptOutput::Claim(out_dir, flags.attempt, flags.resume_at_or_before);
+      claim_status = claimed.status();
+      if (claimed.ok()) output = *std::move(claimed);
+    }
+    if ((*collectives)->Max(claim_status.ok() ? 0 : 1) != 0) {
+      if (!claim_status.ok()) return claim_status;
+      return absl::AbortedError(
+          absl::StrCat("rank 0 could not claim ", out_dir, " for attempt ", flags.attempt));
+    }
+    trainer_dir = ballast::train::AttemptOutput::DirFor(out_dir, flags.attempt);
   }
   ballast::train::RankObserver observer(channel.get(), output.get());
   ballast::train::TrainerOptions options;
   options.resume_at_or_before = flags.resume_at_or_before;
   options.observer = &observer;
+  options.collectives = collectives->get();
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
-      ballast::train::Trainer::Create(*spec, output ? output->dir() : out_dir, options);
+      ballast::train::Trainer::Create(*spec, trainer_dir, options);
   absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
   // A refused commit ended the run, whatever the trainer made of the stop.
   if (!observer.commit_status().ok()) status = observer.commit_status();
@@ -178,6 +210,9 @@ int main(int argc, char** argv) {
   app.add_option("--master-addr", flags.master_addr, "c10d TCPStore host (rank 0's)");
   app.add_option("--master-port", flags.master_port, "c10d TCPStore port")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--rendezvous-timeout", flags.rendezvous_timeout_s,
+                 "Seconds to wait for the store and every peer, and for any collective")
+      ->check(CLI::PositiveNumber);
   int nproc = 0;
   app.add_option("--nproc", nproc,
                  "Run N ranks of the job on this machine (standalone): each is this command "

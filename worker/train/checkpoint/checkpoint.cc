@@ -1,19 +1,19 @@
 #include "worker/train/checkpoint/checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/train/checkpoint/checkpoint_reader.h"
 #include "worker/train/io/file_tree.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/rng_state.h"
 
 namespace ballast::train {
 namespace fs = std::filesystem;
@@ -46,6 +46,39 @@ absl::Status WriteTextAtomically(const fs::path& path, const std::string& text) 
 
 }  // namespace
 
+CheckpointFolder CheckpointFolderFor(const std::string& checkpoints_dir, int64_t step) {
+  const fs::path final_dir = fs::path(checkpoints_dir) / absl::StrFormat("%s%08d", kPrefix, step);
+  return {final_dir.string(),
+          (fs::path(checkpoints_dir) / absl::StrCat(".", final_dir.filename().string(), ".tmp"))
+              .string()};
+}
+
+absl::Status BeginCheckpoint(const CheckpointFolder& folder) {
+  if (absl::Status s = RemoveTree(folder.tmp_dir); !s.ok()) return s;
+  std::error_code ec;
+  fs::create_directories(folder.tmp_dir, ec);
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", folder.tmp_dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position) {
+  nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
+  if (absl::Status s = WriteTextAtomically(fs::path(folder.tmp_dir) / "state.json", state.dump());
+      !s.ok()) {
+    return s;
+  }
+  // A folder of the same step from a run that went further before a rollback.
+  if (absl::Status s = RemoveTree(folder.final_dir); !s.ok()) return s;
+  std::error_code ec;
+  fs::rename(folder.tmp_dir, folder.final_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot rename ", folder.tmp_dir, " to ",
+                                            folder.final_dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const ParamStore& params,
                                            const AdamW& optimizer) {
@@ -58,47 +91,24 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
     }
     tensors[name] = t.detach();
   }
-  const fs::path final_dir =
-      fs::path(checkpoints_dir) / absl::StrFormat("%s%08d", kPrefix, position.step);
-  const fs::path tmp_dir =
-      fs::path(checkpoints_dir) / absl::StrCat(".", final_dir.filename().string(), ".tmp");
-  if (absl::Status s = RemoveTree(tmp_dir.string()); !s.ok()) return s;
-  std::error_code ec;
-  fs::create_directories(tmp_dir, ec);
-  if (ec)
-    return absl::InternalError(
-        absl::StrCat("cannot create ", tmp_dir.string(), ": ", ec.message()));
-
-  if (absl::Status s = WriteSafetensors((tmp_dir / "params.safetensors").string(), tensors);
+  const CheckpointFolder folder = CheckpointFolderFor(checkpoints_dir, position.step);
+  if (absl::Status s = BeginCheckpoint(folder); !s.ok()) return s;
+  const fs::path tmp(folder.tmp_dir);
+  if (absl::Status s = WriteSafetensors((tmp / "params.safetensors").string(), tensors); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          WriteSafetensors((tmp / "optimizer.safetensors").string(), optimizer.StateDict());
       !s.ok()) {
     return s;
   }
   if (absl::Status s =
-          WriteSafetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.StateDict());
+          WriteSafetensors((tmp / "rng.safetensors").string(), {{"cpu", GeneratorState()}});
       !s.ok()) {
     return s;
   }
-  at::Tensor rng;
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
-  if (absl::Status s = WriteSafetensors((tmp_dir / "rng.safetensors").string(), {{"cpu", rng}});
-      !s.ok()) {
-    return s;
-  }
-  nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
-  if (absl::Status s = WriteTextAtomically(tmp_dir / "state.json", state.dump()); !s.ok()) return s;
-
-  // A folder of the same step from a run that went further before a rollback.
-  if (absl::Status s = RemoveTree(final_dir.string()); !s.ok()) return s;
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir.string(), " to ",
-                                            final_dir.string(), ": ", ec.message()));
-  }
-  return final_dir.string();
+  if (absl::Status s = PublishCheckpoint(folder, position); !s.ok()) return s;
+  return folder.final_dir;
 }
 
 std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) {
@@ -150,42 +160,35 @@ absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
 
 absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore* params,
                                              AdamW* optimizer) {
-  const fs::path root(dir);
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> p =
-      SafetensorsFile::Open((root / "params.safetensors").string());
-  if (!p.ok()) return p.status();
-  for (const std::string& name : params->TrainableNames()) {
-    absl::StatusOr<at::Tensor> t = (*p)->tensor(name);
-    if (!t.ok()) {
-      return absl::DataLossError(absl::StrCat(dir, ": checkpoint has no tensor ", name));
-    }
-    params->Assign(name, *t);
-  }
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> o =
-      SafetensorsFile::Open((root / "optimizer.safetensors").string());
-  if (!o.ok()) return o.status();
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
+  if (!reader.ok()) return reader.status();
+  // Whole tensors, one bucket at a time, from either layout: a job of one
+  // rank resumes a sharded job's checkpoint too.
   std::map<std::string, at::Tensor> state;
-  for (const std::string& name : (*o)->names()) state[name] = *(*o)->tensor(name);
+  for (const FlatBucket& bucket : FlatLayout::Plan(*params, 1).buckets) {
+    if (!bucket.trainable) continue;
+    for (auto part : {CheckpointReader::Part::kParams, CheckpointReader::Part::kExpAvg,
+                      CheckpointReader::Part::kExpAvgSq}) {
+      absl::StatusOr<at::Tensor> flat = reader->Range(bucket, part, 0, bucket.numel);
+      if (!flat.ok()) return flat.status();
+      for (const FlatEntry& e : bucket.entries) {
+        at::Tensor t = flat->narrow(0, e.offset, e.numel).view(e.shape);
+        if (part == CheckpointReader::Part::kParams) {
+          params->Assign(e.name, t);
+        } else {
+          state[e.name + PartSuffix(part)] = t;
+        }
+      }
+    }
+  }
+  state["__step__"] = torch::tensor(reader->optimizer_steps(), torch::kLong);
   if (absl::Status s = optimizer->LoadStateDict(state); !s.ok()) {
     return absl::DataLossError(absl::StrCat(dir, ": ", s.message()));
   }
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> r =
-      SafetensorsFile::Open((root / "rng.safetensors").string());
-  if (!r.ok()) return r.status();
-  absl::StatusOr<at::Tensor> rng = (*r)->tensor("cpu");
-  if (!rng.ok())
-    return absl::DataLossError(absl::StrCat(dir, ": rng.safetensors has no cpu state"));
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng->clone());
-  }
-  std::ifstream in(root / "state.json");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.contains("step") || !j.contains("data_cursor")) {
-    return absl::DataLossError(absl::StrCat(dir, "/state.json is missing or corrupt"));
-  }
-  return TrainPosition{j["step"].get<int64_t>(), j["data_cursor"].get<int64_t>()};
+  absl::StatusOr<at::Tensor> rng = reader->GeneratorState(0);
+  if (!rng.ok()) return rng.status();
+  SetGeneratorState(*rng);
+  return reader->position();
 }
 
 }  // namespace ballast::train

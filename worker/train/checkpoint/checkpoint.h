@@ -27,6 +27,18 @@ struct TrainPosition {
   int64_t data_cursor = 0;  // examples consumed
 };
 
+// The steps of writing a checkpoint folder, shared by both layouts:
+// BeginCheckpoint empties and creates tmp_dir, the caller writes its files
+// there, and PublishCheckpoint adds state.json and renames tmp_dir to
+// final_dir (replacing a folder of the same step).
+struct CheckpointFolder {
+  std::string final_dir;  // checkpoints/step-00000005
+  std::string tmp_dir;    // checkpoints/.step-00000005.tmp
+};
+CheckpointFolder CheckpointFolderFor(const std::string& checkpoints_dir, int64_t step);
+absl::Status BeginCheckpoint(const CheckpointFolder& folder);
+absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position);
+
 // Writes checkpoint `position.step` under `checkpoints_dir` and returns its
 // folder. FAILED_PRECONDITION (and nothing written) when a trainable tensor
 // holds a NaN or an infinity.
@@ -44,7 +56,8 @@ std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir);
 absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
     const std::string& checkpoints_dir, int64_t max_step);
 
-// Restores params, optimizer and RNG from a checkpoint folder and returns its
+// Restores params, optimizer and RNG from a checkpoint folder, of a job of
+// one rank or a sharded one (sharded_checkpoint.h), and returns its
 // position. DATA_LOSS names the file or tensor that is missing or corrupt.
 absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore* params,
                                              AdamW* optimizer);

@@ -1,14 +1,15 @@
-// Collectives: the reductions a training step needs across the ranks of a
-// job. The step calls them in the same order on every rank:
+// Collectives: the communication a training step needs across the ranks of a
+// job. Every rank makes the same calls in the same order:
 //   the step's token counts      (before the first backward, for the loss scale)
-//   the loss sum and the gradient's per-tensor sums of squares (for grad_norm)
+//   per unit, forward then backward: AllGather of its shards, and in backward
+//     ReduceScatter of its gradients (ZeRO-3, worker/train/shard/)
+//   the loss sum and the gradient's sums of squares (for grad_norm)
 //   the guard's action           (the most severe verdict wins)
-// One rank needs none of them: SingleRank returns its inputs. ZeRO-3 fills in
-// a c10d implementation (Gloo on CPU, NCCL on GPU) behind the same calls.
+// One rank needs no communication: SingleRank copies. ProcessGroupCollectives
+// (process_group.h) runs them over c10d: Gloo on CPU, NCCL on GPU.
 //
-// Not thread-safe: the training thread calls it; every rank must make the same
-// calls in the same order, or a multi-rank implementation waits for the
-// missing one until its timeout.
+// Not thread-safe: the training thread calls it; a rank that skips a call
+// leaves its peers waiting until the group's timeout.
 #ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_COLLECTIVES_H_
 #define BALLAST_WORKER_TRAIN_COLLECTIVES_COLLECTIVES_H_
 
@@ -18,6 +19,14 @@
 #include <memory>
 
 namespace ballast::train {
+
+// A collective that was issued and may still be moving data; its output is
+// valid once Wait() returns. Wait() throws (c10::Error) when a peer is lost.
+class InFlight {
+ public:
+  virtual ~InFlight() = default;
+  virtual void Wait() = 0;
+};
 
 class Collectives {
  public:
@@ -31,15 +40,32 @@ class Collectives {
   virtual void SumInPlace(at::Tensor& values) = 0;
   // The largest of every rank's `value`.
   virtual int64_t Max(int64_t value) = 0;
+
+  // full (world_size * n) = every rank's shard (n) in rank order. Contiguous
+  // 1-D tensors of one dtype; `full` must stay alive until Wait().
+  virtual std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) = 0;
+  // shard (n) = the sum over ranks of their full[rank * n, (rank + 1) * n).
+  // Contiguous 1-D fp32 tensors (sums in fp32: Gloo would add bf16 in bf16).
+  virtual std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) = 0;
+  // Returns when every rank has called it.
+  virtual void Barrier() = 0;
+
+  // Bytes this rank has sent plus received, by the algorithm's own count
+  // (see process_group.cc), since it was made.
+  virtual int64_t communicated_bytes() const = 0;
 };
 
-// A job of one rank: every reduction is the identity.
+// A job of one rank: reductions are the identity, a gather is a copy.
 class SingleRank : public Collectives {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   void SumInPlace(at::Tensor&) override {}
   int64_t Max(int64_t value) override { return value; }
+  std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override;
+  std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override;
+  void Barrier() override {}
+  int64_t communicated_bytes() const override { return 0; }
 };
 
 }  // namespace ballast::train

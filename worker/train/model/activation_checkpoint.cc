@@ -1,29 +1,15 @@
 #include "worker/train/model/activation_checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <mutex>
-
 #include "worker/train/model/decoder.h"
+#include "worker/train/model/rng_state.h"
 
 namespace ballast::train {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor GeneratorState() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void SetGeneratorState(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
 
 // The attention mask travels through autograd's saved data as plain integers.
 kernels::AttentionMask Mask(const at::Tensor& cu_seqlens, int64_t kind, int64_t block_size) {

@@ -40,9 +40,30 @@ at::Tensor RopeInvFreq(const ModelConfig& c) {
   return inv_freq;
 }
 
-// Tensors stacked along dim 0, without a copy when there is only one.
+// Tensors stacked along dim 0. Without a copy when there is only one, or
+// when they are adjacent views of one buffer (a sharded model lays a layer's
+// q/k/v and gate/up out that way): the copy would be what autograd keeps for
+// backward, a second resident copy of the weights.
 at::Tensor JoinRows(const std::vector<at::Tensor>& parts) {
-  return parts.size() == 1 ? parts.front() : at::cat(parts, 0);
+  if (parts.size() == 1) return parts.front();
+  const at::Tensor& first = parts.front();
+  bool adjacent = first.is_view() && first.is_contiguous() && first._base().dim() == 1 &&
+                  first._base().is_contiguous();
+  int64_t rows = first.size(0);
+  for (size_t i = 1; adjacent && i < parts.size(); ++i) {
+    const at::Tensor& p = parts[i];
+    const at::Tensor& before = parts[i - 1];
+    adjacent = p.is_view() && p.is_contiguous() && p._base().is_same(first._base()) &&
+               p.sizes().slice(1) == first.sizes().slice(1) &&
+               p.storage_offset() == before.storage_offset() + before.numel();
+    rows += p.size(0);
+  }
+  if (!adjacent) return at::cat(parts, 0);
+  const at::Tensor base(first._base());  // 1-D
+  std::vector<int64_t> shape = first.sizes().vec();
+  shape[0] = rows;
+  const int64_t numel = rows * (first.numel() / first.size(0));
+  return base.narrow(0, first.storage_offset() - base.storage_offset(), numel).view(shape);
 }
 
 }  // namespace
@@ -174,7 +195,9 @@ at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const 
 
   at::Tensor h = at::embedding(Weight("model.embed_tokens.weight"), batch.input_ids);  // (T, H)
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    if (gradient_checkpointing_ && training && torch::GradMode::is_enabled()) {
+    if (layer_runner_ != nullptr) {
+      h = layer_runner_->RunLayer(*this, i, h, cos, sin, mask, training);
+    } else if (gradient_checkpointing_ && training && torch::GradMode::is_enabled()) {
       h = CheckpointedLayer(*this, *params_, i, h, cos, sin, mask);
     } else {
       h = LayerForward(i, h, cos, sin, mask, training);

@@ -31,12 +31,28 @@
 
 namespace ballast::train {
 
+class Decoder;
+
+// Runs one decoder layer in the decoder's forward. The decoder runs its
+// layers itself when it has none; a sharded model (worker/train/shard/) is
+// one, gathering the layer's parameters around it.
+class LayerRunner {
+ public:
+  virtual ~LayerRunner() = default;
+  virtual at::Tensor RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
+                              const at::Tensor& cos, const at::Tensor& sin,
+                              const kernels::AttentionMask& mask, bool training) = 0;
+};
+
 class Decoder {
  public:
   // `params` must outlive the decoder. `lora` is set for LoRA jobs.
   // compute_dtype is kFloat or kBFloat16 (bf16 compute over fp32 masters).
   Decoder(ModelConfig config, const ParamStore* params, std::optional<LoraConfig> lora,
           at::ScalarType compute_dtype, bool gradient_checkpointing);
+
+  // Hands every layer to `runner` (not owned; nullptr: the decoder's own).
+  void set_layer_runner(LayerRunner* runner) { layer_runner_ = runner; }
 
   // Final-normed hidden states, (T, H) in the compute dtype, differentiable
   // in every trainable tensor. `training` turns LoRA dropout on.
@@ -50,6 +66,7 @@ class Decoder {
                           bool training) const;
 
   const ModelConfig& config() const { return config_; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // The fp32 master of the output projection (the embeddings when tied), (V, H).
   const at::Tensor& lm_head_weight() const;
@@ -71,6 +88,7 @@ class Decoder {
   std::optional<LoraConfig> lora_;
   at::ScalarType compute_dtype_;
   bool gradient_checkpointing_;
+  LayerRunner* layer_runner_ = nullptr;
   at::Tensor inv_freq_;  // (head_dim / 2) fp32, with rope_scaling applied
 };
 

@@ -28,6 +28,12 @@ void ParamStore::Assign(const std::string& name, const at::Tensor& value) {
   const_cast<at::Tensor&>(dst).copy_(value);
 }
 
+void ParamStore::Rebind(const std::string& name, at::Tensor value) {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "ParamStore: no tensor named ", name);
+  it->second.value = std::move(value);
+}
+
 std::vector<std::string> ParamStore::TrainableNames() const {
   std::vector<std::string> out;
   for (const auto& n : names_) {

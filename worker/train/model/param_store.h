@@ -33,6 +33,10 @@ class ParamStore {
   // Replaces the value under `name` in place (same shape and dtype), keeping
   // requires_grad; used by checkpoint restore and the optimizer.
   void Assign(const std::string& name, const at::Tensor& value);
+  // Makes `name` refer to `value` itself, with no copy and no change to its
+  // requires_grad: the sharded model (worker/train/shard/) swaps in views of
+  // a unit's gathered buffer each time it gathers the unit.
+  void Rebind(const std::string& name, at::Tensor value);
 
   // Names in insertion order (HF order: embeddings, layers 0..n-1, norm, head).
   const std::vector<std::string>& names() const { return names_; }

@@ -164,9 +164,13 @@ absl::StatusOr<std::unique_ptr<AttemptOutput>> AttemptOutput::Claim(const std::s
   return self;
 }
 
+std::string AttemptOutput::DirFor(const std::string& out_dir, int32_t attempt) {
+  return (fs::path(out_dir) / kAttemptsDir / absl::StrCat(attempt)).string();
+}
+
 AttemptOutput::AttemptOutput(std::string out_dir, int32_t attempt, int lock_fd)
     : out_dir_(std::move(out_dir)),
-      dir_((fs::path(out_dir_) / kAttemptsDir / absl::StrCat(attempt)).string()),
+      dir_(DirFor(out_dir_, attempt)),
       attempt_(attempt),
       lock_fd_(lock_fd) {}
 

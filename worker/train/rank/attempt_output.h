@@ -45,6 +45,8 @@ class AttemptOutput {
                                                               int32_t attempt,
                                                               int64_t resume_at_or_before);
   ~AttemptOutput();
+  // attempts/N of `out_dir`: where every rank of attempt N writes.
+  static std::string DirFor(const std::string& out_dir, int32_t attempt);
   AttemptOutput(const AttemptOutput&) = delete;
   AttemptOutput& operator=(const AttemptOutput&) = delete;
 

@@ -32,6 +32,9 @@ struct StepRecord {
   double step_time_s = 0;
   bool skipped = false;     // the update never reached the weights
   std::string skip_reason;  // why, when skipped
+  // This rank's, reported in events, not in metrics.jsonl.
+  int64_t communicated_bytes = 0;  // sent in collectives during the step
+  int64_t peak_memory_bytes = 0;   // peak resident memory of the process so far
 };
 
 class MetricsLog {

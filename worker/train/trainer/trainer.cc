@@ -1,6 +1,7 @@
 #include "worker/train/trainer/trainer.h"
 
 #include <c10/util/Exception.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
+#include "worker/train/checkpoint/sharded_checkpoint.h"
 #include "worker/train/model/model_config.h"
 #include "worker/train/model/pretrained.h"
 #include "worker/train/optim/lr_schedule.h"
@@ -24,6 +26,12 @@ namespace fs = std::filesystem;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int64_t PeakRssBytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
 // LibTorch reports through exceptions; they stop at the Trainer's API, where
@@ -68,6 +76,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
       return absl::InvalidArgumentError(absl::StrCat(
           "device ", options.device.str(), " is not supported yet; the trainer runs on cpu"));
     }
+    const int world_size = options.collectives != nullptr ? options.collectives->world_size() : 1;
+    if (spec.data().grad_accum_steps() % world_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.grad_accum_steps ", spec.data().grad_accum_steps(),
+          " is not a multiple of the world size ", world_size,
+          ": each rank takes an equal share of a step's micro-batches (set it to a multiple of ",
+          world_size, "; the step's batch stays micro_batch_size x grad_accum_steps)"));
+    }
     absl::StatusOr<std::unique_ptr<Objective>> objective = MakeObjective(spec);
     if (!objective.ok()) return objective.status();
     absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
@@ -90,14 +106,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
         if (!s.ok()) return s;
       }
     }
-    return std::unique_ptr<Trainer>(new Trainer(spec, out_dir, options, *std::move(config),
-                                                *std::move(params), std::move(lora),
-                                                *std::move(data), *std::move(objective)));
+    std::unique_ptr<ShardedModel> sharded;
+    if (world_size > 1) {
+      // Every rank built the same whole model from the same seed; each keeps
+      // its shard of it, and draws its own dropout masks from here on.
+      const at::ScalarType compute = spec.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat;
+      sharded = std::make_unique<ShardedModel>(*std::move(params), options.collectives, compute);
+      *params = ParamStore();
+      torch::manual_seed(spec.seed() + options.collectives->rank());
+    }
+    return std::unique_ptr<Trainer>(
+        new Trainer(spec, out_dir, options, *std::move(config), *std::move(params),
+                    std::move(sharded), std::move(lora), *std::move(data), *std::move(objective)));
   });
 }
 
 Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
-                 ParamStore params, std::optional<LoraConfig> lora, TokenizedDataset data,
+                 ParamStore params, std::unique_ptr<ShardedModel> sharded,
+                 std::optional<LoraConfig> lora, TokenizedDataset data,
                  std::unique_ptr<Objective> objective)
     : spec_(std::move(spec)),
       out_dir_(std::move(out_dir)),
@@ -108,16 +134,35 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       observer_(options.observer != nullptr ? options.observer : &null_observer_),
       config_(std::move(config)),
       params_(std::move(params)),
+      sharded_(std::move(sharded)),
       lora_(std::move(lora)),
       data_(std::move(data)),
-      decoder_(config_, &params_, lora_,
+      decoder_(config_, sharded_ ? &sharded_->gathered() : &params_, lora_,
                spec_.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat,
                spec_.gradient_checkpointing()),
       objective_(std::move(objective)),
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
-                 params_),
-      guard_(options.guard) {}
+                 trained()),
+      guard_(options.guard) {
+  // Accounting: what this rank keeps resident for the whole run.
+  int64_t parameter_bytes = 0, gradient_bytes = 0, gathered_bytes = 0;
+  if (sharded_) {
+    decoder_.set_layer_runner(sharded_.get());
+    parameter_bytes = sharded_->parameter_bytes();
+    gradient_bytes = sharded_->gradient_bytes();
+    gathered_bytes = sharded_->gathered_buffer_bytes();
+  } else {
+    for (const std::string& name : params_.names()) parameter_bytes += params_.get(name).nbytes();
+    gradient_bytes = params_.TrainableNumel() * static_cast<int64_t>(sizeof(float));
+  }
+  // AdamW keeps two fp32 moments per trainable element.
+  Log("info",
+      absl::StrCat("rank ", collectives_->rank(), " of ", collectives_->world_size(), " holds ",
+                   parameter_bytes, " parameter bytes, ", gradient_bytes, " gradient bytes, ",
+                   2 * gradient_bytes, " optimizer bytes, and gathers up to ", gathered_bytes,
+                   " bytes of whole units"));
+}
 
 Trainer::~Trainer() = default;
 
@@ -133,11 +178,16 @@ absl::Status Trainer::RunSteps() {
   fs::create_directories(checkpoints_dir_, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", checkpoints_dir_));
 
-  absl::StatusOr<std::optional<std::string>> resume_from = ResumeCheckpoint();
+  // Rank 0 alone applies a rollback to the shared checkpoints folder; the
+  // others look once it has.
+  absl::StatusOr<std::optional<std::string>> resume_from;
+  if (collectives_->rank() == 0) resume_from = ResumeCheckpoint();
+  collectives_->Barrier();
+  if (collectives_->rank() != 0) resume_from = ResumeCheckpoint();
   if (!resume_from.ok()) return resume_from.status();
   TrainPosition pos;
   if (*resume_from) {
-    absl::StatusOr<TrainPosition> loaded = LoadCheckpoint(**resume_from, &params_, &optimizer_);
+    absl::StatusOr<TrainPosition> loaded = LoadState(**resume_from);
     if (!loaded.ok()) return loaded.status();
     pos = *loaded;
     Log("info", absl::StrCat("resuming from checkpoint step ", pos.step, " (", **resume_from,
@@ -145,17 +195,34 @@ absl::Status Trainer::RunSteps() {
   } else {
     Log("info", absl::StrCat("starting at step 0 of ", spec_.max_steps()));
   }
-  absl::StatusOr<MetricsLog> metrics =
-      MetricsLog::Open((fs::path(out_dir_) / "metrics.jsonl").string(), pos.step);
-  if (!metrics.ok()) return metrics.status();
+  // One metrics.jsonl per job: every rank computes the same step records.
+  std::optional<MetricsLog> metrics;
+  if (writes_shared_files()) {
+    absl::StatusOr<MetricsLog> opened =
+        MetricsLog::Open((fs::path(out_dir_) / "metrics.jsonl").string(), pos.step);
+    if (!opened.ok()) return opened.status();
+    metrics = *std::move(opened);
+  }
 
+  bool traffic_logged = false;
   while (pos.step < spec_.max_steps()) {
     GuardVerdict verdict;
     const StepRecord record = Step(&pos, &verdict);
-    if (absl::Status s = metrics->Append(record); !s.ok()) return s;
+    if (collectives_->world_size() > 1 && !traffic_logged) {
+      // Every step moves the same bytes; events carry each step's figure.
+      Log("info", absl::StrCat("rank ", collectives_->rank(), " sent ", record.communicated_bytes,
+                               " bytes in collectives in step ", record.step));
+      traffic_logged = true;
+    }
+    if (metrics) {
+      if (absl::Status s = metrics->Append(record); !s.ok()) return s;
+    }
     Report(record, verdict);
     if (verdict.action == GuardAction::kRollback) {
-      if (absl::Status s = Rollback(verdict, record.step, &pos, &*metrics); !s.ok()) return s;
+      if (absl::Status s = Rollback(verdict, record.step, &pos, metrics ? &*metrics : nullptr);
+          !s.ok()) {
+        return s;
+      }
       continue;
     }
     if (observer_->StopRequested()) {
@@ -185,15 +252,19 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
 
   // Batch: every micro-batch of the step, and the step's token counts over
   // all ranks, so that the loss scale is known before the first backward.
+  // The step's batch is grad_accum_steps micro-batches at any world size;
+  // rank r takes micro-batches r, r + N, ... of them.
+  const int64_t communicated_before = collectives_->communicated_bytes();
   std::vector<PackedBatch> micro_batches;
   at::Tensor counts = torch::zeros({2}, torch::kLong);  // (tokens, supervised tokens)
-  for (int64_t i = 0; i < d.grad_accum_steps(); ++i) {
-    micro_batches.push_back(
-        data_.Pack(pos->data_cursor, d.micro_batch_size(), d.shuffle(), spec_.seed()));
-    pos->data_cursor += d.micro_batch_size();
+  for (int64_t i = collectives_->rank(); i < d.grad_accum_steps();
+       i += collectives_->world_size()) {
+    micro_batches.push_back(data_.Pack(pos->data_cursor + i * d.micro_batch_size(),
+                                       d.micro_batch_size(), d.shuffle(), spec_.seed()));
     counts[0] += micro_batches.back().input_ids.numel();
     counts[1] += micro_batches.back().supervised_tokens;
   }
+  pos->data_cursor += d.grad_accum_steps() * d.micro_batch_size();
   pos->step += 1;
   collectives_->SumInPlace(counts);
   m.tokens = counts[0].item<int64_t>();
@@ -204,7 +275,7 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
     verdict->reason = "no supervised tokens";
     m.skipped = true;
     m.skip_reason = verdict->reason;
-    m.step_time_s = SecondsSince(start);
+    FinishRecord(start, communicated_before, &m);
     return m;
   }
 
@@ -213,16 +284,19 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   const double n = static_cast<double>(m.supervised_tokens);
   double loss_sum = 0;
   for (const PackedBatch& batch : micro_batches) {
+    if (sharded_) sharded_->GatherRoots();
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
     (ls.sum / n).backward();
+    if (sharded_) sharded_->FinishBackward();
     loss_sum += ls.sum.item<double>();
   }
 
   // Reduce: the loss sum and the gradient's per-tensor sums of squares over
   // ranks, in one call; grad_norm is the fp32 global L2 norm.
-  std::vector<std::string> names = params_.TrainableNames();
+  ParamStore& trained = this->trained();
+  std::vector<std::string> names = trained.TrainableNames();
   std::vector<at::Tensor> grads;
-  for (const std::string& name : names) grads.push_back(params_.get(name).grad());
+  for (const std::string& name : names) grads.push_back(trained.get(name).grad());
   kernels::GradNormResult gn = kernels::grad_norm(grads);
   at::Tensor sums = torch::cat({torch::tensor({loss_sum}, torch::kDouble),
                                 gn.sum_squares.to(torch::kDouble)});  // (1 + tensors)
@@ -257,17 +331,24 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
         }
       }
     }
-    optimizer_.Step(params_, m.lr);
+    optimizer_.Step(trained, m.lr);
   } else {
     m.skipped = true;
     m.skip_reason = verdict->reason;
   }
   for (const std::string& name : names) {
-    at::Tensor p = params_.get(name);
+    at::Tensor p = trained.get(name);
     if (p.grad().defined()) p.mutable_grad().reset();
   }
-  m.step_time_s = SecondsSince(start);
+  FinishRecord(start, communicated_before, &m);
   return m;
+}
+
+void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
+                           StepRecord* m) const {
+  m->step_time_s = SecondsSince(start);
+  m->communicated_bytes = collectives_->communicated_bytes() - communicated_before;
+  m->peak_memory_bytes = PeakRssBytes();
 }
 
 // ---------------------------------------------------------------------------
@@ -282,9 +363,17 @@ absl::StatusOr<std::optional<std::string>> Trainer::ResumeCheckpoint() const {
   return LatestCheckpoint(checkpoints_dir_);
 }
 
+absl::StatusOr<TrainPosition> Trainer::LoadState(const std::string& dir) {
+  if (sharded_) return LoadShardedCheckpoint(dir, sharded_.get(), &optimizer_, collectives_);
+  return LoadCheckpoint(dir, &params_, &optimizer_);
+}
+
 absl::Status Trainer::SaveCheckpointAt(const TrainPosition& pos) {
-  absl::StatusOr<std::string> dir = SaveCheckpoint(checkpoints_dir_, pos, params_, optimizer_);
+  absl::StatusOr<std::string> dir =
+      sharded_ ? SaveShardedCheckpoint(checkpoints_dir_, pos, *sharded_, optimizer_, collectives_)
+               : SaveCheckpoint(checkpoints_dir_, pos, params_, optimizer_);
   if (!dir.ok()) return dir.status();
+  if (!writes_shared_files()) return absl::OkStatus();
   v1::CheckpointSaved saved;
   saved.set_step(pos.step);
   saved.set_path(*dir);
@@ -309,10 +398,12 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
     Log("error", diagnosis);
     return absl::FailedPreconditionError(diagnosis);
   }
-  absl::StatusOr<TrainPosition> loaded = LoadCheckpoint(*checkpoint, &params_, &optimizer_);
+  absl::StatusOr<TrainPosition> loaded = LoadState(*checkpoint);
   if (!loaded.ok()) return loaded.status();
   *pos = *loaded;
-  if (absl::Status s = metrics->TruncateAfter(pos->step); !s.ok()) return s;
+  if (metrics != nullptr) {
+    if (absl::Status s = metrics->TruncateAfter(pos->step); !s.ok()) return s;
+  }
   v1::GuardEvent event;
   event.set_kind(v1::GuardEvent::KIND_ROLLBACK);
   event.set_step(step);
@@ -324,15 +415,26 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
 }
 
 absl::Status Trainer::Export() {
+  // A sharded model is gathered one bucket at a time, on every rank; rank 0
+  // writes. The whole model exists once, in fp32, on each rank meanwhile.
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  if (sharded_) {
+    tensors = sharded_->GatherFullTensors(/*trainable_only=*/lora_.has_value());
+  } else {
+    for (const std::string& name : params_.names()) tensors.emplace_back(name, params_.get(name));
+  }
+  if (!writes_shared_files()) return absl::OkStatus();
   absl::Status s;
   fs::path dir;
   if (lora_) {
     dir = fs::path(out_dir_) / "adapter";
-    s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, params_);
+    ParamStore adapters;
+    if (sharded_) {
+      for (auto& [name, t] : tensors) adapters.Add(name, t, ParamStore::kNoLayer, true);
+    }
+    s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, sharded_ ? adapters : params_);
   } else {
     dir = fs::path(out_dir_) / "model";
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const std::string& name : params_.names()) tensors.emplace_back(name, params_.get(name));
     s = ExportHfModel(spec_.model().path(), dir.string(), tensors);
   }
   if (s.ok()) Log("info", absl::StrCat("exported ", dir.string()));
@@ -352,6 +454,8 @@ void Trainer::Report(const StepRecord& m, const GuardVerdict& verdict) {
   out.set_tokens_per_s(m.step_time_s > 0 ? m.tokens / m.step_time_s : 0);
   out.set_step_time_s(m.step_time_s);
   out.set_skipped(m.skipped);
+  out.set_peak_memory_bytes(m.peak_memory_bytes);
+  out.set_communicated_bytes(m.communicated_bytes);
   observer_->OnStep(out);
   if (verdict.action == GuardAction::kSkip) {
     v1::GuardEvent guard;

@@ -15,6 +15,7 @@
 
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@
 #include "worker/train/model/param_store.h"
 #include "worker/train/objective/objective.h"
 #include "worker/train/optim/adamw.h"
+#include "worker/train/shard/sharded_model.h"
 #include "worker/train/trainer/metrics_log.h"
 #include "worker/train/trainer/training_observer.h"
 
@@ -46,8 +48,10 @@ struct TrainerOptions {
   TrainingObserver* observer = nullptr;
   // Where the step's tensors live. Only the CPU for now.
   c10::Device device = c10::kCPU;
-  // The job's ranks; null for a job of one rank. Not owned; it must outlive
-  // the Trainer.
+  // The job's ranks; null for a job of one rank. With more than one, the
+  // model is sharded across them (ZeRO-3, worker/train/shard/) and each rank
+  // takes an equal share of every step's micro-batches. Not owned; it must
+  // outlive the Trainer.
   Collectives* collectives = nullptr;
   GuardOptions guard;
 };
@@ -96,18 +100,30 @@ class Trainer {
   // applied only for kApply). May throw c10::Error from LibTorch.
   StepRecord Step(TrainPosition* position, GuardVerdict* verdict);
 
+  // The whole model of a single-rank job (empty when sharded).
   const ParamStore& params() const { return params_; }
+  // The sharded model of a multi-rank job (null for one rank).
+  const ShardedModel* sharded() const { return sharded_.get(); }
   const AdamW& optimizer() const { return optimizer_; }
 
  private:
   Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
-          ParamStore params, std::optional<LoraConfig> lora, TokenizedDataset data,
-          std::unique_ptr<Objective> objective);
+          ParamStore params, std::unique_ptr<ShardedModel> sharded, std::optional<LoraConfig> lora,
+          TokenizedDataset data, std::unique_ptr<Objective> objective);
 
+  // What the optimizer updates: the whole model's trainable tensors, or this
+  // rank's trainable shards.
+  ParamStore& trained() { return sharded_ ? sharded_->masters() : params_; }
+  bool writes_shared_files() const { return collectives_->rank() == 0; }
   absl::Status RunSteps();
   // The checkpoint to resume from (see TrainerOptions::resume_at_or_before).
   absl::StatusOr<std::optional<std::string>> ResumeCheckpoint() const;
   absl::Status SaveCheckpointAt(const TrainPosition& position);
+  // Restores the trained state from a checkpoint folder, either layout.
+  absl::StatusOr<TrainPosition> LoadState(const std::string& dir);
+  // The step's time, traffic and peak memory.
+  void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
+                    StepRecord* record) const;
   // Goes back to the newest checkpoint after a bad streak, or fails with the
   // guard's diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,
@@ -127,6 +143,7 @@ class Trainer {
   TrainingObserver* const observer_;
   ModelConfig config_;
   ParamStore params_;
+  std::unique_ptr<ShardedModel> sharded_;
   std::optional<LoraConfig> lora_;
   TokenizedDataset data_;
   Decoder decoder_;

@@ -1,0 +1,122 @@
+"""Benchmark: ZeRO-3 ballast-train at 1, 2 and 4 ranks on CPU (c10d Gloo over
+loopback), each figure a ratio to one rank, measured in one run.
+
+Setup: a Qwen3 of 8 layers, hidden 256, vocab 4096, seq 512; a full finetune
+(every parameter sharded, fp32 masters and AdamW moments); one step is 4
+micro-batches of 1 document, so 1, 2 and 4 ranks take 4, 2 and 1 of them.
+The ranks share this machine's cores (torch threads per rank = cores / N, at
+least 1), so tokens/s shows the cost of sharding here, not the speed-up of
+N machines.
+
+Rows:
+- peak RSS of the largest rank, and tokens/s of the job, against N = 1;
+- bytes one rank sends in collectives per micro-batch, against the ZeRO-3
+  figure 3 x parameter bytes x (N - 1) / N (a ring all-gather in forward and
+  in backward, a ring reduce-scatter). Gloo reduce-scatters as an allreduce
+  (pytorch/pytorch#118911), so about 4/3 of it is what Gloo can do. For LoRA
+  the figure would be 2 x all parameter bytes + 1 x the adapter's: frozen
+  weights are gathered but never reduced.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+SEQ, GAS, STEPS, WARMUP = 512, 4, 8, 2
+
+
+def make_inputs(root):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                      max_position_embeddings=1024, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(os.path.join(root, "model"))
+    numel = sum(p.numel() for p in model.parameters())
+    g = torch.Generator().manual_seed(1)
+    with open(os.path.join(root, "data.jsonl"), "w") as f:
+        for _ in range(GAS * STEPS):
+            f.write(json.dumps({"input_ids": torch.randint(0, 4096, (SEQ,), generator=g).tolist()})
+                    + "\n")
+    with open(os.path.join(root, "job.json"), "w") as f:
+        json.dump({"model": {"path": os.path.join(root, "model")}, "method": "full",
+                   "data": {"path": os.path.join(root, "data.jsonl"), "seqLen": SEQ,
+                            "microBatchSize": 1, "gradAccumSteps": GAS, "shuffle": False},
+                   "optimizer": {"lr": 1e-4}, "maxSteps": STEPS, "seed": 0}, f)
+    return numel
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(binary, root, n):
+    out = os.path.join(root, f"out-{n}")
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
+    port = free_port()
+    logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
+    procs = [subprocess.Popen([binary, "--spec", os.path.join(root, "job.json"), "--out", out,
+                               "--rank", str(r), "--world-size", str(n), "--master-port",
+                               str(port)], stderr=logs[r], env=env) for r in range(n)]
+    peak = [0] * n
+    while any(p.poll() is None for p in procs):
+        for r, p in enumerate(procs):
+            try:
+                peak[r] = max(peak[r], psutil.Process(p.pid).memory_info().rss)
+            except psutil.Error:
+                pass
+        time.sleep(0.01)
+    for r, p in enumerate(procs):
+        logs[r].seek(0)
+        if p.returncode != 0:
+            sys.exit(f"rank {r} of {n} failed:\n{logs[r].read()}")
+    logs[0].seek(0)
+    sent = re.search(r"sent (\d+) bytes in collectives", logs[0].read())
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][WARMUP:]
+    tokens_per_s = statistics.median(r["tokens"] / r["step_time_s"] for r in rows)
+    per_micro_batch = int(sent.group(1)) / (GAS // n) if sent else 0
+    return max(peak), tokens_per_s, per_micro_batch
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default="build/bin")
+    args = parser.parse_args()
+    binary = os.path.abspath(os.path.join(args.bin, "ballast-train"))
+    root = tempfile.mkdtemp(prefix="ballast-sharded-bench-")
+    try:
+        numel = make_inputs(root)
+        results = {n: run(binary, root, n) for n in (1, 2, 4)}
+        rss1, tps1, _ = results[1]
+        for n in (2, 4):
+            rss, tps, sent = results[n]
+            print(f"zero3_cpu/qwen3-8L full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
+                  f"({rss / 2**20:.0f} vs {rss1 / 2**20:.0f} MiB), {tps / tps1:.2f}x tokens/s "
+                  f"({tps:.0f} vs {tps1:.0f}, {os.cpu_count()} cores shared)")
+        for n in (2, 4):
+            sent = results[n][2]
+            zero3 = 3 * 4 * numel * (n - 1) / n
+            print(f"zero3_cpu/qwen3-8L full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
+                  f"3x params x (N-1)/N: {sent / zero3:.2f}x ({sent / 2**20:.1f} vs "
+                  f"{zero3 / 2**20:.1f} MiB; Gloo's reduce-scatter is an allreduce)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// CheckpointReader: the trained state of a checkpoint folder as flat ranges,
+// whatever world size wrote it. A range is named by a FlatBucket of
+// FlatLayout (worker/train/shard/flat_layout.h), whose offsets do not depend
+// on the world size, so one rank of any job can read exactly its elements:
+//   single-rank layout  params.safetensors / optimizer.safetensors by tensor name
+//   sharded layout      layout.json and rank-R.safetensors per bucket shard
+//                       (sharded_checkpoint.h)
+#ifndef BALLAST_WORKER_TRAIN_CHECKPOINT_CHECKPOINT_READER_H_
+#define BALLAST_WORKER_TRAIN_CHECKPOINT_CHECKPOINT_READER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/io/safetensors.h"
+#include "worker/train/shard/flat_layout.h"
+
+namespace ballast::train {
+
+class CheckpointReader {
+ public:
+  // What a bucket range holds: the fp32 masters, or one of AdamW's moments.
+  enum class Part { kParams, kExpAvg, kExpAvgSq };
+
+  // DATA_LOSS names the missing or corrupt file.
+  static absl::StatusOr<CheckpointReader> Open(const std::string& dir);
+
+  bool sharded() const { return world_size_ > 0; }
+  // Elements [lo, hi) of `bucket`'s flat concatenation, fp32 (hi <= numel).
+  // DATA_LOSS when the checkpoint lacks a tensor or lays the bucket out
+  // otherwise (another model or adapter configuration).
+  absl::StatusOr<at::Tensor> Range(const FlatBucket& bucket, Part part, int64_t lo,
+                                   int64_t hi) const;
+  // AdamW's step counter.
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  // The generator state rank `rank` saved (the last saved rank's when the
+  // checkpoint had fewer ranks).
+  absl::StatusOr<at::Tensor> GeneratorState(int rank) const;
+  const TrainPosition& position() const { return position_; }
+
+ private:
+  CheckpointReader() = default;
+  absl::Status CheckBucket(const FlatBucket& bucket) const;
+
+  std::string dir_;
+  int world_size_ = 0;                                   // 0: the single-rank layout
+  FlatLayout saved_;                                     // sharded: the layout it was saved with
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;  // params, optimizer, rng | rank files
+  int64_t optimizer_steps_ = 0;
+  TrainPosition position_;
+};
+
+// Suffix of a part in tensor names: "", ".exp_avg", ".exp_avg_sq".
+const char* PartSuffix(CheckpointReader::Part part);
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_CHECKPOINT_CHECKPOINT_READER_H_

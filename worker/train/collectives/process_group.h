@@ -1,0 +1,49 @@
+// ProcessGroupCollectives: Collectives over LibTorch's c10d, with rendezvous
+// through a c10d::TCPStore that rank 0 hosts. CPU ranks use ProcessGroupGloo.
+// We write no transport of our own.
+//
+// Rendezvous (Connect): rank 0 opens the store on master_addr:master_port and
+// records the world size; every rank reads it back and refuses a mismatch,
+// then the group connects its full mesh. Keys live under "attempt-N/", so a
+// new attempt never reads a half-dead attempt's keys. Each wait is bounded by
+// the rendezvous timeout, and a failure names the rank and the address.
+//
+// A lost peer: Gloo throws from the next collective ("Connection closed by
+// peer"), which names an address, not a rank. The error this class throws
+// instead names the lost ranks: each rank beats a heartbeat key on the store
+// from a thread of its own, and after a failure the ranks whose heartbeat
+// stands still (and that did not report the failure themselves) are lost;
+// rank 0 is lost when the store, which lives in it, is gone.
+#ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
+#define BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/train/collectives/collectives.h"
+
+namespace ballast::train {
+
+struct Rendezvous {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // Keys of one attempt of a job; 0 for a standalone run.
+  int32_t attempt = 0;
+  // Bound on connecting to the store, on the peers' arrival, and on every
+  // collective after that (a hung peer).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// DEADLINE_EXCEEDED when the store cannot be reached or the peers do not all
+// arrive within the timeout; FAILED_PRECONDITION when this rank's world size
+// disagrees with the store's. Each message names the rank and the address.
+absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvous& rendezvous);
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_

@@ -1,0 +1,402 @@
+#include "worker/train/shard/sharded_model.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "worker/train/model/rng_state.h"
+
+namespace ballast::train {
+
+struct ShardedModel::Bucket {
+  const FlatBucket* plan = nullptr;
+  // Frozen buckets: this rank's elements, in the compute dtype. (Trainable
+  // ones keep theirs in masters_.)
+  at::Tensor frozen_shard;
+  // The gathered bucket, (padded) in the compute dtype; a leaf that requires
+  // grad when trainable. Its storage is allocated only while gathered, and
+  // every view the decoder or autograd took of it sees the data again when
+  // it is gathered back.
+  at::Tensor flat;
+  // What a gather in flight reads and writes; `target` shares flat's storage
+  // under its own version counter, so that writing the gathered data does not
+  // look like an in-place change to the tensors autograd saved.
+  at::Tensor source, target;
+  std::unique_ptr<InFlight> in_flight;
+  bool gathered = false;
+};
+
+struct ShardedModel::Unit {
+  int64_t layer = ParamStore::kNoLayer;
+  std::vector<size_t> buckets;
+};
+
+struct ShardedModel::PendingReduction {
+  size_t bucket;
+  at::Tensor full, shard;
+  std::unique_ptr<InFlight> in_flight;
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = t.numel() * t.element_size();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  impl->set_nbytes(0);
+}
+
+void WaitFor(std::unique_ptr<InFlight>& in_flight) {
+  if (in_flight) in_flight->Wait();
+  in_flight.reset();
+}
+
+kernels::AttentionMask Mask(const at::Tensor& cu_seqlens, int64_t kind, int64_t block_size) {
+  kernels::AttentionMask mask;
+  mask.kind = static_cast<kernels::MaskKind>(kind);
+  mask.block_size = block_size;
+  mask.cu_seqlens = cu_seqlens;
+  return mask;
+}
+
+// One layer of a sharded model. Its inputs are h and the layer's trainable
+// flat buffers: the buffers are passed so that autograd runs this node's
+// backward even when h needs no gradient (frozen embeddings under LoRA);
+// their gradients go to the gradient shards, not back through autograd.
+struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, at::TensorList flats,
+                            ShardedModel* model, const Decoder* decoder, int64_t layer,
+                            const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& cu_seqlens, int64_t mask_kind, int64_t block_size) {
+    const size_t unit = model->LayerUnit(layer);
+    model->WaitGathered(unit);
+    if (unit + 1 < model->num_units() && model->IsLayer(unit + 1)) model->Prefetch(unit + 1);
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["decoder"] = reinterpret_cast<int64_t>(decoder);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["mask_kind"] = mask_kind;
+    ctx->saved_data["block_size"] = block_size;
+    ctx->saved_data["num_flats"] = static_cast<int64_t>(flats.size());
+    ctx->saved_data["h_requires_grad"] = h.requires_grad();
+    const kernels::AttentionMask mask = Mask(cu_seqlens, mask_kind, block_size);
+    at::Tensor out;
+    if (decoder->gradient_checkpointing()) {
+      ctx->saved_data["rng"] = GeneratorState();
+      ctx->save_for_backward({h, cos, sin, cu_seqlens});
+      torch::NoGradGuard no_grad;
+      out = decoder->LayerForward(layer, h, cos, sin, mask, /*training=*/true);
+    } else {
+      // The layer's own graph, kept until backward; its saved weights are
+      // views of buffers that Release() empties and backward refills.
+      torch::AutoGradMode enable(true);
+      at::Tensor h_leaf = h.detach().requires_grad_(h.requires_grad());
+      at::Tensor graph_out = decoder->LayerForward(layer, h_leaf, cos, sin, mask, true);
+      ctx->saved_data["h_leaf"] = h_leaf;
+      ctx->saved_data["graph_out"] = graph_out;
+      out = graph_out.detach();
+    }
+    model->Release(unit);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto* model = reinterpret_cast<ShardedModel*>(ctx->saved_data["model"].toInt());
+    const auto* decoder = reinterpret_cast<const Decoder*>(ctx->saved_data["decoder"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const int64_t num_flats = ctx->saved_data["num_flats"].toInt();
+    const bool h_requires_grad = ctx->saved_data["h_requires_grad"].toBool();
+    const size_t unit = model->LayerUnit(layer);
+    model->WaitGathered(unit);
+    if (unit > 0 && model->IsLayer(unit - 1)) model->Prefetch(unit - 1);
+
+    at::Tensor h_leaf, graph_out;
+    if (decoder->gradient_checkpointing()) {
+      variable_list saved = ctx->get_saved_variables();
+      const at::Tensor rng_now = GeneratorState();
+      SetGeneratorState(ctx->saved_data["rng"].toTensor());
+      h_leaf = saved[0].detach().requires_grad_(h_requires_grad);
+      {
+        torch::AutoGradMode enable(true);
+        const kernels::AttentionMask mask = Mask(saved[3], ctx->saved_data["mask_kind"].toInt(),
+                                                 ctx->saved_data["block_size"].toInt());
+        graph_out = decoder->LayerForward(layer, h_leaf, saved[1], saved[2], mask, true);
+      }
+      SetGeneratorState(rng_now);
+    } else {
+      h_leaf = ctx->saved_data["h_leaf"].toTensor();
+      graph_out = ctx->saved_data["graph_out"].toTensor();
+    }
+
+    const std::vector<at::Tensor> flats = model->TrainableFlats(unit);
+    variable_list inputs;
+    if (h_requires_grad) inputs.push_back(h_leaf);
+    inputs.insert(inputs.end(), flats.begin(), flats.end());
+    variable_list grads = torch::autograd::grad({graph_out}, inputs, {grad_out[0]},
+                                                /*retain_graph=*/false, /*create_graph=*/false,
+                                                /*allow_unused=*/true);
+    ctx->saved_data.erase("graph_out");
+    ctx->saved_data.erase("h_leaf");
+    model->ReduceGradients(
+        unit, std::vector<at::Tensor>(grads.begin() + (h_requires_grad ? 1 : 0), grads.end()));
+    model->Release(unit);
+
+    // One gradient per forward input: h, each flat buffer (theirs went to the
+    // shards), then model, decoder, layer, cos, sin, cu_seqlens and the mask's
+    // structure, which get none.
+    variable_list result;
+    result.push_back(h_requires_grad ? grads[0] : at::Tensor());
+    for (int64_t i = 0; i < num_flats; ++i) result.push_back(at::Tensor());
+    for (int i = 0; i < 8; ++i) result.push_back(at::Tensor());
+    return result;
+  }
+};
+
+}  // namespace
+
+ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype)
+    : collectives_(collectives),
+      compute_dtype_(compute_dtype),
+      layout_(FlatLayout::Plan(full, collectives->world_size())) {
+  torch::NoGradGuard no_grad;
+  const int n = collectives_->world_size();
+  const int rank = collectives_->rank();
+  std::map<std::string, size_t> unit_index;
+  for (const FlatBucket& plan : layout_.buckets) {
+    auto bucket = std::make_unique<Bucket>();
+    bucket->plan = &plan;
+    // This rank's elements of the bucket: the tensors' flat concatenation,
+    // zero past the end, from rank * S.
+    const int64_t s = plan.shard_numel(n);
+    const int64_t begin = rank * s;
+    at::Tensor shard = torch::zeros({s}, torch::kFloat);
+    for (const FlatEntry& e : plan.entries) {
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(begin + s, e.offset + e.numel);
+      if (lo >= hi) continue;
+      shard.narrow(0, lo - begin, hi - lo)
+          .copy_(full.get(e.name).detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo));
+    }
+    for (const FlatEntry& e : plan.entries) {
+      // Placeholders until the unit is first gathered.
+      gathered_.Add(e.name, torch::empty({0}), plan.layer, plan.trainable);
+    }
+    if (plan.trainable) {
+      masters_.Add(plan.key(), shard, plan.layer, /*trainable=*/true);
+    } else {
+      bucket->frozen_shard = shard.to(compute_dtype_);
+    }
+    bucket->flat = torch::empty({plan.padded}, torch::TensorOptions().dtype(compute_dtype_));
+    FreeStorage(bucket->flat);
+    if (plan.trainable) bucket->flat.set_requires_grad(true);
+
+    auto [it, added] = unit_index.emplace(plan.unit, units_.size());
+    if (added) {
+      units_.push_back(Unit{plan.layer, {}});
+      if (plan.layer == ParamStore::kNoLayer) {
+        root_units_.push_back(it->second);
+      } else {
+        if (layer_units_.size() <= static_cast<size_t>(plan.layer)) {
+          layer_units_.resize(plan.layer + 1);
+        }
+        layer_units_[plan.layer] = it->second;
+      }
+    }
+    units_[it->second].buckets.push_back(buckets_.size());
+    buckets_.push_back(std::move(bucket));
+  }
+  // `full` goes out of scope here: only the shards stay.
+}
+
+ShardedModel::~ShardedModel() = default;
+
+size_t ShardedModel::LayerUnit(int64_t layer) const { return layer_units_.at(layer); }
+size_t ShardedModel::num_units() const { return units_.size(); }
+bool ShardedModel::IsLayer(size_t unit) const { return units_[unit].layer != ParamStore::kNoLayer; }
+
+std::vector<at::Tensor> ShardedModel::TrainableFlats(size_t unit) const {
+  std::vector<at::Tensor> out;
+  for (size_t b : units_[unit].buckets) {
+    if (buckets_[b]->plan->trainable) out.push_back(buckets_[b]->flat);
+  }
+  return out;
+}
+
+void ShardedModel::Gather(size_t unit) {
+  torch::NoGradGuard no_grad;
+  for (size_t b : units_[unit].buckets) {
+    Bucket& bucket = *buckets_[b];
+    if (bucket.gathered) continue;
+    AllocateStorage(bucket.flat);
+    bucket.target = torch::empty({0}, bucket.flat.options().requires_grad(false))
+                        .set_(bucket.flat.storage(), 0, {bucket.plan->padded}, {1});
+    if (bucket.plan->trainable) {
+      const at::Tensor& master = masters_.get(bucket.plan->key());
+      bucket.source = master.scalar_type() == compute_dtype_ ? master.detach()
+                                                             : master.detach().to(compute_dtype_);
+    } else {
+      bucket.source = bucket.frozen_shard;
+    }
+    bucket.in_flight = collectives_->AllGather(bucket.target, bucket.source);
+    bucket.gathered = true;
+  }
+}
+
+void ShardedModel::Prefetch(size_t unit) { Gather(unit); }
+
+void ShardedModel::WaitGathered(size_t unit) {
+  Gather(unit);
+  for (size_t b : units_[unit].buckets) {
+    Bucket& bucket = *buckets_[b];
+    WaitFor(bucket.in_flight);
+    bucket.source = at::Tensor();
+    bucket.target = at::Tensor();
+    // Views made with grad on, so that a trainable tensor's gradient reaches
+    // the flat leaf.
+    torch::AutoGradMode enable(true);
+    for (const FlatEntry& e : bucket.plan->entries) {
+      gathered_.Rebind(e.name, bucket.flat.narrow(0, e.offset, e.numel).view(e.shape));
+    }
+  }
+}
+
+void ShardedModel::Release(size_t unit) {
+  for (size_t b : units_[unit].buckets) {
+    Bucket& bucket = *buckets_[b];
+    WaitFor(bucket.in_flight);
+    bucket.source = at::Tensor();
+    bucket.target = at::Tensor();
+    if (bucket.gathered) FreeStorage(bucket.flat);
+    bucket.gathered = false;
+  }
+}
+
+void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& flat_grads) {
+  // One reduction in flight at a time: it overlaps the next layer's backward,
+  // and the full-size gradients never pile up.
+  FinishReductions();
+  torch::NoGradGuard no_grad;
+  size_t next = 0;
+  for (size_t b : units_[unit].buckets) {
+    if (!buckets_[b]->plan->trainable) continue;
+    const at::Tensor& grad = flat_grads.at(next++);
+    if (!grad.defined()) continue;
+    PendingReduction p;
+    p.bucket = b;
+    p.full = grad.to(torch::kFloat).contiguous();
+    p.shard =
+        torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())}, torch::kFloat);
+    p.in_flight = collectives_->ReduceScatter(p.shard, p.full);
+    pending_.push_back(std::move(p));
+  }
+}
+
+void ShardedModel::FinishReductions() {
+  torch::NoGradGuard no_grad;
+  for (PendingReduction& p : pending_) {
+    WaitFor(p.in_flight);
+    at::Tensor master = masters_.get(buckets_[p.bucket]->plan->key());
+    if (master.grad().defined()) {
+      master.mutable_grad().add_(p.shard);
+    } else {
+      master.mutable_grad() = p.shard;
+    }
+  }
+  pending_.clear();
+}
+
+void ShardedModel::GatherRoots() {
+  for (size_t u : root_units_) Gather(u);
+  for (size_t u : root_units_) WaitGathered(u);
+}
+
+void ShardedModel::FinishBackward() {
+  for (size_t u : root_units_) {
+    std::vector<at::Tensor> grads;
+    for (at::Tensor& flat : TrainableFlats(u)) {
+      grads.push_back(flat.grad());
+      flat.mutable_grad().reset();
+    }
+    ReduceGradients(u, grads);
+  }
+  FinishReductions();
+  for (size_t u : root_units_) Release(u);
+}
+
+at::Tensor ShardedModel::RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
+                                  const at::Tensor& cos, const at::Tensor& sin,
+                                  const kernels::AttentionMask& mask, bool training) {
+  const size_t unit = LayerUnit(layer);
+  std::vector<at::Tensor> flats = TrainableFlats(unit);
+  if (torch::GradMode::is_enabled() && (h.requires_grad() || !flats.empty())) {
+    return ShardedLayerFunction::apply(h, at::TensorList(flats), this, &decoder, layer, cos, sin,
+                                       mask.cu_seqlens, static_cast<int64_t>(mask.kind),
+                                       mask.block_size);
+  }
+  WaitGathered(unit);
+  if (unit + 1 < units_.size() && IsLayer(unit + 1)) Prefetch(unit + 1);
+  at::Tensor out = decoder.LayerForward(layer, h, cos, sin, mask, training);
+  Release(unit);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::GatherFullTensors(
+    bool trainable_only) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::unique_ptr<Bucket>& bucket : buckets_) {
+    const FlatBucket& plan = *bucket->plan;
+    if (trainable_only && !plan.trainable) continue;
+    at::Tensor source =
+        plan.trainable ? masters_.get(plan.key()).detach() : bucket->frozen_shard.to(torch::kFloat);
+    at::Tensor full = torch::empty({plan.padded}, torch::kFloat);
+    std::unique_ptr<InFlight> in_flight = collectives_->AllGather(full, source);
+    WaitFor(in_flight);
+    for (const FlatEntry& e : plan.entries) {
+      out.emplace_back(e.name, full.narrow(0, e.offset, e.numel).view(e.shape));
+    }
+  }
+  return out;
+}
+
+int64_t ShardedModel::parameter_bytes() const {
+  int64_t bytes = gradient_bytes();
+  for (const std::unique_ptr<Bucket>& b : buckets_) {
+    if (b->frozen_shard.defined()) bytes += b->frozen_shard.nbytes();
+  }
+  return bytes;
+}
+
+int64_t ShardedModel::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const std::string& name : masters_.names()) bytes += masters_.get(name).nbytes();
+  return bytes;
+}
+
+int64_t ShardedModel::gathered_buffer_bytes() const {
+  const int64_t item = c10::elementSize(compute_dtype_);
+  std::vector<int64_t> layers;
+  int64_t roots = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    int64_t n = 0;
+    for (size_t b : units_[u].buckets) n += buckets_[b]->plan->padded;
+    if (IsLayer(u)) {
+      layers.push_back(n);
+    } else {
+      roots += n;
+    }
+  }
+  std::sort(layers.rbegin(), layers.rend());
+  int64_t two = 0;
+  for (size_t i = 0; i < layers.size() && i < 2; ++i) two += layers[i];
+  return (two + roots) * item;
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,113 @@
+// ShardedModel: ZeRO-3 over the ranks of a job (PyTorch FSDP2 with
+// reshard_after_forward=True is the closest peer). Each rank holds 1/N of
+// every bucket of FlatLayout: frozen shards in the compute dtype, trainable
+// ones as fp32 masters with fp32 gradient shards, and AdamW (the trainer's)
+// keeps moments for the trainable shards only.
+//
+// A step, per micro-batch:
+//   GatherRoots()          all-gathers the embeddings, final norm and lm_head;
+//                          they stay gathered until the micro-batch's backward
+//                          is done (the loss reads lm_head in backward too).
+//   forward, per layer     RunLayer(): waits for the layer's gather, issues the
+//                          next layer's, runs the layer, frees the layer.
+//   backward, per layer    gathers the layer again (issuing the previous
+//                          layer's), backpropagates through it, reduce-
+//                          scatters its gradient in fp32 into the gradient
+//                          shards, frees it.
+//   FinishBackward()       reduce-scatters the roots' gradients, waits for
+//                          every reduction, frees the roots.
+// Without activation checkpointing a layer's autograd graph is kept from
+// forward to backward and the freed buffer is gathered back into the same
+// storage; with it, the layer is recomputed in backward under the forward's
+// RNG state. Either way at most two layers are gathered at once.
+//
+// Not thread-safe; every rank must make the same calls in the same order.
+#ifndef BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
+#define BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/train/collectives/collectives.h"
+#include "worker/train/model/decoder.h"
+#include "worker/train/model/param_store.h"
+#include "worker/train/shard/flat_layout.h"
+
+namespace ballast::train {
+
+class ShardedModel : public LayerRunner {
+ public:
+  // Keeps this rank's elements of every tensor in `full` and drops the rest.
+  // `collectives` must outlive the model.
+  ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype);
+  ~ShardedModel() override;
+
+  const FlatLayout& layout() const { return layout_; }
+  // What the decoder reads: every tensor of the model, by name. A tensor
+  // holds data only while its unit is gathered.
+  const ParamStore& gathered() const { return gathered_; }
+  // The trainable shards (fp32), one per trainable bucket, named by its key;
+  // .grad() is the gradient shard, undefined until a backward reaches it.
+  ParamStore& masters() { return masters_; }
+  const ParamStore& masters() const { return masters_; }
+
+  void GatherRoots();
+  void FinishBackward();
+
+  at::Tensor RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
+                      const at::Tensor& cos, const at::Tensor& sin,
+                      const kernels::AttentionMask& mask, bool training) override;
+
+  // Every tensor (trainable_only: every trainable tensor) in fp32 with its
+  // full shape, on every rank. Gathers one bucket at a time; every rank
+  // must call it.
+  std::vector<std::pair<std::string, at::Tensor>> GatherFullTensors(bool trainable_only);
+
+  // This rank's resident bytes: frozen shards plus fp32 masters, and the
+  // gradient shards (the size of the masters).
+  int64_t parameter_bytes() const;
+  int64_t gradient_bytes() const;
+  // The largest two gathered layers plus the roots, in the compute dtype:
+  // the buffers a step holds beyond the shards.
+  int64_t gathered_buffer_bytes() const;
+
+  // Internal, for the layer's autograd function (sharded_model.cc).
+  struct Bucket;
+  struct Unit;
+  void WaitGathered(size_t unit);
+  void Prefetch(size_t unit);
+  void Release(size_t unit);
+  // Reduce-scatters each trainable bucket's flat gradient (same order as
+  // TrainableFlats; undefined: none) into its gradient shard.
+  void ReduceGradients(size_t unit, const std::vector<at::Tensor>& flat_grads);
+  // The unit's trainable flat buffers (leaves that require grad).
+  std::vector<at::Tensor> TrainableFlats(size_t unit) const;
+  size_t LayerUnit(int64_t layer) const;
+  size_t num_units() const;
+  bool IsLayer(size_t unit) const;
+
+ private:
+  void Gather(size_t unit);
+  void FinishReductions();
+
+  Collectives* collectives_;
+  at::ScalarType compute_dtype_;
+  FlatLayout layout_;
+  ParamStore gathered_;
+  ParamStore masters_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;  // as layout_.buckets
+  std::vector<Unit> units_;
+  std::vector<size_t> layer_units_;  // layer -> unit
+  std::vector<size_t> root_units_;
+  struct PendingReduction;
+  std::vector<PendingReduction> pending_;
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
