@@ -309,6 +309,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       CheckRange<int32_t>("data.micro_batch_size", data.micro_batch_size(), 1, 4096, "1..4096"));
   checks.push_back(
       CheckRange<int32_t>("data.grad_accum_steps", data.grad_accum_steps(), 1, 65536, "1..65536"));
+  // Each rank trains an equal share of a step's micro-batches, so a gang
+  // whose ranks could not split them would fail at start on every worker;
+  // submission says so first (the trainer checks its own world size too).
+  if (spec.devices() > 1 && data.grad_accum_steps() % spec.devices() != 0) {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "data.grad_accum_steps = ", data.grad_accum_steps(), " is not a multiple of devices ",
+        spec.devices(), ": each rank takes an equal share of a step's micro-batches")));
+  }
 
   const v1::OptimizerSpec& opt = spec.optimizer();
   checks.push_back(CheckRange<double>("optimizer.lr", opt.lr(), std::numeric_limits<double>::min(),

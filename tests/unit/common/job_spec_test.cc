@@ -103,10 +103,22 @@ TEST(JobSpec, AGangOfUpTo1024DevicesIsValid) {
   for (const char* devices : {"devices=2", "devices=1024"}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
-    ASSERT_TRUE(ApplyOverrides({devices}, &*spec).ok()) << devices;
+    ASSERT_TRUE(ApplyOverrides({devices, "data.grad_accum_steps=1024"}, &*spec).ok()) << devices;
     ApplyDefaults(&*spec);
     EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << devices;
   }
+}
+
+TEST(JobSpec, AGangSplitsEachStepsMicroBatchesEvenly) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);  // grad_accum_steps 4
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(ApplyOverrides({"devices=3"}, &*spec).ok());
+  ApplyDefaults(&*spec);
+  absl::Status s = ValidateJobSpec(*spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("data.grad_accum_steps = 4 is not a multiple of devices 3"));
+  ASSERT_TRUE(ApplyOverrides({"devices=2"}, &*spec).ok());
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok());
 }
 
 TEST(JobSpec, OverridesReplaceNestedValuesAndLists) {
