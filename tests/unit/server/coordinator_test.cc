@@ -66,6 +66,7 @@ class CoordinatorTest : public ::testing::Test {
   v1::Job SubmitGang(int32_t devices, int32_t max_restarts = 3) {
     v1::JobSpec spec = ValidSpec(dir_.path());
     spec.set_devices(devices);
+    spec.mutable_data()->set_grad_accum_steps(devices);  // one micro-batch per rank
     spec.mutable_scheduling()->set_max_restarts(max_restarts);
     auto job = c_->SubmitJob(spec, "");
     EXPECT_TRUE(job.ok()) << job.status();
@@ -910,6 +911,7 @@ TEST_F(CoordinatorTest, SubmissionRefusesAGangLargerThanTheClusterCanPlace) {
   const std::string w2 = Register("node-2", 2);
   v1::JobSpec spec = ValidSpec(dir_.path());
   spec.set_devices(8);
+  spec.mutable_data()->set_grad_accum_steps(120);  // a multiple of every gang below
   auto refused = c_->SubmitJob(spec, "");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(),
