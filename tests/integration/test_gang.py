@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -73,6 +74,15 @@ def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank
         lines = w.output().splitlines()
         assert sum("started rank" in line and job_id in line for line in lines) == 2
         assert sum(f"of {job_id} attempt 1 exited with code 0" in line for line in lines) == 2
+    # Each rank's own series: four steps timed, bytes sent, memory measured.
+    with urllib.request.urlopen(f"http://{cluster.http}/metrics", timeout=10) as page:
+        metrics = page.read().decode()
+    for rank in range(4):
+        labels = f'{{job_id="{job_id}",rank="{rank}"}}'
+        assert f"ballast_rank_step_seconds_count{labels} 4\n" in metrics, metrics
+        sent = re.search(rf"ballast_rank_communicated_bytes_total{re.escape(labels)} (\S+)", metrics)
+        memory = re.search(rf"ballast_rank_peak_memory_bytes{re.escape(labels)} (\S+)", metrics)
+        assert sent and float(sent.group(1)) > 0 and memory and float(memory.group(1)) > 0
     # Rank 0 alone wrote the job's outputs.
     out = job["output_dir"]
     assert steps_in(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
