@@ -160,6 +160,26 @@ class CoordinatorTest : public ::testing::Test {
     return ref;
   }
 
+  // A gang of two ranks started on one worker with two devices.
+  struct TwoRanks {
+    std::string worker;
+    v1::Job job;
+    v1::Assignment r0, r1;
+  };
+  TwoRanks StartTwoRanks() {
+    TwoRanks g;
+    g.worker = Register("node-1", 2);
+    g.job = SubmitGang(2);
+    const auto starts = GangStarts({g.worker}, g.job.id());
+    if (starts.size() != 2u) {
+      ADD_FAILURE() << "expected both ranks on " << g.worker;
+      return TwoRanks();
+    }
+    g.r0 = starts.at(0).second;
+    g.r1 = starts.at(1).second;
+    return g;
+  }
+
   // The STARTs of `job_id` sent to `workers` so far, by rank.
   std::map<int32_t, std::pair<std::string, v1::Assignment>> GangStarts(
       const std::vector<std::string>& workers, const std::string& job_id) {
@@ -814,12 +834,8 @@ TEST_F(CoordinatorTest, ARankFailureStopsItsPeersAndTheNextAttemptWaitsUntilAllA
 }
 
 TEST_F(CoordinatorTest, RanksThatExitedZeroBeforeARestartStillCountAfterIt) {
-  const std::string w1 = Register("node-1", 2);
-  const v1::Job job = SubmitGang(2);
-  const auto starts = GangStarts({w1}, job.id());
-  ASSERT_EQ(starts.size(), 2u);
-  const v1::Assignment& r0 = starts.at(0).second;
-  const v1::Assignment& r1 = starts.at(1).second;
+  const auto [w1, job, r0, r1] = StartTwoRanks();
+  ASSERT_FALSE(job.id().empty());
   ASSERT_TRUE(Report(w1, {Started(r0), Started(r1), Exited(r1, 0)}).ok());
   EXPECT_EQ(Get(job.id()).placement(1).exit_code(), 0);
 
@@ -835,12 +851,10 @@ TEST_F(CoordinatorTest, RanksThatExitedZeroBeforeARestartStillCountAfterIt) {
 }
 
 TEST_F(CoordinatorTest, ARankExitingTwoFailsTheGangAndStopsItsPeers) {
-  const std::string w1 = Register("node-1", 2);
-  const v1::Job job = SubmitGang(2);
-  const auto starts = GangStarts({w1}, job.id());
-  ASSERT_EQ(starts.size(), 2u);
-  ASSERT_TRUE(Report(w1, {Started(starts.at(0).second), Started(starts.at(1).second)}).ok());
-  ASSERT_TRUE(Report(w1, {Exited(starts.at(1).second, 2, "bad data: row 3\n")}).ok());
+  const auto [w1, job, r0, r1] = StartTwoRanks();
+  ASSERT_FALSE(job.id().empty());
+  ASSERT_TRUE(Report(w1, {Started(r0), Started(r1)}).ok());
+  ASSERT_TRUE(Report(w1, {Exited(r1, 2, "bad data: row 3\n")}).ok());
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_FAILED);
   const std::vector<v1::Assignment> sent = Drain(w1);
   ASSERT_EQ(sent.size(), 1u);
@@ -849,12 +863,8 @@ TEST_F(CoordinatorTest, ARankExitingTwoFailsTheGangAndStopsItsPeers) {
 }
 
 TEST_F(CoordinatorTest, OnlyRank0MovesTheJobWhileEveryRankHasItsOwnSeries) {
-  const std::string w1 = Register("node-1", 2);
-  const v1::Job job = SubmitGang(2);
-  const auto starts = GangStarts({w1}, job.id());
-  ASSERT_EQ(starts.size(), 2u);
-  const v1::Assignment& r0 = starts.at(0).second;
-  const v1::Assignment& r1 = starts.at(1).second;
+  const auto [w1, job, r0, r1] = StartTwoRanks();
+  ASSERT_FALSE(job.id().empty());
   auto step = [](const v1::Assignment& a, int64_t n, int64_t memory, int64_t bytes) {
     v1::RankEvent e = Step(a, n);
     v1::StepMetrics* m = e.mutable_training()->mutable_step_metrics();
