@@ -175,7 +175,7 @@ def test_each_rank_holds_a_share_of_the_state(inputs, tmp_path, method):
                 assert abs(mine - total / n) <= 0.1 * total / n, (n, held, whole)
             # At most two layers and the roots are whole at once: on this
             # two-layer model, everything.
-            assert 0 < held[3] <= whole[0]
+            assert 0 < held[3] <= 1.01 * whole[0]
 
 
 def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):

@@ -93,7 +93,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     if (!data.ok()) return data.status();
 
     const bool full = spec.method() == "full";
-    absl::StatusOr<ParamStore> params = LoadPretrained(spec.model().path(), *config, full);
+    absl::StatusOr<ParamStore> params =
+        LoadPretrained(spec.model().path(), *config, full,
+                       world_size > 1 ? PretrainedTensors::kMapped : PretrainedTensors::kOwnedFp32);
     if (!params.ok()) return params.status();
     // Seeds LoRA init and dropout; checkpoints carry the generator onward.
     torch::manual_seed(spec.seed());
