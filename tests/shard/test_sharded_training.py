@@ -196,28 +196,29 @@ def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):
     ranks[2].wait()
 
 
-def test_a_missing_store_fails_within_the_rendezvous_timeout(inputs, tmp_path):
+def lone_rank(inputs, tmp_path, rank, world_size, port):
+    """One rank of a job whose peers never start; returns it and its seconds."""
     spec = job(inputs, tmp_path, "llama", "lora")
-    port = free_port()
     start = time.time()
-    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank", "1",
-                        "--world-size", "2", "--master-port", str(port),
+    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank",
+                        str(rank), "--world-size", str(world_size), "--master-port", str(port),
                         "--rendezvous-timeout", "4"], capture_output=True, text=True, timeout=60,
                        env=rank_env())
-    assert time.time() - start < 8
+    return r, time.time() - start
+
+
+def test_a_missing_store_fails_within_the_rendezvous_timeout(inputs, tmp_path):
+    port = free_port()
+    r, seconds = lone_rank(inputs, tmp_path, 1, 2, port)
+    assert seconds < 8
     assert r.returncode == 1, r.stderr
     assert f"rank 1 of 2: cannot reach the rendezvous store at 127.0.0.1:{port}" in r.stderr
 
 
 def test_a_peer_that_never_arrives_fails_the_others(inputs, tmp_path):
-    spec = job(inputs, tmp_path, "llama", "lora")
     port = free_port()
-    start = time.time()
-    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank", "0",
-                        "--world-size", "3", "--master-port", str(port),
-                        "--rendezvous-timeout", "4"], capture_output=True, text=True, timeout=60,
-                       env=rank_env())
-    assert time.time() - start < 15
+    r, seconds = lone_rank(inputs, tmp_path, 0, 3, port)
+    assert seconds < 15
     assert r.returncode == 1, r.stderr
     assert f"rank 0 of 3: only 1 of 3 ranks arrived at 127.0.0.1:{port}" in r.stderr
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "worker/train/model/activation_checkpoint.h"
 #include "worker/train/model/rng_state.h"
 
 namespace ballast::train {
@@ -67,14 +68,6 @@ void WaitFor(std::unique_ptr<InFlight>& in_flight) {
   in_flight.reset();
 }
 
-kernels::AttentionMask Mask(const at::Tensor& cu_seqlens, int64_t kind, int64_t block_size) {
-  kernels::AttentionMask mask;
-  mask.kind = static_cast<kernels::MaskKind>(kind);
-  mask.block_size = block_size;
-  mask.cu_seqlens = cu_seqlens;
-  return mask;
-}
-
 // One layer of a sharded model. Its inputs are h and the layer's trainable
 // flat buffers: the buffers are passed so that autograd runs this node's
 // backward even when h needs no gradient (frozen embeddings under LoRA);
@@ -94,7 +87,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     ctx->saved_data["block_size"] = block_size;
     ctx->saved_data["num_flats"] = static_cast<int64_t>(flats.size());
     ctx->saved_data["h_requires_grad"] = h.requires_grad();
-    const kernels::AttentionMask mask = Mask(cu_seqlens, mask_kind, block_size);
+    const kernels::AttentionMask mask = SavedAttentionMask(cu_seqlens, mask_kind, block_size);
     at::Tensor out;
     if (decoder->gradient_checkpointing()) {
       ctx->saved_data["rng"] = GeneratorState();
@@ -133,8 +126,8 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
       h_leaf = saved[0].detach().requires_grad_(h_requires_grad);
       {
         torch::AutoGradMode enable(true);
-        const kernels::AttentionMask mask = Mask(saved[3], ctx->saved_data["mask_kind"].toInt(),
-                                                 ctx->saved_data["block_size"].toInt());
+        const kernels::AttentionMask mask = SavedAttentionMask(
+            saved[3], ctx->saved_data["mask_kind"].toInt(), ctx->saved_data["block_size"].toInt());
         graph_out = decoder->LayerForward(layer, h_leaf, saved[1], saved[2], mask, true);
       }
       SetGeneratorState(rng_now);
