@@ -244,3 +244,21 @@ def test_grad_accum_steps_must_split_evenly_over_the_ranks(inputs, tmp_path):
     for code, err in results:
         assert code == 2, err
         assert "data.grad_accum_steps 3 is not a multiple of the world size 2" in err
+
+
+def test_a_non_finite_step_is_skipped_on_every_rank_and_named(inputs, tmp_path):
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "nan-model"
+    shutil.copytree(inputs / "llama", model)
+    weights = load_file(str(model / "model.safetensors"))
+    weights["model.layers.1.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    spec = base_spec(str(model), str(inputs / "data.jsonl"), max_steps=2,
+                     data={"grad_accum_steps": 2}, schedule={"warmup_steps": 0})
+    write_spec(tmp_path / "job.yaml", **spec)
+    train(tmp_path / "job.yaml", tmp_path / "out", 2)
+    rows = read_metrics(str(tmp_path / "out"))
+    assert [r["skipped"] for r in rows] == [True, True]
+    # The gradient shards of rank 0 hold the first non-finite value.
+    assert "non-finite gradient in " in rows[0]["skip_reason"]
+    assert rows[0]["skip_reason"].endswith(" on rank 0"), rows[0]
