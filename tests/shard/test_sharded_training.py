@@ -175,7 +175,7 @@ def test_each_rank_holds_a_share_of_the_state(inputs, tmp_path, method):
                 assert abs(mine - total / n) <= 0.1 * total / n, (n, held, whole)
             # At most two layers and the roots are whole at once: on this
             # two-layer model, everything.
-            assert 0 < held[3] <= whole[0]
+            assert 0 < held[3] <= 1.01 * whole[0]
 
 
 def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):
@@ -196,28 +196,29 @@ def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):
     ranks[2].wait()
 
 
-def test_a_missing_store_fails_within_the_rendezvous_timeout(inputs, tmp_path):
+def lone_rank(inputs, tmp_path, rank, world_size, port):
+    """One rank of a job whose peers never start; returns it and its seconds."""
     spec = job(inputs, tmp_path, "llama", "lora")
-    port = free_port()
     start = time.time()
-    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank", "1",
-                        "--world-size", "2", "--master-port", str(port),
+    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank",
+                        str(rank), "--world-size", str(world_size), "--master-port", str(port),
                         "--rendezvous-timeout", "4"], capture_output=True, text=True, timeout=60,
                        env=rank_env())
-    assert time.time() - start < 8
+    return r, time.time() - start
+
+
+def test_a_missing_store_fails_within_the_rendezvous_timeout(inputs, tmp_path):
+    port = free_port()
+    r, seconds = lone_rank(inputs, tmp_path, 1, 2, port)
+    assert seconds < 8
     assert r.returncode == 1, r.stderr
     assert f"rank 1 of 2: cannot reach the rendezvous store at 127.0.0.1:{port}" in r.stderr
 
 
 def test_a_peer_that_never_arrives_fails_the_others(inputs, tmp_path):
-    spec = job(inputs, tmp_path, "llama", "lora")
     port = free_port()
-    start = time.time()
-    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank", "0",
-                        "--world-size", "3", "--master-port", str(port),
-                        "--rendezvous-timeout", "4"], capture_output=True, text=True, timeout=60,
-                       env=rank_env())
-    assert time.time() - start < 15
+    r, seconds = lone_rank(inputs, tmp_path, 0, 3, port)
+    assert seconds < 15
     assert r.returncode == 1, r.stderr
     assert f"rank 0 of 3: only 1 of 3 ranks arrived at 127.0.0.1:{port}" in r.stderr
 
@@ -243,3 +244,21 @@ def test_grad_accum_steps_must_split_evenly_over_the_ranks(inputs, tmp_path):
     for code, err in results:
         assert code == 2, err
         assert "data.grad_accum_steps 3 is not a multiple of the world size 2" in err
+
+
+def test_a_non_finite_step_is_skipped_on_every_rank_and_named(inputs, tmp_path):
+    from safetensors.torch import load_file, save_file
+    model = tmp_path / "nan-model"
+    shutil.copytree(inputs / "llama", model)
+    weights = load_file(str(model / "model.safetensors"))
+    weights["model.layers.1.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    spec = base_spec(str(model), str(inputs / "data.jsonl"), max_steps=2,
+                     data={"grad_accum_steps": 2}, schedule={"warmup_steps": 0})
+    write_spec(tmp_path / "job.yaml", **spec)
+    train(tmp_path / "job.yaml", tmp_path / "out", 2)
+    rows = read_metrics(str(tmp_path / "out"))
+    assert [r["skipped"] for r in rows] == [True, True]
+    # The gradient shards of rank 0 hold the first non-finite value.
+    assert "non-finite gradient in " in rows[0]["skip_reason"]
+    assert rows[0]["skip_reason"].endswith(" on rank 0"), rows[0]

@@ -11,15 +11,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The attention mask travels through autograd's saved data as plain integers.
-kernels::AttentionMask Mask(const at::Tensor& cu_seqlens, int64_t kind, int64_t block_size) {
-  kernels::AttentionMask mask;
-  mask.kind = static_cast<kernels::MaskKind>(kind);
-  mask.block_size = block_size;
-  mask.cu_seqlens = cu_seqlens;
-  return mask;
-}
-
 struct LayerFunction : public torch::autograd::Function<LayerFunction> {
   // h (T, H); params: the layer's trainable tensors, passed so that autograd
   // routes their gradients through this node (a TensorList: autograd counts
@@ -38,7 +29,8 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
     torch::NoGradGuard no_grad;
-    return decoder->LayerForward(layer, h, cos, sin, Mask(cu_seqlens, mask_kind, block_size),
+    return decoder->LayerForward(layer, h, cos, sin,
+                                 SavedAttentionMask(cu_seqlens, mask_kind, block_size),
                                  /*training=*/true);
   }
 
@@ -56,8 +48,8 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
     at::Tensor out;
     {
       torch::AutoGradMode enable(true);
-      const kernels::AttentionMask mask = Mask(saved[3], ctx->saved_data["mask_kind"].toInt(),
-                                               ctx->saved_data["block_size"].toInt());
+      const kernels::AttentionMask mask = SavedAttentionMask(
+          saved[3], ctx->saved_data["mask_kind"].toInt(), ctx->saved_data["block_size"].toInt());
       out = decoder->LayerForward(layer, h, saved[1], saved[2], mask, /*training=*/true);
     }
     SetGeneratorState(rng_now);
@@ -80,6 +72,15 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
 };
 
 }  // namespace
+
+kernels::AttentionMask SavedAttentionMask(const at::Tensor& cu_seqlens, int64_t kind,
+                                          int64_t block_size) {
+  kernels::AttentionMask mask;
+  mask.kind = static_cast<kernels::MaskKind>(kind);
+  mask.block_size = block_size;
+  mask.cu_seqlens = cu_seqlens;
+  return mask;
+}
 
 at::Tensor CheckpointedLayer(const Decoder& decoder, const ParamStore& params, int64_t layer,
                              const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,

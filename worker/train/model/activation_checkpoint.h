@@ -18,6 +18,11 @@ namespace ballast::train {
 
 class Decoder;
 
+// The attention mask from what autograd's saved data carries: cu_seqlens as
+// a tensor, the kind and the block size as integers.
+kernels::AttentionMask SavedAttentionMask(const at::Tensor& cu_seqlens, int64_t kind,
+                                          int64_t block_size);
+
 // decoder.LayerForward(layer, h, ...) with activations recomputed in backward.
 // Gradients reach h and every trainable tensor of the layer in `params`.
 at::Tensor CheckpointedLayer(const Decoder& decoder, const ParamStore& params, int64_t layer,

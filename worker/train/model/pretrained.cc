@@ -10,7 +10,7 @@
 namespace ballast::train {
 
 absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelConfig& c,
-                                          bool trainable) {
+                                          bool trainable, PretrainedTensors tensors) {
   absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(dir);
   if (!ckpt.ok()) return ckpt.status();
   ParamStore store;
@@ -32,7 +32,11 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
       return;
     }
     // Own an fp32 copy: the mapping is read-only and masters are fp32.
-    store.Add(name, t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true), layer, trainable);
+    store.Add(name,
+              tensors == PretrainedTensors::kMapped
+                  ? *t
+                  : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true),
+              layer, trainable);
   };
   load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, ParamStore::kNoLayer);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

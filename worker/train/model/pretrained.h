@@ -15,8 +15,14 @@ namespace ballast::train {
 // `trainable`, every base tensor is trainable (full finetuning). NOT_FOUND
 // names a missing tensor, FAILED_PRECONDITION a tensor whose shape disagrees
 // with config.json; the safetensors reader's errors name the file.
-absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelConfig& config,
-                                          bool trainable);
+//
+// kMapped leaves each tensor a read-only view of the mapped file, in the
+// file's dtype, for a caller that copies only what it keeps: a rank of a
+// sharded job reads its own ranges, so no rank ever holds the whole model.
+enum class PretrainedTensors { kOwnedFp32, kMapped };
+absl::StatusOr<ParamStore> LoadPretrained(
+    const std::string& dir, const ModelConfig& config, bool trainable,
+    PretrainedTensors tensors = PretrainedTensors::kOwnedFp32);
 
 }  // namespace ballast::train
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "worker/train/model/activation_checkpoint.h"
 #include "worker/train/model/rng_state.h"
 
 namespace ballast::train {
@@ -29,6 +30,10 @@ struct ShardedModel::Bucket {
 struct ShardedModel::Unit {
   int64_t layer = ParamStore::kNoLayer;
   std::vector<size_t> buckets;
+  std::vector<int64_t> bucket_offsets;  // bytes, from the unit's start in its slab
+  int64_t bytes = 0;                    // the unit's gathered buckets
+  int64_t base = 0;                     // bytes: where the unit starts in its slab
+  int slab = -1;                        // the slab it is gathered into; -1 none
 };
 
 struct ShardedModel::PendingReduction {
@@ -42,12 +47,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void AllocateStorage(const at::Tensor& t) {
+// Points t's storage at memory of a slab the model owns.
+void SetStorage(const at::Tensor& t, uint8_t* memory) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = t.numel() * t.element_size();
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
-  impl->set_nbytes(nbytes);
+  impl->set_data_ptr_noswap(c10::DataPtr(memory, t.device()));
+  impl->set_nbytes(t.numel() * t.element_size());
 }
+
+// Buckets start on cache lines in their slab.
+int64_t AlignUp(int64_t n) { return (n + 63) / 64 * 64; }
 
 void FreeStorage(const at::Tensor& t) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
@@ -58,14 +66,6 @@ void FreeStorage(const at::Tensor& t) {
 void WaitFor(std::unique_ptr<InFlight>& in_flight) {
   if (in_flight) in_flight->Wait();
   in_flight.reset();
-}
-
-kernels::AttentionMask Mask(const at::Tensor& cu_seqlens, int64_t kind, int64_t block_size) {
-  kernels::AttentionMask mask;
-  mask.kind = static_cast<kernels::MaskKind>(kind);
-  mask.block_size = block_size;
-  mask.cu_seqlens = cu_seqlens;
-  return mask;
 }
 
 // One layer of a sharded model. Its inputs are h and the layer's trainable
@@ -87,7 +87,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     ctx->saved_data["block_size"] = block_size;
     ctx->saved_data["num_flats"] = static_cast<int64_t>(flats.size());
     ctx->saved_data["h_requires_grad"] = h.requires_grad();
-    const kernels::AttentionMask mask = Mask(cu_seqlens, mask_kind, block_size);
+    const kernels::AttentionMask mask = SavedAttentionMask(cu_seqlens, mask_kind, block_size);
     at::Tensor out;
     if (decoder->gradient_checkpointing()) {
       ctx->saved_data["rng"] = GeneratorState();
@@ -126,8 +126,8 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
       h_leaf = saved[0].detach().requires_grad_(h_requires_grad);
       {
         torch::AutoGradMode enable(true);
-        const kernels::AttentionMask mask = Mask(saved[3], ctx->saved_data["mask_kind"].toInt(),
-                                                 ctx->saved_data["block_size"].toInt());
+        const kernels::AttentionMask mask = SavedAttentionMask(
+            saved[3], ctx->saved_data["mask_kind"].toInt(), ctx->saved_data["block_size"].toInt());
         graph_out = decoder->LayerForward(layer, h_leaf, saved[1], saved[2], mask, true);
       }
       SetGeneratorState(rng_now);
@@ -212,6 +212,26 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     units_[it->second].buckets.push_back(buckets_.size());
     buckets_.push_back(std::move(bucket));
   }
+  // Slabs: the roots' one, and two a layer can take (the one computing and
+  // the one prefetched). Reusing them keeps the gathered buffers, the
+  // step's largest allocations, out of the heap, where allocating and
+  // freeing them per layer fragments it until peak memory exceeds one rank's.
+  int64_t roots = 0, largest_layer = 0;
+  for (Unit& unit : units_) {
+    for (size_t b : unit.buckets) {
+      unit.bucket_offsets.push_back(unit.bytes);
+      unit.bytes += AlignUp(buckets_[b]->flat.numel() * buckets_[b]->flat.element_size());
+    }
+    if (unit.layer == ParamStore::kNoLayer) {
+      unit.base = roots;  // the roots share one slab, side by side
+      roots += unit.bytes;
+    } else {
+      largest_layer = std::max(largest_layer, unit.bytes);
+    }
+  }
+  slabs_.push_back(torch::empty({roots}, torch::kByte));
+  for (int i = 0; i < 2; ++i) slabs_.push_back(torch::empty({largest_layer}, torch::kByte));
+  slab_taken_.assign(slabs_.size(), false);
   // `full` goes out of scope here: only the shards stay.
 }
 
@@ -231,10 +251,23 @@ std::vector<at::Tensor> ShardedModel::TrainableFlats(size_t unit) const {
 
 void ShardedModel::Gather(size_t unit) {
   torch::NoGradGuard no_grad;
-  for (size_t b : units_[unit].buckets) {
-    Bucket& bucket = *buckets_[b];
+  Unit& u = units_[unit];
+  if (u.slab < 0) {
+    if (u.layer == ParamStore::kNoLayer) {
+      u.slab = 0;
+    } else {
+      for (size_t s = 1; s < slabs_.size() && u.slab < 0; ++s) {
+        if (!slab_taken_[s]) u.slab = static_cast<int>(s);
+      }
+      TORCH_CHECK(u.slab > 0, "ShardedModel: more than two layers gathered at once");
+      slab_taken_[u.slab] = true;
+    }
+  }
+  uint8_t* memory = slabs_[u.slab].data_ptr<uint8_t>() + u.base;
+  for (size_t i = 0; i < u.buckets.size(); ++i) {
+    Bucket& bucket = *buckets_[u.buckets[i]];
     if (bucket.gathered) continue;
-    AllocateStorage(bucket.flat);
+    SetStorage(bucket.flat, memory + u.bucket_offsets[i]);
     bucket.target = torch::empty({0}, bucket.flat.options().requires_grad(false))
                         .set_(bucket.flat.storage(), 0, {bucket.plan->padded}, {1});
     if (bucket.plan->trainable) {
@@ -268,7 +301,10 @@ void ShardedModel::WaitGathered(size_t unit) {
 }
 
 void ShardedModel::Release(size_t unit) {
-  for (size_t b : units_[unit].buckets) {
+  Unit& u = units_[unit];
+  if (u.slab > 0) slab_taken_[u.slab] = false;
+  u.slab = -1;
+  for (size_t b : u.buckets) {
     Bucket& bucket = *buckets_[b];
     WaitFor(bucket.in_flight);
     bucket.source = at::Tensor();
@@ -381,22 +417,9 @@ int64_t ShardedModel::gradient_bytes() const {
 }
 
 int64_t ShardedModel::gathered_buffer_bytes() const {
-  const int64_t item = c10::elementSize(compute_dtype_);
-  std::vector<int64_t> layers;
-  int64_t roots = 0;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    int64_t n = 0;
-    for (size_t b : units_[u].buckets) n += buckets_[b]->plan->padded;
-    if (IsLayer(u)) {
-      layers.push_back(n);
-    } else {
-      roots += n;
-    }
-  }
-  std::sort(layers.rbegin(), layers.rend());
-  int64_t two = 0;
-  for (size_t i = 0; i < layers.size() && i < 2; ++i) two += layers[i];
-  return (two + roots) * item;
+  int64_t bytes = 0;
+  for (const at::Tensor& slab : slabs_) bytes += slab.nbytes();
+  return bytes;
 }
 
 }  // namespace ballast::train

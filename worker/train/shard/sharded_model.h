@@ -17,9 +17,11 @@
 //   FinishBackward()       reduce-scatters the roots' gradients, waits for
 //                          every reduction, frees the roots.
 // Without activation checkpointing a layer's autograd graph is kept from
-// forward to backward and the freed buffer is gathered back into the same
-// storage; with it, the layer is recomputed in backward under the forward's
-// RNG state. Either way at most two layers are gathered at once.
+// forward to backward and the layer is gathered back into the same storage
+// (its saved tensors are views of it); with it, the layer is recomputed in
+// backward under the forward's RNG state. Either way at most two layers are
+// gathered at once, each in one of two slabs of memory allocated once (the
+// roots have a third), so the per-layer gathers never churn the heap.
 //
 // Not thread-safe; every rank must make the same calls in the same order.
 #ifndef BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
@@ -72,8 +74,8 @@ class ShardedModel : public LayerRunner {
   // gradient shards (the size of the masters).
   int64_t parameter_bytes() const;
   int64_t gradient_bytes() const;
-  // The largest two gathered layers plus the roots, in the compute dtype:
-  // the buffers a step holds beyond the shards.
+  // The slabs the gathered units live in: two of the largest layer and one
+  // for the roots, in the compute dtype. Allocated once.
   int64_t gathered_buffer_bytes() const;
 
   // Internal, for the layer's autograd function (sharded_model.cc).
@@ -104,6 +106,10 @@ class ShardedModel : public LayerRunner {
   std::vector<Unit> units_;
   std::vector<size_t> layer_units_;  // layer -> unit
   std::vector<size_t> root_units_;
+  // Memory the gathered units live in: [0] the roots', [1] and [2] one
+  // layer's each (see the constructor).
+  std::vector<at::Tensor> slabs_;
+  std::vector<bool> slab_taken_;
   struct PendingReduction;
   std::vector<PendingReduction> pending_;
 };

@@ -93,7 +93,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     if (!data.ok()) return data.status();
 
     const bool full = spec.method() == "full";
-    absl::StatusOr<ParamStore> params = LoadPretrained(spec.model().path(), *config, full);
+    absl::StatusOr<ParamStore> params =
+        LoadPretrained(spec.model().path(), *config, full,
+                       world_size > 1 ? PretrainedTensors::kMapped : PretrainedTensors::kOwnedFp32);
     if (!params.ok()) return params.status();
     // Seeds LoRA init and dropout; checkpoints carry the generator onward.
     torch::manual_seed(spec.seed());
@@ -309,7 +311,21 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   health.step = m.step;
   health.loss = *m.loss;
   health.grad_norm = m.grad_norm;
-  if (gn.first_nonfinite >= 0) health.first_nonfinite = names[gn.first_nonfinite];
+  if (collectives_->world_size() == 1) {
+    if (gn.first_nonfinite >= 0) health.first_nonfinite = names[gn.first_nonfinite];
+  } else if (!std::isfinite(m.grad_norm)) {
+    // Every rank sees the global grad_norm go non-finite; the lowest rank
+    // whose own shards hold the value names it (the layout, and so the
+    // names, are the same on every rank).
+    const int n_ranks = collectives_->world_size();
+    const int64_t first =
+        n_ranks - collectives_->Max(gn.first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
+    const int64_t index =
+        collectives_->Max(collectives_->rank() == first ? gn.first_nonfinite : -1);
+    if (index >= 0) {
+      health.first_nonfinite = absl::StrCat(names[index], " on rank ", first);
+    }
+  }
   *verdict = guard_.Judge(health);
   const auto agreed =
       static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict->action)));
