@@ -192,7 +192,7 @@ def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):
         _, err = ranks[r].communicate(timeout=60)
         assert time.time() - killed_at < 30
         assert ranks[r].returncode == 1, err
-        assert "lost rank 2" in err, err
+        assert "lost rank 2 " in err, err
     ranks[2].wait()
 
 

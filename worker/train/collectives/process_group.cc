@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -28,6 +29,9 @@ using std::chrono::milliseconds;
 // kLostAfter, and that did not report the failure itself, is lost.
 constexpr milliseconds kHeartbeatEvery{500};
 constexpr milliseconds kLostAfter{2500};
+// Survivors notice a failure within about a second of each other (Gloo
+// reports a closed connection at once, and each peer's exit closes more).
+constexpr milliseconds kPeersNameLostWithin{3 * kLostAfter};
 
 std::string Address(const Rendezvous& r) { return absl::StrCat(r.master_addr, ":", r.master_port); }
 
@@ -183,10 +187,26 @@ class ProcessGroupCollectives : public Collectives {
           lost.push_back(k);
         }
       }
+      store_->set(absl::StrCat("named_lost/", r_.rank), "1");
+      if (r_.rank == 0) KeepStoreForPeers(lost);
       if (lost.empty()) return "every rank is still alive; a peer hung or the network broke";
       return absl::StrCat("lost rank", lost.size() > 1 ? "s " : " ", absl::StrJoin(lost, ", "));
     } catch (const std::exception&) {
       return absl::StrCat("lost rank 0 (its store at ", Address(r_), " is gone)");
+    }
+  }
+
+  // The store lives in rank 0: it stays until every surviving peer has named
+  // the lost ranks too (or kPeersNameLostWithin passes), so that none of them
+  // sees the store vanish and blames rank 0 instead.
+  void KeepStoreForPeers(const std::vector<int>& lost) {
+    const auto deadline = std::chrono::steady_clock::now() + kPeersNameLostWithin;
+    for (int k = 1; k < r_.world_size; ++k) {
+      if (std::find(lost.begin(), lost.end(), k) != lost.end()) continue;
+      const std::string key = absl::StrCat("named_lost/", k);
+      while (!store_->check({key}) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(milliseconds(50));
+      }
     }
   }
 
