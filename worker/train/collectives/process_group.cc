@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <iostream>
 #include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -136,9 +138,8 @@ class ProcessGroupCollectives : public Collectives {
     try {
       work->wait(r_.timeout);
     } catch (const std::exception& e) {
-      throw std::runtime_error(absl::StrCat("rank ", r_.rank, " of ", r_.world_size,
-                                            ": a collective failed; ", LostRanks(), " (", WhatOf(e),
-                                            ")"));
+      if (failing_.exchange(true)) Hang();  // the heartbeat thread is ending the process
+      throw std::runtime_error(Diagnosis(WhatOf(e)));
     }
   }
 
@@ -149,14 +150,34 @@ class ProcessGroupCollectives : public Collectives {
     return passes * static_cast<int64_t>(t.nbytes()) * (r_.world_size - 1) / r_.world_size;
   }
 
+  std::string Diagnosis(const std::string& what) {
+    return absl::StrCat("rank ", r_.rank, " of ", r_.world_size, ": a collective failed; ",
+                        LostRanks(), " (", what, ")");
+  }
+
+  [[noreturn]] static void Hang() {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+
+  // Beats, and watches for a failure another rank reported: this rank's own
+  // collective may be waiting on a peer that is alive (in its own roll
+  // call) and would not fail before that peer exits. Then this thread ends
+  // the process with the diagnosis, as ballast-train's main() would (exit 1,
+  // restartable); the training thread is blocked in the collective anyway.
   void Heartbeat() {
     const std::string key = absl::StrCat("heartbeat/", r_.rank);
     std::unique_lock<std::mutex> lock(mu_);
     for (int64_t beat = 0; !stopping_; ++beat) {
+      bool peer_failed = false;
       try {
         store_->set(key, std::to_string(beat));
+        peer_failed = store_->check({"failure"});
       } catch (const std::exception&) {
-        return;  // the store is gone with rank 0; LostRanks says so
+        return;  // the store is gone: rank 0 ended, normally or not
+      }
+      if (peer_failed && !failing_.exchange(true)) {
+        std::cerr << "ballast-train: " << Diagnosis("a peer's collective failed") << std::endl;
+        _exit(1);
       }
       stop_.wait_for(lock, kHeartbeatEvery, [this] { return stopping_; });
     }
@@ -167,6 +188,7 @@ class ProcessGroupCollectives : public Collectives {
   std::string LostRanks() {
     try {
       store_->set(absl::StrCat("saw_failure/", r_.rank), "1");
+      store_->set("failure", "1");
       auto beats = [&] {
         std::vector<std::string> out;
         for (int k = 0; k < r_.world_size; ++k) {
@@ -217,6 +239,9 @@ class ProcessGroupCollectives : public Collectives {
   std::mutex mu_;
   std::condition_variable stop_;
   bool stopping_ = false;  // guarded by mu_
+  // Set by whichever thread first handles a failure: the training thread's
+  // collective, or the heartbeat thread on another rank's report.
+  std::atomic<bool> failing_{false};
   std::thread heartbeat_;  // last: it starts once the rest is built
 };
 

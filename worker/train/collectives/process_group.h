@@ -13,7 +13,11 @@
 // instead names the lost ranks: each rank beats a heartbeat key on the store
 // from a thread of its own, and after a failure the ranks whose heartbeat
 // stands still (and that did not report the failure themselves) are lost;
-// rank 0 is lost when the store, which lives in it, is gone.
+// rank 0 is lost when the store, which lives in it, is gone, and otherwise
+// keeps the store up until the surviving peers have named the lost ranks.
+// A rank whose collective still waits on a live peer learns of the failure
+// from the store (its heartbeat thread watches for it) and exits 1 with the
+// same diagnosis, so every rank ends within seconds.
 #ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
 #define BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
 
