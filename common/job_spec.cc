@@ -234,6 +234,7 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (spec->method().empty()) spec->set_method("lora");
   if (spec->task().empty()) spec->set_task("causal_lm");
   if (spec->precision().empty()) spec->set_precision("fp32");
+  if (spec->device().empty()) spec->set_device("auto");
   if (!spec->has_devices()) spec->set_devices(1);
   v1::LoraSpec* lora = spec->mutable_lora();
   if (!lora->has_r()) lora->set_r(8);
@@ -268,6 +269,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(CheckOneOf("method", spec.method(), {"lora", "full"}));
   checks.push_back(CheckOneOf("task", spec.task(), {"causal_lm"}));
   checks.push_back(CheckOneOf("precision", spec.precision(), {"fp32", "bf16"}));
+  checks.push_back(CheckOneOf("device", spec.device(), {"auto", "cpu", "cuda"}));
   checks.push_back(CheckRange<int64_t>("max_steps", spec.max_steps(), 1, 1000000000, "1..10^9"));
   checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
                                        spec.max_steps(), "0..max_steps"));

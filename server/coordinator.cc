@@ -58,6 +58,12 @@ std::string NewId(const char* prefix, int hex_digits) {
   return id;
 }
 
+// The device kind a job must run on: the scheduler's kind, or empty for
+// `device: auto`, which runs on any.
+std::string DeviceKindOf(const v1::JobSpec& spec) {
+  return spec.device() == "auto" ? "" : spec.device();
+}
+
 int64_t RealNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -198,8 +204,8 @@ absl::Status Coordinator::Load() {
     job.record = std::move(r);
     const v1::Job& j = job.record.job;
     if (j.state() == v1::JOB_STATE_QUEUED) {
-      scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order,
-                         j.spec().devices());
+      scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order, j.spec().devices(),
+                         DeviceKindOf(j.spec()));
     }
     for (const v1::RankPlacement& p : j.placement()) {
       // A rank that exited before the restart stays exited.
@@ -377,7 +383,7 @@ void Coordinator::EnqueueIfIdle(JobEntry* job) {
   const v1::Job& j = job->record.job;
   if (j.state() != v1::JOB_STATE_QUEUED || HasLiveRanks(j.id())) return;
   scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
-                     j.spec().devices());
+                     j.spec().devices(), DeviceKindOf(j.spec()));
 }
 
 void Coordinator::Requeue(JobEntry* job, const std::string& reason) {
@@ -517,7 +523,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
   if (const v1::Job* j = existing()) return *j;
-  if (absl::Status s = CheckGangFits(spec.devices()); !s.ok()) return s;
+  if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
   std::string id;
   do {
     id = NewId("job-", 12);
@@ -546,14 +552,17 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   return job.record.job;
 }
 
-absl::Status Coordinator::CheckGangFits(int32_t devices) const {
-  // Capacity of the live workers, per device kind: a gang is of one kind.
+absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind) const {
+  // Capacity of the live workers, per device kind: a gang is of one kind,
+  // the job's own when it names one.
   std::map<std::string, int64_t> by_kind;
   std::vector<std::string> listed;
   for (const auto& [id, w] : workers_) {
     const v1::Worker& worker = w.record.worker;
     if (!worker.alive()) continue;
-    by_kind[worker.device_kind()] += worker.capacity();
+    if (kind.empty() || worker.device_kind() == kind) {
+      by_kind[worker.device_kind()] += worker.capacity();
+    }
     listed.push_back(absl::StrCat(id, " ", worker.capacity(), " ", worker.device_kind()));
   }
   // With no live worker the cluster may still be starting up (workers and
@@ -561,7 +570,7 @@ absl::Status Coordinator::CheckGangFits(int32_t devices) const {
   // beats refusing the first submissions of every fresh cluster.
   if (listed.empty()) return absl::OkStatus();
   int64_t largest = 0;
-  for (const auto& [kind, capacity] : by_kind) largest = std::max(largest, capacity);
+  for (const auto& [k, capacity] : by_kind) largest = std::max(largest, capacity);
   if (devices <= largest) return absl::OkStatus();
   constexpr size_t kListed = 8;
   const size_t workers = listed.size();
@@ -569,10 +578,14 @@ absl::Status Coordinator::CheckGangFits(int32_t devices) const {
     listed.resize(kListed);
     listed.push_back(absl::StrCat("and ", workers - kListed, " more"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("devices ", devices, ": the largest gang this cluster can place is ", largest,
-                   by_kind.size() > 1 ? ", all of one device kind" : "", " (", workers,
-                   workers == 1 ? " worker: " : " workers: ", absl::StrJoin(listed, ", "), ")"));
+  const std::string what = kind.empty() ? absl::StrCat("devices ", devices)
+                                        : absl::StrCat("devices ", devices, " with device ", kind);
+  const std::string of_kind = !kind.empty()        ? absl::StrCat(" of ", kind, " devices")
+                              : by_kind.size() > 1 ? ", all of one device kind"
+                                                   : "";
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": the largest gang this cluster can place is ", largest, of_kind, " (", workers,
+      workers == 1 ? " worker: " : " workers: ", absl::StrJoin(listed, ", "), ")"));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {

@@ -252,8 +252,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Requeue(JobEntry* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT when `devices` is more than the live workers of any one
-  // device kind hold together; OK when none is live.
-  absl::Status CheckGangFits(int32_t devices) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // device kind (of `kind` alone when not empty) hold together; OK when none
+  // is live.
+  absl::Status CheckGangFits(int32_t devices, const std::string& kind) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts what fits and sends the start assignments.
   void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a live worker and its live ranks into the scheduler.

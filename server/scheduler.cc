@@ -4,11 +4,11 @@
 
 namespace ballast::server {
 
-void Scheduler::Enqueue(const std::string& job_id, int32_t priority, int64_t order,
-                        int32_t devices) {
+void Scheduler::Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
+                        const std::string& kind) {
   Dequeue(job_id);
   QueueKey key{priority, order, job_id};
-  queue_.emplace(key, devices);
+  queue_.emplace(key, Need{devices, kind});
   queued_keys_.emplace(job_id, std::move(key));
 }
 
@@ -97,13 +97,16 @@ std::vector<Decision> Scheduler::Schedule() {
   bool reserved = false;
   std::vector<Decision> decisions;
   for (auto it = queue_.begin(); it != queue_.end() && usable_free > 0;) {
-    const int32_t need = it->second;
+    const int32_t need = it->second.devices;
+    const std::string& need_kind = it->second.kind;
     // Where it fits now: on one worker, the one with the fewest free that
-    // suffice over every kind; else spread over the kind with the most free.
+    // suffice over every kind it may use; else spread over the kind with the
+    // most free.
     Pool* fit_pool = nullptr;
     Index::iterator fit;
     Pool* spread_pool = nullptr;
     for (auto& [kind, pool] : pools) {
+      if (!need_kind.empty() && kind != need_kind) continue;
       if (pool.usable_free < need) continue;
       // Position -1 sorts before every worker with the same free count.
       auto one = pool.index.lower_bound({need, -1});
@@ -118,7 +121,7 @@ std::vector<Decision> Scheduler::Schedule() {
     if (spread_pool == nullptr) {
       if (!reserved) {
         reserved = true;
-        Reserve(need, capacity, &pools, &usable_free);
+        Reserve(it->second, capacity, &pools, &usable_free);
       }
       ++it;
       continue;
@@ -151,8 +154,10 @@ std::vector<Decision> Scheduler::Schedule() {
   return decisions;
 }
 
-void Scheduler::Reserve(int32_t need, const std::function<int32_t(int32_t)>& capacity,
+void Scheduler::Reserve(const Need& job, const std::function<int32_t(int32_t)>& capacity,
                         std::map<std::string, Pool>* pools, int64_t* usable_free) {
+  const int32_t need = job.devices;
+  auto may_use = [&](const std::string& kind) { return job.kind.empty() || kind == job.kind; };
   // The head's reservation, within one kind: one worker big enough, the one
   // nearest to free (most free now) over every kind; else, in the first kind
   // whose workers together are big enough, those with the most free until
@@ -161,6 +166,7 @@ void Scheduler::Reserve(int32_t need, const std::function<int32_t(int32_t)>& cap
   Pool* pick_pool = nullptr;
   std::vector<Index::iterator> pick;
   for (auto& [kind, pool] : *pools) {
+    if (!may_use(kind)) continue;
     for (auto w = pool.index.rbegin(); w != pool.index.rend(); ++w) {
       if (capacity(w->second) < need) continue;
       if (pick_pool == nullptr || pick.front()->first < w->first) {
@@ -171,6 +177,7 @@ void Scheduler::Reserve(int32_t need, const std::function<int32_t(int32_t)>& cap
     }
   }
   for (auto p = pools->begin(); p != pools->end() && pick_pool == nullptr; ++p) {
+    if (!may_use(p->first)) continue;
     Pool& pool = p->second;
     int64_t total = 0;
     pick.clear();

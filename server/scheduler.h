@@ -10,6 +10,8 @@
 //    free that suffice, to keep large holes for large jobs), otherwise over
 //    the workers of the kind with the most free devices, fewest workers
 //    first.
+//  - A job may name its device kind ("cuda", "cpu"); it then runs on workers
+//    of that kind only. A job with none takes any kind.
 //  - Higher priority first, then submission order.
 //  - Backfill: when the first job in order does not fit, it reserves the
 //    workers it would take as they free up; later jobs may use only devices
@@ -37,8 +39,10 @@ struct Decision {
 class Scheduler {
  public:
   // Adds a job to the queue. `order` is its submission order (smaller first
-  // among equal priorities). Replaces an entry with the same id.
-  void Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices);
+  // among equal priorities); `kind` the device kind it must run on, empty
+  // for any. Replaces an entry with the same id.
+  void Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
+               const std::string& kind = "");
   // Removes a queued job; false when it was not queued.
   bool Dequeue(const std::string& job_id);
   size_t queued() const { return queue_.size(); }
@@ -74,6 +78,10 @@ class Scheduler {
       return job_id < o.job_id;
     }
   };
+  struct Need {
+    int32_t devices;
+    std::string kind;  // empty: any
+  };
   struct Worker {
     std::vector<bool> busy;
     int32_t free = 0;
@@ -89,13 +97,13 @@ class Scheduler {
   };
 
   // Takes out of `pools` the workers the head job, which needs `need` and
-  // does not fit now, waits for, if some kind can ever hold it.
-  static void Reserve(int32_t need, const std::function<int32_t(int32_t)>& capacity,
+  // does not fit now, waits for, if some kind it may run on can ever hold it.
+  static void Reserve(const Need& need, const std::function<int32_t(int32_t)>& capacity,
                       std::map<std::string, Pool>* pools, int64_t* usable_free);
   // Takes `count` free devices of one worker for `decision`, lowest first.
   void Take(const std::string& worker_id, Worker* worker, int32_t count, Decision* decision);
 
-  std::map<QueueKey, int32_t> queue_;  // key -> devices
+  std::map<QueueKey, Need> queue_;
   std::map<std::string, QueueKey> queued_keys_;
   std::map<std::string, Worker> workers_;  // live workers only
 };

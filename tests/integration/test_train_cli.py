@@ -41,6 +41,25 @@ def test_invalid_spec_names_field_and_range(tmp_path, model_and_data, override, 
     assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
 
 
+def test_device_cuda_without_a_gpu_fails_at_start_saying_what_was_found(tmp_path,
+                                                                        model_and_data):
+    # As a worker starts a rank on a CPU slot: CUDA_VISIBLE_DEVICES empty,
+    # so that no GPU is visible even on a machine with one.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    write_spec(tmp_path / "job.yaml", **base_spec(*model_and_data, device="cuda"))
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 2, r.stderr
+    assert "device: cuda, but this rank has no usable GPU" in r.stderr
+    assert "CUDA_VISIBLE_DEVICES is empty" in r.stderr or "built without CUDA" in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+    # auto trains on the CPU instead, and says where.
+    r = run(tmp_path, base_spec(*model_and_data, device="auto", max_steps=3))
+    assert r.returncode == 0, r.stderr
+    assert "on cpu (fp32)" in r.stderr
+
+
 def test_missing_model_names_the_file(tmp_path, model_and_data):
     r = run(tmp_path, base_spec(str(tmp_path / "nowhere"), model_and_data[1]))
     assert r.returncode == 2

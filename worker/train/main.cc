@@ -92,7 +92,8 @@ struct RankFlags {
 
 // A job of several ranks meets at rank 0's store before anything is loaded,
 // so that a missing peer fails the job in seconds, not after the model loads.
-absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const RankFlags& flags) {
+absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const RankFlags& flags,
+                                                                          c10::Device device) {
   if (flags.world_size == 1) return std::make_unique<ballast::train::SingleRank>();
   if (flags.master_port <= 0) {
     return absl::InvalidArgumentError(
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
   r.master_port = flags.master_port;
   r.attempt = flags.attempt;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.rendezvous_timeout_s * 1000));
+  r.device = device;
   return ballast::train::ConnectProcessGroup(r);
 }
 
@@ -116,6 +118,11 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
   // The same checks as submission, so a standalone run refuses what ballastd would.
   if (absl::Status s = ballast::PrepareJobSpec(&*spec); !s.ok()) return s;
+  // Before the rendezvous: a rank that cannot compute where the spec says
+  // fails the job at once, with exit 2 (a restart would find the same).
+  absl::StatusOr<c10::Device> device =
+      ballast::train::ChooseDevice(spec->device(), ballast::train::ProbeDevices());
+  if (!device.ok()) return device.status();
   std::unique_ptr<ballast::train::AgentChannel> channel;
   if (!flags.agent_socket.empty()) {
     ballast::train::SilenceFence fence;
@@ -135,7 +142,8 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
     if (!connected.ok()) return absl::UnavailableError(connected.status().message());
     channel = *std::move(connected);
   }
-  absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> collectives = ConnectRanks(flags);
+  absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> collectives =
+      ConnectRanks(flags, *device);
   if (!collectives.ok()) return collectives.status();
   // Under a coordinator the trainer writes into its attempt's own folder and
   // every report is committed to out_dir before it goes up. Rank 0 claims
@@ -163,6 +171,7 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   options.resume_at_or_before = flags.resume_at_or_before;
   options.observer = &observer;
   options.collectives = collectives->get();
+  options.device = *device;
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
       ballast::train::Trainer::Create(*spec, trainer_dir, options);
   absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();

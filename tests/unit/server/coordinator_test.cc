@@ -943,6 +943,18 @@ TEST_F(CoordinatorTest, SubmissionRefusesAGangLargerThanTheClusterCanPlace) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("is 4, all of one device kind (3 workers"));
 
+  // A job that names its device kind is placed on that kind alone.
+  spec.set_devices(4);
+  spec.set_device("cuda");
+  refused = c_->SubmitJob(spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("devices 4 with device cuda: the largest gang this cluster can place is 3 "
+                        "of cuda devices (3 workers"));
+  spec.set_device("cpu");
+  EXPECT_TRUE(c_->SubmitJob(spec, "").ok());
+  spec.set_device("auto");
+
   // A dead worker places nothing: with node-2 gone, the GPUs are the largest gang.
   now_ += kLeaseMs + 1;
   Heartbeat(w1);

@@ -190,6 +190,31 @@ TEST(Scheduler, AHeadJobReservesWithinOneKindAndOtherKindsStayUsable) {
   EXPECT_EQ(Workers(next[0]), (std::vector<std::string>{"cpu-b", "cpu-b", "cpu-a", "cpu-a"}));
 }
 
+TEST(Scheduler, AJobThatNamesADeviceKindRunsOnItsWorkersOnly) {
+  Scheduler s;
+  s.AddWorker("cpu-a", 4, "cpu");
+  s.AddWorker("gpu-a", 2, "cuda");
+  s.Enqueue("on-gpus", 0, 1, 3, "cuda");  // 4 CPU slots free, but only 2 GPUs
+  s.Enqueue("on-cpus", 0, 2, 1, "cpu");   // gpu-a would fit better; it may not go there
+  s.Enqueue("anywhere", 0, 3, 2);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(Started(d), (std::vector<std::string>{"on-cpus", "anywhere"}));
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"cpu-a"}));
+  EXPECT_EQ(Workers(d[1]), (std::vector<std::string>{"gpu-a", "gpu-a"}));
+  EXPECT_EQ(s.queued(), 1u);
+
+  // The GPU job's reservation holds the GPUs only: a CPU job still starts.
+  s.AddWorker("gpu-b", 1, "cuda");
+  s.Enqueue("small-cpu", 0, 4, 1, "cpu");
+  s.Enqueue("small-gpu", 0, 5, 1, "cuda");
+  ASSERT_EQ(Started(s.Schedule()), (std::vector<std::string>{"small-cpu"}));
+  s.Release("gpu-a", 0);
+  s.Release("gpu-a", 1);
+  const std::vector<Decision> next = s.Schedule();
+  ASSERT_EQ(Started(next), (std::vector<std::string>{"on-gpus"}));
+  EXPECT_EQ(Workers(next[0]), (std::vector<std::string>{"gpu-a", "gpu-a", "gpu-b"}));
+}
+
 TEST(Scheduler, DequeueRemovesAQueuedJob) {
   Scheduler s;
   s.Enqueue("job", 0, 1, 1);

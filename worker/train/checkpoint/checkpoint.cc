@@ -103,7 +103,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
     return s;
   }
   if (absl::Status s =
-          WriteSafetensors((tmp / "rng.safetensors").string(), {{"cpu", GeneratorState()}});
+          WriteSafetensors((tmp / "rng.safetensors").string(), GeneratorStates(params.device()));
       !s.ok()) {
     return s;
   }
@@ -185,9 +185,9 @@ absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore*
   if (absl::Status s = optimizer->LoadStateDict(state); !s.ok()) {
     return absl::DataLossError(absl::StrCat(dir, ": ", s.message()));
   }
-  absl::StatusOr<at::Tensor> rng = reader->GeneratorState(0);
+  absl::StatusOr<std::map<std::string, at::Tensor>> rng = reader->GeneratorStates(0);
   if (!rng.ok()) return rng.status();
-  SetGeneratorState(*rng);
+  SetGeneratorStates(*rng, params->device());
   return reader->position();
 }
 

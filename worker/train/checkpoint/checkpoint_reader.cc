@@ -163,11 +163,18 @@ absl::StatusOr<at::Tensor> CheckpointReader::Range(const FlatBucket& bucket, Par
   return out;
 }
 
-absl::StatusOr<at::Tensor> CheckpointReader::GeneratorState(int rank) const {
+absl::StatusOr<std::map<std::string, at::Tensor>> CheckpointReader::GeneratorStates(
+    int rank) const {
   const SafetensorsFile& file = sharded() ? *files_[std::min(rank, world_size_ - 1)] : *files_[2];
-  absl::StatusOr<at::Tensor> t = file.tensor(sharded() ? "__rng__" : "cpu");
-  if (!t.ok()) return absl::DataLossError(absl::StrCat(file.path(), " has no generator state"));
-  return t->clone();
+  std::map<std::string, at::Tensor> states;
+  for (const std::string key : {"cpu", "cuda"}) {
+    absl::StatusOr<at::Tensor> t = file.tensor(sharded() ? ShardedGeneratorKey(key) : key);
+    if (t.ok()) states[key] = t->clone();
+  }
+  if (states.count("cpu") == 0) {
+    return absl::DataLossError(absl::StrCat(file.path(), " has no generator state"));
+  }
+  return states;
 }
 
 }  // namespace ballast::train

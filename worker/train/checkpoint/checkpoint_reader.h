@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,9 +39,15 @@ class CheckpointReader {
                                    int64_t hi) const;
   // AdamW's step counter.
   int64_t optimizer_steps() const { return optimizer_steps_; }
-  // The generator state rank `rank` saved (the last saved rank's when the
-  // checkpoint had fewer ranks).
-  absl::StatusOr<at::Tensor> GeneratorState(int rank) const;
+  // The generator states rank `rank` saved (the last saved rank's when the
+  // checkpoint had fewer ranks), keyed as GeneratorStates() keys them
+  // (model/rng_state.h). DATA_LOSS without the CPU's.
+  absl::StatusOr<std::map<std::string, at::Tensor>> GeneratorStates(int rank) const;
+  // The name a rank's shard file keeps generator `key` under, among its
+  // optimizer and parameter shards.
+  static std::string ShardedGeneratorKey(const std::string& key) {
+    return key == "cpu" ? "__rng__" : "__rng_" + key + "__";
+  }
   const TrainPosition& position() const { return position_; }
 
  private:

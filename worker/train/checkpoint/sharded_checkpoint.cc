@@ -57,7 +57,9 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
     }
     tensors[key] = t.detach();
   }
-  tensors["__rng__"] = GeneratorState();
+  for (auto& [key, state] : GeneratorStates(model.device())) {
+    tensors[CheckpointReader::ShardedGeneratorKey(key)] = state;
+  }
   if (absl::Status s = Agree(finite, collectives, "the finite check"); !s.ok()) return s;
 
   const CheckpointFolder folder = CheckpointFolderFor(checkpoints_dir, position.step);
@@ -119,9 +121,9 @@ absl::StatusOr<TrainPosition> LoadShards(const std::string& dir, ShardedModel* m
   if (absl::Status s = optimizer->LoadStateDict(state); !s.ok()) {
     return absl::DataLossError(absl::StrCat(dir, ": ", s.message()));
   }
-  absl::StatusOr<at::Tensor> rng = reader->GeneratorState(rank);
+  absl::StatusOr<std::map<std::string, at::Tensor>> rng = reader->GeneratorStates(rank);
   if (!rng.ok()) return rng.status();
-  SetGeneratorState(*rng);
+  SetGeneratorStates(*rng, model->device());
   return reader->position();
 }
 

@@ -13,6 +13,9 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef BALLAST_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
@@ -68,9 +71,9 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& host, int por
 
 class ProcessGroupCollectives;
 
-class GlooInFlight : public InFlight {
+class WorkInFlight : public InFlight {
  public:
-  GlooInFlight(ProcessGroupCollectives* owner, c10::intrusive_ptr<c10d::Work> work)
+  WorkInFlight(ProcessGroupCollectives* owner, c10::intrusive_ptr<c10d::Work> work)
       : owner_(owner), work_(std::move(work)) {}
   void Wait() override;
 
@@ -82,7 +85,7 @@ class GlooInFlight : public InFlight {
 class ProcessGroupCollectives : public Collectives {
  public:
   ProcessGroupCollectives(Rendezvous rendezvous, c10::intrusive_ptr<c10d::Store> store,
-                          c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
+                          c10::intrusive_ptr<c10d::Backend> group)
       : r_(std::move(rendezvous)),
         store_(std::move(store)),
         group_(std::move(group)),
@@ -107,7 +110,8 @@ class ProcessGroupCollectives : public Collectives {
   }
 
   int64_t Max(int64_t value) override {
-    std::vector<at::Tensor> tensors = {at::full({1}, value, at::kLong)};
+    std::vector<at::Tensor> tensors = {
+        at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(r_.device))};
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp::MAX;
     Wait(group_->allreduce(tensors, options));
@@ -117,7 +121,7 @@ class ProcessGroupCollectives : public Collectives {
 
   std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override {
     sent_ += RingBytes(full, 1);
-    return std::make_unique<GlooInFlight>(this, group_->_allgather_base(full, shard));
+    return std::make_unique<WorkInFlight>(this, group_->_allgather_base(full, shard));
   }
 
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
@@ -126,16 +130,29 @@ class ProcessGroupCollectives : public Collectives {
     sent_ += RingBytes(full, 2);
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
-    return std::make_unique<GlooInFlight>(this, group_->_reduce_scatter_base(shard, full, options));
+    return std::make_unique<WorkInFlight>(this, group_->_reduce_scatter_base(shard, full, options));
   }
 
-  void Barrier() override { Wait(group_->barrier()); }
+  void Barrier() override {
+    c10d::BarrierOptions options;
+    // NCCL's barrier is an allreduce on a device, which it would otherwise guess.
+    if (r_.device.is_cuda()) options.device_ids = {r_.device.index()};
+    Wait(group_->barrier(options));
+  }
 
   int64_t communicated_bytes() const override { return sent_; }
 
   // Waits for `work`; a failure becomes an error that names the lost ranks.
+  // On a GPU the wait is the current stream's, not the host's: NCCL's wait
+  // with a timeout would block the host until the data arrived, and the
+  // group's watchdog already bounds every collective by the timeout and
+  // ends the process when one overruns it.
   void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
     try {
+      if (r_.device.is_cuda()) {
+        work->wait();
+        return;
+      }
       work->wait(r_.timeout);
     } catch (const std::exception& e) {
       if (failing_.exchange(true)) Hang();  // the heartbeat thread is ending the process
@@ -234,7 +251,7 @@ class ProcessGroupCollectives : public Collectives {
 
   const Rendezvous r_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;
   int64_t sent_ = 0;
   std::mutex mu_;
   std::condition_variable stop_;
@@ -245,7 +262,7 @@ class ProcessGroupCollectives : public Collectives {
   std::thread heartbeat_;  // last: it starts once the rest is built
 };
 
-void GlooInFlight::Wait() { owner_->Wait(work_); }
+void WorkInFlight::Wait() { owner_->Wait(work_); }
 
 }  // namespace
 
@@ -293,6 +310,18 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
                                                         r.world_size, ", but the store at ",
                                                         Address(r), " (rank 0's) says ", theirs));
     }
+    // One backend for the whole group: NCCL on GPUs or Gloo on CPUs, never
+    // a mix, which would hang in the first collective.
+    const std::string kind = r.device.is_cuda() ? "cuda" : "cpu";
+    if (r.rank == 0) store->set("device", kind);
+    const std::vector<uint8_t> got_kind = store->get("device");
+    const std::string theirs_kind(got_kind.begin(), got_kind.end());
+    if (theirs_kind != kind) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " computes on ", kind, ", but rank 0 on ", theirs_kind,
+          ": every rank of a job needs the same device kind (give each rank a GPU, or set "
+          "device: cpu)"));
+    }
     store->add("arrived", 1);
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat(who, ": rank 0 did not open the job at ",
@@ -301,9 +330,26 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
   }
 
   try {
-    auto options = c10d::ProcessGroupGloo::Options::create(r.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r.rank, r.world_size, options);
+    c10::intrusive_ptr<c10d::Backend> group;
+    if (r.device.is_cuda()) {
+#ifdef BALLAST_WITH_CUDA
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = r.timeout;
+      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, r.rank, r.world_size, options);
+      // NCCL connects lazily, on the first collective; one now makes a
+      // missing or broken peer fail the rendezvous, as Gloo's mesh does.
+      std::vector<at::Tensor> probe = {
+          at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(r.device))};
+      group->allreduce(probe)->wait();
+#else
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": device cuda needs NCCL, and this build has no CUDA"));
+#endif
+    } else {
+      auto options = c10d::ProcessGroupGloo::Options::create(r.timeout);
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r.rank, r.world_size, options);
+    }
     return std::unique_ptr<Collectives>(
         new ProcessGroupCollectives(r, std::move(store), std::move(group)));
   } catch (const std::exception& e) {

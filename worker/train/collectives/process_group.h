@@ -1,6 +1,6 @@
 // ProcessGroupCollectives: Collectives over LibTorch's c10d, with rendezvous
-// through a c10d::TCPStore that rank 0 hosts. CPU ranks use ProcessGroupGloo.
-// We write no transport of our own.
+// through a c10d::TCPStore that rank 0 hosts. CPU ranks use ProcessGroupGloo,
+// GPU ranks ProcessGroupNCCL. We write no transport of our own.
 //
 // Rendezvous (Connect): rank 0 opens the store on master_addr:master_port and
 // records the world size; every rank reads it back and refuses a mismatch,
@@ -20,6 +20,8 @@
 // same diagnosis, so every rank ends within seconds.
 #ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
 #define BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
+
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>
@@ -41,6 +43,9 @@ struct Rendezvous {
   // Bound on connecting to the store, on the peers' arrival, and on every
   // collective after that (a hung peer).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // The device the step's tensors live on: the CPU (Gloo) or this rank's
+  // GPU (NCCL).
+  c10::Device device = c10::kCPU;
 };
 
 // DEADLINE_EXCEEDED when the store cannot be reached or the peers do not all

@@ -19,7 +19,7 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
                             const Decoder* decoder, int64_t layer, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& cu_seqlens, int64_t mask_kind,
                             int64_t block_size) {
-    ctx->saved_data["rng"] = GeneratorState();
+    ctx->saved_data["rng"] = GeneratorState(h.device());
     ctx->saved_data["mask_kind"] = mask_kind;
     ctx->saved_data["block_size"] = block_size;
     ctx->saved_data["layer"] = layer;
@@ -42,8 +42,8 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
     variable_list params(saved.begin() + 4, saved.end());
 
     // Recompute under the forward's RNG state, then give the caller's back.
-    const at::Tensor rng_now = GeneratorState();
-    SetGeneratorState(ctx->saved_data["rng"].toTensor());
+    const at::Tensor rng_now = GeneratorState(saved[0].device());
+    SetGeneratorState(ctx->saved_data["rng"].toTensor(), saved[0].device());
     at::Tensor h = saved[0].detach().requires_grad_(saved[0].requires_grad());
     at::Tensor out;
     {
@@ -52,7 +52,7 @@ struct LayerFunction : public torch::autograd::Function<LayerFunction> {
           saved[3], ctx->saved_data["mask_kind"].toInt(), ctx->saved_data["block_size"].toInt());
       out = decoder->LayerForward(layer, h, saved[1], saved[2], mask, /*training=*/true);
     }
-    SetGeneratorState(rng_now);
+    SetGeneratorState(rng_now, saved[0].device());
 
     variable_list inputs;
     if (h.requires_grad()) inputs.push_back(h);

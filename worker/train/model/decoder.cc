@@ -75,7 +75,7 @@ Decoder::Decoder(ModelConfig config, const ParamStore* params, std::optional<Lor
       lora_(std::move(lora)),
       compute_dtype_(compute_dtype),
       gradient_checkpointing_(gradient_checkpointing),
-      inv_freq_(RopeInvFreq(config_)) {}
+      inv_freq_(RopeInvFreq(config_).to(params->device())) {}
 
 at::Tensor Decoder::Weight(const std::string& name) const {
   const at::Tensor& w = params_->get(name);

@@ -46,8 +46,9 @@ class LayerRunner {
 
 class Decoder {
  public:
-  // `params` must outlive the decoder. `lora` is set for LoRA jobs.
-  // compute_dtype is kFloat or kBFloat16 (bf16 compute over fp32 masters).
+  // `params` must outlive the decoder, and its tensors stay on one device,
+  // where the decoder computes. `lora` is set for LoRA jobs. compute_dtype
+  // is kFloat or kBFloat16 (bf16 compute over fp32 masters).
   Decoder(ModelConfig config, const ParamStore* params, std::optional<LoraConfig> lora,
           at::ScalarType compute_dtype, bool gradient_checkpointing);
 
@@ -89,7 +90,7 @@ class Decoder {
   at::ScalarType compute_dtype_;
   bool gradient_checkpointing_;
   LayerRunner* layer_runner_ = nullptr;
-  at::Tensor inv_freq_;  // (head_dim / 2) fp32, with rope_scaling applied
+  at::Tensor inv_freq_;  // (head_dim / 2) fp32 on the params' device, with rope_scaling applied
 };
 
 }  // namespace ballast::train

@@ -34,6 +34,22 @@ void ParamStore::Rebind(const std::string& name, at::Tensor value) {
   it->second.value = std::move(value);
 }
 
+void ParamStore::MoveTo(c10::Device device, at::ScalarType frozen_dtype) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, e] : index_) {
+    const at::ScalarType dtype = e.trainable ? e.value.scalar_type() : frozen_dtype;
+    if (e.value.device() == device && e.value.scalar_type() == dtype) continue;
+    // One tensor at a time, so the store never holds two copies of the model.
+    at::Tensor moved = e.value.to(device, dtype);
+    moved.set_requires_grad(e.trainable);
+    e.value = std::move(moved);
+  }
+}
+
+c10::Device ParamStore::device() const {
+  return names_.empty() ? c10::Device(c10::kCPU) : index_.at(names_.front()).value.device();
+}
+
 std::vector<std::string> ParamStore::TrainableNames() const {
   std::vector<std::string> out;
   for (const auto& n : names_) {

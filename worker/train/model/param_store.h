@@ -10,6 +10,7 @@
 #define BALLAST_WORKER_TRAIN_MODEL_PARAM_STORE_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <map>
@@ -37,6 +38,13 @@ class ParamStore {
   // requires_grad: the sharded model (worker/train/shard/) swaps in views of
   // a unit's gathered buffer each time it gathers the unit.
   void Rebind(const std::string& name, at::Tensor value);
+  // Moves every tensor to `device`, frozen ones in `frozen_dtype`: the
+  // decoder casts each weight to the compute dtype on use, so a frozen
+  // weight kept in it computes the same and is half the bytes in bf16.
+  // Trainable tensors stay fp32 masters. Each moved tensor is a new leaf.
+  void MoveTo(c10::Device device, at::ScalarType frozen_dtype);
+  // The device of the tensors; the CPU for an empty store.
+  c10::Device device() const;
 
   // Names in insertion order (HF order: embeddings, layers 0..n-1, norm, head).
   const std::vector<std::string>& names() const { return names_; }

@@ -3,7 +3,11 @@
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <cstdlib>
 #include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 #ifdef BALLAST_WITH_CUDA
 #include <torch/csrc/cuda/nccl.h>
@@ -50,6 +54,46 @@ std::string DescribeBackends() {
       << "CUDA: " << Describe(cuda_compiled, cuda_available, cuda_detail) << "\n"
       << "NCCL: " << Describe(nccl_compiled, nccl_compiled && cuda_available, nccl_detail);
   return out.str();
+}
+
+VisibleDevices ProbeDevices() {
+  VisibleDevices found;
+  const at::CUDAHooksInterface& cuda = at::detail::getCUDAHooks();
+#ifdef BALLAST_WITH_CUDA
+  found.cuda_built = cuda.isBuilt();
+#endif
+  // hasCUDA() loads the driver; a machine without one answers false.
+  if (found.cuda_built && cuda.hasCUDA()) found.cuda_devices = cuda.deviceCount();
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    found.cuda_visible_devices = visible;
+  }
+  return found;
+}
+
+absl::StatusOr<c10::Device> ChooseDevice(const std::string& device, const VisibleDevices& found) {
+  const bool gpu = found.cuda_built && found.cuda_devices > 0;
+  if (device == "cpu" || (device == "auto" && !gpu)) return c10::Device(c10::kCPU);
+  if (device == "auto" || (device == "cuda" && gpu)) return c10::Device(c10::kCUDA, 0);
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: '", device, "'; allowed auto, cpu or cuda"));
+  }
+  std::string why;
+  if (!found.cuda_built) {
+    why = "this ballast-train was built without CUDA (configure with BALLAST_CUDA=ON)";
+  } else if (found.cuda_visible_devices && found.cuda_visible_devices->empty()) {
+    why =
+        "CUDA_VISIBLE_DEVICES is empty, so no GPU is visible (a worker sets it so for a CPU slot)";
+  } else {
+    why =
+        absl::StrCat("the CUDA driver reports no device",
+                     found.cuda_visible_devices
+                         ? absl::StrCat(" among CUDA_VISIBLE_DEVICES=", *found.cuda_visible_devices)
+                         : " (CUDA_VISIBLE_DEVICES is unset; is there a GPU and its driver?)");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device: cuda, but this rank has no usable GPU: ", why,
+                   "; use device: auto or cpu to train on the CPU"));
 }
 
 }  // namespace ballast::train

@@ -21,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ballast::train {
 namespace {
@@ -88,12 +89,15 @@ std::string Describe(int status) {
 // launcher, and a signal from the launcher reaches whatever it started too;
 // it dies with the launcher even when that is SIGKILLed.
 absl::Status Spawn(const std::string& binary, const std::string& argv0,
-                   const std::vector<std::string>& args, const sigset_t& original_mask,
-                   Child* child) {
+                   const std::vector<std::string>& args, const std::vector<std::string>& env,
+                   const sigset_t& original_mask, Child* child) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(argv0.empty() ? binary.c_str() : argv0.c_str()));
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -113,7 +117,7 @@ absl::Status Spawn(const std::string& binary, const std::string& argv0,
     if (getppid() != parent) _exit(1);  // the launcher died before prctl
     dup2(fds[1], STDERR_FILENO);
     pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
-    execv(binary.c_str(), argv.data());
+    execve(binary.c_str(), argv.data(), envp.data());
     const std::string error = absl::StrCat("cannot run ", binary, ": ", std::strerror(errno), "\n");
     WriteAll(STDERR_FILENO, error);
     _exit(127);
@@ -199,6 +203,21 @@ absl::StatusOr<int> RunLocalRanks(const LocalRanksOptions& options) {
         1);
   }
 
+  // One GPU per rank, as a worker gives them: rank R sees the R-th of the
+  // GPUs this launcher sees (all of them when CUDA_VISIBLE_DEVICES is unset),
+  // and none past the last. Ranks that end up on different device kinds are
+  // refused at the rendezvous.
+  std::vector<std::string> gpus;
+  if (const char* visible = getenv("CUDA_VISIBLE_DEVICES")) {
+    gpus = absl::StrSplit(visible, ',', absl::SkipEmpty());
+  } else {
+    for (int r = 0; r < options.nproc; ++r) gpus.push_back(absl::StrCat(r));
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, "CUDA_VISIBLE_DEVICES=")) env.emplace_back(*e);
+  }
+
   std::vector<Child> children(options.nproc);
   absl::Status started;
   for (int r = 0; r < options.nproc && started.ok(); ++r) {
@@ -206,7 +225,10 @@ absl::StatusOr<int> RunLocalRanks(const LocalRanksOptions& options) {
     std::vector<std::string> args = options.args;
     args.insert(args.end(), {"--rank", absl::StrCat(r), "--world-size", absl::StrCat(options.nproc),
                              "--master-addr", "127.0.0.1", "--master-port", absl::StrCat(*port)});
-    started = Spawn(options.binary, options.argv0, args, original_mask, &children[r]);
+    std::vector<std::string> rank_env = env;
+    rank_env.push_back(
+        absl::StrCat("CUDA_VISIBLE_DEVICES=", r < static_cast<int>(gpus.size()) ? gpus[r] : ""));
+    started = Spawn(options.binary, options.argv0, args, rank_env, original_mask, &children[r]);
   }
 
   int running = 0;

@@ -90,7 +90,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     const kernels::AttentionMask mask = SavedAttentionMask(cu_seqlens, mask_kind, block_size);
     at::Tensor out;
     if (decoder->gradient_checkpointing()) {
-      ctx->saved_data["rng"] = GeneratorState();
+      ctx->saved_data["rng"] = GeneratorState(h.device());
       ctx->save_for_backward({h, cos, sin, cu_seqlens});
       torch::NoGradGuard no_grad;
       out = decoder->LayerForward(layer, h, cos, sin, mask, /*training=*/true);
@@ -121,8 +121,8 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     at::Tensor h_leaf, graph_out;
     if (decoder->gradient_checkpointing()) {
       variable_list saved = ctx->get_saved_variables();
-      const at::Tensor rng_now = GeneratorState();
-      SetGeneratorState(ctx->saved_data["rng"].toTensor());
+      const at::Tensor rng_now = GeneratorState(saved[0].device());
+      SetGeneratorState(ctx->saved_data["rng"].toTensor(), saved[0].device());
       h_leaf = saved[0].detach().requires_grad_(h_requires_grad);
       {
         torch::AutoGradMode enable(true);
@@ -130,7 +130,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
             saved[3], ctx->saved_data["mask_kind"].toInt(), ctx->saved_data["block_size"].toInt());
         graph_out = decoder->LayerForward(layer, h_leaf, saved[1], saved[2], mask, true);
       }
-      SetGeneratorState(rng_now);
+      SetGeneratorState(rng_now, saved[0].device());
     } else {
       h_leaf = ctx->saved_data["h_leaf"].toTensor();
       graph_out = ctx->saved_data["graph_out"].toTensor();
@@ -162,9 +162,11 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
 
 }  // namespace
 
-ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype)
+ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
+                           c10::Device device)
     : collectives_(collectives),
       compute_dtype_(compute_dtype),
+      device_(device),
       layout_(FlatLayout::Plan(full, collectives->world_size())) {
   torch::NoGradGuard no_grad;
   const int n = collectives_->world_size();
@@ -177,7 +179,8 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     // zero past the end, from rank * S.
     const int64_t s = plan.shard_numel(n);
     const int64_t begin = rank * s;
-    at::Tensor shard = torch::zeros({s}, torch::kFloat);
+    const at::ScalarType dtype = plan.trainable ? torch::kFloat : compute_dtype_;
+    at::Tensor shard = torch::zeros({s}, torch::TensorOptions().dtype(dtype).device(device_));
     for (const FlatEntry& e : plan.entries) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(begin + s, e.offset + e.numel);
       if (lo >= hi) continue;
@@ -186,14 +189,15 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     }
     for (const FlatEntry& e : plan.entries) {
       // Placeholders until the unit is first gathered.
-      gathered_.Add(e.name, torch::empty({0}), plan.layer, plan.trainable);
+      gathered_.Add(e.name, torch::empty({0}, device_), plan.layer, plan.trainable);
     }
     if (plan.trainable) {
       masters_.Add(plan.key(), shard, plan.layer, /*trainable=*/true);
     } else {
-      bucket->frozen_shard = shard.to(compute_dtype_);
+      bucket->frozen_shard = shard;
     }
-    bucket->flat = torch::empty({plan.padded}, torch::TensorOptions().dtype(compute_dtype_));
+    bucket->flat =
+        torch::empty({plan.padded}, torch::TensorOptions().dtype(compute_dtype_).device(device_));
     FreeStorage(bucket->flat);
     if (plan.trainable) bucket->flat.set_requires_grad(true);
 
@@ -229,8 +233,9 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
       largest_layer = std::max(largest_layer, unit.bytes);
     }
   }
-  slabs_.push_back(torch::empty({roots}, torch::kByte));
-  for (int i = 0; i < 2; ++i) slabs_.push_back(torch::empty({largest_layer}, torch::kByte));
+  const auto bytes = torch::TensorOptions().dtype(torch::kByte).device(device_);
+  slabs_.push_back(torch::empty({roots}, bytes));
+  for (int i = 0; i < 2; ++i) slabs_.push_back(torch::empty({largest_layer}, bytes));
   slab_taken_.assign(slabs_.size(), false);
   // `full` goes out of scope here: only the shards stay.
 }
@@ -327,8 +332,8 @@ void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& f
     PendingReduction p;
     p.bucket = b;
     p.full = grad.to(torch::kFloat).contiguous();
-    p.shard =
-        torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())}, torch::kFloat);
+    p.shard = torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())},
+                           torch::TensorOptions().dtype(torch::kFloat).device(device_));
     p.in_flight = collectives_->ReduceScatter(p.shard, p.full);
     pending_.push_back(std::move(p));
   }
@@ -392,7 +397,8 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::GatherFullTensors(
     if (trainable_only && !plan.trainable) continue;
     at::Tensor source =
         plan.trainable ? masters_.get(plan.key()).detach() : bucket->frozen_shard.to(torch::kFloat);
-    at::Tensor full = torch::empty({plan.padded}, torch::kFloat);
+    at::Tensor full =
+        torch::empty({plan.padded}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
     std::unique_ptr<InFlight> in_flight = collectives_->AllGather(full, source);
     WaitFor(in_flight);
     for (const FlatEntry& e : plan.entries) {

@@ -28,6 +28,7 @@
 #define BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -44,12 +45,15 @@ namespace ballast::train {
 
 class ShardedModel : public LayerRunner {
  public:
-  // Keeps this rank's elements of every tensor in `full` and drops the rest.
-  // `collectives` must outlive the model.
-  ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype);
+  // Keeps this rank's elements of every tensor in `full` (on any device) and
+  // drops the rest. Shards, gathered units and gradients live on `device`,
+  // which must be the collectives' own. `collectives` must outlive the model.
+  ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
+               c10::Device device);
   ~ShardedModel() override;
 
   const FlatLayout& layout() const { return layout_; }
+  c10::Device device() const { return device_; }
   // What the decoder reads: every tensor of the model, by name. A tensor
   // holds data only while its unit is gathered.
   const ParamStore& gathered() const { return gathered_; }
@@ -99,6 +103,7 @@ class ShardedModel : public LayerRunner {
 
   Collectives* collectives_;
   at::ScalarType compute_dtype_;
+  c10::Device device_;
   FlatLayout layout_;
   ParamStore gathered_;
   ParamStore masters_;

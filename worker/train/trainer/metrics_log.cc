@@ -17,6 +17,7 @@ nlohmann::json ToJson(const StepRecord& r) {
       {"tokens", r.tokens},
       {"supervised_tokens", r.supervised_tokens},
       {"step_time_s", r.step_time_s},
+      {"peak_memory_bytes", r.peak_memory_bytes},
       {"skipped", r.skipped}};
   if (!r.skip_reason.empty()) j["skip_reason"] = r.skip_reason;
   return j;

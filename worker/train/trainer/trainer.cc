@@ -1,5 +1,6 @@
 #include "worker/train/trainer/trainer.h"
 
+#include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -72,9 +73,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
                                                          const std::string& out_dir,
                                                          TrainerOptions options) {
   return CatchTorch([&]() -> absl::StatusOr<std::unique_ptr<Trainer>> {
-    if (!options.device.is_cpu()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device ", options.device.str(), " is not supported yet; the trainer runs on cpu"));
+    if (!options.device.is_cpu() && !options.device.is_cuda()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", options.device.str(), ": the trainer runs on cpu or cuda"));
     }
     const int world_size = options.collectives != nullptr ? options.collectives->world_size() : 1;
     if (spec.data().grad_accum_steps() % world_size != 0) {
@@ -108,14 +109,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
         if (!s.ok()) return s;
       }
     }
+    // The model was built on the CPU, LoRA's initial draws included, so that
+    // it starts from the same weights on any device.
+    const at::ScalarType compute = spec.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat;
     std::unique_ptr<ShardedModel> sharded;
     if (world_size > 1) {
       // Every rank built the same whole model from the same seed; each keeps
       // its shard of it, and draws its own dropout masks from here on.
-      const at::ScalarType compute = spec.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat;
-      sharded = std::make_unique<ShardedModel>(*std::move(params), options.collectives, compute);
+      sharded = std::make_unique<ShardedModel>(*std::move(params), options.collectives, compute,
+                                               options.device);
       *params = ParamStore();
       torch::manual_seed(spec.seed() + options.collectives->rank());
+    } else {
+      params->MoveTo(options.device, compute);
     }
     return std::unique_ptr<Trainer>(
         new Trainer(spec, out_dir, options, *std::move(config), *std::move(params),
@@ -139,6 +145,10 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       sharded_(std::move(sharded)),
       lora_(std::move(lora)),
       data_(std::move(data)),
+      batches_(&data_,
+               StepBatchesOptions{spec_.data().micro_batch_size(), spec_.data().grad_accum_steps(),
+                                  spec_.data().shuffle(), spec_.seed(), collectives_->rank(),
+                                  collectives_->world_size(), device_}),
       decoder_(config_, sharded_ ? &sharded_->gathered() : &params_, lora_,
                spec_.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat,
                spec_.gradient_checkpointing()),
@@ -159,11 +169,11 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
     gradient_bytes = params_.TrainableNumel() * static_cast<int64_t>(sizeof(float));
   }
   // AdamW keeps two fp32 moments per trainable element.
-  Log("info",
-      absl::StrCat("rank ", collectives_->rank(), " of ", collectives_->world_size(), " holds ",
-                   parameter_bytes, " parameter bytes, ", gradient_bytes, " gradient bytes, ",
-                   2 * gradient_bytes, " optimizer bytes, and gathers up to ", gathered_bytes,
-                   " bytes of whole units"));
+  Log("info", absl::StrCat(
+                  "rank ", collectives_->rank(), " of ", collectives_->world_size(), " on ",
+                  device_.str(), " (", spec_.precision(), ") holds ", parameter_bytes,
+                  " parameter bytes, ", gradient_bytes, " gradient bytes, ", 2 * gradient_bytes,
+                  " optimizer bytes, and gathers up to ", gathered_bytes, " bytes of whole units"));
 }
 
 Trainer::~Trainer() = default;
@@ -245,52 +255,48 @@ absl::Status Trainer::RunSteps() {
 
 StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   const auto start = std::chrono::steady_clock::now();
-  const v1::DataSpec& d = spec_.data();
   StepRecord m;
   m.step = pos->step + 1;
   m.lr = ScheduledLearningRate(spec_.schedule().kind(), spec_.optimizer().lr(), pos->step,
                                spec_.schedule().warmup_steps(), spec_.max_steps());
   *verdict = GuardVerdict{};
 
-  // Batch: every micro-batch of the step, and the step's token counts over
-  // all ranks, so that the loss scale is known before the first backward.
-  // The step's batch is grad_accum_steps micro-batches at any world size;
-  // rank r takes micro-batches r, r + N, ... of them.
+  // Batch: this rank's micro-batches of the step (packed during the last
+  // one), and the step's token counts over all ranks, so that the loss scale
+  // is known before the first backward. On a GPU the counts, the scale and
+  // the sums below stay on the device until the step's one read at its end,
+  // so the host queues the whole step without waiting for it.
   const int64_t communicated_before = collectives_->communicated_bytes();
-  std::vector<PackedBatch> micro_batches;
-  at::Tensor counts = torch::zeros({2}, torch::kLong);  // (tokens, supervised tokens)
-  for (int64_t i = collectives_->rank(); i < d.grad_accum_steps();
-       i += collectives_->world_size()) {
-    micro_batches.push_back(data_.Pack(pos->data_cursor + i * d.micro_batch_size(),
-                                       d.micro_batch_size(), d.shuffle(), spec_.seed()));
-    counts[0] += micro_batches.back().input_ids.numel();
-    counts[1] += micro_batches.back().supervised_tokens;
-  }
-  pos->data_cursor += d.grad_accum_steps() * d.micro_batch_size();
+  const std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
+  pos->data_cursor += batches_.examples_per_step();
   pos->step += 1;
-  collectives_->SumInPlace(counts);
-  m.tokens = counts[0].item<int64_t>();
-  m.supervised_tokens = counts[1].item<int64_t>();
-  if (m.supervised_tokens == 0) {
-    // No loss to learn from or to judge: skipped on every rank alike.
-    verdict->action = GuardAction::kSkip;
-    verdict->reason = "no supervised tokens";
-    m.skipped = true;
-    m.skip_reason = verdict->reason;
-    FinishRecord(start, communicated_before, &m);
-    return m;
+  int64_t tokens = 0, supervised = 0;
+  for (const PackedBatch& batch : micro_batches) {
+    tokens += batch.input_ids.numel();
+    supervised += batch.supervised_tokens;
+  }
+  at::Tensor counts = torch::empty({2}, torch::TensorOptions().dtype(torch::kLong).device(device_));
+  counts[0].fill_(tokens);
+  counts[1].fill_(supervised);
+  collectives_->SumInPlace(counts);  // (tokens, supervised tokens) of the step
+  if (counts.is_cpu() && counts[1].item<int64_t>() == 0) {
+    // No loss to learn from or to judge: skipped on every rank alike. (On a
+    // GPU the step runs and the same verdict comes at its end.)
+    m.tokens = counts[0].item<int64_t>();
+    return SkipWithoutSupervision(start, communicated_before, verdict, &m);
   }
 
-  // Forward and backward, each micro-batch's loss sum scaled by the step's
-  // global count.
-  const double n = static_cast<double>(m.supervised_tokens);
-  double loss_sum = 0;
+  // Forward and backward, each micro-batch's loss sum (fp32) scaled by the
+  // step's global count, in fp32.
+  const at::Tensor n = counts[1].clamp_min(1).to(torch::kFloat);
+  at::Tensor loss_sum =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (const PackedBatch& batch : micro_batches) {
     if (sharded_) sharded_->GatherRoots();
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
     (ls.sum / n).backward();
     if (sharded_) sharded_->FinishBackward();
-    loss_sum += ls.sum.item<double>();
+    loss_sum += ls.sum.detach();
   }
 
   // Reduce: the loss sum and the gradient's per-tensor sums of squares over
@@ -300,11 +306,21 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   std::vector<at::Tensor> grads;
   for (const std::string& name : names) grads.push_back(trained.get(name).grad());
   kernels::GradNormResult gn = kernels::grad_norm(grads);
-  at::Tensor sums = torch::cat({torch::tensor({loss_sum}, torch::kDouble),
-                                gn.sum_squares.to(torch::kDouble)});  // (1 + tensors)
-  collectives_->SumInPlace(sums);
-  m.loss = sums[0].item<double>() / n;
-  m.grad_norm = static_cast<float>(std::sqrt(sums.narrow(0, 1, grads.size()).sum().item<double>()));
+  at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares.to(torch::kDouble)});
+  collectives_->SumInPlace(sums);  // (1 + tensors)
+  // The step's one read from the device.
+  const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
+  const double* r = read.const_data_ptr<double>();
+  m.tokens = static_cast<int64_t>(r[0]);
+  m.supervised_tokens = static_cast<int64_t>(r[1]);
+  if (m.supervised_tokens == 0) {
+    for (const std::string& name : names) trained.get(name).mutable_grad().reset();
+    return SkipWithoutSupervision(start, communicated_before, verdict, &m);
+  }
+  m.loss = r[2] / static_cast<double>(m.supervised_tokens);
+  double sum_squares = 0;
+  for (size_t i = 0; i < grads.size(); ++i) sum_squares += r[3 + i];
+  m.grad_norm = static_cast<float>(std::sqrt(sum_squares));
 
   // Guard: a step the ranks do not all find healthy never reaches the weights.
   StepHealth health;
@@ -360,11 +376,29 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   return m;
 }
 
+StepRecord Trainer::SkipWithoutSupervision(std::chrono::steady_clock::time_point start,
+                                           int64_t communicated_before, GuardVerdict* verdict,
+                                           StepRecord* m) const {
+  verdict->action = GuardAction::kSkip;
+  verdict->reason = "no supervised tokens";
+  m->skipped = true;
+  m->skip_reason = verdict->reason;
+  FinishRecord(start, communicated_before, m);
+  return *m;
+}
+
 void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
                            StepRecord* m) const {
   m->step_time_s = SecondsSince(start);
   m->communicated_bytes = collectives_->communicated_bytes() - communicated_before;
-  m->peak_memory_bytes = PeakRssBytes();
+  // On a GPU, the device memory the caching allocator has handed out at
+  // most: what decides whether the job fits.
+  m->peak_memory_bytes =
+      device_.is_cuda()
+          ? at::accelerator::getDeviceStats(device_.index())
+                .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+                .peak
+          : PeakRssBytes();
 }
 
 // ---------------------------------------------------------------------------

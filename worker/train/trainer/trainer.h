@@ -25,6 +25,7 @@
 #include "ballast/v1/job_spec.pb.h"
 #include "worker/train/checkpoint/checkpoint.h"
 #include "worker/train/collectives/collectives.h"
+#include "worker/train/data/step_batches.h"
 #include "worker/train/data/tokenized_dataset.h"
 #include "worker/train/guard/guard.h"
 #include "worker/train/model/decoder.h"
@@ -46,7 +47,8 @@ struct TrainerOptions {
   // Gets every report and is asked between steps whether to stop; null for a
   // standalone run. Not owned; it must outlive the Trainer.
   TrainingObserver* observer = nullptr;
-  // Where the step's tensors live. Only the CPU for now.
+  // Where the step's tensors live: the CPU, or a GPU (rank/device_info.h
+  // chooses). With more than one rank, the collectives' device too.
   c10::Device device = c10::kCPU;
   // The job's ranks; null for a job of one rank. With more than one, the
   // model is sharded across them (ZeRO-3, worker/train/shard/) and each rank
@@ -121,6 +123,10 @@ class Trainer {
   absl::Status SaveCheckpointAt(const TrainPosition& position);
   // Restores the trained state from a checkpoint folder, either layout.
   absl::StatusOr<TrainPosition> LoadState(const std::string& dir);
+  // Ends a step that no rank had a supervised token for: skipped.
+  StepRecord SkipWithoutSupervision(std::chrono::steady_clock::time_point start,
+                                    int64_t communicated_before, GuardVerdict* verdict,
+                                    StepRecord* record) const;
   // The step's time, traffic and peak memory.
   void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
                     StepRecord* record) const;
@@ -146,6 +152,7 @@ class Trainer {
   std::unique_ptr<ShardedModel> sharded_;
   std::optional<LoraConfig> lora_;
   TokenizedDataset data_;
+  StepBatches batches_;
   Decoder decoder_;
   std::unique_ptr<Objective> objective_;
   AdamW optimizer_;

@@ -55,6 +55,27 @@ TEST(ParamStore, AssignWritesInPlaceAndKeepsRequiresGrad) {
   EXPECT_EQ(t.sum().item<float>(), 24.0f);
 }
 
+TEST(ParamStore, MoveToKeepsTrainableMastersInFp32AndFrozenWeightsInTheComputeDtype) {
+  ParamStore s = ThreeGroups();
+  const at::Tensor embed = s.get("model.embed_tokens.weight").clone();
+  s.MoveTo(c10::kCPU, torch::kBFloat16);
+  EXPECT_EQ(s.device(), c10::Device(c10::kCPU));
+  const at::Tensor& frozen = s.get("model.embed_tokens.weight");
+  EXPECT_EQ(frozen.scalar_type(), torch::kBFloat16);
+  EXPECT_FALSE(frozen.requires_grad());
+  EXPECT_TRUE(torch::equal(frozen, embed.to(torch::kBFloat16)));
+  const at::Tensor& trained = s.get("model.layers.0.q.lora_A.weight");
+  EXPECT_EQ(trained.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(trained.requires_grad());
+  EXPECT_TRUE(trained.is_leaf());
+  if (torch::cuda::is_available()) {
+    s.MoveTo(c10::Device(c10::kCUDA, 0), torch::kBFloat16);
+    EXPECT_TRUE(s.get("model.layers.0.q.lora_A.weight").is_cuda());
+    EXPECT_TRUE(s.get("model.layers.0.q.lora_A.weight").is_leaf());
+    EXPECT_EQ(s.device(), c10::Device(c10::kCUDA, 0));
+  }
+}
+
 TEST(ParamStore, RefusesDuplicateAndUnknownNames) {
   ParamStore s = ThreeGroups();
   EXPECT_THROW(s.Add("model.norm.weight", torch::ones({4}), ParamStore::kNoLayer, false),

@@ -126,7 +126,7 @@ TEST_F(ShardedModelTest, OneRankGivesThePlainDecodersLossAndGradients) {
 
       // The sharded one, over the same weights.
       SingleRank rank;
-      ShardedModel sharded(Model(full), &rank, torch::kFloat);
+      ShardedModel sharded(Model(full), &rank, torch::kFloat, torch::kCPU);
       Decoder decoder(config_, &sharded.gathered(), Lora(full), torch::kFloat, checkpointing);
       decoder.set_layer_runner(&sharded);
       sharded.GatherRoots();
@@ -154,7 +154,7 @@ TEST_F(ShardedModelTest, AccountsForItsShardsAndGatheredBuffers) {
     (plain.trainable(n) ? trainable : frozen) += plain.get(n).numel();
   }
   SingleRank rank;
-  ShardedModel sharded(Model(/*full=*/false), &rank, torch::kFloat);
+  ShardedModel sharded(Model(/*full=*/false), &rank, torch::kFloat, torch::kCPU);
   EXPECT_EQ(sharded.gradient_bytes(), 4 * trainable);
   EXPECT_EQ(sharded.parameter_bytes(), 4 * (trainable + frozen));
   EXPECT_GT(sharded.gathered_buffer_bytes(), 0);

@@ -1,0 +1,186 @@
+"""The trainer's half of scripts/gpu-check: ballast-train on a GPU against
+the same binary on the CPU, then a Qwen3-0.6B-shaped model at 4k tokens per
+document, LoRA and full finetune, with tokens/s, MFU and peak device memory.
+
+Run by scripts/gpu-check (see its header); by hand:
+  python3 scripts/gpu_training_check.py --train .gpu-deps/train/ballast-train \
+      --library-path .gpu-deps/train/lib:$TORCH_LIB --work /tmp/gpu-train --report report.md
+
+Everything is made here: random-weight models from transformers config
+objects and random token data; nothing is downloaded. Exit status 1 when a
+check fails; the report says which.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "parity"))
+import reference  # noqa: E402  (tiny models, data, specs and metrics, shared with the parity tests)
+
+# Dense bf16 tensor-core peak of the H100/H200 SXM (NVIDIA's data sheet, without
+# sparsity); other GPUs are looked up by name below, else MFU is not reported.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12}
+
+
+def peak_flops():
+    name = torch.cuda.get_device_name(0)
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return name, flops
+    return name, None
+
+
+TRAIN_ENV = dict(os.environ)
+
+
+def run(train, spec, out_dir, *extra):
+    os.makedirs(out_dir, exist_ok=True)
+    spec_path = os.path.join(out_dir, "spec.yaml")
+    reference.write_spec(spec_path, **spec)
+    started = time.time()
+    r = subprocess.run([train, "--spec", spec_path, "--out", out_dir, *extra],
+                       capture_output=True, text=True, timeout=600, env=TRAIN_ENV)
+    with open(os.path.join(out_dir, "stderr.log"), "w") as f:
+        f.write(r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"ballast-train exited {r.returncode} in {out_dir}:\n{r.stderr[-4000:]}")
+    return reference.read_metrics(out_dir), time.time() - started
+
+
+def tiny_model(path):
+    """A tiny Qwen3 with head dim 64, so that attention can take the
+    project's CUDA kernel in bf16 (its head dims are 64, 128 and 256)."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(3)
+    config = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-6,
+                         rope_theta=1e6, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.05)
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def qwen3_06b_model(path):
+    """Qwen3-0.6B's shapes (28 layers, hidden 1024, 16 query and 8 kv heads of
+    128, vocab 151936, tied embeddings) with random bf16 weights."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                         rope_theta=1e6, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+    return config, params
+
+
+def parity(train, work, rows):
+    """5 LoRA steps of the tiny model on the CPU and on the GPU: the loss
+    curves agree within 1e-5 relative in fp32 and 1e-2 in bf16."""
+    model = os.path.join(work, "tiny")
+    data = os.path.join(work, "tiny.jsonl")
+    tiny_model(model)
+    reference.make_dataset(data, 64, 512, seed=5, min_len=32, max_len=200)
+    ok = True
+    for precision, bound in (("fp32", 1e-5), ("bf16", 1e-2)):
+        spec = reference.base_spec(model, data, precision=precision, max_steps=5,
+                                   data={"seq_len": 256})
+        curves = {}
+        for device in ("cpu", "cuda"):
+            metrics, _ = run(train, {**spec, "device": device},
+                             os.path.join(work, f"tiny-{precision}-{device}"))
+            curves[device] = [m["loss"] for m in metrics]
+        worst = max(abs(g - c) / abs(c) for g, c in zip(curves["cuda"], curves["cpu"]))
+        passed = worst <= bound and len(curves["cuda"]) == 5
+        ok &= passed
+        rows.append(f"| tiny Qwen3 LoRA, 5 steps, {precision}: CPU vs CUDA loss | "
+                    f"max relative difference {worst:.2e} (bound {bound:.0e}) | "
+                    f"{'pass' if passed else 'FAIL'} |")
+    return ok
+
+
+def shaped_runs(train, work, rows):
+    """A 30-step LoRA job and a 10-step full finetune of the 0.6B-shaped
+    model at seq 4096, bf16 on the GPU: every grad_norm finite; tokens/s, MFU
+    and peak device memory from the steps after warm-up."""
+    model = os.path.join(work, "qwen3-0.6b")
+    config, params = qwen3_06b_model(model)
+    data = os.path.join(work, "long.jsonl")
+    reference.make_dataset(data, 256, config.vocab_size, seed=9, min_len=2048, max_len=4096)
+    gpu, peak = peak_flops()
+    ok = True
+    for method, steps in (("lora", 30), ("full", 10)):
+        spec = reference.base_spec(model, data, method=method, precision="bf16", device="cuda",
+                                   max_steps=steps,
+                                   data={"seq_len": 4096, "micro_batch_size": 2,
+                                         "grad_accum_steps": 2, "shuffle": True})
+        metrics, wall = run(train, spec, os.path.join(work, f"shaped-{method}"))
+        finite = all(m["grad_norm"] is not None and math.isfinite(m["grad_norm"]) and
+                     not m["skipped"] for m in metrics)
+        timed = metrics[3:] if len(metrics) > 4 else metrics
+        step_s = statistics.median(m["step_time_s"] for m in timed)
+        tokens = statistics.median(m["tokens"] for m in timed)
+        # Attention: QK^T and PV over each document's causal half, forward and
+        # backward (x3), on top of 6 x params x tokens. Documents average
+        # (2048 + 4096) / 2 tokens.
+        mean_doc = (2048 + 4096) / 2
+        attention = 3 * 2 * 2 * (mean_doc / 2) * tokens * config.num_attention_heads * \
+            config.head_dim * config.num_hidden_layers
+        flops = 6 * params * tokens + attention
+        mfu = f"{flops / step_s / peak:.1%}" if peak else "n/a (unknown peak)"
+        peak_mem = max(m["peak_memory_bytes"] for m in metrics) / 2**30
+        ok &= finite and len(metrics) == steps
+        rows.append(f"| Qwen3-0.6B shape, {method}, {steps} steps, bf16, seq 4096 | "
+                    f"{tokens / step_s:,.0f} tokens/s, MFU {mfu} ({gpu}), peak {peak_mem:.1f} GiB, "
+                    f"{wall:.0f} s wall | {'pass' if finite else 'FAIL: a grad_norm is not finite'} |")
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train", required=True, help="the ballast-train binary")
+    parser.add_argument("--work", required=True, help="scratch folder for models and runs")
+    parser.add_argument("--report", required=True, help="markdown table rows are appended here")
+    parser.add_argument("--library-path", default="",
+                        help="LD_LIBRARY_PATH for ballast-train alone (its bundled libraries)")
+    args = parser.parse_args()
+    if args.library_path:
+        TRAIN_ENV["LD_LIBRARY_PATH"] = ":".join(
+            p for p in (args.library_path, os.environ.get("LD_LIBRARY_PATH")) if p)
+    os.makedirs(args.work, exist_ok=True)
+    if not torch.cuda.is_available():
+        print("gpu_training_check: no CUDA device; SKIPPED")
+        return 0
+    rows = ["", "| training check | result | verdict |", "| --- | --- | --- |"]
+    ok = True
+    for check in (parity, shaped_runs):
+        try:
+            ok &= check(args.train, args.work, rows)
+        except Exception as e:  # a failed run is a row of the report, not a lost report
+            ok = False
+            rows.append(f"| {check.__name__} | {str(e).splitlines()[0][:300]} | FAIL |")
+            print(e, file=sys.stderr)
+    with open(args.report, "a") as f:
+        f.write("\n".join(rows) + "\n")
+    print("\n".join(rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

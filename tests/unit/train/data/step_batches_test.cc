@@ -1,0 +1,91 @@
+#include "worker/train/data/step_batches.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StepBatchesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "step_batches_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    // 13 documents of 2..6 tokens, each token its document's index, so a
+    // batch says which documents it holds.
+    std::ofstream out(path());
+    for (int d = 0; d < 13; ++d) {
+      out << "{\"input_ids\": [" << d;
+      for (int t = 1; t < 2 + d % 5; ++t) out << ", " << d;
+      out << "]}\n";
+    }
+  }
+  // remove_all would bind to a copy libtorch.so exports, which crashes.
+  void TearDown() override { fs::remove(path()), fs::remove(dir_); }
+  std::string path() const { return (fs::path(dir_) / "data.jsonl").string(); }
+
+  TokenizedDataset Load() {
+    absl::StatusOr<TokenizedDataset> ds = TokenizedDataset::Load(path(), 16, 8);
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    return *std::move(ds);
+  }
+
+  std::string dir_;
+};
+
+void ExpectSameBatches(const std::vector<PackedBatch>& got, const std::vector<PackedBatch>& want,
+                       const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got[i].input_ids, want[i].input_ids)) << where << " batch " << i;
+    EXPECT_TRUE(torch::equal(got[i].position_ids, want[i].position_ids)) << where;
+    EXPECT_TRUE(torch::equal(got[i].targets, want[i].targets)) << where;
+    EXPECT_TRUE(torch::equal(got[i].cu_seqlens, want[i].cu_seqlens)) << where;
+    EXPECT_EQ(got[i].document_ids, want[i].document_ids) << where;
+    EXPECT_EQ(got[i].supervised_tokens, want[i].supervised_tokens) << where;
+  }
+}
+
+TEST_F(StepBatchesTest, PackedAheadOrNotEveryRankGetsItsShareOfEveryStep) {
+  // 2 documents per micro-batch, 4 micro-batches per step, over 2 ranks:
+  // rank r takes micro-batches r and r + 2, across epochs (13 documents).
+  for (int rank = 0; rank < 2; ++rank) {
+    TokenizedDataset ahead_data = Load(), plain_data = Load();
+    StepBatches ahead(&ahead_data, {2, 4, /*shuffle=*/true, /*seed=*/7, rank, 2, c10::kCPU});
+    ASSERT_EQ(ahead.examples_per_step(), 8);
+    // A rollback's jump back (cursor 8 again) and a resume's jump forward
+    // (40) are packed on the spot; the steady steps come from the packer.
+    for (int64_t cursor : {0, 8, 16, 8, 16, 40, 48}) {
+      std::vector<PackedBatch> want;
+      for (int64_t i = rank; i < 4; i += 2)
+        want.push_back(plain_data.Pack(cursor + 2 * i, 2, true, 7));
+      ExpectSameBatches(ahead.Take(cursor), want, absl::StrCat("rank ", rank, " cursor ", cursor));
+    }
+  }
+}
+
+TEST_F(StepBatchesTest, AGpuGetsItsBatchOnTheDeviceAndTheMaskOnTheHost) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TokenizedDataset data = Load();
+  StepBatches batches(&data, {3, 2, false, 0, 0, 1, c10::Device(c10::kCUDA, 0)});
+  for (int64_t cursor : {0, 6, 12}) {
+    for (const PackedBatch& b : batches.Take(cursor)) {
+      EXPECT_TRUE(b.input_ids.is_cuda());
+      EXPECT_TRUE(b.position_ids.is_cuda());
+      EXPECT_TRUE(b.targets.is_cuda());
+      EXPECT_TRUE(b.cu_seqlens.is_cpu());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ballast::train

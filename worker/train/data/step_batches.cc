@@ -1,0 +1,64 @@
+#include "worker/train/data/step_batches.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+namespace ballast::train {
+namespace {
+
+at::Tensor ToDevice(const at::Tensor& t, c10::Device device) {
+  // From pinned memory a non-blocking copy is queued on the current stream;
+  // the host allocator keeps the pinned block until the copy has run.
+  return t.defined() ? t.to(device, /*non_blocking=*/true) : t;
+}
+
+at::Tensor Pinned(const at::Tensor& t) { return t.defined() ? t.pin_memory() : t; }
+
+}  // namespace
+
+StepBatches::StepBatches(TokenizedDataset* data, StepBatchesOptions options)
+    : data_(data), options_(options) {}
+
+StepBatches::~StepBatches() {
+  if (next_.valid()) next_.wait();
+}
+
+std::vector<PackedBatch> StepBatches::Pack(int64_t cursor) {
+  std::vector<PackedBatch> batches;
+  for (int64_t i = options_.rank; i < options_.grad_accum_steps; i += options_.world_size) {
+    PackedBatch b = data_->Pack(cursor + i * options_.micro_batch_size, options_.micro_batch_size,
+                                options_.shuffle, options_.seed);
+    if (options_.device.is_cuda()) {
+      b.input_ids = Pinned(b.input_ids);
+      b.position_ids = Pinned(b.position_ids);
+      b.targets = Pinned(b.targets);
+      b.loss_weights = Pinned(b.loss_weights);
+    }
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
+std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
+  std::vector<PackedBatch> batches;
+  if (next_.valid()) {
+    // Ready, or nearly: it had the whole previous step to finish.
+    std::vector<PackedBatch> ahead = next_.get();
+    if (next_cursor_ == cursor) batches = std::move(ahead);
+  }
+  if (batches.empty()) batches = Pack(cursor);
+  next_cursor_ = cursor + examples_per_step();
+  next_ = std::async(std::launch::async, [this, at = next_cursor_] { return Pack(at); });
+  if (!options_.device.is_cpu()) {
+    for (PackedBatch& b : batches) {
+      b.input_ids = ToDevice(b.input_ids, options_.device);
+      b.position_ids = ToDevice(b.position_ids, options_.device);
+      b.targets = ToDevice(b.targets, options_.device);
+      b.loss_weights = ToDevice(b.loss_weights, options_.device);
+    }
+  }
+  return batches;
+}
+
+}  // namespace ballast::train
