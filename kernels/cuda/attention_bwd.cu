@@ -41,23 +41,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-struct BackwardParams {
-  const void* q;              // (T, Hq, D)
-  const void* k;              // (T, Hkv, D)
-  const void* v;              // (T, Hkv, D)
-  const void* dout;           // (T, Hq, D)
-  const float* lse;           // (Hq, T)
-  const float* delta;         // (Hq, T)
-  void* dq;                   // (T, Hq, D)
-  void* dk;                   // (T, Hkv, D)
-  void* dv;                   // (T, Hkv, D)
-  const int64_t* key_ranges;  // (T, 4)
-  const TileItem* items;      // (gridDim.x)
-  int64_t num_tokens;
-  int64_t num_heads;
-  int64_t num_kv_heads;
+struct BackwardParams : CommonParams {
+  const void* dout;    // (T, Hq, D)
+  const float* lse;    // (Hq, T)
+  const float* delta;  // (Hq, T)
+  void* dq;            // (T, Hq, D)
+  void* dk;            // (T, Hkv, D)
+  void* dv;            // (T, Hkv, D)
   float scale;
-  float scale_log2;  // scale * log2(e)
 };
 
 // delta (Hq, T) = rowsum(dO * O), fp32; one warp per (token, head) row.
@@ -165,7 +156,8 @@ __device__ __forceinline__ void ScoreAndGradTiles(const SmemBuffers<T>& sm, cons
 // ---------------------------------------------------------------------------
 
 template <typename T, int kHeadDim, int kBlockN, int kBlockM>
-__global__ void __launch_bounds__(kThreads) AttentionKeyValueGradKernel(const BackwardParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    AttentionKeyValueGradKernel(const BackwardParams p) {
   // kBlockN keys (this block's own rows) by kBlockM queries per step.
   constexpr SmemLayout L =
       CheckedLayout<AttentionPass::kKeyValueGrad, kHeadDim, kBlockM, kBlockN>();
@@ -230,18 +222,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKeyValueGradKernel(const Ba
 // ---------------------------------------------------------------------------
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(kThreads) AttentionQueryGradKernel(const BackwardParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    AttentionQueryGradKernel(const BackwardParams p) {
   constexpr SmemLayout L = CheckedLayout<AttentionPass::kQueryGrad, kHeadDim, kBlockM, kBlockN>();
   extern __shared__ __align__(128) unsigned char smem[];
   const SmemBuffers<T> sm = Carve<T>(smem, L);
 
-  const TileItem item = p.items[blockIdx.x];
-  const int64_t h = blockIdx.y;
-  const int64_t g = h / (p.num_heads / p.num_kv_heads);
-  const int64_t ldq = p.num_heads * kHeadDim;
-  const int64_t ldk = p.num_kv_heads * kHeadDim;
-  const int64_t r0 = item.begin;
-  const int rows = static_cast<int>(item.end - item.begin);
+  const QueryTileBlock b = LocateQueryTile(p, kHeadDim);
+  const TileItem& item = b.item;
+  const int64_t h = b.h, g = b.g, ldq = b.ldq, ldk = b.ldk, r0 = b.r0;
+  const int rows = b.rows;
 
   LoadQueryTile<T, kBlockM, kHeadDim>(sm, L.ld_t, p, h, r0, rows);
   LoadRanges<kBlockM>(sm.ranges, p.key_ranges, r0, rows);
@@ -297,9 +287,8 @@ AttentionCudaGrads attention_cuda_backward(const at::Tensor& grad_out, const at:
                                            double scale) {
   using namespace attention_cuda;
   c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = Aligned(q_in);
-  const at::Tensor k = Aligned(k_in);
-  const at::Tensor v = Aligned(v_in);
+  const AlignedQkv in = AlignQkv(q_in, k_in, v_in);
+  const at::Tensor &q = in.q, &k = in.k, &v = in.v;
   const at::Tensor out = Aligned(out_in.to(q.scalar_type()));
   const at::Tensor dout = Aligned(grad_out.to(q.scalar_type()));
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
@@ -338,22 +327,14 @@ AttentionCudaGrads attention_cuda_backward(const at::Tensor& grad_out, const at:
       plan.tiles_on(q.device(), TileSide::kQueryTiles, dq_tile.rows);
   if (kv_items.count == 0) return {dq, dk, dv};
   const at::Tensor key_ranges = plan.key_ranges_on(q.device());
-  BackwardParams p{q.const_data_ptr(),
-                   k.const_data_ptr(),
-                   v.const_data_ptr(),
+  BackwardParams p{MakeCommonParams(q, k, v, key_ranges, kv_items.items, scale),
                    dout.const_data_ptr(),
                    lse.const_data_ptr<float>(),
                    delta.const_data_ptr<float>(),
                    dq.mutable_data_ptr(),
                    dk.mutable_data_ptr(),
                    dv.mutable_data_ptr(),
-                   key_ranges.const_data_ptr<int64_t>(),
-                   reinterpret_cast<const TileItem*>(kv_items.items.const_data_ptr()),
-                   num_tokens,
-                   num_heads,
-                   k.size(1),
-                   static_cast<float>(scale),
-                   static_cast<float>(scale) * kLog2e};
+                   static_cast<float>(scale)};
   LaunchPass<AttentionPass::kKeyValueGrad>(p, q.scalar_type(), head_dim, dkv_tile, kv_items.count,
                                            static_cast<unsigned>(k.size(1)), stream);
   p.items = reinterpret_cast<const TileItem*>(q_items.items.const_data_ptr());

@@ -42,6 +42,11 @@ namespace ballast::kernels::attention_cuda {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// Blocks per SM the tile kernels are built for (__launch_bounds__): their
+// shared memory lets at most two share an SM, so a thread may use 128
+// registers. Left to itself, ptxas 13.0 held these kernels at 64 and spilled
+// 8 to 24 bytes in the head-dim-256 and dK/dV variants; at 128 none spills.
+constexpr int kMinBlocksPerSm = 2;
 // log2(e): the kernels exponentiate with exp2f on scores pre-multiplied by it.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -60,6 +65,34 @@ struct Tile {
 constexpr PassVariants VariantsOf(AttentionPass pass, int head_dim) {
   const TileVariants v = TileVariantsFor(head_dim);
   return pass == AttentionPass::kForward ? v.fwd : pass == AttentionPass::kQueryGrad ? v.dq : v.dkv;
+}
+
+// What every pass reads: q, k, v, the mask's key intervals and its tiles.
+struct CommonParams {
+  const void* q;              // (T, Hq, D)
+  const void* k;              // (T, Hkv, D)
+  const void* v;              // (T, Hkv, D)
+  const int64_t* key_ranges;  // (T, 4)
+  const TileItem* items;      // (gridDim.x)
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  float scale_log2;  // scale * log2(e)
+};
+
+// The common parameters of aligned q (T, Hq, D), k and v (T, Hkv, D).
+inline CommonParams MakeCommonParams(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_ranges, const at::Tensor& items,
+                                     double scale) {
+  return {q.const_data_ptr(),
+          k.const_data_ptr(),
+          v.const_data_ptr(),
+          key_ranges.const_data_ptr<int64_t>(),
+          reinterpret_cast<const TileItem*>(items.const_data_ptr()),
+          q.size(0),
+          q.size(1),
+          k.size(1),
+          static_cast<float>(scale) * kLog2e};
 }
 
 // The layout of a compiled variant, with the static checks it must pass.
@@ -92,6 +125,14 @@ void PrepareSmem(Kernel kernel, int bytes, const char* name) {
 inline at::Tensor Aligned(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   return reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+// q, k and v as the kernels read them, each through Aligned.
+struct AlignedQkv {
+  at::Tensor q, k, v;
+};
+inline AlignedQkv AlignQkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return {Aligned(q), Aligned(k), Aligned(v)};
 }
 
 // Calls fn(T{}, std::integral_constant<int, D>{}, Tile<rows, cols>{}) for the
@@ -276,6 +317,30 @@ __device__ __forceinline__ int64_t SpanBegin(const TileItem& item, int sp) {
 }
 __device__ __forceinline__ int64_t SpanEnd(const TileItem& item, int sp) {
   return sp == 0 ? item.span_end[0] : item.span_end[1];
+}
+
+// A (query tile, query head) block of the forward or the dQ pass:
+// blockIdx.x picks the tile, blockIdx.y the head, whose kv head is g.
+struct QueryTileBlock {
+  TileItem item;
+  int64_t h;    // query head
+  int64_t g;    // its kv head
+  int64_t ldq;  // row stride of q-shaped tensors, Hq * D
+  int64_t ldk;  // row stride of k-shaped tensors, Hkv * D
+  int64_t r0;   // first query row
+  int rows;     // query rows in the tile
+};
+
+__device__ __forceinline__ QueryTileBlock LocateQueryTile(const CommonParams& p, int head_dim) {
+  const TileItem item = p.items[blockIdx.x];
+  const int64_t h = blockIdx.y;
+  return {item,
+          h,
+          h / (p.num_heads / p.num_kv_heads),
+          p.num_heads * head_dim,
+          p.num_kv_heads * head_dim,
+          item.begin,
+          static_cast<int>(item.end - item.begin)};
 }
 
 // Walks the key tiles of kRowsK rows inside a query tile's spans, skipping

@@ -40,22 +40,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-struct ForwardParams {
-  const void* q;              // (T, Hq, D)
-  const void* k;              // (T, Hkv, D)
-  const void* v;              // (T, Hkv, D)
-  void* out;                  // (T, Hq, D)
-  float* lse;                 // (Hq, T)
-  const int64_t* key_ranges;  // (T, 4)
-  const TileItem* items;      // (gridDim.x)
-  int64_t num_tokens;
-  int64_t num_heads;
-  int64_t num_kv_heads;
-  float scale_log2;  // scale * log2(e)
+struct ForwardParams : CommonParams {
+  void* out;   // (T, Hq, D)
+  float* lse;  // (Hq, T)
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(kThreads) AttentionForwardKernel(const ForwardParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    AttentionForwardKernel(const ForwardParams p) {
   constexpr SmemLayout L = CheckedLayout<AttentionPass::kForward, kHeadDim, kBlockM, kBlockN>();
   constexpr int kCols = LaneCols(kBlockN);  // score columns per lane
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -65,13 +57,10 @@ __global__ void __launch_bounds__(kThreads) AttentionForwardKernel(const Forward
   float* m_s = sm.stat0;  // (kBlockM) running max, log2 domain
   float* l_s = sm.stat1;  // (kBlockM) running sum of exp2(s - m)
 
-  const TileItem item = p.items[blockIdx.x];
-  const int64_t h = blockIdx.y;
-  const int64_t g = h / (p.num_heads / p.num_kv_heads);
-  const int64_t ldq = p.num_heads * kHeadDim;
-  const int64_t ldk = p.num_kv_heads * kHeadDim;
-  const int64_t r0 = item.begin;
-  const int rows = static_cast<int>(item.end - item.begin);
+  const QueryTileBlock b = LocateQueryTile(p, kHeadDim);
+  const TileItem& item = b.item;
+  const int64_t h = b.h, g = b.g, ldq = b.ldq, ldk = b.ldk, r0 = b.r0;
+  const int rows = b.rows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
@@ -179,9 +168,8 @@ AttentionCudaForward attention_cuda_forward(const at::Tensor& q_in, const at::Te
                                             double scale) {
   using namespace attention_cuda;
   c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = Aligned(q_in);
-  const at::Tensor k = Aligned(k_in);
-  const at::Tensor v = Aligned(v_in);
+  const AlignedQkv in = AlignQkv(q_in, k_in, v_in);
+  const at::Tensor &q = in.q, &k = in.k, &v = in.v;
   const int64_t num_tokens = q.size(0);
   const int64_t num_heads = q.size(1);
   at::Tensor out = at::empty_like(q);                                                  // (T, Hq, D)
@@ -198,17 +186,8 @@ AttentionCudaForward attention_cuda_forward(const at::Tensor& q_in, const at::Te
         constexpr int kBlockM = decltype(tile_tag)::rows;
         constexpr int kBlockN = decltype(tile_tag)::cols;
         constexpr int kBytes = SmemBytes(AttentionPass::kForward, kHeadDim, {kBlockM, kBlockN});
-        const ForwardParams p{q.const_data_ptr(),
-                              k.const_data_ptr(),
-                              v.const_data_ptr(),
-                              out.mutable_data_ptr(),
-                              lse.mutable_data_ptr<float>(),
-                              key_ranges.const_data_ptr<int64_t>(),
-                              reinterpret_cast<const TileItem*>(items.items.const_data_ptr()),
-                              num_tokens,
-                              num_heads,
-                              k.size(1),
-                              static_cast<float>(scale) * kLog2e};
+        const ForwardParams p{MakeCommonParams(q, k, v, key_ranges, items.items, scale),
+                              out.mutable_data_ptr(), lse.mutable_data_ptr<float>()};
         auto* kernel = AttentionForwardKernel<T, kHeadDim, kBlockM, kBlockN>;
         PrepareSmem(kernel, kBytes, "forward");
         const dim3 grid(static_cast<unsigned>(items.count), static_cast<unsigned>(num_heads));
