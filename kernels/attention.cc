@@ -1,18 +1,25 @@
 // attention(): argument checks, the autograd wrapper, and the one dispatch
-// point over the CPU and CUDA implementations. Both read the mask compiled by
-// interval_mask(), so they mask identically.
+// point over the CPU kernel, the CUDA kernel and the SDPA fallback. Both
+// kernels read the mask compiled by interval_mask(), held in the batch's
+// MaskPlan (built once, shared by every layer), so they mask identically.
 //
-// The forward keeps q, k, v, out, the (Hq, T) log-sum-exp and the mask's
-// structure (cu_seqlens and its scalars) for the backward, which recomputes
-// the probabilities tile by tile instead of storing them.
+// The forward keeps q, k, v, out, the (Hq, T) log-sum-exp and the plan for
+// the backward, which recomputes the probabilities tile by tile instead of
+// storing them. The fallback is differentiated by ATen's autograd.
 #include "kernels/attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "kernels/attention_fallback.h"
+#include "kernels/attention_plan.h"
+#include "kernels/attention_tiles.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cuda/attention_cuda.h"
 
@@ -101,41 +108,46 @@ void CheckInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// The one place that picks a backend. CUDA takes bf16 / fp16 with head dim
-// 64, 128 or 256 and throws a clear error otherwise (attention_cuda.h).
+// The key intervals and tile lists of the batch's mask, and the tiles the
+// CUDA kernel runs with (unused on CPU), for the forward and the backward.
+struct Plan {
+  c10::intrusive_ptr<MaskPlan> mask;
+  AttentionChoice tiles;
+};
+
 AttentionCpuForward Forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const AttentionMask& mask, double scale) {
+                            const Plan& plan, double scale) {
   if (q.is_cuda()) {
     AttentionCudaForward result =
-        attention_cuda_forward(q, k, v, interval_mask(mask, q.size(0)), scale);
+        attention_cuda_forward(q, k, v, *plan.mask, plan.tiles.fwd, scale);
     return {result.out, result.lse};
   }
-  TORCH_CHECK(q.device().is_cpu(), "attention: q must be on CPU or CUDA, got ", q.device());
-  return attention_cpu_forward(q, k, v, interval_mask(mask, q.size(0)), scale);
+  return attention_cpu_forward(q, k, v, plan.mask->intervals(), scale);
 }
 
 AttentionCpuGrads Backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                           const AttentionMask& mask, double scale) {
+                           const Plan& plan, double scale) {
   if (q.is_cuda()) {
-    AttentionCudaGrads grads =
-        attention_cuda_backward(grad_out, q, k, v, out, lse, interval_mask(mask, q.size(0)), scale);
+    AttentionCudaGrads grads = attention_cuda_backward(grad_out, q, k, v, out, lse, *plan.mask,
+                                                       plan.tiles.dq, plan.tiles.dkv, scale);
     return {grads.q, grads.k, grads.v};
   }
-  return attention_cpu_backward(grad_out, q, k, v, out, lse, interval_mask(mask, q.size(0)), scale);
+  return attention_cpu_backward(grad_out, q, k, v, out, lse, plan.mask->intervals(), scale);
 }
 
+// Keeps the plan itself for the backward (as a capsule), so the backward
+// never recompiles the mask or copies it again.
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
+                            const at::Tensor& k, const at::Tensor& v, const Plan& plan,
                             double scale) {
-    AttentionCpuForward result = Forward(q, k, v, mask, scale);
+    AttentionCpuForward result = Forward(q, k, v, plan, scale);
     ctx->save_for_backward({q, k, v, result.out, result.lse});
-    ctx->saved_data["cu_seqlens"] = mask.cu_seqlens;
-    ctx->saved_data["kind"] = static_cast<int64_t>(mask.kind);
-    ctx->saved_data["window"] = mask.window;
-    ctx->saved_data["block_size"] = mask.block_size;
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(plan.mask);
+    ctx->saved_data["tiles"] = std::vector<int64_t>{plan.tiles.dq.rows, plan.tiles.dq.cols,
+                                                    plan.tiles.dkv.rows, plan.tiles.dkv.cols};
     ctx->saved_data["scale"] = scale;
     return result.out;
   }
@@ -143,24 +155,48 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    AttentionMask mask;
-    mask.cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
-    mask.kind = static_cast<MaskKind>(ctx->saved_data["kind"].toInt());
-    mask.window = ctx->saved_data["window"].toInt();
-    mask.block_size = ctx->saved_data["block_size"].toInt();
+    Plan plan;
+    plan.mask = c10::static_intrusive_pointer_cast<MaskPlan>(ctx->saved_data["plan"].toCapsule());
+    const std::vector<int64_t> t = ctx->saved_data["tiles"].toIntVector();
+    plan.tiles.dq = {static_cast<int>(t[0]), static_cast<int>(t[1])};
+    plan.tiles.dkv = {static_cast<int>(t[2]), static_cast<int>(t[3])};
     AttentionCpuGrads grads = Backward(grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
-                                       saved[4], mask, ctx->saved_data["scale"].toDouble());
-    // One entry per forward argument; the mask and the scale get none.
+                                       saved[4], plan, ctx->saved_data["scale"].toDouble());
+    // One entry per forward argument; the plan and the scale get none.
     return {grads.q, grads.k, grads.v, at::Tensor(), at::Tensor()};
   }
 };
+
+// BALLAST_ATTENTION_FALLBACK=1 sends every call to the SDPA fallback, on CPU
+// too: for checks that compare it with the kernels.
+bool FallbackForced() {
+  const char* env = std::getenv("BALLAST_ATTENTION_FALLBACK");
+  return env != nullptr && std::string(env) == "1";
+}
 
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionMask& mask, double scale) {
   CheckInputs(q, k, v, mask, scale);
-  return AttentionFunction::apply(q, k, v, mask, scale);
+  TORCH_CHECK(q.device().is_cpu() || q.is_cuda(), "attention: q must be on CPU or CUDA, got ",
+              q.device());
+  if (FallbackForced()) {
+    log_attention_fallback_once("BALLAST_ATTENTION_FALLBACK=1 is set");
+    return attention_sdpa(q, k, v, mask, scale);
+  }
+  AttentionChoice choice;
+  if (q.is_cuda()) {
+    choice = choose_attention_kernel(attention_device_caps(q.device()), q.size(2), q.scalar_type(),
+                                     mask.kind, mask.window);
+  }
+  if (choice.impl == AttentionImpl::kKernel) {
+    return AttentionFunction::apply(q, k, v, Plan{mask_plan(mask, q.size(0)), choice}, scale);
+  }
+  TORCH_CHECK(choice.impl == AttentionImpl::kSdpaFallback, "attention: no implementation for ",
+              "these inputs on ", q.device(), ": ", choice.reason);
+  log_attention_fallback_once(choice.reason);
+  return attention_sdpa(q, k, v, mask, scale);
 }
 
 }  // namespace ballast::kernels

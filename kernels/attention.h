@@ -11,6 +11,20 @@
 // backward. A query row that sees no key gets output 0 and gradient 0.
 //
 // Differentiable with respect to q, k and v (autograd wrapper in the .cc).
+//
+// Implementations, picked per call (kernels/attention_tiles.h): on CPU the
+// CPU kernel; on CUDA the project's kernel (sm_80+, bf16 / fp16, head dim 64,
+// 128 or 256) with tiles that fit the device's shared memory, else ATen's
+// scaled_dot_product_attention per document with is_causal (fp32 inputs on
+// CUDA take this path), logged once to stderr with the reason. A mask the
+// fallback cannot express without a dense mask (block diffusion, a sliding
+// window) is then a c10::Error naming the reason.
+// The mask is compiled once per batch: calls with the same cu_seqlens tensor
+// (every layer, the backward, a checkpointed recompute) share one plan
+// (kernels/attention_plan.h), copied to the device once, asynchronously.
+// Environment, for checks: BALLAST_ATTENTION_FALLBACK=1 sends every call to
+// the fallback (CPU included); BALLAST_ATTENTION_SMEM_LIMIT=<bytes> lowers
+// the shared memory the tile choice assumes (99 KiB tiles on a large GPU).
 #ifndef BALLAST_KERNELS_ATTENTION_H_
 #define BALLAST_KERNELS_ATTENTION_H_
 
@@ -35,6 +49,8 @@ enum class MaskKind {
 struct AttentionMask {
   MaskKind kind = MaskKind::kCausal;
   // int64 (num_docs + 1), ascending, cu_seqlens[0] == 0, back() == T. On CPU.
+  // Keep one tensor per batch and do not edit it in place between calls
+  // that should share the compiled mask (an edit makes a new plan).
   at::Tensor cu_seqlens;
   // kCausal only: when > 0, query i also needs i - j < window (sliding window).
   int64_t window = 0;

@@ -2,9 +2,10 @@
 //
 // CPU math: each tensor is cut into chunks of kChunk elements; chunks are
 // summed in parallel (at::parallel_for) in fp64 and then added per tensor in
-// chunk order, so the result does not depend on the thread count. A value is
-// non-finite when x != x (NaN) or |x| == inf; an overflowing square of a finite
-// value makes the norm inf but is not reported as a non-finite tensor.
+// chunk order, so the result does not depend on the thread count. Values are
+// squared in fp64, so no finite fp32 / bf16 / fp16 value overflows (an fp32
+// square is at most 1.2e77); the norm is rounded to fp32 once, at the end. A
+// value is non-finite when x != x (NaN) or |x| == inf.
 #include "kernels/grad_norm.h"
 
 #include <ATen/ATen.h>
@@ -64,8 +65,7 @@ GradNormResult grad_norm_cpu(const std::vector<at::Tensor>& tensors) {
   }
   double total = 0.0;
   for (double s : per_tensor) total += s;
-  result.sum_squares = at::tensor(std::vector<float>(per_tensor.begin(), per_tensor.end()),
-                                  at::TensorOptions().dtype(at::kFloat));
+  result.sum_squares = at::tensor(per_tensor, at::TensorOptions().dtype(at::kDouble));
   result.norm = at::scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
   return result;
 }

@@ -18,7 +18,9 @@ namespace ballast::kernels {
 struct GradNormResult {
   // fp32 scalar on the tensors' device: sqrt(sum over tensors of sum(x^2)).
   at::Tensor norm;
-  // fp32 [n]: sum(x^2) of each tensor, accumulated in fp64 on CPU and fp32 on CUDA.
+  // fp64 [n]: sum(x^2) of each tensor, squared and accumulated in fp64 on CPU
+  // and CUDA alike; fp64 because a gradient with |x| > 1.8e19 has a finite
+  // fp32 norm but a sum of squares past fp32's range.
   at::Tensor sum_squares;
   // Index of the first tensor holding a NaN or an infinity; -1 when all are finite.
   int64_t first_nonfinite = -1;

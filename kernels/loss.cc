@@ -3,8 +3,8 @@
 // Arguments are validated here, once, with messages that name the argument;
 // the backends assume valid input. The counted rows (target != ignore_index)
 // are found here, so every backend skips ignored rows and count needs no
-// second pass. The forward also makes the gradients (see
-// LinearCrossEntropyFunction and kernels/cpu/linear_cross_entropy_cpu.cc).
+// second pass. On CPU the forward also makes the gradients; on CUDA the
+// backward does (see LinearCrossEntropyFunction).
 #include "kernels/loss.h"
 
 #include <ATen/ATen.h>
@@ -71,39 +71,29 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
   }
 }
 
-// The one place that picks a backend. Returns the loss and, when asked for,
-// its gradients for an upstream gradient of 1.
-LceSumAndGrads sum_and_grads_on_device(const at::Tensor& hidden, const at::Tensor& weight,
-                                       const at::Tensor& targets, const at::Tensor& rows,
-                                       const at::Tensor& token_weights, double z_loss,
-                                       bool need_hidden, bool need_weight) {
-  if (!hidden.is_cuda()) {
-    return linear_cross_entropy_cpu(hidden, weight, targets, rows, token_weights, z_loss,
-                                    need_hidden, need_weight);
-  }
-  LceForward forward =
-      linear_cross_entropy_cuda_forward(hidden, weight, targets, rows, token_weights, z_loss);
-  LceSumAndGrads out{forward.sum, {}};
-  if (need_hidden || need_weight) {
-    out.unit_grads = linear_cross_entropy_cuda_backward(
-        at::ones({}, forward.sum.options()), hidden, weight, targets, rows, token_weights,
-        forward.lse, z_loss, need_hidden, need_weight);
-  }
-  return out;
-}
-
 // Differentiable in hidden and weight. targets, rows and token_weights are
-// data: their gradient slots are always undefined. The forward already makes
-// the gradients for an upstream gradient of 1 (which of them is fixed by the
-// need_* flags, read from grad mode and requires_grad before apply), so the
-// graph keeps (T, H) and (V, H) gradients instead of the inputs, and the
-// backward scales them in place: scaling a fresh (V, H) copy would double the
-// peak memory this loss exists to save. They are released by the first
-// backward, so a second backward through the same graph is an error, as it is
-// for any freed graph. The CPU backend's unit gradients are in the compute
-// dtype and are rounded to the input dtype after scaling; the CUDA backend's
-// come in the input dtype, so bf16 / fp16 gradients on CUDA are rounded twice
-// (one extra rounding, not a bias: the factor is applied in fp32).
+// data: their gradient slots are always undefined. The one place that picks a
+// backend; the two keep different things for the backward, for memory:
+//
+// CPU: the forward already makes the gradients for an upstream gradient of 1
+// in the compute dtype (which of them is fixed by the need_* flags, read from
+// grad mode and requires_grad before apply; the CPU kernel holds whole rows
+// of logits once, so making both in one pass saves a second product). The
+// backward scales them in place in fp32 and only then rounds them to the
+// input dtype: scaling a fresh (V, H) copy would double the peak memory this
+// loss exists to save. They are released by the first backward, so a second
+// backward through the same graph is an error, as for any freed graph.
+//
+// CUDA: the forward keeps only the (T_c) fp32 log-sum-exp; the inputs it
+// saves are already alive (an activation and a parameter). The backward runs
+// the CUDA gradient kernel with the real upstream gradient, which enters the
+// fp32 per-row coefficients before anything is rounded, and each gradient is
+// rounded once to the input dtype. Unit gradients made in the forward would
+// be (V, H) + (T, H) held through the whole decoder backward (622 MB in fp32
+// for Qwen3-0.6B's head alone), and rounding them to fp16 before the scaling
+// overflowed: unit dW sums over every token and passes 65504. The CUDA
+// kernel recomputes the logits in its backward either way, so this costs no
+// extra product.
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
@@ -111,9 +101,18 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
                             const at::Tensor& rows, const std::optional<at::Tensor>& token_weights,
                             double z_loss, bool need_hidden, bool need_weight) {
     // Undefined stands for "no weights" below; apply() only accepts that as an empty optional.
-    LceSumAndGrads out =
-        sum_and_grads_on_device(hidden, weight, targets, rows, token_weights.value_or(at::Tensor()),
-                                z_loss, need_hidden, need_weight);
+    const at::Tensor tw = token_weights.value_or(at::Tensor());
+    ctx->saved_data["on_cuda"] = hidden.is_cuda();
+    if (hidden.is_cuda()) {
+      LceForward out = linear_cross_entropy_cuda_forward(hidden, weight, targets, rows, tw, z_loss);
+      if (need_hidden || need_weight) {
+        ctx->save_for_backward({hidden, weight, targets, rows, tw, out.lse});
+        ctx->saved_data["z_loss"] = z_loss;
+      }
+      return out.sum;
+    }
+    LceSumAndGrads out = linear_cross_entropy_cpu(hidden, weight, targets, rows, tw, z_loss,
+                                                  need_hidden, need_weight);
     ctx->saved_data["dtype"] = static_cast<int64_t>(hidden.scalar_type());
     ctx->saved_data["d_hidden"] = out.unit_grads.hidden;
     ctx->saved_data["d_weight"] = out.unit_grads.weight;
@@ -122,19 +121,29 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    TORCH_CHECK(ctx->saved_data.count("d_hidden") == 1,
-                "linear_cross_entropy: backward ran twice through the same loss; its "
-                "gradients are released by the first backward (retain_graph is not supported)");
     const at::Tensor& grad_sum = grad_outputs[0];  // 0-dim, the loss's dtype
-    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    auto take_scaled = [&](const char* key) {
-      at::Tensor grad = ctx->saved_data[key].toOptional<at::Tensor>().value_or(at::Tensor());
-      ctx->saved_data.erase(key);
-      // A 0-dim factor keeps grad's dtype and is applied at full precision.
-      return grad.defined() ? grad.mul_(grad_sum).to(dtype) : grad;
-    };
-    at::Tensor d_hidden = take_scaled("d_hidden");
-    at::Tensor d_weight = take_scaled("d_weight");
+    at::Tensor d_hidden, d_weight;
+    if (ctx->saved_data["on_cuda"].toBool()) {
+      const torch::autograd::variable_list saved = ctx->get_saved_variables();
+      LceGrads grads = linear_cross_entropy_cuda_backward(
+          grad_sum, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5],
+          ctx->saved_data["z_loss"].toDouble(), ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      d_hidden = grads.hidden;
+      d_weight = grads.weight;
+    } else {
+      TORCH_CHECK(ctx->saved_data.count("d_hidden") == 1,
+                  "linear_cross_entropy: backward ran twice through the same loss; its "
+                  "gradients are released by the first backward (retain_graph is not supported)");
+      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+      auto take_scaled = [&](const char* key) {
+        at::Tensor grad = ctx->saved_data[key].toOptional<at::Tensor>().value_or(at::Tensor());
+        ctx->saved_data.erase(key);
+        // A 0-dim factor keeps grad's dtype and is applied at full precision.
+        return grad.defined() ? grad.mul_(grad_sum).to(dtype) : grad;
+      };
+      d_hidden = take_scaled("d_hidden");
+      d_weight = take_scaled("d_weight");
+    }
     return {d_hidden,     d_weight,     at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

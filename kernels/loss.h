@@ -21,8 +21,10 @@ struct LossSum {
 
 // Cross-entropy of logits = hidden @ weight^T, computed a block of rows at a
 // time (on CUDA also in vocabulary tiles) so that the (T, V) logits are never
-// materialised; the log-sum-exp is fp32. With gradients enabled the forward
-// also makes them, so the backward only scales (see kernels/loss.cc).
+// materialised; the log-sum-exp is fp32. The upstream gradient is applied in
+// fp32 before a bf16 / fp16 gradient is rounded, once (see kernels/loss.cc).
+// fp32 inputs compute in IEEE fp32 on CUDA too, never TF32, whatever torch's
+// global TF32 setting.
 //   hidden         (T, H)  fp32 / bf16 / fp16, or fp64 (computed in fp64, for gradient checks)
 //   weight         (V, H)  same dtype (the lm_head)
 //   targets        (T)     int64, in [0, V) or ignore_index

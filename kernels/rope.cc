@@ -2,7 +2,8 @@
 //   forward:   out1 = x1 cos1 - x2 sin1          out2 = x2 cos2 + x1 sin2
 //   backward:  dx1  = dy1 cos1 + dy2 sin2        dx2  = dy2 cos2 - dy1 sin1
 // (the backward is dy * cos + rotate_half^T(dy * sin), rotate_half^T([z1, z2])
-// = [z2, -z1]).
+// = [z2, -z1]). CPU tensors take the threaded kernel below; other devices
+// compute x * cos + rotate_half(x) * sin with ATen ops (see apply_rope).
 #include "kernels/rope.h"
 
 #include <ATen/ATen.h>
@@ -89,11 +90,17 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
               cos.sizes(), " and ", sin.sizes());
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "apply_rope: cos and sin must have x's dtype ", x.scalar_type());
-  // The kernel reads the tensors' memory from the host. The trainer runs on
-  // the CPU today; a device tensor here would be read as host memory.
-  TORCH_CHECK(x.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(),
-              "apply_rope: x, cos and sin must be CPU tensors, got ", x.device());
-  return RopeFunction::apply(x, cos, sin);
+  TORCH_CHECK(cos.device() == x.device() && sin.device() == x.device(),
+              "apply_rope: cos and sin must be on x's device ", x.device(), ", got ", cos.device(),
+              " and ", sin.device());
+  if (x.device().is_cpu()) return RopeFunction::apply(x, cos, sin);
+  // Elsewhere (CUDA) by ATen ops, differentiated by autograd: the same
+  // formula, in fp32, rounded once to x's dtype as on the CPU.
+  const int64_t half = x.size(2) / 2;
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor rotated = at::cat({-xf.narrow(2, half, half), xf.narrow(2, 0, half)}, 2);
+  return (xf * cos.to(at::kFloat).unsqueeze(1) + rotated * sin.to(at::kFloat).unsqueeze(1))
+      .to(x.scalar_type());
 }
 
 }  // namespace ballast::kernels

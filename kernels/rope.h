@@ -10,11 +10,12 @@
 namespace ballast::kernels {
 
 // x (T, heads, D) fp32 or bf16, any row and head strides with unit stride in
-// D; cos and sin (T, D) in x's dtype. Returns a contiguous (T, heads, D) in
-// x's dtype, differentiable in x. Forward and backward are each one pass
-// (the composite formula is five ops forward and four backward); each element
-// is computed in fp32 and rounded once, so in bf16 it is within a rounding of
-// HF's op-by-op result rather than bitwise equal.
+// D; cos and sin (T, D) in x's dtype, on x's device (CPU or CUDA). Returns a
+// contiguous (T, heads, D) in x's dtype, differentiable in x. On CPU forward
+// and backward are each one pass (the composite formula is five ops forward
+// and four backward); on CUDA the formula runs as ATen ops. Either way each
+// element is computed in fp32 and rounded once, so in bf16 it is within a
+// rounding of HF's op-by-op result rather than bitwise equal.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace ballast::kernels

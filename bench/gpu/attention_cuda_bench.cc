@@ -3,6 +3,9 @@
 // run on the same inputs. One row per shape:
 //   attention_cuda/fwd+bwd T=65536 D=128 vs sdpa_flash: 0.83x TFLOP/s (...)
 //
+// A second row per shape times the kernel with the tile variants of a
+// 99 KiB card (BALLAST_ATTENTION_SMEM_LIMIT), for sm_86 / 89 / 120.
+//
 // Shapes: T = 8k, 64k, 128k tokens in one causal document, D = 128 and 256,
 // bf16, Hq = Hkv; heads shrink as T grows so that each shape runs a fraction
 // of a second. FLOPs are counted the FlashAttention way for a causal mask:
@@ -17,7 +20,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -106,6 +111,10 @@ int main() {
     });
     ours.fwd_bwd =
         MedianSeconds([&] { ballast::kernels::attention(q, k, v, mask, scale).backward(grad); });
+    setenv("BALLAST_ATTENTION_SMEM_LIMIT", std::to_string(99 * 1024).c_str(), 1);
+    const double small_fwd_bwd =
+        MedianSeconds([&] { ballast::kernels::attention(q, k, v, mask, scale).backward(grad); });
+    unsetenv("BALLAST_ATTENTION_SMEM_LIMIT");
 
     // SDPA takes (B, H, T, D); the transposed views keep D contiguous.
     const auto q4 = q.detach().transpose(0, 1).unsqueeze(0).requires_grad_(true);
@@ -129,7 +138,8 @@ int main() {
     const double total_flops = 3.5 * fwd_flops;
     for (const auto& [name, flops, t_ours, t_sdpa] :
          {std::tuple<const char*, double, double, double>{"fwd", fwd_flops, ours.fwd, sdpa.fwd},
-          {"fwd+bwd", total_flops, ours.fwd_bwd, sdpa.fwd_bwd}}) {
+          {"fwd+bwd", total_flops, ours.fwd_bwd, sdpa.fwd_bwd},
+          {"fwd+bwd_99KiB_tiles", total_flops, small_fwd_bwd, sdpa.fwd_bwd}}) {
       const double tf_ours = flops / t_ours / 1e12;
       const double tf_sdpa = flops / t_sdpa / 1e12;
       std::printf(

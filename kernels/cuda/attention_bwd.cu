@@ -1,8 +1,9 @@
 // Attention backward on CUDA: FlashAttention-2 gradients over an IntervalMask.
 //
 // Inputs: q (T, Hq, D), k and v (T, Hkv, D), out and grad_out dO (T, Hq, D),
-// bf16 or fp16; lse (Hq, T) fp32 from the forward; key_ranges and
-// query_ranges (T, 4) int64 from interval_mask(). With P = exp(S - lse)
+// bf16 or fp16; lse (Hq, T) fp32 from the forward; key_ranges (T, 4) int64
+// and the tile lists (keys cut by query_ranges, queries by key_ranges) from
+// the batch's MaskPlan, on the device once per batch. With P = exp(S - lse)
 // recomputed tile by tile (S = scale * Q K^T on the visible keys) and
 // Delta_i = dO_i . O_i:
 //   dV_j = sum_i P_ij dO_i           dS_ij = P_ij (dO_i . v_j - Delta_i)
@@ -12,7 +13,8 @@
 //
 // Three launches, no atomics, so the gradients are deterministic:
 //   1. Delta (Hq, T) in fp32, one warp per (token, head).
-//   2. dK, dV: one block per (key tile, kv head). It keeps its K and V tile
+//   2. dK, dV: one block per (key tile, kv head), tiles from the compiled
+//      variants (kernels/attention_tiles.h). It keeps its K and V tile
 //      and fp32 dK, dV accumulators in shared memory and walks every query
 //      head of its GQA group and every query tile in its tile's spans (the
 //      hull of its keys' query_ranges), skipping query tiles that see none
@@ -39,23 +41,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-struct BackwardParams {
-  const void* q;              // (T, Hq, D)
-  const void* k;              // (T, Hkv, D)
-  const void* v;              // (T, Hkv, D)
-  const void* dout;           // (T, Hq, D)
-  const float* lse;           // (Hq, T)
-  const float* delta;         // (Hq, T)
-  void* dq;                   // (T, Hq, D)
-  void* dk;                   // (T, Hkv, D)
-  void* dv;                   // (T, Hkv, D)
-  const int64_t* key_ranges;  // (T, 4)
-  const TileItem* items;      // (gridDim.x)
-  int64_t num_tokens;
-  int64_t num_heads;
-  int64_t num_kv_heads;
+struct BackwardParams : CommonParams {
+  const void* dout;    // (T, Hq, D)
+  const float* lse;    // (Hq, T)
+  const float* delta;  // (Hq, T)
+  void* dq;            // (T, Hq, D)
+  void* dk;            // (T, Hkv, D)
+  void* dv;            // (T, Hkv, D)
   float scale;
-  float scale_log2;  // scale * log2(e)
 };
 
 // delta (Hq, T) = rowsum(dO * O), fp32; one warp per (token, head) row.
@@ -89,38 +82,73 @@ __device__ __forceinline__ void LoadRowStats(float* lse2_s, float* delta_s, cons
   }
 }
 
-// For each row of a (kRows, kCols32 * 32) score tile: P = exp2(S scale_log2
-// - lse2) on the visible keys and 0 elsewhere, dS = P (dP - Delta). Writes dS
-// (and P when p_out is not null) in T over the rows of s, with row stride
-// 2 * ld_s: row r of the T tile lies inside row r of the fp32 tile, and each
-// row is read whole before it is overwritten.
+// For each row of a (kRows, kCols) score tile: P = exp2(S scale_log2 - lse2)
+// on the visible keys and 0 elsewhere, dS = P (dP - Delta). Writes dS (and P
+// when p_out is not null) in T over the rows of s, with row stride 2 * ld_s:
+// row r of the T tile lies inside row r of the fp32 tile, and each row is
+// read whole before it is overwritten.
 template <typename T, int kRows, int kCols>
 __device__ __forceinline__ void SoftmaxGradTile(float* s, const float* dp, int ld_s, T* ds_out,
                                                 T* p_out, const int64_t* ranges_s,
                                                 const float* lse2_s, const float* delta_s,
                                                 int64_t c0, int valid_cols, float scale_log2) {
-  static_assert(kCols % 32 == 0, "columns per lane");
+  constexpr int kPerLane = LaneCols(kCols);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   for (int r = warp; r < kRows; r += kWarps) {
     const int64_t* rr = ranges_s + 4 * r;
-    float pv[kCols / 32];
-    float dsv[kCols / 32];
+    float pv[kPerLane];
+    float dsv[kPerLane];
 #pragma unroll
-    for (int t = 0; t < kCols / 32; ++t) {
+    for (int t = 0; t < kPerLane; ++t) {
       const int jj = lane + 32 * t;
-      const bool visible = jj < valid_cols && Sees(rr, c0 + jj);
+      const bool visible = jj < kCols && jj < valid_cols && Sees(rr, c0 + jj);
       pv[t] = visible ? exp2f(s[r * ld_s + jj] * scale_log2 - lse2_s[r]) : 0.0f;
-      dsv[t] = pv[t] * (dp[r * ld_s + jj] - delta_s[r]);
+      dsv[t] = visible ? pv[t] * (dp[r * ld_s + jj] - delta_s[r]) : 0.0f;
     }
     __syncwarp();
 #pragma unroll
-    for (int t = 0; t < kCols / 32; ++t) {
+    for (int t = 0; t < kPerLane; ++t) {
       const int jj = lane + 32 * t;
+      if (jj >= kCols) continue;
       ds_out[r * 2 * ld_s + jj] = FromFloat<T>(dsv[t]);
       if (p_out != nullptr) p_out[r * 2 * ld_s + jj] = FromFloat<T>(pv[t]);
     }
   }
+}
+
+// Q and dO rows [r0, r0 + rows) of query head h into sm.q and sm.dout
+// (cp.async, the caller waits), with their lse and Delta.
+template <typename T, int kRows, int kHeadDim>
+__device__ __forceinline__ void LoadQueryTile(const SmemBuffers<T>& sm, int ld,
+                                              const BackwardParams& p, int64_t h, int64_t r0,
+                                              int rows) {
+  const int64_t ldq = p.num_heads * kHeadDim;
+  LoadTileAsync<T, kRows, kHeadDim>(sm.q, ld, static_cast<const T*>(p.q) + r0 * ldq + h * kHeadDim,
+                                    ldq, rows);
+  LoadTileAsync<T, kRows, kHeadDim>(
+      sm.dout, ld, static_cast<const T*>(p.dout) + r0 * ldq + h * kHeadDim, ldq, rows);
+  LoadRowStats<kRows>(sm.stat0, sm.stat1, p, h, r0, rows);
+}
+
+// With Q, dO, K and V tiles in shared memory: S = Q K^T and dP = dO V^T on
+// tensor cores, then dS (over dP's rows) and, when with_p, P (over S's rows)
+// in the input dtype, masked by the query rows' intervals. Key columns past
+// valid_cols are padding and get P = dS = 0. Ends with a __syncthreads.
+template <typename T, int kRowsQ, int kRowsK, int kHeadDim>
+__device__ __forceinline__ void ScoreAndGradTiles(const SmemBuffers<T>& sm, const SmemLayout& l,
+                                                  float scale_log2, int64_t c0, int valid_cols,
+                                                  bool with_p) {
+  // s (kRowsQ, kRowsK) = Q (kRowsQ, D) . K^T (D, kRowsK)
+  BlockGemm<T, kRowsQ, kRowsK, kHeadDim, wmma::row_major, wmma::col_major, false>(
+      sm.q, l.ld_t, sm.k, l.ld_t, sm.s, l.ld_s);
+  // dp (kRowsQ, kRowsK) = dO (kRowsQ, D) . V^T (D, kRowsK)
+  BlockGemm<T, kRowsQ, kRowsK, kHeadDim, wmma::row_major, wmma::col_major, false>(
+      sm.dout, l.ld_t, sm.v, l.ld_t, sm.dp, l.ld_s);
+  __syncthreads();
+  SoftmaxGradTile<T, kRowsQ, kRowsK>(sm.s, sm.dp, l.ld_s, sm.dp_half, with_p ? sm.s_half : nullptr,
+                                     sm.ranges, sm.stat0, sm.stat1, c0, valid_cols, scale_log2);
+  __syncthreads();
 }
 
 // ---------------------------------------------------------------------------
@@ -128,116 +156,65 @@ __device__ __forceinline__ void SoftmaxGradTile(float* s, const float* dp, int l
 // ---------------------------------------------------------------------------
 
 template <typename T, int kHeadDim, int kBlockN, int kBlockM>
-struct KeyValueLayout {
-  static constexpr int kLdT = kHeadDim + kPadHalf;
-  static constexpr int kLdS = kBlockN + kPadFloat;
-  static constexpr int kLdP = 2 * kLdS;
-  static constexpr int kLdO = kHeadDim + kPadFloat;
-  static constexpr int kK = 0;                                                   // (kBlockN, kLdT)
-  static constexpr int kV = AlignUp(kK + kBlockN * kLdT * sizeof(T));            // (kBlockN, kLdT)
-  static constexpr int kDk = AlignUp(kV + kBlockN * kLdT * sizeof(T));           // (kBlockN, kLdO)
-  static constexpr int kDv = AlignUp(kDk + kBlockN * kLdO * sizeof(float));      // (kBlockN, kLdO)
-  static constexpr int kQ = AlignUp(kDv + kBlockN * kLdO * sizeof(float));       // (kBlockM, kLdT)
-  static constexpr int kDo = AlignUp(kQ + kBlockM * kLdT * sizeof(T));           // (kBlockM, kLdT)
-  static constexpr int kS = AlignUp(kDo + kBlockM * kLdT * sizeof(T));           // (kBlockM, kLdS)
-  static constexpr int kDp = AlignUp(kS + kBlockM * kLdS * sizeof(float));       // (kBlockM, kLdS)
-  static constexpr int kRanges = AlignUp(kDp + kBlockM * kLdS * sizeof(float));  // (kBlockM, 4)
-  static constexpr int kLse = AlignUp(kRanges + kBlockM * 4 * sizeof(int64_t));  // (kBlockM)
-  static constexpr int kDelta = AlignUp(kLse + kBlockM * sizeof(float));         // (kBlockM)
-  static constexpr int kBytes = AlignUp(kDelta + kBlockM * sizeof(float));
-  static_assert(kBytes <= kMaxSmemSm80, "dK/dV tiles must fit sm_80 shared memory");
-  static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
-  static_assert(kBlockM % 16 == 0 && kBlockN % 32 == 0, "rows in wmma tiles, columns per lane");
-  static_assert(kBlockM <= kThreads, "one thread per query row tests a key tile");
-};
-
-template <typename T, int kHeadDim, int kBlockN, int kBlockM>
-__global__ void __launch_bounds__(kThreads) AttentionKeyValueGradKernel(const BackwardParams p) {
-  using L = KeyValueLayout<T, kHeadDim, kBlockN, kBlockM>;
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    AttentionKeyValueGradKernel(const BackwardParams p) {
+  // kBlockN keys (this block's own rows) by kBlockM queries per step.
+  constexpr SmemLayout L =
+      CheckedLayout<AttentionPass::kKeyValueGrad, kHeadDim, kBlockM, kBlockN>();
   extern __shared__ __align__(128) unsigned char smem[];
-  T* k_s = reinterpret_cast<T*>(smem + L::kK);            // (kBlockN, kHeadDim)
-  T* v_s = reinterpret_cast<T*>(smem + L::kV);            // (kBlockN, kHeadDim)
-  float* dk_s = reinterpret_cast<float*>(smem + L::kDk);  // (kBlockN, kHeadDim)
-  float* dv_s = reinterpret_cast<float*>(smem + L::kDv);  // (kBlockN, kHeadDim)
-  T* q_s = reinterpret_cast<T*>(smem + L::kQ);            // (kBlockM, kHeadDim)
-  T* do_s = reinterpret_cast<T*>(smem + L::kDo);          // (kBlockM, kHeadDim)
-  float* s_s = reinterpret_cast<float*>(smem + L::kS);    // (kBlockM, kBlockN) S
-  T* p_s = reinterpret_cast<T*>(smem + L::kS);            // (kBlockM, kBlockN) P over S
-  float* dp_s = reinterpret_cast<float*>(smem + L::kDp);  // (kBlockM, kBlockN) dP
-  T* ds_s = reinterpret_cast<T*>(smem + L::kDp);          // (kBlockM, kBlockN) dS over dP
-  int64_t* ranges_s = reinterpret_cast<int64_t*>(smem + L::kRanges);  // (kBlockM, 4)
-  float* lse2_s = reinterpret_cast<float*>(smem + L::kLse);           // (kBlockM)
-  float* delta_s = reinterpret_cast<float*>(smem + L::kDelta);        // (kBlockM)
+  const SmemBuffers<T> sm = Carve<T>(smem, L);
 
   const TileItem item = p.items[blockIdx.x];
   const int64_t g = blockIdx.y;
   const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t ldq = p.num_heads * kHeadDim;
   const int64_t ldk = p.num_kv_heads * kHeadDim;
   const int64_t c0 = item.begin;
   const int64_t c1 = item.end;
   const int keys = static_cast<int>(c1 - c0);
 
   LoadTileAsync<T, kBlockN, kHeadDim>(
-      k_s, L::kLdT, static_cast<const T*>(p.k) + c0 * ldk + g * kHeadDim, ldk, keys);
+      sm.k, L.ld_t, static_cast<const T*>(p.k) + c0 * ldk + g * kHeadDim, ldk, keys);
   LoadTileAsync<T, kBlockN, kHeadDim>(
-      v_s, L::kLdT, static_cast<const T*>(p.v) + c0 * ldk + g * kHeadDim, ldk, keys);
-  for (int idx = threadIdx.x; idx < kBlockN * L::kLdO; idx += kThreads) {
-    dk_s[idx] = 0.0f;
-    dv_s[idx] = 0.0f;
+      sm.v, L.ld_t, static_cast<const T*>(p.v) + c0 * ldk + g * kHeadDim, ldk, keys);
+  for (int idx = threadIdx.x; idx < kBlockN * L.ld_o; idx += kThreads) {
+    sm.acc_k[idx] = 0.0f;
+    sm.acc_v[idx] = 0.0f;
   }
   CpAsyncWaitAll();
   __syncthreads();
 
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t sp = 0; sp < item.span_count; ++sp) {
-      for (int64_t r0 = item.span_begin[sp]; r0 < item.span_end[sp]; r0 += kBlockM) {
-        const int rows = static_cast<int>(min(r0 + kBlockM, item.span_end[sp]) - r0);
-        LoadRanges<kBlockM>(ranges_s, p.key_ranges, r0, rows);
+    for (int sp = 0; sp < item.span_count; ++sp) {
+      const int64_t span_end = SpanEnd(item, sp);
+      for (int64_t r0 = SpanBegin(item, sp); r0 < span_end; r0 += kBlockM) {
+        const int rows = static_cast<int>(min(r0 + kBlockM, span_end) - r0);
+        LoadRanges<kBlockM>(sm.ranges, p.key_ranges, r0, rows);
         __syncthreads();
-        const bool meets = threadIdx.x < kBlockM && Meets(ranges_s + 4 * threadIdx.x, c0, c1);
+        const bool meets = threadIdx.x < kBlockM && Meets(sm.ranges + 4 * threadIdx.x, c0, c1);
         if (!__syncthreads_or(meets)) continue;
 
-        LoadTileAsync<T, kBlockM, kHeadDim>(
-            q_s, L::kLdT, static_cast<const T*>(p.q) + r0 * ldq + h * kHeadDim, ldq, rows);
-        LoadTileAsync<T, kBlockM, kHeadDim>(
-            do_s, L::kLdT, static_cast<const T*>(p.dout) + r0 * ldq + h * kHeadDim, ldq, rows);
-        LoadRowStats<kBlockM>(lse2_s, delta_s, p, h, r0, rows);
+        LoadQueryTile<T, kBlockM, kHeadDim>(sm, L.ld_t, p, h, r0, rows);
         CpAsyncWaitAll();
         __syncthreads();
 
-        // s (kBlockM, kBlockN) = Q (kBlockM, D) . K^T (D, kBlockN)
-        BlockGemm<T, kBlockM, kBlockN, kHeadDim, wmma::row_major, wmma::col_major, false>(
-            q_s, L::kLdT, k_s, L::kLdT, s_s, L::kLdS);
-        // dp (kBlockM, kBlockN) = dO (kBlockM, D) . V^T (D, kBlockN)
-        BlockGemm<T, kBlockM, kBlockN, kHeadDim, wmma::row_major, wmma::col_major, false>(
-            do_s, L::kLdT, v_s, L::kLdT, dp_s, L::kLdS);
-        __syncthreads();
-
-        // Key columns past this tile's keys are padding: masked by valid_cols.
-        SoftmaxGradTile<T, kBlockM, kBlockN>(s_s, dp_s, L::kLdS, ds_s, p_s, ranges_s, lse2_s,
-                                             delta_s, c0, keys, p.scale_log2);
-        __syncthreads();
+        ScoreAndGradTiles<T, kBlockM, kBlockN, kHeadDim>(sm, L, p.scale_log2, c0, keys,
+                                                         /*with_p=*/true);
 
         // dv (kBlockN, D) += P^T (kBlockN, kBlockM) . dO (kBlockM, D)
         BlockGemm<T, kBlockN, kHeadDim, kBlockM, wmma::col_major, wmma::row_major, true>(
-            p_s, L::kLdP, do_s, L::kLdT, dv_s, L::kLdO);
+            sm.s_half, 2 * L.ld_s, sm.dout, L.ld_t, sm.acc_v, L.ld_o);
         // dk (kBlockN, D) += dS^T (kBlockN, kBlockM) . Q (kBlockM, D); scaled at the end
         BlockGemm<T, kBlockN, kHeadDim, kBlockM, wmma::col_major, wmma::row_major, true>(
-            ds_s, L::kLdP, q_s, L::kLdT, dk_s, L::kLdO);
+            sm.dp_half, 2 * L.ld_s, sm.q, L.ld_t, sm.acc_k, L.ld_o);
         __syncthreads();
       }
     }
   }
 
-  T* dk = static_cast<T*>(p.dk) + c0 * ldk + g * kHeadDim;
-  T* dv = static_cast<T*>(p.dv) + c0 * ldk + g * kHeadDim;
-  for (int idx = threadIdx.x; idx < keys * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim;
-    const int c = idx % kHeadDim;
-    dk[r * ldk + c] = FromFloat<T>(dk_s[r * L::kLdO + c] * p.scale);
-    dv[r * ldk + c] = FromFloat<T>(dv_s[r * L::kLdO + c]);
-  }
+  StoreRows<T, kHeadDim>(static_cast<T*>(p.dk) + c0 * ldk + g * kHeadDim, ldk, sm.acc_k, L.ld_o,
+                         keys, p.scale);
+  StoreRows<T, kHeadDim>(static_cast<T*>(p.dv) + c0 * ldk + g * kHeadDim, ldk, sm.acc_v, L.ld_o,
+                         keys, 1.0f);
 }
 
 // ---------------------------------------------------------------------------
@@ -245,130 +222,59 @@ __global__ void __launch_bounds__(kThreads) AttentionKeyValueGradKernel(const Ba
 // ---------------------------------------------------------------------------
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-struct QueryLayout {
-  static constexpr int kLdT = kHeadDim + kPadHalf;
-  static constexpr int kLdS = kBlockN + kPadFloat;
-  static constexpr int kLdP = 2 * kLdS;
-  static constexpr int kLdO = kHeadDim + kPadFloat;
-  static constexpr int kQ = 0;                                                   // (kBlockM, kLdT)
-  static constexpr int kDo = AlignUp(kQ + kBlockM * kLdT * sizeof(T));           // (kBlockM, kLdT)
-  static constexpr int kK = AlignUp(kDo + kBlockM * kLdT * sizeof(T));           // (kBlockN, kLdT)
-  static constexpr int kV = AlignUp(kK + kBlockN * kLdT * sizeof(T));            // (kBlockN, kLdT)
-  static constexpr int kS = AlignUp(kV + kBlockN * kLdT * sizeof(T));            // (kBlockM, kLdS)
-  static constexpr int kDp = AlignUp(kS + kBlockM * kLdS * sizeof(float));       // (kBlockM, kLdS)
-  static constexpr int kDq = AlignUp(kDp + kBlockM * kLdS * sizeof(float));      // (kBlockM, kLdO)
-  static constexpr int kRanges = AlignUp(kDq + kBlockM * kLdO * sizeof(float));  // (kBlockM, 4)
-  static constexpr int kLse = AlignUp(kRanges + kBlockM * 4 * sizeof(int64_t));  // (kBlockM)
-  static constexpr int kDelta = AlignUp(kLse + kBlockM * sizeof(float));         // (kBlockM)
-  static constexpr int kBytes = AlignUp(kDelta + kBlockM * sizeof(float));
-  static_assert(kBytes <= kMaxSmemSm80, "dQ tiles must fit sm_80 shared memory");
-  static_assert(sizeof(T) == 2, "tensor-core operands are bf16 or fp16");
-  static_assert(kBlockM % 16 == 0 && kBlockN % 32 == 0, "rows in wmma tiles, columns per lane");
-  static_assert(kBlockM <= kThreads, "one thread per row tests a key tile");
-};
-
-template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(kThreads) AttentionQueryGradKernel(const BackwardParams p) {
-  using L = QueryLayout<T, kHeadDim, kBlockM, kBlockN>;
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    AttentionQueryGradKernel(const BackwardParams p) {
+  constexpr SmemLayout L = CheckedLayout<AttentionPass::kQueryGrad, kHeadDim, kBlockM, kBlockN>();
   extern __shared__ __align__(128) unsigned char smem[];
-  T* q_s = reinterpret_cast<T*>(smem + L::kQ);            // (kBlockM, kHeadDim)
-  T* do_s = reinterpret_cast<T*>(smem + L::kDo);          // (kBlockM, kHeadDim)
-  T* k_s = reinterpret_cast<T*>(smem + L::kK);            // (kBlockN, kHeadDim)
-  T* v_s = reinterpret_cast<T*>(smem + L::kV);            // (kBlockN, kHeadDim)
-  float* s_s = reinterpret_cast<float*>(smem + L::kS);    // (kBlockM, kBlockN) S
-  T* ds_s = reinterpret_cast<T*>(smem + L::kS);           // (kBlockM, kBlockN) dS over S
-  float* dp_s = reinterpret_cast<float*>(smem + L::kDp);  // (kBlockM, kBlockN) dP
-  float* dq_s = reinterpret_cast<float*>(smem + L::kDq);  // (kBlockM, kHeadDim)
-  int64_t* ranges_s = reinterpret_cast<int64_t*>(smem + L::kRanges);  // (kBlockM, 4)
-  float* lse2_s = reinterpret_cast<float*>(smem + L::kLse);           // (kBlockM)
-  float* delta_s = reinterpret_cast<float*>(smem + L::kDelta);        // (kBlockM)
+  const SmemBuffers<T> sm = Carve<T>(smem, L);
 
-  const TileItem item = p.items[blockIdx.x];
-  const int64_t h = blockIdx.y;
-  const int64_t g = h / (p.num_heads / p.num_kv_heads);
-  const int64_t ldq = p.num_heads * kHeadDim;
-  const int64_t ldk = p.num_kv_heads * kHeadDim;
-  const int64_t r0 = item.begin;
-  const int rows = static_cast<int>(item.end - item.begin);
+  const QueryTileBlock b = LocateQueryTile(p, kHeadDim);
+  const TileItem& item = b.item;
+  const int64_t h = b.h, g = b.g, ldq = b.ldq, ldk = b.ldk, r0 = b.r0;
+  const int rows = b.rows;
 
-  LoadTileAsync<T, kBlockM, kHeadDim>(
-      q_s, L::kLdT, static_cast<const T*>(p.q) + r0 * ldq + h * kHeadDim, ldq, rows);
-  LoadTileAsync<T, kBlockM, kHeadDim>(
-      do_s, L::kLdT, static_cast<const T*>(p.dout) + r0 * ldq + h * kHeadDim, ldq, rows);
-  LoadRanges<kBlockM>(ranges_s, p.key_ranges, r0, rows);
-  LoadRowStats<kBlockM>(lse2_s, delta_s, p, h, r0, rows);
-  for (int idx = threadIdx.x; idx < kBlockM * L::kLdO; idx += kThreads) dq_s[idx] = 0.0f;
+  LoadQueryTile<T, kBlockM, kHeadDim>(sm, L.ld_t, p, h, r0, rows);
+  LoadRanges<kBlockM>(sm.ranges, p.key_ranges, r0, rows);
+  for (int idx = threadIdx.x; idx < kBlockM * L.ld_o; idx += kThreads) sm.acc_q[idx] = 0.0f;
   CpAsyncWaitAll();
   __syncthreads();
 
-  for (int64_t sp = 0; sp < item.span_count; ++sp) {
-    for (int64_t c0 = item.span_begin[sp]; c0 < item.span_end[sp]; c0 += kBlockN) {
-      const int64_t c1 = min(c0 + kBlockN, item.span_end[sp]);
-      const int valid_cols = static_cast<int>(c1 - c0);
-      const bool meets = threadIdx.x < kBlockM && Meets(ranges_s + 4 * threadIdx.x, c0, c1);
-      if (!__syncthreads_or(meets)) continue;
+  ForEachVisibleKeyTile<T, kBlockM, kBlockN, kHeadDim>(
+      item, sm.ranges, sm.k, sm.v, L.ld_t, static_cast<const T*>(p.k) + g * kHeadDim,
+      static_cast<const T*>(p.v) + g * kHeadDim, ldk, [&](int64_t c0, int valid_cols) {
+        ScoreAndGradTiles<T, kBlockM, kBlockN, kHeadDim>(sm, L, p.scale_log2, c0, valid_cols,
+                                                         /*with_p=*/false);
+        // dq (kBlockM, D) += dS (kBlockM, kBlockN) . K (kBlockN, D); scaled at the end
+        BlockGemm<T, kBlockM, kHeadDim, kBlockN, wmma::row_major, wmma::row_major, true>(
+            sm.dp_half, 2 * L.ld_s, sm.k, L.ld_t, sm.acc_q, L.ld_o);
+        __syncthreads();
+      });
 
-      LoadTileAsync<T, kBlockN, kHeadDim>(
-          k_s, L::kLdT, static_cast<const T*>(p.k) + c0 * ldk + g * kHeadDim, ldk, valid_cols);
-      LoadTileAsync<T, kBlockN, kHeadDim>(
-          v_s, L::kLdT, static_cast<const T*>(p.v) + c0 * ldk + g * kHeadDim, ldk, valid_cols);
-      CpAsyncWaitAll();
-      __syncthreads();
-
-      // s (kBlockM, kBlockN) = Q (kBlockM, D) . K^T (D, kBlockN)
-      BlockGemm<T, kBlockM, kBlockN, kHeadDim, wmma::row_major, wmma::col_major, false>(
-          q_s, L::kLdT, k_s, L::kLdT, s_s, L::kLdS);
-      // dp (kBlockM, kBlockN) = dO (kBlockM, D) . V^T (D, kBlockN)
-      BlockGemm<T, kBlockM, kBlockN, kHeadDim, wmma::row_major, wmma::col_major, false>(
-          do_s, L::kLdT, v_s, L::kLdT, dp_s, L::kLdS);
-      __syncthreads();
-
-      SoftmaxGradTile<T, kBlockM, kBlockN>(s_s, dp_s, L::kLdS, ds_s, nullptr, ranges_s, lse2_s,
-                                           delta_s, c0, valid_cols, p.scale_log2);
-      __syncthreads();
-
-      // dq (kBlockM, D) += dS (kBlockM, kBlockN) . K (kBlockN, D); scaled at the end
-      BlockGemm<T, kBlockM, kHeadDim, kBlockN, wmma::row_major, wmma::row_major, true>(
-          ds_s, L::kLdP, k_s, L::kLdT, dq_s, L::kLdO);
-      __syncthreads();
-    }
-  }
-
-  T* dq = static_cast<T*>(p.dq) + r0 * ldq + h * kHeadDim;
-  for (int idx = threadIdx.x; idx < rows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim;
-    const int c = idx % kHeadDim;
-    dq[r * ldq + c] = FromFloat<T>(dq_s[r * L::kLdO + c] * p.scale);
-  }
+  StoreRows<T, kHeadDim>(static_cast<T*>(p.dq) + r0 * ldq + h * kHeadDim, ldq, sm.acc_q, L.ld_o,
+                         rows, p.scale);
 }
 
-template <typename T, int kHeadDim>
-void LaunchBackward(BackwardParams p, const IntervalMask& mask, const at::Device& device,
-                    cudaStream_t stream) {
-  using Tl = Tiles<kHeadDim>;
-  // dK, dV: tiles of keys, spans of the queries that see them.
-  const std::vector<TileItem> kv_items = MakeTileItems(mask.segments, mask.query_ranges, Tl::kKvN);
-  // dQ: tiles of queries, spans of the keys they see.
-  const std::vector<TileItem> q_items = MakeTileItems(mask.segments, mask.key_ranges, Tl::kDqM);
-  if (kv_items.empty()) return;
-  const at::Tensor kv_dev = ItemsToDevice(kv_items, device);
-  const at::Tensor q_dev = ItemsToDevice(q_items, device);
-
-  constexpr int kKvBytes = KeyValueLayout<T, kHeadDim, Tl::kKvN, Tl::kKvM>::kBytes;
-  auto* kv_kernel = AttentionKeyValueGradKernel<T, kHeadDim, Tl::kKvN, Tl::kKvM>;
-  PrepareSmem(kv_kernel, kKvBytes, "backward dK/dV");
-  p.items = reinterpret_cast<const TileItem*>(kv_dev.const_data_ptr());
-  kv_kernel<<<dim3(static_cast<unsigned>(kv_items.size()), static_cast<unsigned>(p.num_kv_heads)),
-              kThreads, kKvBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-  constexpr int kQBytes = QueryLayout<T, kHeadDim, Tl::kDqM, Tl::kDqN>::kBytes;
-  auto* q_kernel = AttentionQueryGradKernel<T, kHeadDim, Tl::kDqM, Tl::kDqN>;
-  PrepareSmem(q_kernel, kQBytes, "backward dQ");
-  p.items = reinterpret_cast<const TileItem*>(q_dev.const_data_ptr());
-  q_kernel<<<dim3(static_cast<unsigned>(q_items.size()), static_cast<unsigned>(p.num_heads)),
-             kThreads, kQBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// Launches one backward pass over `items` with the compiled variant `tile`.
+template <AttentionPass kPass>
+void LaunchPass(const BackwardParams& p, at::ScalarType dtype, int64_t head_dim, TileShape tile,
+                int64_t num_items, unsigned heads, cudaStream_t stream) {
+  DispatchKernel<kPass>(dtype, head_dim, tile, [&](auto type_tag, auto dim_tag, auto tile_tag) {
+    using T = decltype(type_tag);
+    constexpr int kHeadDim = decltype(dim_tag)::value;
+    constexpr int kRows = decltype(tile_tag)::rows;
+    constexpr int kCols = decltype(tile_tag)::cols;
+    constexpr int kBytes = SmemBytes(kPass, kHeadDim, {kRows, kCols});
+    auto launch = [&](auto* kernel, const char* name) {
+      PrepareSmem(kernel, kBytes, name);
+      kernel<<<dim3(static_cast<unsigned>(num_items), heads), kThreads, kBytes, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if constexpr (kPass == AttentionPass::kKeyValueGrad) {
+      launch(AttentionKeyValueGradKernel<T, kHeadDim, kRows, kCols>, "backward dK/dV");
+    } else {
+      launch(AttentionQueryGradKernel<T, kHeadDim, kRows, kCols>, "backward dQ");
+    }
+  });
 }
 
 }  // namespace
@@ -377,13 +283,12 @@ void LaunchBackward(BackwardParams p, const IntervalMask& mask, const at::Device
 AttentionCudaGrads attention_cuda_backward(const at::Tensor& grad_out, const at::Tensor& q_in,
                                            const at::Tensor& k_in, const at::Tensor& v_in,
                                            const at::Tensor& out_in, const at::Tensor& lse_in,
-                                           const IntervalMask& mask, double scale) {
+                                           MaskPlan& plan, TileShape dq_tile, TileShape dkv_tile,
+                                           double scale) {
   using namespace attention_cuda;
-  CheckSupported(q_in);
   c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = Aligned(q_in);
-  const at::Tensor k = Aligned(k_in);
-  const at::Tensor v = Aligned(v_in);
+  const AlignedQkv in = AlignQkv(q_in, k_in, v_in);
+  const at::Tensor &q = in.q, &k = in.k, &v = in.v;
   const at::Tensor out = Aligned(out_in.to(q.scalar_type()));
   const at::Tensor dout = Aligned(grad_out.to(q.scalar_type()));
   const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
@@ -401,33 +306,40 @@ AttentionCudaGrads attention_cuda_backward(const at::Tensor& grad_out, const at:
   const int64_t delta_blocks = (num_tokens * num_heads + kWarps - 1) / kWarps;
   TORCH_CHECK(delta_blocks <= std::numeric_limits<int32_t>::max(),
               "attention: T * Hq too large for the CUDA backward, got ", num_tokens * num_heads);
-  DispatchHeadDimAndType(q.scalar_type(), head_dim, [&](auto type_tag, auto dim_tag) {
+  auto launch_delta = [&](auto type_tag) {
     using T = decltype(type_tag);
-    constexpr int kHeadDim = decltype(dim_tag)::value;
     AttentionDeltaKernel<T><<<static_cast<unsigned>(delta_blocks), kThreads, 0, stream>>>(
         static_cast<const T*>(dout.const_data_ptr()), static_cast<const T*>(out.const_data_ptr()),
-        delta.mutable_data_ptr<float>(), num_tokens, num_heads, kHeadDim);
+        delta.mutable_data_ptr<float>(), num_tokens, num_heads, static_cast<int>(head_dim));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (q.scalar_type() == at::kBFloat16) {
+    launch_delta(__nv_bfloat16{});
+  } else {
+    launch_delta(__half{});
+  }
 
-    const at::Tensor key_ranges = mask.key_ranges.to(at::kLong).contiguous().to(q.device());
-    BackwardParams p{q.const_data_ptr(),
-                     k.const_data_ptr(),
-                     v.const_data_ptr(),
-                     dout.const_data_ptr(),
-                     lse.const_data_ptr<float>(),
-                     delta.const_data_ptr<float>(),
-                     dq.mutable_data_ptr(),
-                     dk.mutable_data_ptr(),
-                     dv.mutable_data_ptr(),
-                     key_ranges.const_data_ptr<int64_t>(),
-                     nullptr,
-                     num_tokens,
-                     num_heads,
-                     k.size(1),
-                     static_cast<float>(scale),
-                     static_cast<float>(scale) * kLog2e};
-    LaunchBackward<T, kHeadDim>(p, mask, q.device(), stream);
-  });
+  // dK, dV: tiles of keys, spans of the queries that see them.
+  const MaskPlan::DeviceTiles kv_items =
+      plan.tiles_on(q.device(), TileSide::kKeyTiles, dkv_tile.rows);
+  // dQ: tiles of queries, spans of the keys they see.
+  const MaskPlan::DeviceTiles q_items =
+      plan.tiles_on(q.device(), TileSide::kQueryTiles, dq_tile.rows);
+  if (kv_items.count == 0) return {dq, dk, dv};
+  const at::Tensor key_ranges = plan.key_ranges_on(q.device());
+  BackwardParams p{MakeCommonParams(q, k, v, key_ranges, kv_items.items, scale),
+                   dout.const_data_ptr(),
+                   lse.const_data_ptr<float>(),
+                   delta.const_data_ptr<float>(),
+                   dq.mutable_data_ptr(),
+                   dk.mutable_data_ptr(),
+                   dv.mutable_data_ptr(),
+                   static_cast<float>(scale)};
+  LaunchPass<AttentionPass::kKeyValueGrad>(p, q.scalar_type(), head_dim, dkv_tile, kv_items.count,
+                                           static_cast<unsigned>(k.size(1)), stream);
+  p.items = reinterpret_cast<const TileItem*>(q_items.items.const_data_ptr());
+  LaunchPass<AttentionPass::kQueryGrad>(p, q.scalar_type(), head_dim, dq_tile, q_items.count,
+                                        static_cast<unsigned>(num_heads), stream);
   return {dq, dk, dv};
 }
 

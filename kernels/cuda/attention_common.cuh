@@ -1,6 +1,9 @@
 // Shared pieces of the CUDA attention kernels (attention_fwd.cu,
-// attention_bwd.cu): tile shapes, work items, shared-memory layout, and the
-// tensor-core block product. Internal to kernels/cuda.
+// attention_bwd.cu): launch dispatch over the compiled tile variants, the
+// shared-memory buffers (layout from kernels/attention_tiles.h), cp.async tile
+// loads, the tensor-core block product, the interval mask tests, the walk
+// over a query tile's visible key tiles and the store of fp32 accumulators.
+// Internal to kernels/cuda.
 //
 // Every matrix product runs on tensor cores through nvcuda::wmma (bf16 / fp16
 // m16n16k16 with fp32 accumulators, sm_80+), from operands in shared memory
@@ -15,7 +18,6 @@
 #include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -23,11 +25,11 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
+#include "kernels/attention_plan.h"
+#include "kernels/attention_tiles.h"
 #include "kernels/cpu/attention_cpu.h"
 
 // bf16 wmma fragments and cp.async exist from sm_80 on; an older target would
@@ -40,128 +42,73 @@ namespace ballast::kernels::attention_cuda {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// Row paddings (in elements) that shift consecutive rows by 16 bytes, so that
-// the 8 rows a wmma load touches fall in different shared-memory banks.
-constexpr int kPadHalf = 8;
-constexpr int kPadFloat = 4;
+// Blocks per SM the tile kernels are built for (__launch_bounds__): their
+// shared memory lets at most two share an SM, so a thread may use 128
+// registers. Left to itself, ptxas 13.0 held these kernels at 64 and spilled
+// 8 to 24 bytes in the head-dim-256 and dK/dV variants; at 128 none spills.
+constexpr int kMinBlocksPerSm = 2;
 // log2(e): the kernels exponentiate with exp2f on scores pre-multiplied by it.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-// The largest dynamic shared memory a block may opt in to on sm_80 (A100:
-// 163 KiB); every tile below is sized to fit it, so one binary runs on
-// sm_80, sm_90 and sm_100.
-constexpr int kMaxSmemSm80 = 163 * 1024;
 
-// Tile shapes per head dim. kBlockM query rows by kBlockN key columns. The
-// head dim 256 tiles are smaller so that Q, K, V and the fp32 accumulators
-// stay inside kMaxSmemSm80.
-template <int kHeadDim>
-struct Tiles;
-template <>
-struct Tiles<64> {
-  static constexpr int kFwdM = 64, kFwdN = 64;  // forward
-  static constexpr int kDqM = 64, kDqN = 64;    // backward, dQ pass
-  static constexpr int kKvN = 64, kKvM = 64;    // backward, dK/dV pass (keys, queries)
-};
-template <>
-struct Tiles<128> {
-  static constexpr int kFwdM = 64, kFwdN = 64;
-  static constexpr int kDqM = 64, kDqN = 64;
-  static constexpr int kKvN = 64, kKvM = 32;
-};
-template <>
-struct Tiles<256> {
-  static constexpr int kFwdM = 64, kFwdN = 32;
-  static constexpr int kDqM = 32, kDqN = 32;
-  static constexpr int kKvN = 32, kKvM = 32;
+// Score columns each lane of a warp owns in a row of `cols` columns; tiles
+// narrower than a warp leave the upper lanes idle.
+constexpr int LaneCols(int cols) { return (cols + 31) / 32; }
+
+// A compiled tile shape as a type, for the launch templates.
+template <int kRows, int kCols>
+struct Tile {
+  static constexpr int rows = kRows;
+  static constexpr int cols = kCols;
 };
 
-// One tile of one segment: rows [begin, end) (queries for the forward and dQ,
-// keys for dK/dV) and up to two spans of the other side that some row of the
-// tile meets (the hull of its rows' intervals). Tiles outside the spans are
-// never visited; a tile with no span only writes its empty-row result.
-struct TileItem {
-  int64_t begin;
-  int64_t end;
-  int64_t span_begin[2];
-  int64_t span_end[2];
-  int64_t span_count;
-};
-static_assert(sizeof(TileItem) == 7 * sizeof(int64_t), "TileItem is copied to the device as bytes");
-
-// Cuts every segment into tiles of `block` rows and gives each the union of
-// the intervals `ranges` (T, 4) lists for its rows, as at most two spans,
-// most costly tiles first so that the longest causal tiles start first.
-inline std::vector<TileItem> MakeTileItems(const at::Tensor& segments_cpu,
-                                           const at::Tensor& ranges_cpu, int64_t block) {
-  const at::Tensor seg = segments_cpu.contiguous();
-  const at::Tensor rng = ranges_cpu.contiguous();
-  const int64_t* s = seg.const_data_ptr<int64_t>();
-  const int64_t* r = rng.const_data_ptr<int64_t>();
-  std::vector<TileItem> items;
-  std::vector<int64_t> cost;
-  for (int64_t i = 0; i + 1 < seg.numel(); ++i) {
-    for (int64_t b = s[i]; b < s[i + 1]; b += block) {
-      TileItem item{b, std::min(b + block, s[i + 1]), {0, 0}, {0, 0}, 0};
-      int64_t lo[2], hi[2];
-      bool seen[2] = {false, false};
-      for (int64_t row = item.begin; row < item.end; ++row) {
-        for (int slot = 0; slot < 2; ++slot) {
-          const int64_t a = r[4 * row + 2 * slot];
-          const int64_t z = r[4 * row + 2 * slot + 1];
-          if (a >= z) continue;
-          lo[slot] = seen[slot] ? std::min(lo[slot], a) : a;
-          hi[slot] = seen[slot] ? std::max(hi[slot], z) : z;
-          seen[slot] = true;
-        }
-      }
-      for (int slot = 0; slot < 2; ++slot) {
-        if (!seen[slot]) continue;
-        item.span_begin[item.span_count] = lo[slot];
-        item.span_end[item.span_count] = hi[slot];
-        ++item.span_count;
-      }
-      if (item.span_count == 2) {
-        int64_t& b0 = item.span_begin[0];
-        int64_t& e0 = item.span_end[0];
-        const int64_t b1 = item.span_begin[1];
-        const int64_t e1 = item.span_end[1];
-        if (b0 <= e1 && b1 <= e0) {
-          // Overlapping or touching spans merge, so no key tile is visited twice.
-          b0 = std::min(b0, b1);
-          e0 = std::max(e0, e1);
-          item.span_count = 1;
-        } else if (b1 < b0) {
-          std::swap(item.span_begin[0], item.span_begin[1]);
-          std::swap(item.span_end[0], item.span_end[1]);
-        }
-      }
-      int64_t total = 0;
-      for (int64_t sp = 0; sp < item.span_count; ++sp)
-        total += item.span_end[sp] - item.span_begin[sp];
-      items.push_back(item);
-      cost.push_back(total * (item.end - item.begin));
-    }
-  }
-  std::vector<int64_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
-  std::vector<TileItem> sorted;
-  sorted.reserve(items.size());
-  for (int64_t i : order) sorted.push_back(items[i]);
-  return sorted;
+constexpr PassVariants VariantsOf(AttentionPass pass, int head_dim) {
+  const TileVariants v = TileVariantsFor(head_dim);
+  return pass == AttentionPass::kForward ? v.fwd : pass == AttentionPass::kQueryGrad ? v.dq : v.dkv;
 }
 
-// The items as a device buffer of bytes.
-inline at::Tensor ItemsToDevice(const std::vector<TileItem>& items, const at::Device& device) {
-  const int64_t bytes = static_cast<int64_t>(items.size() * sizeof(TileItem));
-  return at::from_blob(const_cast<TileItem*>(items.data()), {bytes}, at::kByte)
-      .to(device, /*non_blocking=*/false);
+// What every pass reads: q, k, v, the mask's key intervals and its tiles.
+struct CommonParams {
+  const void* q;              // (T, Hq, D)
+  const void* k;              // (T, Hkv, D)
+  const void* v;              // (T, Hkv, D)
+  const int64_t* key_ranges;  // (T, 4)
+  const TileItem* items;      // (gridDim.x)
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  float scale_log2;  // scale * log2(e)
+};
+
+// The common parameters of aligned q (T, Hq, D), k and v (T, Hkv, D).
+inline CommonParams MakeCommonParams(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_ranges, const at::Tensor& items,
+                                     double scale) {
+  return {q.const_data_ptr(),
+          k.const_data_ptr(),
+          v.const_data_ptr(),
+          key_ranges.const_data_ptr<int64_t>(),
+          reinterpret_cast<const TileItem*>(items.const_data_ptr()),
+          q.size(0),
+          q.size(1),
+          k.size(1),
+          static_cast<float>(scale) * kLog2e};
+}
+
+// The layout of a compiled variant, with the static checks it must pass.
+template <AttentionPass kPass, int kHeadDim, int kRowsQ, int kRowsK>
+__host__ __device__ constexpr SmemLayout CheckedLayout() {
+  static_assert(kRowsQ % 16 == 0 && kRowsK % 16 == 0 && kHeadDim % 16 == 0,
+                "wmma works on 16 x 16 x 16 fragments");
+  static_assert(kRowsQ <= kThreads, "one thread per query row tests a tile");
+  static_assert(MakeSmemLayout(kPass, kHeadDim, kRowsQ, kRowsK).bytes <= 227 * 1024,
+                "no CUDA device allows more shared memory per block");
+  return MakeSmemLayout(kPass, kHeadDim, kRowsQ, kRowsK);
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory after checking the
-// device allows it.
+// device allows it (choose_attention_kernel picked tiles that fit, so this
+// fails only when a caller forces a variant).
 template <typename Kernel>
 void PrepareSmem(Kernel kernel, int bytes, const char* name) {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -173,18 +120,6 @@ void PrepareSmem(Kernel kernel, int bytes, const char* name) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-// Throws unless q's dtype and head dim have a CUDA kernel.
-inline void CheckSupported(const at::Tensor& q) {
-  const at::ScalarType dtype = q.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
-              "attention: CUDA kernel not available for ", dtype,
-              " inputs; use bf16 or fp16 on CUDA (fp32 and fp64 run on CPU)");
-  const int64_t d = q.size(2);
-  TORCH_CHECK(d == 64 || d == 128 || d == 256,
-              "attention: CUDA kernel not available for head dim D = ", d,
-              "; it supports 64, 128 and 256");
-}
-
 // t contiguous and 16-byte aligned, as cp.async needs; a view that starts
 // off alignment is copied.
 inline at::Tensor Aligned(const at::Tensor& t) {
@@ -192,20 +127,41 @@ inline at::Tensor Aligned(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
-// Calls fn(T{}, std::integral_constant<int, D>{}) for the element type
-// (__nv_bfloat16 or __half) and head dim (64, 128, 256) of a checked input.
-template <typename Fn>
-void DispatchHeadDimAndType(at::ScalarType dtype, int64_t head_dim, Fn&& fn) {
+// q, k and v as the kernels read them, each through Aligned.
+struct AlignedQkv {
+  at::Tensor q, k, v;
+};
+inline AlignedQkv AlignQkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return {Aligned(q), Aligned(k), Aligned(v)};
+}
+
+// Calls fn(T{}, std::integral_constant<int, D>{}, Tile<rows, cols>{}) for the
+// element type (__nv_bfloat16 or __half), the head dim (64, 128, 256) and
+// `tile`, which must be one of the pass's compiled variants.
+template <AttentionPass kPass, typename Fn>
+void DispatchKernel(at::ScalarType dtype, int64_t head_dim, TileShape tile, Fn&& fn) {
+  auto by_tile = [&](auto type_tag, auto dim_tag) {
+    constexpr int kD = decltype(dim_tag)::value;
+    constexpr TileShape kLarge = VariantsOf(kPass, kD).large;
+    constexpr TileShape kSmall = VariantsOf(kPass, kD).small;
+    if (tile == kLarge) {
+      fn(type_tag, dim_tag, Tile<kLarge.rows, kLarge.cols>{});
+    } else {
+      TORCH_CHECK(tile == kSmall, "attention: no compiled tile ", tile.rows, "x", tile.cols,
+                  " for head dim ", kD);
+      fn(type_tag, dim_tag, Tile<kSmall.rows, kSmall.cols>{});
+    }
+  };
   auto by_dim = [&](auto type_tag) {
     switch (head_dim) {
       case 64:
-        fn(type_tag, std::integral_constant<int, 64>{});
+        by_tile(type_tag, std::integral_constant<int, 64>{});
         break;
       case 128:
-        fn(type_tag, std::integral_constant<int, 128>{});
+        by_tile(type_tag, std::integral_constant<int, 128>{});
         break;
       default:
-        fn(type_tag, std::integral_constant<int, 256>{});
+        by_tile(type_tag, std::integral_constant<int, 256>{});
         break;
     }
   };
@@ -215,10 +171,6 @@ void DispatchHeadDimAndType(at::ScalarType dtype, int64_t head_dim, Fn&& fn) {
     by_dim(__half{});
   }
 }
-
-// Byte offset of the next buffer: every buffer starts 128-byte aligned, more
-// than the 32 bytes a wmma pointer and the 16 bytes cp.async need.
-constexpr int AlignUp(int bytes) { return (bytes + 127) / 128 * 128; }
 
 // ---------------------------------------------------------------------------
 // Device helpers
@@ -323,6 +275,109 @@ __device__ __forceinline__ void LoadRanges(int64_t* smem, const int64_t* ranges,
                                            int valid) {
   for (int idx = threadIdx.x; idx < kRows * 4; idx += kThreads) {
     smem[idx] = idx / 4 < valid ? ranges[4 * row0 + idx] : 0;
+  }
+}
+
+// The shared-memory buffers of a pass (see SmemLayout); P and dS, in the
+// input dtype, overlay the fp32 S and dP rows they are computed from.
+template <typename T>
+struct SmemBuffers {
+  T* q;             // (rows_q, ld_t)
+  T* dout;          // (rows_q, ld_t)
+  T* k;             // (rows_k, ld_t)
+  T* v;             // (rows_k, ld_t)
+  float* s;         // (rows_q, ld_s)
+  T* s_half;        // (rows_q, 2 * ld_s) over s
+  float* dp;        // (rows_q, ld_s)
+  T* dp_half;       // (rows_q, 2 * ld_s) over dp
+  float* acc_q;     // (rows_q, ld_o)
+  float* acc_k;     // (rows_k, ld_o)
+  float* acc_v;     // (rows_k, ld_o)
+  int64_t* ranges;  // (rows_q, 4)
+  float* stat0;     // (rows_q)
+  float* stat1;     // (rows_q)
+};
+
+template <typename T>
+__device__ __forceinline__ SmemBuffers<T> Carve(unsigned char* smem, const SmemLayout& l) {
+  return {reinterpret_cast<T*>(smem + l.q),         reinterpret_cast<T*>(smem + l.dout),
+          reinterpret_cast<T*>(smem + l.k),         reinterpret_cast<T*>(smem + l.v),
+          reinterpret_cast<float*>(smem + l.s),     reinterpret_cast<T*>(smem + l.s),
+          reinterpret_cast<float*>(smem + l.dp),    reinterpret_cast<T*>(smem + l.dp),
+          reinterpret_cast<float*>(smem + l.acc_q), reinterpret_cast<float*>(smem + l.acc_k),
+          reinterpret_cast<float*>(smem + l.acc_v), reinterpret_cast<int64_t*>(smem + l.ranges),
+          reinterpret_cast<float*>(smem + l.stat0), reinterpret_cast<float*>(smem + l.stat1)};
+}
+
+// Span sp (0 or 1) of a tile. Selected, not indexed: a runtime index into the
+// item's arrays would put the whole item in local memory (a 56-byte stack
+// frame in every attention kernel).
+__device__ __forceinline__ int64_t SpanBegin(const TileItem& item, int sp) {
+  return sp == 0 ? item.span_begin[0] : item.span_begin[1];
+}
+__device__ __forceinline__ int64_t SpanEnd(const TileItem& item, int sp) {
+  return sp == 0 ? item.span_end[0] : item.span_end[1];
+}
+
+// A (query tile, query head) block of the forward or the dQ pass:
+// blockIdx.x picks the tile, blockIdx.y the head, whose kv head is g.
+struct QueryTileBlock {
+  TileItem item;
+  int64_t h;    // query head
+  int64_t g;    // its kv head
+  int64_t ldq;  // row stride of q-shaped tensors, Hq * D
+  int64_t ldk;  // row stride of k-shaped tensors, Hkv * D
+  int64_t r0;   // first query row
+  int rows;     // query rows in the tile
+};
+
+__device__ __forceinline__ QueryTileBlock LocateQueryTile(const CommonParams& p, int head_dim) {
+  const TileItem item = p.items[blockIdx.x];
+  const int64_t h = blockIdx.y;
+  return {item,
+          h,
+          h / (p.num_heads / p.num_kv_heads),
+          p.num_heads * head_dim,
+          p.num_kv_heads * head_dim,
+          item.begin,
+          static_cast<int>(item.end - item.begin)};
+}
+
+// Walks the key tiles of kRowsK rows inside a query tile's spans, skipping
+// those that no query row (intervals in ranges_s, one row per thread below
+// kRowsQ) sees, and calls body(c0, valid_cols) once K and V rows
+// [c0, c0 + valid_cols) of kv head `g` are in k_s and v_s. Columns past
+// valid_cols are zero rows, not keys. Every thread must call it.
+template <typename T, int kRowsQ, int kRowsK, int kHeadDim, typename Body>
+__device__ __forceinline__ void ForEachVisibleKeyTile(const TileItem& item, const int64_t* ranges_s,
+                                                      T* k_s, T* v_s, int ld, const T* k_head,
+                                                      const T* v_head, int64_t ldk, Body&& body) {
+  for (int sp = 0; sp < item.span_count; ++sp) {
+    const int64_t span_end = SpanEnd(item, sp);
+    for (int64_t c0 = SpanBegin(item, sp); c0 < span_end; c0 += kRowsK) {
+      const int64_t c1 = min(c0 + kRowsK, span_end);
+      const int valid_cols = static_cast<int>(c1 - c0);
+      const bool meets = threadIdx.x < kRowsQ && Meets(ranges_s + 4 * threadIdx.x, c0, c1);
+      // A tile that no row of this tile sees costs nothing.
+      if (!__syncthreads_or(meets)) continue;
+      LoadTileAsync<T, kRowsK, kHeadDim>(k_s, ld, k_head + c0 * ldk, ldk, valid_cols);
+      LoadTileAsync<T, kRowsK, kHeadDim>(v_s, ld, v_head + c0 * ldk, ldk, valid_cols);
+      CpAsyncWaitAll();
+      __syncthreads();
+      body(c0, valid_cols);
+    }
+  }
+}
+
+// dst rows [0, rows) (row stride ld_dst) = scale * src (fp32, row stride
+// ld_src), rounded once to T.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void StoreRows(T* dst, int64_t ld_dst, const float* src, int ld_src,
+                                          int rows, float scale) {
+  for (int idx = threadIdx.x; idx < rows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim;
+    const int c = idx % kHeadDim;
+    dst[r * ld_dst + c] = FromFloat<T>(src[r * ld_src + c] * scale);
   }
 }
 

@@ -2,16 +2,23 @@
 //
 // Inputs: n tensors on one device, each contiguous, fp32 / bf16 / fp16 / fp64.
 // Launch 1 (chunk_sum_squares): one block per work item, a chunk of at most
-//   kChunk elements of one tensor; the block writes sum(x^2) in fp32 (fp64 for
-//   fp64 input) and a non-finite flag. Work items are ordered by tensor.
+//   kChunk elements of one tensor; the block writes sum(x^2) and a non-finite
+//   flag. Work items are ordered by tensor.
 // Launch 2 (segment_sum): one block per tensor adds its items' partials in
 //   a fixed order, so the result is deterministic (no atomics).
+// Precision: every value is widened to fp64 before it is squared, and all
+// partial and per-tensor sums are fp64, as on the CPU. A finite fp32 value
+// squares to at most 1.2e77, so the sums cannot overflow; squaring in fp32
+// would make any |x| > 1.8e19 an inf with no non-finite value to report.
+// Only the norm is rounded to fp32, once.
 // Indexing is int64 throughout; a tensor may hold more than 2^31 elements.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cub/block/block_reduce.cuh>
 
@@ -31,12 +38,19 @@ struct WorkItem {
 };
 
 template <typename T>
-using AccT = std::conditional_t<std::is_same_v<T, double>, double, float>;
+__device__ __forceinline__ double Widen(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return static_cast<double>(__bfloat162float(x));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<double>(__half2float(x));
+  } else {
+    return static_cast<double>(x);
+  }
+}
 
 template <typename T>
-__global__ void chunk_sum_squares(const WorkItem* items, float* partial, int* nonfinite) {
-  using Acc = AccT<T>;
-  using BlockReduce = cub::BlockReduce<Acc, kThreads>;
+__global__ void chunk_sum_squares(const WorkItem* items, double* partial, int* nonfinite) {
+  using BlockReduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename BlockReduce::TempStorage storage;
   __shared__ int any_bad;
   if (threadIdx.x == 0) any_bad = 0;
@@ -44,36 +58,36 @@ __global__ void chunk_sum_squares(const WorkItem* items, float* partial, int* no
 
   const WorkItem item = items[blockIdx.x];
   const T* x = static_cast<const T*>(item.data);
-  Acc acc = 0;
+  double acc = 0;
   bool bad = false;
   for (int64_t i = item.begin + threadIdx.x; i < item.end; i += kThreads) {
-    const Acc v = static_cast<Acc>(x[i]);
+    const double v = Widen(x[i]);
     acc += v * v;
     bad |= !isfinite(v);
   }
   if (bad) atomicOr(&any_bad, 1);
-  const Acc total = BlockReduce(storage).Sum(acc);
+  const double total = BlockReduce(storage).Sum(acc);
   __syncthreads();
   if (threadIdx.x == 0) {
-    partial[blockIdx.x] = static_cast<float>(total);
+    partial[blockIdx.x] = total;
     nonfinite[blockIdx.x] = any_bad;
   }
 }
 
 // (n_tensors) blocks; item_offsets is (n_tensors + 1), prefix offsets into partial.
-__global__ void segment_sum(const float* partial, const int* nonfinite, const int64_t* item_offsets,
-                            float* sum_squares, int* tensor_bad) {
-  using BlockReduce = cub::BlockReduce<float, kThreads>;
+__global__ void segment_sum(const double* partial, const int* nonfinite,
+                            const int64_t* item_offsets, double* sum_squares, int* tensor_bad) {
+  using BlockReduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename BlockReduce::TempStorage storage;
   const int64_t begin = item_offsets[blockIdx.x];
   const int64_t end = item_offsets[blockIdx.x + 1];
-  float acc = 0.f;
+  double acc = 0;
   int bad = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     acc += partial[i];
     bad |= nonfinite[i];
   }
-  const float total = BlockReduce(storage).Sum(acc);
+  const double total = BlockReduce(storage).Sum(acc);
   __syncthreads();
   const int any_bad = __syncthreads_or(bad);
   if (threadIdx.x == 0) {
@@ -94,9 +108,9 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
     }
   }
   c10::cuda::CUDAGuard guard(device);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
-  at::Tensor sum_squares = at::zeros({n}, f32);
+  at::Tensor sum_squares = at::zeros({n}, f64);
   at::Tensor tensor_bad = at::zeros({n}, i32);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
@@ -123,9 +137,9 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
             .to(device, /*non_blocking=*/false);
     at::Tensor offsets_dev = at::tensor(offsets, at::kLong).to(device);
     at::Tensor ids_dev = at::tensor(tensor_ids, at::kLong).to(device);
-    at::Tensor partial = at::empty({n_items}, f32);
+    at::Tensor partial = at::empty({n_items}, f64);
     at::Tensor flags = at::empty({n_items}, i32);
-    at::Tensor seg_sums = at::empty({n_seg}, f32);
+    at::Tensor seg_sums = at::empty({n_seg}, f64);
     at::Tensor seg_bad = at::empty({n_seg}, i32);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "grad_norm_cuda", [&] {
       using T = std::conditional_t<
@@ -133,12 +147,12 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
           std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half, scalar_t>>;
       chunk_sum_squares<T><<<n_items, kThreads, 0, stream>>>(
           reinterpret_cast<const WorkItem*>(items_dev.const_data_ptr()),
-          partial.mutable_data_ptr<float>(), flags.mutable_data_ptr<int>());
+          partial.mutable_data_ptr<double>(), flags.mutable_data_ptr<int>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     segment_sum<<<n_seg, kThreads, 0, stream>>>(
-        partial.const_data_ptr<float>(), flags.const_data_ptr<int>(),
-        offsets_dev.const_data_ptr<int64_t>(), seg_sums.mutable_data_ptr<float>(),
+        partial.const_data_ptr<double>(), flags.const_data_ptr<int>(),
+        offsets_dev.const_data_ptr<int64_t>(), seg_sums.mutable_data_ptr<double>(),
         seg_bad.mutable_data_ptr<int>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     sum_squares.index_copy_(0, ids_dev, seg_sums);
@@ -147,7 +161,7 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
 
   GradNormResult result;
   result.sum_squares = sum_squares;
-  result.norm = sum_squares.sum().sqrt();
+  result.norm = sum_squares.sum().sqrt().to(at::kFloat);
   // One host sync: the guard needs the answer before deciding on the step.
   at::Tensor bad_ids = tensor_bad.nonzero();
   result.first_nonfinite = bad_ids.numel() == 0 ? -1 : bad_ids.min().item<int64_t>();

@@ -15,9 +15,13 @@
 //
 // Tiling: counted rows, kLceCudaChunkRows at a time, gathered from hidden;
 // each chunk sweeps the vocabulary in tiles of kLceCudaChunkVocab rows of
-// weight. A tile's logits come from one cuBLAS product (at::mm): bf16 / fp16
-// operands with fp32 output (mm's out_dtype overload, fp32 accumulation on
-// tensor cores), fp32 or fp64 operands as they are. Then one kernel per tile:
+// weight. A tile's logits come from one cuBLAS product: bf16 / fp16 operands
+// with fp32 output (at::mm's out_dtype overload, fp32 accumulation on tensor
+// cores); fp64 operands through at::mm; fp32 operands through cublasGemmEx
+// with CUBLAS_COMPUTE_32F_PEDANTIC (Fp32Gemm), because at::mm on fp32 turns
+// into TF32 (10-bit mantissa) whenever the program allows TF32 globally, and
+// the fp32 path is what a `precision: fp32` check compares against the CPU.
+// The same holds for the backward's products. Then one kernel per tile:
 //   forward:  LseTileKernel folds the tile into each row's running
 //             (max, sum of exp(z - max)) and picks z[target] when the target
 //             lies in the tile;
@@ -34,6 +38,8 @@
 // get zero gradient. No atomics: results are deterministic.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/Exceptions.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/exp2.h>
 #include <ATen/ops/floor.h>
@@ -181,10 +187,37 @@ at::ScalarType ComputeType(at::ScalarType input) {
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// c (m, n) = op(a) . op(b) [+ c], all fp32, c contiguous, where op(x) is x
+// or x^T; IEEE fp32 whatever torch's TF32 setting (see the file comment).
+// cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose
+// there, so this computes c^T = op(b)^T . op(a)^T.
+void Fp32Gemm(const at::Tensor& a_in, bool transpose_a, const at::Tensor& b_in, bool transpose_b,
+              at::Tensor& c, bool accumulate) {
+  TORCH_INTERNAL_ASSERT(c.is_contiguous());
+  const at::Tensor a = a_in.contiguous();
+  const at::Tensor b = b_in.contiguous();
+  const int64_t m = c.size(0);
+  const int64_t n = c.size(1);
+  const int64_t k = transpose_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  TORCH_CUDABLAS_CHECK(cublasGemmEx(
+      at::cuda::getCurrentCUDABlasHandle(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+      static_cast<int>(k), &alpha, b.const_data_ptr(), CUDA_R_32F, static_cast<int>(b.size(1)),
+      a.const_data_ptr(), CUDA_R_32F, static_cast<int>(a.size(1)), &beta, c.mutable_data_ptr(),
+      CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+}
+
 // The logits tile (ct, nv) in the compute dtype; h is (ct, H) and w (nv, H)
 // in the input dtype for bf16 / fp16, in the compute dtype otherwise.
 at::Tensor TileLogits(const at::Tensor& h, const at::Tensor& w, bool half) {
-  return (half ? at::mm(h, w.t(), at::kFloat) : at::mm(h, w.t())).contiguous();
+  if (half) return at::mm(h, w.t(), at::kFloat).contiguous();
+  if (h.scalar_type() == at::kDouble) return at::mm(h, w.t()).contiguous();
+  at::Tensor logits = at::empty({h.size(0), w.size(0)}, h.options());
+  Fp32Gemm(h, false, w, true, logits, false);
+  return logits;
 }
 
 // token_weights gathered at rows, in the compute dtype; ones when undefined.
@@ -301,9 +334,15 @@ LceGrads linear_cross_entropy_cuda_backward(const at::Tensor& grad_sum, const at
       if (half) {
         if (need_hidden) dh.add_(at::mm(dz, w, at::kFloat));
         if (need_weight) dweight.narrow(0, v0, nv).add_(at::mm(dz.t(), h, at::kFloat));
-      } else {
+      } else if (acc == at::kDouble) {
         if (need_hidden) dh.addmm_(dz, w);
         if (need_weight) dweight.narrow(0, v0, nv).addmm_(dz.t(), h);
+      } else {
+        if (need_hidden) Fp32Gemm(dz, false, w, false, dh, true);
+        if (need_weight) {
+          at::Tensor dw = dweight.narrow(0, v0, nv);
+          Fp32Gemm(dz, true, h, false, dw, true);
+        }
       }
     }
     if (need_hidden) {

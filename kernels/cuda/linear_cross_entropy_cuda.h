@@ -3,6 +3,10 @@
 // counted rows and wraps these in autograd. Same contract as the CPU backend
 // (kernels/cpu/linear_cross_entropy_cpu.h), for tensors on one CUDA device.
 // In a build without CUDA both throw, naming the missing backend.
+//
+// fp32 inputs are multiplied in IEEE fp32 on CUDA, never TF32, whatever
+// torch's global allow_tf32 / float32_matmul_precision says: the precision is
+// the inputs' dtype, as on the CPU.
 #ifndef BALLAST_KERNELS_CUDA_LINEAR_CROSS_ENTROPY_CUDA_H_
 #define BALLAST_KERNELS_CUDA_LINEAR_CROSS_ENTROPY_CUDA_H_
 
@@ -35,8 +39,11 @@ LceForward linear_cross_entropy_cuda_forward(const at::Tensor& hidden, const at:
                                              const at::Tensor& token_weights, double z_loss);
 
 // The gradients of linear_cross_entropy_cpu for an upstream gradient
-// grad_sum (a scalar), on CUDA. Unlike the CPU backend this recomputes the
-// logits; on the GPU the fourth product is cheaper than holding whole rows.
+// grad_sum (a scalar), on CUDA, in the inputs' dtype. grad_sum enters the
+// fp32 per-row coefficients before anything is rounded, and each gradient is
+// rounded to the input dtype once, at the end. Unlike the CPU backend this
+// recomputes the logits; on the GPU the fourth product is cheaper than
+// holding whole rows. Runs in the autograd backward (kernels/loss.cc).
 LceGrads linear_cross_entropy_cuda_backward(const at::Tensor& grad_sum, const at::Tensor& hidden,
                                             const at::Tensor& weight, const at::Tensor& targets,
                                             const at::Tensor& rows, const at::Tensor& token_weights,

@@ -12,8 +12,14 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>&) {
   TORCH_CHECK(false, "grad_norm: this build has no CUDA kernels (configure with BALLAST_CUDA=ON)");
 }
 
+DeviceCaps attention_device_caps(const at::Device&) {
+  TORCH_CHECK(false,
+              "attention: CUDA kernel not available in this build (configure with "
+              "BALLAST_CUDA=ON)");
+}
+
 AttentionCudaForward attention_cuda_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const IntervalMask&, double) {
+                                            MaskPlan&, TileShape, double) {
   TORCH_CHECK(false,
               "attention: CUDA kernel not available in this build (configure with "
               "BALLAST_CUDA=ON)");
@@ -21,7 +27,7 @@ AttentionCudaForward attention_cuda_forward(const at::Tensor&, const at::Tensor&
 
 AttentionCudaGrads attention_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const IntervalMask&, double) {
+                                           MaskPlan&, TileShape, TileShape, double) {
   TORCH_CHECK(false,
               "attention: CUDA kernel not available in this build (configure with "
               "BALLAST_CUDA=ON)");

@@ -5,12 +5,14 @@
 #ifndef BALLAST_TESTS_UNIT_KERNELS_ATTENTION_REFERENCE_H_
 #define BALLAST_TESTS_UNIT_KERNELS_ATTENTION_REFERENCE_H_
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -174,6 +176,26 @@ inline Grads RunWithGrads(const AttentionFn& fn, const torch::Tensor& q, const t
   auto out = fn(qq, kk, vv);
   (out.to(torch::kDouble) * grad_out.to(device).to(torch::kDouble)).sum().backward();
   return {out.detach().cpu(), qq.grad().cpu(), kk.grad().cpu(), vv.grad().cpu()};
+}
+
+// max |actual - expected| / max(max |expected|, 1). Gradients are sums of
+// terms of both signs, so an error is measured against the tensor's scale,
+// not per element; inputs are ~N(0, 1), so below 1 the bound is absolute
+// (dQ under a window of 1 is 0 in exact arithmetic and ~1e-8 in fp32).
+inline double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const auto a = actual.to(torch::kDouble);
+  const auto e = expected.to(torch::kDouble);
+  const double scale = std::max(e.abs().max().item<double>(), 1.0);
+  return (a - e).abs().max().item<double>() / scale;
+}
+
+inline void ExpectCloseMaxNorm(const Grads& got, const Grads& want, double tol,
+                               const std::string& what) {
+  EXPECT_TRUE(torch::isfinite(got.out).all().item<bool>()) << what;
+  EXPECT_LE(RelativeError(got.out, want.out), tol) << what << " out";
+  EXPECT_LE(RelativeError(got.dq, want.dq), tol) << what << " dq";
+  EXPECT_LE(RelativeError(got.dk, want.dk), tol) << what << " dk";
+  EXPECT_LE(RelativeError(got.dv, want.dv), tol) << what << " dv";
 }
 
 }  // namespace ballast::kernels::attention_reference

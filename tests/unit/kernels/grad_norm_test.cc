@@ -34,7 +34,7 @@ TEST(GradNorm, MatchesFloat64ReferenceAcrossChunkBoundaries) {
     ASSERT_EQ(r.sum_squares.numel(), static_cast<int64_t>(ts.size()));
     for (size_t i = 0; i < ts.size(); ++i) {
       const double want = ts[i].to(torch::kDouble).pow(2).sum().item<double>();
-      EXPECT_NEAR(r.sum_squares[i].item<float>(), want, 1e-6 * want + 1e-30);
+      EXPECT_NEAR(r.sum_squares[i].item<double>(), want, 1e-6 * want + 1e-30);
     }
     EXPECT_EQ(r.first_nonfinite, -1);
   }
@@ -55,6 +55,32 @@ TEST(GradNorm, FiniteOverflowIsInfNormButNotNonFiniteTensor) {
   GradNormResult r = grad_norm(ts);
   EXPECT_EQ(r.first_nonfinite, -1);
   EXPECT_NEAR(r.norm.item<float>(), 2e30f, 1e24f);
+}
+
+// Values whose squares pass fp32's range (|x| > 1.8e19) while the norm stays
+// finite in fp32: a path that squared or summed in fp32 would return inf.
+std::vector<at::Tensor> NearFp32LimitTensors() {
+  return {torch::tensor({2e38f, -1e38f, 3e-38f}), torch::full({1000}, 2e19f),
+          torch::full({7}, 1e30f).to(torch::kBFloat16)};
+}
+
+void ExpectNearFp32LimitNorm(const GradNormResult& r, const std::vector<at::Tensor>& ts) {
+  const double want = ReferenceNorm(ts);
+  ASSERT_TRUE(std::isfinite(want) && want < std::numeric_limits<float>::max());
+  EXPECT_EQ(r.first_nonfinite, -1);
+  ASSERT_TRUE(std::isfinite(r.norm.item<float>()));
+  // fp64 sums rounded once to fp32: a few fp32 ulps.
+  EXPECT_NEAR(r.norm.item<float>(), want, 1e-6 * want);
+  ASSERT_EQ(r.sum_squares.scalar_type(), torch::kDouble);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const double sq = ts[i].to(torch::kDouble).pow(2).sum().item<double>();
+    EXPECT_NEAR(r.sum_squares[i].item<double>(), sq, 1e-12 * sq) << "tensor " << i;
+  }
+}
+
+TEST(GradNorm, ValuesNearTheFp32LimitAccumulateInFloat64) {
+  const auto ts = NearFp32LimitTensors();
+  ExpectNearFp32LimitNorm(grad_norm(ts), ts);
 }
 
 TEST(GradNorm, EmptyListAndUndefinedTensorsGiveZero) {
@@ -88,9 +114,17 @@ TEST(GradNormCuda, MatchesCpuOnDevice) {
     dev[3][5] = 0;
     ts[3][5] = 0;
     r = grad_norm(dev);
-    // fp32 accumulation over up to 3e5 elements: relative error well under 1e-5.
+    // fp64 accumulation, one rounding to fp32; 1e-5 leaves room for the order of the sums.
     EXPECT_NEAR(r.norm.item<float>(), ReferenceNorm(ts), 1e-5 * ReferenceNorm(ts)) << dtype;
   }
+}
+
+TEST(GradNormCuda, ValuesNearTheFp32LimitAccumulateInFloat64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto ts = NearFp32LimitTensors();
+  std::vector<at::Tensor> dev;
+  for (const auto& t : ts) dev.push_back(t.cuda());
+  ExpectNearFp32LimitNorm(grad_norm(dev), ts);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // logits hidden @ weight^T in float64 on the GPU, with gradients by autograd.
 #include "kernels/cuda/linear_cross_entropy_cuda.h"
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -112,6 +113,41 @@ TEST_F(LinearCrossEntropyCuda, Fp32MatchesFloat64AcrossChunkBoundaries) {
     ExpectClose(got.d_hidden, ref.d_hidden, 5e-5, what + " d_hidden");
     ExpectClose(got.d_weight, ref.d_weight, 5e-5, what + " d_weight");
   }
+}
+
+// The review's trigger: unit dW summed over 8192 tokens passed 65504 and
+// became inf when it was rounded to fp16 before the 1 / T upstream was
+// applied. Now the upstream enters the fp32 coefficients first. Tolerances as
+// kFp16GradRtol / kBf16GradRtol above.
+TEST_F(LinearCrossEntropyCuda, Fp16GradientsScaleBeforeRoundingSoTheyDoNotOverflow) {
+  torch::manual_seed(22);
+  for (auto [dtype, rtol] : {std::pair<torch::Dtype, double>{torch::kHalf, kFp16GradRtol},
+                             {torch::kBFloat16, kBf16GradRtol}}) {
+    cross_entropy_reference::ExpectOverflowTriggerScalesBeforeRounding(
+        dtype, torch::kCUDA, rtol,
+        [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& t, double upstream) {
+          return RunKernel(h, w, t, std::nullopt, 0.0, upstream);
+        });
+  }
+}
+
+// fp32 stays IEEE fp32 when the program allows TF32 globally: with H = 1024
+// TF32's 10-bit mantissa would put ~1e-3 relative error on the logits, far
+// past the 5e-5 of fp32.
+TEST_F(LinearCrossEntropyCuda, Fp32IgnoresTheGlobalTf32Setting) {
+  torch::manual_seed(23);
+  auto opts = torch::TensorOptions().device(torch::kCUDA);
+  at::Tensor hidden = torch::randn({512, 1024}, opts);
+  at::Tensor weight = torch::randn({3000, 1024}, opts) * 0.05;
+  at::Tensor targets = RandomTargets(512, 3000, 9);
+  const bool was = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(true);
+  Result got = RunKernel(hidden, weight, targets, std::nullopt, 0.0, 0.5);
+  at::globalContext().setAllowTF32CuBLAS(was);
+  Result ref = Reference(hidden, weight, targets, std::nullopt, 0.0, 0.5);
+  ExpectClose(got.sum, ref.sum, 5e-5, "sum");
+  ExpectClose(got.d_hidden, ref.d_hidden, 5e-5, "d_hidden");
+  ExpectClose(got.d_weight, ref.d_weight, 5e-5, "d_weight");
 }
 
 TEST_F(LinearCrossEntropyCuda, Float64MatchesReferenceToRounding) {

@@ -4,10 +4,15 @@
 #ifndef BALLAST_TESTS_UNIT_KERNELS_LINEAR_CROSS_ENTROPY_REFERENCE_H_
 #define BALLAST_TESTS_UNIT_KERNELS_LINEAR_CROSS_ENTROPY_REFERENCE_H_
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
+#include <tuple>
 
 namespace ballast::kernels::cross_entropy_reference {
 
@@ -37,6 +42,40 @@ inline Result Reference(const at::Tensor& hidden, const at::Tensor& weight,
   at::Tensor sum = per_token.sum();
   (sum * upstream).backward();
   return {sum.detach(), h.grad(), w.grad()};
+}
+
+// The review's fp16 overflow trigger: T = 8192 tokens of hidden = 20 + randn
+// (H = 64), every target 0, the loss scaled by 1 / T. The unit gradient of
+// weight[0] sums about -20 over every token (-1.6e5, past fp16's 65504);
+// scaled first, it is about -20. A small weight keeps softmax_0 near 1 / V.
+// `run(hidden, weight, targets, upstream)` runs the kernel through the
+// dispatch layer and returns its Result; the gradients must be finite, match
+// the float64 reference within rtol of their largest entry, and d_weight[0]
+// must average -20 +- 1. d_hidden is ~3e-6 here, in fp16's subnormal range,
+// where values are spaced 2^-24 (6e-8) apart: fp16 gets that much more.
+using KernelRun = std::function<Result(const at::Tensor& hidden, const at::Tensor& weight,
+                                       const at::Tensor& targets, double upstream)>;
+
+inline void ExpectOverflowTriggerScalesBeforeRounding(torch::Dtype dtype, torch::Device device,
+                                                      double rtol, const KernelRun& run) {
+  constexpr int64_t kTokens = 8192, kHidden = 64, kVocab = 256;
+  const auto opts = torch::TensorOptions().device(device);
+  const at::Tensor hidden = (20 + torch::randn({kTokens, kHidden}, opts)).to(dtype);
+  const at::Tensor weight = (0.01 * torch::randn({kVocab, kHidden}, opts)).to(dtype);
+  const at::Tensor targets = torch::zeros({kTokens}, opts.dtype(torch::kLong));
+  const double upstream = 1.0 / kTokens;
+  const Result got = run(hidden, weight, targets, upstream);
+  const Result want = Reference(hidden, weight, targets, std::nullopt, 0.0, upstream);
+  const std::string what = c10::toString(dtype);
+  for (const auto& [actual, expected, name] :
+       {std::tuple{got.d_weight, want.d_weight, "d_weight"},
+        std::tuple{got.d_hidden, want.d_hidden, "d_hidden"}}) {
+    ASSERT_TRUE(torch::isfinite(actual).all().item<bool>()) << what << " " << name;
+    const double err = (actual.cpu() - expected.cpu()).abs().max().item<double>();
+    const double atol = dtype == torch::kHalf ? std::ldexp(1.0, -24) : 0.0;
+    EXPECT_LE(err, rtol * expected.abs().max().item<double>() + atol) << what << " " << name;
+  }
+  EXPECT_NEAR(got.d_weight[0].mean().item<double>(), -20.0, 1.0) << what;
 }
 
 }  // namespace ballast::kernels::cross_entropy_reference
