@@ -72,7 +72,7 @@ GradNormResult grad_norm_cpu(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-GradNormResult grad_norm(const std::vector<at::Tensor>& tensors) {
+GradNormResult grad_norm(const std::vector<at::Tensor>& tensors, bool locate_nonfinite) {
   at::Device device(at::kCPU);
   bool first = true;
   for (const at::Tensor& t : tensors) {
@@ -89,8 +89,11 @@ GradNormResult grad_norm(const std::vector<at::Tensor>& tensors) {
                 " and ", t.device());
     first = false;
   }
-  if (device.is_cuda()) return grad_norm_cuda(tensors);
-  return grad_norm_cpu(tensors);
+  if (device.is_cuda()) return grad_norm_cuda(tensors, locate_nonfinite);
+  GradNormResult result = grad_norm_cpu(tensors);
+  // The same answer from both backends: not looked for means -1.
+  if (!locate_nonfinite) result.first_nonfinite = -1;
+  return result;
 }
 
 }  // namespace ballast::kernels

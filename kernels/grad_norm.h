@@ -22,14 +22,19 @@ struct GradNormResult {
   // and CUDA alike; fp64 because a gradient with |x| > 1.8e19 has a finite
   // fp32 norm but a sum of squares past fp32's range.
   at::Tensor sum_squares;
-  // Index of the first tensor holding a NaN or an infinity; -1 when all are finite.
+  // Index of the first tensor holding a NaN or an infinity; -1 when all are
+  // finite, or when not looked for.
   int64_t first_nonfinite = -1;
 };
 
 // All tensors must be on one device, contiguous, of dtype fp32, bf16, fp16 or
 // fp64. Undefined tensors are skipped (their sum_squares is 0). An empty list
-// gives norm 0.
-GradNormResult grad_norm(const std::vector<at::Tensor>& tensors);
+// gives norm 0. With locate_nonfinite false, first_nonfinite is not looked
+// for: on CUDA that spares the one read back to the host, and the caller can
+// read it off sum_squares, whose entry is non-finite exactly when its tensor
+// holds a non-finite value (fp64 sums of fp32, bf16 or fp16 squares cannot
+// overflow).
+GradNormResult grad_norm(const std::vector<at::Tensor>& tensors, bool locate_nonfinite = true);
 
 }  // namespace ballast::kernels
 

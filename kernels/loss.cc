@@ -19,7 +19,8 @@ namespace ballast::kernels {
 namespace {
 
 void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                  const at::Tensor& token_weights, int64_t ignore_index, double z_loss) {
+                  const at::Tensor& token_weights, int64_t ignore_index, double z_loss,
+                  bool on_host) {
   TORCH_CHECK(hidden.dim() == 2, "linear_cross_entropy: hidden must be 2-D (T, H), got sizes ",
               hidden.sizes());
   TORCH_CHECK(weight.dim() == 2, "linear_cross_entropy: weight must be 2-D (V, H), got sizes ",
@@ -64,6 +65,11 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
               z_loss);
   // One reduction and, only on failure, a second to name the first bad position.
   at::Tensor bad = (targets.lt(0) | targets.ge(vocab)) & targets.ne(ignore_index);  // (T)
+  if (!on_host) {
+    at::_assert_async(bad.any().logical_not(),
+                      "linear_cross_entropy: a target is outside [0, V) and is not ignore_index");
+    return;
+  }
   if (bad.any().item<bool>()) {
     const int64_t pos = bad.to(at::kByte).argmax().item<int64_t>();
     TORCH_CHECK(false, "linear_cross_entropy: targets[", pos, "] = ", targets[pos].item<int64_t>(),
@@ -154,9 +160,19 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 LossSum linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets,
                              const std::optional<at::Tensor>& token_weights, int64_t ignore_index,
-                             double z_loss) {
-  check_inputs(hidden, weight, targets, token_weights.value_or(at::Tensor()), ignore_index, z_loss);
-  at::Tensor rows = targets.ne(ignore_index).nonzero().squeeze(1);  // (T_c) int64, increasing
+                             double z_loss, int64_t counted) {
+  TORCH_CHECK(counted >= -1, "linear_cross_entropy: counted must be -1 or a count, got ", counted);
+  // Without a count the targets are read on the host: checked with a message
+  // and counted by nonzero(), which waits for the device on CUDA.
+  const bool on_host = !targets.is_cuda() || counted < 0;
+  check_inputs(hidden, weight, targets, token_weights.value_or(at::Tensor()), ignore_index, z_loss,
+               on_host);
+  const at::Tensor counted_rows = targets.ne(ignore_index);  // (T) bool
+  at::Tensor rows =
+      on_host ? counted_rows.nonzero().squeeze(1)
+              : at::nonzero_static(counted_rows, counted).squeeze(1);  // (T_c), increasing
+  TORCH_CHECK(counted < 0 || rows.size(0) == counted, "linear_cross_entropy: counted = ", counted,
+              ", but ", rows.size(0), " targets are not ignore_index");
   const bool grad_mode = at::GradMode::is_enabled();
   at::Tensor sum = LinearCrossEntropyFunction::apply(hidden, weight, targets, rows, token_weights,
                                                      z_loss, grad_mode && hidden.requires_grad(),

@@ -32,10 +32,18 @@ struct LossSum {
 // loss_t = lse_t - logit_t[target_t] + z_loss * lse_t^2.
 // Differentiable with respect to hidden and weight; ignored tokens get zero gradient.
 // Throws c10::Error naming the argument on bad shapes, dtypes, devices or targets.
+//
+// counted: the number of targets != ignore_index when the caller knows it
+// (a trainer counts them while packing), else -1. On CUDA it spares the two
+// reads back to the host that checking and counting the targets take, so
+// the host can queue the step ahead of the GPU; a target outside [0, V)
+// then stops the process with a device-side assertion instead of a message.
+// On CPU it is checked against the targets.
 LossSum linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets,
                              const std::optional<at::Tensor>& token_weights = std::nullopt,
-                             int64_t ignore_index = -100, double z_loss = 0.0);
+                             int64_t ignore_index = -100, double z_loss = 0.0,
+                             int64_t counted = -1);
 
 }  // namespace ballast::kernels
 

@@ -125,9 +125,10 @@ def shaped_runs(train, work, rows):
     reference.make_dataset(data, 256, config.vocab_size, seed=9, min_len=2048, max_len=4096)
     gpu, peak = peak_flops()
     ok = True
-    for method, steps in (("lora", 30), ("full", 10)):
+    # Learning rates a user would pick for each method on a pretrained model.
+    for method, steps, lr in (("lora", 30, 1e-4), ("full", 10, 1e-5)):
         spec = reference.base_spec(model, data, method=method, precision="bf16", device="cuda",
-                                   max_steps=steps,
+                                   max_steps=steps, optimizer={"lr": lr},
                                    data={"seq_len": 4096, "micro_batch_size": 2,
                                          "grad_accum_steps": 2, "shuffle": True})
         metrics, wall = run(train, spec, os.path.join(work, f"shaped-{method}"))
@@ -136,11 +137,12 @@ def shaped_runs(train, work, rows):
         timed = metrics[3:] if len(metrics) > 4 else metrics
         step_s = statistics.median(m["step_time_s"] for m in timed)
         tokens = statistics.median(m["tokens"] for m in timed)
-        # Attention: QK^T and PV over each document's causal half, forward and
-        # backward (x3), on top of 6 x params x tokens. Documents average
-        # (2048 + 4096) / 2 tokens.
-        mean_doc = (2048 + 4096) / 2
-        attention = 3 * 2 * 2 * (mean_doc / 2) * tokens * config.num_attention_heads * \
+        # Attention: QK^T and PV over each document's causal half, 2 FLOPs a
+        # multiply-add, forward and backward (x3), on top of 6 x params x
+        # tokens. A token attends to L/2 keys on average in a document of L,
+        # so per token that is E[L^2] / E[L] / 2 keys, L uniform in [2048, 4096].
+        keys = (3072 ** 2 + 2048 ** 2 / 12) / 3072 / 2
+        attention = 3 * 2 * 2 * keys * tokens * config.num_attention_heads * \
             config.head_dim * config.num_hidden_layers
         flops = 6 * params * tokens + attention
         mfu = f"{flops / step_s / peak:.1%}" if peak else "n/a (unknown peak)"

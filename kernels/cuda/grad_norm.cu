@@ -98,7 +98,7 @@ __global__ void segment_sum(const double* partial, const int* nonfinite,
 
 }  // namespace
 
-GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
+GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors, bool locate_nonfinite) {
   const int64_t n = static_cast<int64_t>(tensors.size());
   at::Device device(at::kCUDA);
   for (const at::Tensor& t : tensors) {
@@ -132,11 +132,15 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
     if (items.empty()) continue;
     const int64_t n_items = static_cast<int64_t>(items.size());
     const int64_t n_seg = static_cast<int64_t>(tensor_ids.size());
-    at::Tensor items_dev =
-        at::from_blob(items.data(), {n_items * static_cast<int64_t>(sizeof(WorkItem))}, at::kByte)
-            .to(device, /*non_blocking=*/false);
-    at::Tensor offsets_dev = at::tensor(offsets, at::kLong).to(device);
-    at::Tensor ids_dev = at::tensor(tensor_ids, at::kLong).to(device);
+    // Through pinned memory, so the copies are queued and the host does not
+    // wait for the device (a pageable copy would).
+    auto to_device = [&](const at::Tensor& host) {
+      return host.pin_memory().to(device, /*non_blocking=*/true);
+    };
+    at::Tensor items_dev = to_device(
+        at::from_blob(items.data(), {n_items * static_cast<int64_t>(sizeof(WorkItem))}, at::kByte));
+    at::Tensor offsets_dev = to_device(at::tensor(offsets, at::kLong));
+    at::Tensor ids_dev = to_device(at::tensor(tensor_ids, at::kLong));
     at::Tensor partial = at::empty({n_items}, f64);
     at::Tensor flags = at::empty({n_items}, i32);
     at::Tensor seg_sums = at::empty({n_seg}, f64);
@@ -162,6 +166,7 @@ GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors) {
   GradNormResult result;
   result.sum_squares = sum_squares;
   result.norm = sum_squares.sum().sqrt().to(at::kFloat);
+  if (!locate_nonfinite) return result;
   // One host sync: the guard needs the answer before deciding on the step.
   at::Tensor bad_ids = tensor_bad.nonzero();
   result.first_nonfinite = bad_ids.numel() == 0 ? -1 : bad_ids.min().item<int64_t>();

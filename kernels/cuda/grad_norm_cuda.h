@@ -8,7 +8,7 @@ namespace ballast::kernels {
 
 // Same contract as grad_norm(), for tensors on one CUDA device. In a build
 // without CUDA it throws, naming the missing backend.
-GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors);
+GradNormResult grad_norm_cuda(const std::vector<at::Tensor>& tensors, bool locate_nonfinite);
 
 }  // namespace ballast::kernels
 

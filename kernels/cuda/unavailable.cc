@@ -8,7 +8,7 @@
 
 namespace ballast::kernels {
 
-GradNormResult grad_norm_cuda(const std::vector<at::Tensor>&) {
+GradNormResult grad_norm_cuda(const std::vector<at::Tensor>&, bool) {
   TORCH_CHECK(false, "grad_norm: this build has no CUDA kernels (configure with BALLAST_CUDA=ON)");
 }
 

@@ -49,6 +49,25 @@ TEST(GradNorm, NamesFirstTensorWithNonFiniteValue) {
   EXPECT_FALSE(std::isfinite(r.norm.item<float>()));
 }
 
+TEST(GradNorm, UnlocatedTheNonFiniteTensorIsTheNonFiniteSumOfSquares) {
+  // What a trainer reads instead of first_nonfinite, so that finding it costs
+  // no read from the device: the fp64 sums of squares of fp32, bf16 and fp16
+  // values are non-finite exactly where a value is.
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    auto ts = RandomTensors(dtype);
+    // Finite, with a square past the dtype's own range.
+    ts[1][0] = dtype == torch::kHalf ? 60000.0 : std::numeric_limits<float>::max() / 2;
+    ts[4][5] = std::numeric_limits<float>::quiet_NaN();
+    ts[5][9] = -std::numeric_limits<float>::infinity();
+    GradNormResult r = grad_norm(ts, /*locate_nonfinite=*/false);
+    EXPECT_EQ(r.first_nonfinite, -1) << dtype;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      EXPECT_EQ(std::isfinite(r.sum_squares[i].item<double>()), i != 4 && i != 5)
+          << dtype << " tensor " << i;
+    }
+  }
+}
+
 TEST(GradNorm, FiniteOverflowIsInfNormButNotNonFiniteTensor) {
   // 1e30^2 overflows fp32, but the gradient itself holds no NaN or inf.
   auto ts = std::vector<at::Tensor>{torch::full({4}, 1e30f)};

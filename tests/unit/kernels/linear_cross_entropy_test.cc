@@ -73,6 +73,24 @@ TEST(LinearCrossEntropy, MatchesPlainCrossEntropyWithoutWeightsOrZLoss) {
   ExpectClose(got.d_weight, ref.d_weight, kFp32Rtol, "d_weight");
 }
 
+TEST(LinearCrossEntropy, ACallerKnownCountGivesTheSameLossAndIsChecked) {
+  torch::manual_seed(1);
+  at::Tensor hidden = torch::randn({29, 16});
+  at::Tensor weight = torch::randn({50, 16}) * 0.3;
+  at::Tensor targets = RandomTargets(29, 50, 4);
+  const int64_t counted = targets.ne(kIgnore).sum().item<int64_t>();
+  LossSum plain = linear_cross_entropy(hidden, weight, targets);
+  LossSum told = linear_cross_entropy(hidden, weight, targets, std::nullopt, kIgnore, 0.0, counted);
+  EXPECT_EQ(told.sum.item<float>(), plain.sum.item<float>());
+  EXPECT_EQ(told.count.item<int64_t>(), counted);
+  try {
+    linear_cross_entropy(hidden, weight, targets, std::nullopt, kIgnore, 0.0, counted + 1);
+    ADD_FAILURE() << "a wrong count was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("counted = "), std::string::npos);
+  }
+}
+
 TEST(LinearCrossEntropy, MatchesFloat64ReferenceWithIgnoreWeightsAndZLoss) {
   torch::manual_seed(1);
   at::Tensor hidden = torch::randn({37, 32});
