@@ -255,6 +255,14 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!opt->has_max_grad_norm()) opt->set_max_grad_norm(1.0);
   if (spec->schedule().kind().empty()) spec->mutable_schedule()->set_kind("constant");
   if (!spec->scheduling().has_max_restarts()) spec->mutable_scheduling()->set_max_restarts(3);
+  v1::GuardSpec* guard = spec->mutable_guard();
+  if (!guard->has_max_consecutive_bad()) guard->set_max_consecutive_bad(3);
+  if (!guard->has_max_rollbacks()) guard->set_max_rollbacks(3);
+  if (!guard->has_spike_window()) guard->set_spike_window(50);
+  if (!guard->has_loss_spike_zscore()) guard->set_loss_spike_zscore(6);
+  if (!guard->has_grad_norm_spike_zscore()) guard->set_grad_norm_spike_zscore(0);
+  if (!guard->has_collapse_window()) guard->set_collapse_window(200);
+  if (!guard->has_collapse_loss()) guard->set_collapse_loss(1e-4);
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -280,6 +288,22 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                        1000, "-1000..1000"));
   checks.push_back(CheckRange<int32_t>("scheduling.max_restarts", spec.scheduling().max_restarts(),
                                        0, 100, "0..100"));
+
+  const v1::GuardSpec& guard = spec.guard();
+  checks.push_back(CheckRange<int32_t>("guard.max_consecutive_bad", guard.max_consecutive_bad(), 0,
+                                       1000, "0..1000"));
+  checks.push_back(
+      CheckRange<int32_t>("guard.max_rollbacks", guard.max_rollbacks(), 0, 100, "0..100"));
+  checks.push_back(
+      CheckRange<int32_t>("guard.spike_window", guard.spike_window(), 8, 10000, "8..10000"));
+  for (const auto& [key, z] : {std::pair{"guard.loss_spike_zscore", guard.loss_spike_zscore()},
+                               {"guard.grad_norm_spike_zscore", guard.grad_norm_spike_zscore()}}) {
+    if (z != 0) checks.push_back(CheckRange<double>(key, z, 3, 1000, "0 (off) or [3, 1000]"));
+  }
+  checks.push_back(CheckRange<int32_t>("guard.collapse_window", guard.collapse_window(), 0, 100000,
+                                       "0..100000"));
+  checks.push_back(
+      CheckRange<double>("guard.collapse_loss", guard.collapse_loss(), 0, 1, "[0, 1]"));
 
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "lora") {

@@ -1,49 +1,157 @@
 #include "worker/train/guard/guard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace ballast::train {
+namespace {
+
+double Median(std::vector<double> v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  return (v[mid] + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+}
+
+// Within 1e-4 relative: a grad_norm that repeats to 4 digits step after step.
+bool Pinned(double value, double at) {
+  return std::abs(value - at) <= 1e-4 * std::max(std::abs(at), 1e-12);
+}
+
+}  // namespace
+
+const char* TriggerName(GuardTrigger trigger) {
+  switch (trigger) {
+    case GuardTrigger::kNonFinite:
+      return "non_finite";
+    case GuardTrigger::kNoSupervision:
+      return "no_supervision";
+    case GuardTrigger::kSpike:
+      return "spike";
+    case GuardTrigger::kCollapse:
+      return "collapse";
+    case GuardTrigger::kNone:
+      break;
+  }
+  return "";
+}
 
 Guard::Guard(GuardOptions options) : options_(options) {}
 
+std::string Guard::Spike(const std::deque<double>& window, double value, double zscore,
+                         const char* what) const {
+  if (zscore <= 0 || static_cast<int64_t>(window.size()) < options_.spike_window) return "";
+  const std::vector<double> values(window.begin(), window.end());
+  const double median = Median(values);
+  std::vector<double> deviations;
+  for (double v : values) deviations.push_back(std::abs(v - median));
+  // 1.4826 MAD estimates the standard deviation of a normal sample. A flat
+  // window (MAD 0) still needs a 1% rise to count, so rounding is no spike.
+  const double sigma = std::max(1.4826 * Median(deviations), 0.01 * std::abs(median) / zscore);
+  if (sigma <= 0) return "";
+  const double z = (value - median) / sigma;
+  if (z <= zscore) return "";
+  return absl::StrCat(what, " spike: ", value, " is ", absl::SixDigits(z),
+                      " robust standard deviations above the median ", median, " of the last ",
+                      window.size(), " healthy steps (threshold ", zscore, ")");
+}
+
+void Guard::Escalate(GuardVerdict* verdict, bool roll_back_now) const {
+  verdict->action = GuardAction::kSkip;
+  const bool streak =
+      options_.max_consecutive_bad > 0 && consecutive_bad_ + 1 >= options_.max_consecutive_bad;
+  if (!roll_back_now && !streak) return;
+  verdict->action = GuardAction::kRollback;
+  if (streak && !roll_back_now) {
+    absl::StrAppend(&verdict->reason, "; ", consecutive_bad_ + 1, " bad steps in a row");
+  }
+  verdict->budget_spent = rollbacks_ >= options_.max_rollbacks;
+  if (verdict->budget_spent) {
+    absl::StrAppend(&verdict->reason, "; the rollback budget (", options_.max_rollbacks,
+                    ") is spent");
+  }
+}
+
 GuardVerdict Guard::Judge(const StepHealth& health) {
   GuardVerdict verdict;
-  if (!health.first_nonfinite.empty()) {
+  if (health.supervised_tokens == 0) {
+    verdict.trigger = GuardTrigger::kNoSupervision;
+    verdict.reason = "no supervised tokens";
+  } else if (!health.first_nonfinite.empty()) {
+    verdict.trigger = GuardTrigger::kNonFinite;
     verdict.reason = absl::StrCat("non-finite gradient in ", health.first_nonfinite);
   } else if (!std::isfinite(health.loss)) {
+    verdict.trigger = GuardTrigger::kNonFinite;
     verdict.reason = absl::StrCat("non-finite loss (", health.loss, ")");
   } else if (!std::isfinite(health.grad_norm)) {
     // Finite on this rank, non-finite after the reduction: another rank's
     // gradient, or an overflow of the sum of squares.
+    verdict.trigger = GuardTrigger::kNonFinite;
     verdict.reason = absl::StrCat("non-finite grad_norm (", health.grad_norm, ")");
-  } else {
+  }
+  if (verdict.trigger != GuardTrigger::kNone) {
+    Escalate(&verdict, /*roll_back_now=*/false);
     return verdict;
   }
-  verdict.action = GuardAction::kSkip;
-  if (options_.max_consecutive_bad > 0 && consecutive_bad_ + 1 >= options_.max_consecutive_bad) {
-    verdict.action = GuardAction::kRollback;
-    verdict.budget_spent = rollbacks_ >= options_.max_rollbacks;
-    absl::StrAppend(&verdict.reason, "; ", consecutive_bad_ + 1, " bad steps in a row");
-    if (verdict.budget_spent) {
-      absl::StrAppend(&verdict.reason, "; the rollback budget (", options_.max_rollbacks,
-                      ") is spent");
+
+  std::string spike = Spike(losses_, health.loss, options_.loss_spike_zscore, "loss");
+  if (spike.empty()) {
+    spike = Spike(grad_norms_, health.grad_norm, options_.grad_norm_spike_zscore, "grad_norm");
+  }
+  if (!spike.empty()) {
+    verdict.trigger = GuardTrigger::kSpike;
+    verdict.reason = spike;
+    Escalate(&verdict, /*roll_back_now=*/true);
+    return verdict;
+  }
+  const int64_t window = options_.collapse_window;
+  if (window > 0) {
+    if (health.loss < options_.collapse_loss && low_loss_run_ + 1 >= window) {
+      verdict.reason = absl::StrCat("collapse: the loss stayed below ", options_.collapse_loss,
+                                    " for ", window, " steps (now ", health.loss, ")");
+    } else if (pinned_run_ > 0 && Pinned(health.grad_norm, pinned_grad_norm_) &&
+               pinned_run_ + 1 >= window) {
+      verdict.reason = absl::StrCat("collapse: grad_norm stayed at ", pinned_grad_norm_, " for ",
+                                    window, " steps: the gradient no longer changes");
+    }
+    if (!verdict.reason.empty()) {
+      verdict.trigger = GuardTrigger::kCollapse;
+      Escalate(&verdict, /*roll_back_now=*/true);
     }
   }
   return verdict;
 }
 
-void Guard::Acted(GuardAction action) {
+void Guard::Acted(GuardAction action, const StepHealth& health) {
   switch (action) {
-    case GuardAction::kApply:
+    case GuardAction::kApply: {
       consecutive_bad_ = 0;
+      const auto push = [&](std::deque<double>& window, double value) {
+        window.push_back(value);
+        if (static_cast<int64_t>(window.size()) > options_.spike_window) window.pop_front();
+      };
+      push(losses_, health.loss);
+      push(grad_norms_, health.grad_norm);
+      low_loss_run_ = health.loss < options_.collapse_loss ? low_loss_run_ + 1 : 0;
+      if (pinned_run_ > 0 && Pinned(health.grad_norm, pinned_grad_norm_)) {
+        ++pinned_run_;
+      } else {
+        pinned_run_ = 1;
+        pinned_grad_norm_ = health.grad_norm;
+      }
       break;
+    }
     case GuardAction::kSkip:
       ++consecutive_bad_;
       break;
     case GuardAction::kRollback:
+      // The run goes back to before the streak: the collapse runs start over.
       consecutive_bad_ = 0;
+      low_loss_run_ = 0;
+      pinned_run_ = 0;
       ++rollbacks_;
       break;
   }

@@ -2,22 +2,33 @@
 // reduced, whether the step may reach the weights.
 //
 //   apply     the step is healthy: clip and update
-//   skip      the loss or grad_norm is not finite: the update is dropped,
-//             the step still counts (the step counter, the LR schedule and the
-//             data cursor move on, so the step's batch is not retried)
-//   roll back max_consecutive_bad skipped steps in a row: the trainer goes
-//             back to its newest checkpoint, while the rollback budget lasts
+//   skip      a bad step: the loss or grad_norm is not finite, or no rank had
+//             a supervised token. The update is dropped; the step still
+//             counts (the step counter, the LR schedule and the data cursor
+//             move on, so the step's batch is not retried)
+//   roll back max_consecutive_bad bad steps in a row, a spike, or a
+//             collapse: the trainer goes back to its newest checkpoint and
+//             past the data that led here, while the rollback budget lasts
 //
-// A step without supervised tokens has no loss to judge: the trainer skips it
-// before the forward, and the guard does not count it as bad. The guard sees
-// only global values (all ranks reduced), so every rank reaches the same
-// verdict; the trainer still agrees on the most severe one across ranks.
+// Spike: the step's loss (or grad_norm) lies more than a threshold of robust
+// standard deviations above the median of the last `spike_window` healthy
+// steps, z = (x - median) / (1.4826 MAD), judged once the window is full.
+// Collapse: `collapse_window` steps in a row whose loss stays below
+// `collapse_loss`, or whose grad_norm stays within 1e-4 relative of one
+// value; either means nothing is being learned, though every number is
+// finite (DESIGN.md: a loss of exactly 0 with a constant grad_norm for 5,000
+// steps).
+//
+// The guard sees only global values (all ranks reduced), so every rank
+// reaches the same verdict; the trainer still agrees on the most severe one
+// across ranks.
 //
 // Thread-compatible. No LibTorch: it judges numbers.
 #ifndef BALLAST_WORKER_TRAIN_GUARD_GUARD_H_
 #define BALLAST_WORKER_TRAIN_GUARD_GUARD_H_
 
 #include <cstdint>
+#include <deque>
 #include <string>
 
 namespace ballast::train {
@@ -25,12 +36,23 @@ namespace ballast::train {
 // Ordered by severity: across ranks, the largest wins.
 enum class GuardAction : int64_t { kApply = 0, kSkip = 1, kRollback = 2 };
 
+// What made a step unhealthy.
+enum class GuardTrigger { kNone, kNonFinite, kNoSupervision, kSpike, kCollapse };
+
+// The spec's guard section (proto/ballast/v1/job_spec.proto, GuardSpec); the
+// defaults here turn every rollback off, the spec's turn them on.
 struct GuardOptions {
-  // Skipped steps in a row after which the guard asks for a rollback; 0
-  // never asks (every bad step is skipped, as today's frameworks do).
+  // Bad steps in a row after which the guard asks for a rollback; 0 never.
   int64_t max_consecutive_bad = 0;
-  // Rollbacks a run may take; one more bad streak after that fails the job.
+  // Rollbacks a run may take; the next one it asks for fails the job.
   int64_t max_rollbacks = 3;
+  int64_t spike_window = 50;
+  // Robust z-scores above which a step is a spike; 0 off.
+  double loss_spike_zscore = 0;
+  double grad_norm_spike_zscore = 0;
+  // Steps in a row of a collapsed loss or a constant grad_norm; 0 off.
+  int64_t collapse_window = 0;
+  double collapse_loss = 1e-4;
 };
 
 // What a step measured, after the reductions over micro-batches and ranks.
@@ -38,6 +60,9 @@ struct StepHealth {
   int64_t step = 0;  // 1-based: the step being judged
   double loss = 0;   // sum of token losses / supervised tokens
   double grad_norm = 0;
+  // Supervised tokens of the step over all ranks; 0 leaves nothing to judge
+  // the loss by.
+  int64_t supervised_tokens = 1;
   // The first trainable tensor (in ParamStore order) whose gradient holds a
   // NaN or an infinity on this rank; empty when none does.
   std::string first_nonfinite;
@@ -45,29 +70,47 @@ struct StepHealth {
 
 struct GuardVerdict {
   GuardAction action = GuardAction::kApply;
+  GuardTrigger trigger = GuardTrigger::kNone;
   // Why the step was not applied, naming the value or tensor; empty for kApply.
   std::string reason;
   // For kRollback when the budget is spent: the job cannot recover by itself.
   bool budget_spent = false;
 };
 
+// "non_finite", "no_supervision", "spike", "collapse"; "" for kNone. The
+// names of events and metrics.
+const char* TriggerName(GuardTrigger trigger);
+
 class Guard {
  public:
   explicit Guard(GuardOptions options = {});
 
-  // The verdict on one step; counts the bad streak and the rollbacks taken.
+  // The verdict on one step; counts the bad streak.
   GuardVerdict Judge(const StepHealth& health);
   // Records that the trainer acted on `action` after the ranks agreed (an
-  // agreed action may be more severe than this rank's own verdict).
-  void Acted(GuardAction action);
+  // agreed action may be more severe than this rank's own verdict), with
+  // the health it judged: an applied step joins the spike window.
+  void Acted(GuardAction action, const StepHealth& health);
 
   int64_t consecutive_bad() const { return consecutive_bad_; }
   int64_t rollbacks() const { return rollbacks_; }
 
  private:
+  // The verdict's action and reason for a bad or alarming step.
+  void Escalate(GuardVerdict* verdict, bool roll_back_now) const;
+  std::string Spike(const std::deque<double>& window, double value, double zscore,
+                    const char* what) const;
+
   GuardOptions options_;
   int64_t consecutive_bad_ = 0;
   int64_t rollbacks_ = 0;
+  // The last spike_window applied steps' values.
+  std::deque<double> losses_, grad_norms_;
+  // Collapse: applied steps in a row with a loss below collapse_loss, and
+  // with a grad_norm near pinned_grad_norm_.
+  int64_t low_loss_run_ = 0;
+  int64_t pinned_run_ = 0;
+  double pinned_grad_norm_ = 0;
 };
 
 }  // namespace ballast::train

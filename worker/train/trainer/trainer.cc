@@ -63,6 +63,18 @@ auto CatchTorch(F&& f) -> decltype(f()) {
   }
 }
 
+GuardOptions GuardOptionsFrom(const v1::GuardSpec& spec) {
+  GuardOptions options;
+  options.max_consecutive_bad = spec.max_consecutive_bad();
+  options.max_rollbacks = spec.max_rollbacks();
+  options.spike_window = spec.spike_window();
+  options.loss_spike_zscore = spec.loss_spike_zscore();
+  options.grad_norm_spike_zscore = spec.grad_norm_spike_zscore();
+  options.collapse_window = spec.collapse_window();
+  options.collapse_loss = spec.collapse_loss();
+  return options;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -156,7 +168,7 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
                  trained()),
-      guard_(options.guard) {
+      guard_(GuardOptionsFrom(spec_.guard())) {
   // Accounting: what this rank keeps resident for the whole run.
   int64_t parameter_bytes = 0, gradient_bytes = 0, gathered_bytes = 0;
   if (sharded_) {
@@ -280,10 +292,10 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   counts[1].fill_(supervised);
   collectives_->SumInPlace(counts);  // (tokens, supervised tokens) of the step
   if (counts.is_cpu() && counts[1].item<int64_t>() == 0) {
-    // No loss to learn from or to judge: skipped on every rank alike. (On a
+    // No loss to learn from: no forward, and a bad step for the guard. (On a
     // GPU the step runs and the same verdict comes at its end.)
     m.tokens = counts[0].item<int64_t>();
-    return SkipWithoutSupervision(start, communicated_before, verdict, &m);
+    return Unsupervised(start, communicated_before, verdict, &m);
   }
 
   // Forward and backward, each micro-batch's loss sum (fp32) scaled by the
@@ -305,17 +317,23 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   std::vector<std::string> names = trained.TrainableNames();
   std::vector<at::Tensor> grads;
   for (const std::string& name : names) grads.push_back(trained.get(name).grad());
-  kernels::GradNormResult gn = kernels::grad_norm(grads);
-  at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares.to(torch::kDouble)});
-  collectives_->SumInPlace(sums);  // (1 + tensors)
-  // The step's one read from the device.
-  const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
+  kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
+  at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares});  // fp64
+  collectives_->SumInPlace(sums);                                         // (1 + tensors)
+  // The step's one read from the device: the counts, the sums, and this
+  // rank's own sums of squares, non-finite where its gradient is.
+  const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums, gn.sum_squares}).cpu();
   const double* r = read.const_data_ptr<double>();
+  const double* own_sum_squares = r + 3 + grads.size();
+  int64_t first_nonfinite = -1;
+  for (size_t i = 0; i < grads.size() && first_nonfinite < 0; ++i) {
+    if (!std::isfinite(own_sum_squares[i])) first_nonfinite = static_cast<int64_t>(i);
+  }
   m.tokens = static_cast<int64_t>(r[0]);
   m.supervised_tokens = static_cast<int64_t>(r[1]);
   if (m.supervised_tokens == 0) {
     for (const std::string& name : names) trained.get(name).mutable_grad().reset();
-    return SkipWithoutSupervision(start, communicated_before, verdict, &m);
+    return Unsupervised(start, communicated_before, verdict, &m);
   }
   m.loss = r[2] / static_cast<double>(m.supervised_tokens);
   double sum_squares = 0;
@@ -327,31 +345,22 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   health.step = m.step;
   health.loss = *m.loss;
   health.grad_norm = m.grad_norm;
+  health.supervised_tokens = m.supervised_tokens;
   if (collectives_->world_size() == 1) {
-    if (gn.first_nonfinite >= 0) health.first_nonfinite = names[gn.first_nonfinite];
+    if (first_nonfinite >= 0) health.first_nonfinite = names[first_nonfinite];
   } else if (!std::isfinite(m.grad_norm)) {
     // Every rank sees the global grad_norm go non-finite; the lowest rank
     // whose own shards hold the value names it (the layout, and so the
     // names, are the same on every rank).
     const int n_ranks = collectives_->world_size();
     const int64_t first =
-        n_ranks - collectives_->Max(gn.first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
-    const int64_t index =
-        collectives_->Max(collectives_->rank() == first ? gn.first_nonfinite : -1);
+        n_ranks - collectives_->Max(first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
+    const int64_t index = collectives_->Max(collectives_->rank() == first ? first_nonfinite : -1);
     if (index >= 0) {
       health.first_nonfinite = absl::StrCat(names[index], " on rank ", first);
     }
   }
-  *verdict = guard_.Judge(health);
-  const auto agreed =
-      static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict->action)));
-  if (agreed != verdict->action) {
-    verdict->action = agreed;
-    verdict->reason = "another rank's gradient or loss is not finite";
-  }
-  guard_.Acted(agreed);
-
-  if (agreed == GuardAction::kApply) {
+  if (Judge(health, verdict, &m) == GuardAction::kApply) {
     // Clip as torch.nn.utils.clip_grad_norm_ does, then update.
     const double max_norm = spec_.optimizer().max_grad_norm();
     if (max_norm > 0) {
@@ -364,9 +373,6 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       }
     }
     optimizer_.Step(trained, m.lr);
-  } else {
-    m.skipped = true;
-    m.skip_reason = verdict->reason;
   }
   for (const std::string& name : names) {
     at::Tensor p = trained.get(name);
@@ -376,15 +382,38 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   return m;
 }
 
-StepRecord Trainer::SkipWithoutSupervision(std::chrono::steady_clock::time_point start,
-                                           int64_t communicated_before, GuardVerdict* verdict,
-                                           StepRecord* m) const {
-  verdict->action = GuardAction::kSkip;
-  verdict->reason = "no supervised tokens";
-  m->skipped = true;
-  m->skip_reason = verdict->reason;
+StepRecord Trainer::Unsupervised(std::chrono::steady_clock::time_point start,
+                                 int64_t communicated_before, GuardVerdict* verdict,
+                                 StepRecord* m) {
+  StepHealth health;
+  health.step = m->step;
+  health.supervised_tokens = 0;
+  Judge(health, verdict, m);
   FinishRecord(start, communicated_before, m);
   return *m;
+}
+
+GuardAction Trainer::Judge(const StepHealth& health, GuardVerdict* verdict, StepRecord* m) {
+  *verdict = guard_.Judge(health);
+  if (verdict->action == GuardAction::kRollback && verdict->trigger == GuardTrigger::kSpike &&
+      !verdict->budget_spent && !LatestCheckpoint(checkpoints_dir_)) {
+    // Nothing to go back to yet: the spike is kept from the weights, and the
+    // run goes on.
+    verdict->action = GuardAction::kSkip;
+    absl::StrAppend(&verdict->reason, "; no checkpoint to roll back to yet, so it is skipped");
+  }
+  const auto agreed =
+      static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict->action)));
+  if (agreed != verdict->action) {
+    verdict->action = agreed;
+    verdict->reason = "another rank's gradient or loss is not finite";
+  }
+  guard_.Acted(agreed, health);
+  if (agreed != GuardAction::kApply) {
+    m->skipped = true;
+    m->skip_reason = verdict->reason;
+  }
+  return agreed;
 }
 
 void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
@@ -450,7 +479,14 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
   }
   absl::StatusOr<TrainPosition> loaded = LoadState(*checkpoint);
   if (!loaded.ok()) return loaded.status();
+  // The weights, optimizer and RNG go back; the data does not: the documents
+  // between the checkpoint and the bad step, which led there, are skipped
+  // (as PaLM's and OPT's operators did by hand). The step counter and the
+  // LR schedule go back with the weights.
+  const int64_t skip_to = pos->data_cursor;
   *pos = *loaded;
+  const int64_t skipped_documents = std::max<int64_t>(0, skip_to - pos->data_cursor);
+  pos->data_cursor = std::max(pos->data_cursor, skip_to);
   if (metrics != nullptr) {
     if (absl::Status s = metrics->TruncateAfter(pos->step); !s.ok()) return s;
   }
@@ -458,7 +494,8 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
   event.set_kind(v1::GuardEvent::KIND_ROLLBACK);
   event.set_step(step);
   event.set_to_step(pos->step);
-  event.set_message(absl::StrCat(verdict.reason, "; rolled back to step ", pos->step));
+  event.set_message(absl::StrCat(verdict.reason, "; rolled back to step ", pos->step,
+                                 ", skipping the ", skipped_documents, " documents read since it"));
   observer_->OnGuard(event);
   Log("warning", event.message());
   return absl::OkStatus();

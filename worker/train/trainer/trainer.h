@@ -55,7 +55,6 @@ struct TrainerOptions {
   // takes an equal share of every step's micro-batches. Not owned; it must
   // outlive the Trainer.
   Collectives* collectives = nullptr;
-  GuardOptions guard;
 };
 
 class Trainer {
@@ -123,10 +122,12 @@ class Trainer {
   absl::Status SaveCheckpointAt(const TrainPosition& position);
   // Restores the trained state from a checkpoint folder, either layout.
   absl::StatusOr<TrainPosition> LoadState(const std::string& dir);
-  // Ends a step that no rank had a supervised token for: skipped.
-  StepRecord SkipWithoutSupervision(std::chrono::steady_clock::time_point start,
-                                    int64_t communicated_before, GuardVerdict* verdict,
-                                    StepRecord* record) const;
+  // Ends a step that no rank had a supervised token for: a bad step.
+  StepRecord Unsupervised(std::chrono::steady_clock::time_point start, int64_t communicated_before,
+                          GuardVerdict* verdict, StepRecord* record);
+  // The guard's verdict on the step, agreed by every rank and recorded in
+  // `record`; returns the agreed action.
+  GuardAction Judge(const StepHealth& health, GuardVerdict* verdict, StepRecord* record);
   // The step's time, traffic and peak memory.
   void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
                     StepRecord* record) const;

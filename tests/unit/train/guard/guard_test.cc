@@ -32,7 +32,7 @@ StepHealth NonFiniteGradient(int64_t step) {
 // Judges one step and acts on the verdict, as the trainer does at one rank.
 GuardVerdict JudgeAndAct(Guard& guard, const StepHealth& health) {
   GuardVerdict v = guard.Judge(health);
-  guard.Acted(v.action);
+  guard.Acted(v.action, health);
   return v;
 }
 
@@ -116,9 +116,94 @@ TEST(Guard, ActsOnTheAgreedVerdictOfAllRanks) {
   // counts toward the streak here too, so every rank rolls back together.
   Guard guard(GuardOptions{.max_consecutive_bad = 2, .max_rollbacks = 3});
   EXPECT_EQ(guard.Judge(Healthy(1)).action, GuardAction::kApply);
-  guard.Acted(GuardAction::kSkip);
+  guard.Acted(GuardAction::kSkip, Healthy(1));
   EXPECT_EQ(guard.consecutive_bad(), 1);
   EXPECT_EQ(guard.Judge(NonFiniteGradient(2)).action, GuardAction::kRollback);
+}
+
+StepHealth WithLoss(int64_t step, double loss, double grad_norm) {
+  StepHealth h = Healthy(step);
+  h.loss = loss;
+  h.grad_norm = grad_norm;
+  return h;
+}
+
+TEST(Guard, AStepWithoutSupervisionIsBadAndCountsTowardTheStreak) {
+  Guard guard(GuardOptions{.max_consecutive_bad = 2, .max_rollbacks = 0});
+  StepHealth empty = Healthy(1);
+  empty.supervised_tokens = 0;
+  GuardVerdict v = JudgeAndAct(guard, empty);
+  EXPECT_EQ(v.action, GuardAction::kSkip);
+  EXPECT_EQ(v.trigger, GuardTrigger::kNoSupervision);
+  empty.step = 2;
+  v = JudgeAndAct(guard, empty);
+  EXPECT_EQ(v.action, GuardAction::kRollback);
+  EXPECT_TRUE(v.budget_spent);  // a data set with no supervised token fails the job
+  EXPECT_THAT(v.reason, HasSubstr("no supervised tokens; 2 bad steps in a row"));
+}
+
+TEST(Guard, ALossSpikeRollsBackOnceTheWindowIsFull) {
+  Guard guard(GuardOptions{
+      .max_consecutive_bad = 3, .max_rollbacks = 3, .spike_window = 10, .loss_spike_zscore = 6});
+  // Warm-up: nine steps are not a window yet, so even a jump is no spike.
+  for (int64_t step = 1; step <= 9; ++step) {
+    EXPECT_EQ(JudgeAndAct(guard, WithLoss(step, 2.0 + 0.01 * (step % 3), 0.5)).action,
+              GuardAction::kApply);
+  }
+  EXPECT_EQ(guard.Judge(WithLoss(10, 9.0, 0.5)).action, GuardAction::kApply);
+  guard.Acted(GuardAction::kApply, WithLoss(10, 2.01, 0.5));
+  // Noise of the window's own size passes; a jump of 6 robust deviations does not.
+  EXPECT_EQ(guard.Judge(WithLoss(11, 2.03, 0.5)).action, GuardAction::kApply);
+  GuardVerdict v = JudgeAndAct(guard, WithLoss(11, 2.5, 0.5));
+  EXPECT_EQ(v.action, GuardAction::kRollback);
+  EXPECT_EQ(v.trigger, GuardTrigger::kSpike);
+  EXPECT_THAT(v.reason, HasSubstr("loss spike: 2.5 is "));
+  EXPECT_THAT(v.reason, HasSubstr("above the median 2.01 of the last 10 healthy steps"));
+  EXPECT_EQ(guard.rollbacks(), 1);
+}
+
+TEST(Guard, AFlatWindowTakesARiseOfOnePercentForASpike) {
+  Guard guard(GuardOptions{.spike_window = 8, .loss_spike_zscore = 6});
+  for (int64_t step = 1; step <= 8; ++step) JudgeAndAct(guard, WithLoss(step, 3.0, 1.0));
+  EXPECT_EQ(guard.Judge(WithLoss(9, 3.02, 1.0)).action, GuardAction::kApply);
+  EXPECT_EQ(guard.Judge(WithLoss(9, 3.04, 1.0)).trigger, GuardTrigger::kSpike);
+}
+
+TEST(Guard, GradNormSpikesAreJudgedOnlyWhenAsked) {
+  for (double zscore : {0.0, 6.0}) {
+    Guard guard(GuardOptions{.spike_window = 8, .grad_norm_spike_zscore = zscore});
+    for (int64_t step = 1; step <= 8; ++step) {
+      JudgeAndAct(guard, WithLoss(step, 2.0, 1.0 + 0.1 * (step % 2)));
+    }
+    const GuardVerdict v = guard.Judge(WithLoss(9, 2.0, 50.0));
+    EXPECT_EQ(v.trigger, zscore > 0 ? GuardTrigger::kSpike : GuardTrigger::kNone) << zscore;
+  }
+}
+
+TEST(Guard, ALossPinnedNearZeroIsACollapse) {
+  Guard guard(GuardOptions{.max_rollbacks = 1, .collapse_window = 5, .collapse_loss = 1e-4});
+  for (int64_t step = 1; step <= 4; ++step) {
+    EXPECT_EQ(JudgeAndAct(guard, WithLoss(step, 0.0, 0.3 * step)).action, GuardAction::kApply);
+  }
+  GuardVerdict v = JudgeAndAct(guard, WithLoss(5, 0.0, 2.0));
+  EXPECT_EQ(v.action, GuardAction::kRollback);
+  EXPECT_EQ(v.trigger, GuardTrigger::kCollapse);
+  EXPECT_THAT(v.reason, HasSubstr("the loss stayed below 0.0001 for 5 steps"));
+  // After the rollback the run is counted afresh.
+  EXPECT_EQ(JudgeAndAct(guard, WithLoss(6, 0.0, 1.0)).action, GuardAction::kApply);
+}
+
+TEST(Guard, AGradNormThatNoLongerChangesIsACollapse) {
+  // DESIGN.md's SDAR run: every step's grad_norm 1.414, whatever the loss.
+  Guard guard(GuardOptions{.collapse_window = 4});
+  for (int64_t step = 1; step <= 3; ++step) {
+    EXPECT_EQ(JudgeAndAct(guard, WithLoss(step, 1.0 + step, 1.41421)).action, GuardAction::kApply);
+  }
+  GuardVerdict v = guard.Judge(WithLoss(4, 5.0, 1.414211));
+  EXPECT_EQ(v.trigger, GuardTrigger::kCollapse);
+  EXPECT_THAT(v.reason, HasSubstr("grad_norm stayed at 1.41421 for 4 steps"));
+  // A grad_norm that moves is healthy.
+  EXPECT_EQ(guard.Judge(WithLoss(4, 5.0, 1.3)).trigger, GuardTrigger::kNone);
 }
 
 }  // namespace

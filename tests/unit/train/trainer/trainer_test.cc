@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "tests/unit/train/tiny_model.h"
 #include "worker/train/io/file_tree.h"
@@ -198,8 +199,9 @@ TEST_F(TrainerTest, RollsBackAfterABadStreakAndFailsWithADiagnosisWhenTheBudgetI
   RecordingObserver observer;
   TrainerOptions options;
   options.observer = &observer;
-  options.guard = GuardOptions{.max_consecutive_bad = 2, .max_rollbacks = 1};
   v1::JobSpec spec = ExplodingFullFinetune();
+  spec.mutable_guard()->set_max_consecutive_bad(2);
+  spec.mutable_guard()->set_max_rollbacks(1);
   spec.set_max_steps(20);
   spec.set_checkpoint_every(1);
   std::unique_ptr<Trainer> t = Create(spec, options);
@@ -241,6 +243,51 @@ TEST_F(TrainerTest, RunLogsNullLossForAStepWithoutSupervisedTokensAndExportsTheA
   EXPECT_EQ(lines[1]["skipped"], false);
   EXPECT_TRUE(fs::exists(fs::path(out()) / "adapter" / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::exists(fs::path(out()) / "checkpoints" / "step-00000002"));
+}
+
+TEST_F(TrainerTest, DataWithoutASupervisedLabelFailsWithADiagnosisInsteadOfExporting) {
+  // Every label -100: before the guard counted such steps as bad, every step
+  // was skipped, the run exited 0 and exported an adapter that had never
+  // trained.
+  WriteTokenData(data_, 8, /*seed=*/15, /*unsupervised_every=*/1);
+  RecordingObserver observer;
+  TrainerOptions options;
+  options.observer = &observer;
+  v1::JobSpec spec = Spec();
+  spec.set_max_steps(10);
+  std::unique_ptr<Trainer> t = Create(spec, options);
+  ASSERT_NE(t, nullptr);
+  const absl::Status s = t->Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("guard: step 3: no supervised tokens; 3 bad steps in a row"));
+  ASSERT_FALSE(observer.guards.empty());
+  EXPECT_EQ(observer.guards.back().kind(), v1::GuardEvent::KIND_DIAGNOSIS);
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "adapter"));
+}
+
+TEST_F(TrainerTest, ARollbackSkipsTheDataThatLedToIt) {
+  RecordingObserver observer;
+  TrainerOptions options;
+  options.observer = &observer;
+  v1::JobSpec spec = ExplodingFullFinetune();
+  spec.set_max_steps(6);
+  spec.set_checkpoint_every(1);
+  spec.mutable_guard()->set_max_consecutive_bad(2);
+  spec.mutable_guard()->set_max_rollbacks(1);
+  std::unique_ptr<Trainer> t = Create(spec, options);
+  ASSERT_NE(t, nullptr);
+  t->Run().IgnoreError();
+  const v1::GuardEvent* rollback = nullptr;
+  for (const v1::GuardEvent& e : observer.guards) {
+    if (e.kind() == v1::GuardEvent::KIND_ROLLBACK) rollback = &e;
+  }
+  ASSERT_NE(rollback, nullptr);
+  // Every step since the checkpoint read 4 documents (micro-batches of 2, 2
+  // per step); the run goes on after them.
+  EXPECT_GT(rollback->step(), rollback->to_step());
+  EXPECT_THAT(rollback->message(),
+              HasSubstr(absl::StrCat("skipping the ", 4 * (rollback->step() - rollback->to_step()),
+                                     " documents read since it")));
 }
 
 TEST_F(TrainerTest, RunStopsAtAStepBoundaryWhenTheObserverAsks) {
