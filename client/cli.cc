@@ -55,7 +55,10 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   CLI::App* cancel = add_job_command("cancel", "Cancel a job");
   CLI::App* rollback = add_job_command("rollback", "Restart a job from an earlier checkpoint");
   int64_t to_step = 0;
-  rollback->add_option("--to-step", to_step, "Newest checkpoint at or before this step")
+  rollback
+      ->add_option("--to-step", to_step,
+                   "Newest good checkpoint at or before this step; 0 starts over from the "
+                   "initial weights")
       ->required()
       ->check(CLI::NonNegativeNumber);
   CLI::App* logs = add_job_command("logs", "Print a job's log lines");

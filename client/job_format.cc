@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -118,6 +119,16 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   add("STEP", absl::StrCat(job.step(), "/", job.spec().max_steps()));
   add("CHECKPOINT", job.checkpoint_step() > 0 ? absl::StrCat(job.checkpoint_step()) : "-");
   add("RESTARTS", absl::StrCat(job.restarts()));
+  if (job.guard_rollbacks() > 0 || job.skipped_steps() > 0 || !job.anomalies().empty()) {
+    // Sorted, for a stable line (the proto map has no order).
+    std::map<std::string, int64_t> anomalies(job.anomalies().begin(), job.anomalies().end());
+    std::vector<std::string> kinds;
+    for (const auto& [kind, n] : anomalies) kinds.push_back(absl::StrCat(kind, " ", n));
+    add("GUARD", absl::StrCat(job.guard_rollbacks(), " rollbacks, ", job.skipped_steps(),
+                              " skipped steps; anomalies: ",
+                              kinds.empty() ? "none" : absl::StrJoin(kinds, ", ")));
+  }
+  if (job.has_last_guard_event()) add("LAST GUARD", GuardLine(job.last_guard_event()));
   if (job.created_ms() > 0) {
     add("CREATED",
         absl::StrCat(UtcTime(job.created_ms()), " (", Age(job.created_ms(), now_ms), " ago)"));
@@ -143,6 +154,52 @@ std::string LogLineText(const v1::LogLine& log) {
   return absl::StrCat("[rank ", log.rank(), "] ", log.level(), ": ", log.text());
 }
 
+std::string GuardLine(const v1::GuardEvent& g) {
+  std::string line;
+  switch (g.kind()) {
+    case v1::GuardEvent::KIND_SKIP:
+      line = absl::StrCat("guard skip at step ", g.step());
+      break;
+    case v1::GuardEvent::KIND_ROLLBACK:
+      line = absl::StrCat("guard rollback at step ", g.step(), " to step ", g.to_step());
+      break;
+    case v1::GuardEvent::KIND_DIAGNOSIS:
+      line = absl::StrCat("guard diagnosis at step ", g.step());
+      break;
+    case v1::GuardEvent::KIND_RECOVERED:
+      line = absl::StrCat("guard recovered step ", g.step());
+      break;
+    case v1::GuardEvent::KIND_CHECKPOINT_REFUSED:
+      line = absl::StrCat("guard refused checkpoint ", g.step());
+      break;
+    default:
+      line = absl::StrCat("guard event at step ", g.step());
+  }
+  // The facts first, in a fixed order, so that a reader (or grep) finds them
+  // without parsing the message.
+  std::vector<std::string> facts;
+  if (!g.trigger().empty()) facts.push_back(g.trigger());
+  switch (g.verdict()) {
+    case v1::GuardEvent::VERDICT_TRANSIENT:
+      facts.push_back("transient");
+      break;
+    case v1::GuardEvent::VERDICT_DETERMINISTIC:
+      facts.push_back("deterministic");
+      break;
+    default:
+      break;
+  }
+  if (!g.module().empty()) facts.push_back(absl::StrCat(g.module(), " on rank ", g.rank()));
+  if (g.steps_lost() > 0) facts.push_back(absl::StrCat(g.steps_lost(), " steps lost"));
+  if (g.documents_skipped() > 0) {
+    facts.push_back(absl::StrCat(g.documents_skipped(), " documents skipped from position ",
+                                 g.first_document()));
+  }
+  if (!facts.empty()) absl::StrAppend(&line, " [", absl::StrJoin(facts, ", "), "]");
+  if (!g.message().empty()) absl::StrAppend(&line, ": ", g.message());
+  return line;
+}
+
 std::optional<std::string> EventLine(const v1::JobEvent& event) {
   if (event.has_state_change()) {
     const v1::StateChange& c = event.state_change();
@@ -154,25 +211,8 @@ std::optional<std::string> EventLine(const v1::JobEvent& event) {
   }
   const v1::TrainingEvent& training = event.training();
   switch (training.kind_case()) {
-    case v1::TrainingEvent::kGuard: {
-      const v1::GuardEvent& g = training.guard();
-      std::string line;
-      switch (g.kind()) {
-        case v1::GuardEvent::KIND_SKIP:
-          line = absl::StrCat("guard skip at step ", g.step());
-          break;
-        case v1::GuardEvent::KIND_ROLLBACK:
-          line = absl::StrCat("guard rollback at step ", g.step(), " to step ", g.to_step());
-          break;
-        case v1::GuardEvent::KIND_DIAGNOSIS:
-          line = absl::StrCat("guard diagnosis at step ", g.step());
-          break;
-        default:
-          line = absl::StrCat("guard event at step ", g.step());
-      }
-      if (!g.message().empty()) absl::StrAppend(&line, ": ", g.message());
-      return line;
-    }
+    case v1::TrainingEvent::kGuard:
+      return GuardLine(training.guard());
     case v1::TrainingEvent::kCheckpointSaved:
       return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
                           training.checkpoint_saved().path());

@@ -5,6 +5,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -263,6 +264,12 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!guard->has_grad_norm_spike_zscore()) guard->set_grad_norm_spike_zscore(0);
   if (!guard->has_collapse_window()) guard->set_collapse_window(200);
   if (!guard->has_collapse_loss()) guard->set_collapse_loss(1e-4);
+  if (!guard->has_snapshot_every()) guard->set_snapshot_every(10);
+  if (!guard->has_snapshots()) guard->set_snapshots(2);
+  if (!guard->has_good_after_steps()) guard->set_good_after_steps(10);
+  if (!guard->has_rerun_bad_step()) guard->set_rerun_bad_step(true);
+  if (!guard->has_lr_cut()) guard->set_lr_cut(1);
+  if (!guard->has_rewarm_steps()) guard->set_rewarm_steps(0);
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -304,6 +311,32 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                        "0..100000"));
   checks.push_back(
       CheckRange<double>("guard.collapse_loss", guard.collapse_loss(), 0, 1, "[0, 1]"));
+  checks.push_back(CheckRange<int32_t>("guard.snapshot_every", guard.snapshot_every(), 0, 1000000,
+                                       "0..1000000"));
+  checks.push_back(CheckRange<int32_t>("guard.snapshots", guard.snapshots(), 1, 16, "1..16"));
+  checks.push_back(CheckRange<int32_t>("guard.good_after_steps", guard.good_after_steps(), 0,
+                                       1000000, "0..1000000"));
+  checks.push_back(CheckRange<double>("guard.lr_cut", guard.lr_cut(),
+                                      std::numeric_limits<double>::min(), 1, "(0, 1]"));
+  checks.push_back(
+      CheckRange<int32_t>("guard.rewarm_steps", guard.rewarm_steps(), 0, 1000000, "0..1000000"));
+  const v1::GuardInject& inject = guard.inject();
+  for (const auto& [key, steps] :
+       {std::pair{"guard.inject.nan_grad_at_step", &inject.nan_grad_at_step()},
+        {"guard.inject.inf_loss_at_step", &inject.inf_loss_at_step()},
+        {"guard.inject.spike_at_step", &inject.spike_at_step()},
+        {"guard.inject.zero_tokens_at_steps", &inject.zero_tokens_at_steps()},
+        {"guard.inject.nan_weight_at_step", &inject.nan_weight_at_step()}}) {
+    for (int64_t step : *steps) {
+      checks.push_back(
+          CheckRange<int64_t>(key, step, 1, spec.max_steps(), "1..max_steps (a step to run)"));
+    }
+  }
+  checks.push_back(CheckRange<int32_t>("guard.inject.on_rank", inject.on_rank(), 0,
+                                       std::max(spec.devices(), 1) - 1,
+                                       "0..devices-1 (a rank of the job)"));
+  checks.push_back(
+      CheckRange<int32_t>("keep_checkpoints", spec.keep_checkpoints(), 0, 10000, "0..10000"));
 
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "lora") {

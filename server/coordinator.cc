@@ -429,7 +429,7 @@ void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
     case v1::JOB_STATE_ROLLING_BACK:
       if (none_live) {
         Requeue(job, absl::StrCat("rolling back; resumes at or before step ",
-                                  job->record.resume_at_or_before));
+                                  job->record.resume_at_or_before.value_or(0)));
       }
       return;
     case v1::JOB_STATE_SCHEDULED:
@@ -490,7 +490,7 @@ void Coordinator::RunScheduler() {
       a.set_output_dir(j.output_dir());
       a.set_master_addr(master);
       a.set_master_port(port);
-      a.set_resume_at_or_before(r.resume_at_or_before);
+      if (r.resume_at_or_before) a.set_resume_at_or_before(*r.resume_at_or_before);
       a.set_agent_silence_ms(options_.agent_silence_ms);
       Send(p.worker_id(), std::move(a));
     }
@@ -652,11 +652,10 @@ absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int6
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", StateName(j.state()),
                                                       "; only a live job can roll back"));
   }
-  // Assignment.resume_at_or_before uses 0 for "the newest checkpoint", so a
-  // rollback to step 0 could not be told apart from no rollback at all.
-  if (to_step < 1 || to_step > j.step()) {
+  if (to_step < 0 || to_step > j.step()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("to_step: ", to_step, "; allowed 1..", j.step(), " (the current step)"));
+        absl::StrCat("to_step: ", to_step, "; allowed 0..", j.step(),
+                     " (the current step; 0 starts over from the initial weights)"));
   }
   job->record.resume_at_or_before = to_step;
   switch (j.state()) {
@@ -959,15 +958,22 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
       if (rank != 0) return false;
       j.set_step(e.step_metrics().step());
       *j.mutable_last_step() = e.step_metrics();
-      // The trainer has resumed: a rollback target is used up.
-      job->record.resume_at_or_before = 0;
+      if (m.skipped()) j.set_skipped_steps(j.skipped_steps() + 1);
+      // The trainer has resumed: a rollback target is used up. Not by the
+      // steps the ranks asked to roll back still finish before they stop.
+      if (j.state() != v1::JOB_STATE_ROLLING_BACK) job->record.resume_at_or_before.reset();
       break;
     }
-    case v1::TrainingEvent::kGuard:
+    case v1::TrainingEvent::kGuard: {
       if (rank != 0) return false;
-      if (e.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) ++job->rollbacks;
-      if (e.guard().kind() == v1::GuardEvent::KIND_SKIP) ++job->skipped_steps;
+      const v1::GuardEvent& g = e.guard();
+      if (g.kind() == v1::GuardEvent::KIND_ROLLBACK) j.set_guard_rollbacks(j.guard_rollbacks() + 1);
+      // One event per bad step (skipped, recovered, rolled back or
+      // diagnosed) or refused checkpoint, each naming its trigger.
+      if (!g.trigger().empty()) (*j.mutable_anomalies())[g.trigger()] += 1;
+      *j.mutable_last_guard_event() = g;
       break;
+    }
     case v1::TrainingEvent::kCheckpointSaved:
       if (rank != 0) return false;
       j.set_checkpoint_step(e.checkpoint_saved().step());
@@ -1099,11 +1105,14 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
        last_step(&v1::StepMetrics::lr)},
       {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
        last_step(&v1::StepMetrics::tokens_per_s)},
-      {"ballast_job_rollbacks_total", "Guard rollbacks since ballastd started.",
-       MetricType::kCounter, [](const JobEntry& j) { return static_cast<double>(j.rollbacks); }},
-      {"ballast_job_skipped_steps_total", "Steps the guard skipped since ballastd started.",
+      {"ballast_job_rollbacks_total",
+       "Rollbacks the guard took by itself over the job's life; a user's `ballast rollback` is "
+       "not one (it counts in ballast_job_restarts_total).",
        MetricType::kCounter,
-       [](const JobEntry& j) { return static_cast<double>(j.skipped_steps); }},
+       [](const JobEntry& j) { return static_cast<double>(j.record.job.guard_rollbacks()); }},
+      {"ballast_job_skipped_steps_total",
+       "Optimizer steps the guard kept from the weights over the job's life.", MetricType::kCounter,
+       [](const JobEntry& j) { return static_cast<double>(j.record.job.skipped_steps()); }},
       {"ballast_job_restarts_total", "Restarts after failures.", MetricType::kCounter,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.restarts()); }},
   };
@@ -1113,6 +1122,23 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
       auto it = jobs_.find(id);
       if (it == jobs_.end()) continue;
       if (std::optional<double> value = m.value(it->second)) sample(f, {{"job_id", id}}, *value);
+    }
+  }
+  // Every trigger from the start, at 0 until it happens: a rate() or an
+  // alert needs the series before the first anomaly.
+  MetricFamily& anomalies =
+      family("ballast_job_anomalies_total",
+             "Steps the guard found unhealthy (skipped, recovered by a re-run, rolled back or "
+             "diagnosed) and checkpoints it refused, by trigger.",
+             MetricType::kCounter);
+  for (const std::string& id : shown) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    const auto& counts = it->second.record.job.anomalies();
+    for (const char* kind : {"non_finite", "no_supervision", "spike", "collapse"}) {
+      auto n = counts.find(kind);
+      sample(anomalies, {{"job_id", id}, {"kind", kind}},
+             n == counts.end() ? 0.0 : static_cast<double>(n->second));
     }
   }
 

@@ -192,8 +192,6 @@ class Coordinator {
     // By rank number, across attempts.
     std::map<int32_t, RankSeries> ranks;
     std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
-    int64_t rollbacks = 0;
-    int64_t skipped_steps = 0;
     // Events made since the last Flush.
     std::vector<v1::JobEvent> unflushed;
     bool dirty = false;

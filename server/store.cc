@@ -39,6 +39,18 @@ constexpr char kUpdateJob[] =
     "UPDATE jobs SET state = ?4, priority = ?5, attempt = ?6, resume_at_or_before = ?7, "
     "events_deleted = ?8, job = ?9 WHERE id = ?2";
 
+// The jobs.resume_at_or_before column: 0 has meant "no rollback pending"
+// since the first schema, so a rollback to step 0 is stored as -1 and older
+// stores read the same.
+int64_t ResumeColumn(std::optional<int64_t> step) {
+  if (!step) return 0;
+  return *step == 0 ? -1 : *step;
+}
+std::optional<int64_t> ResumeFromColumn(int64_t value) {
+  if (value == 0) return std::nullopt;
+  return value < 0 ? 0 : value;
+}
+
 // Resets a prepared statement when it leaves scope, on every path.
 class Reset {
  public:
@@ -160,7 +172,7 @@ absl::Status Store::WriteJob(const JobRecord& r, sqlite3_stmt* stmt) {
   sqlite3_bind_int(stmt, 4, r.job.state());
   sqlite3_bind_int(stmt, 5, r.job.spec().scheduling().priority());
   sqlite3_bind_int(stmt, 6, r.attempt);
-  sqlite3_bind_int64(stmt, 7, r.resume_at_or_before);
+  sqlite3_bind_int64(stmt, 7, ResumeColumn(r.resume_at_or_before));
   sqlite3_bind_int64(stmt, 8, r.events_deleted);
   BindBlob(stmt, 9, r.job.SerializeAsString());
   const int rc = sqlite3_step(stmt);
@@ -227,7 +239,7 @@ absl::StatusOr<std::vector<JobRecord>> Store::LoadJobs() {
     JobRecord r;
     r.order = sqlite3_column_int64(stmt, 0);
     r.attempt = sqlite3_column_int(stmt, 1);
-    r.resume_at_or_before = sqlite3_column_int64(stmt, 2);
+    r.resume_at_or_before = ResumeFromColumn(sqlite3_column_int64(stmt, 2));
     r.events_deleted = sqlite3_column_int64(stmt, 3);
     if (!ParseBlob(stmt, 4, &r.job)) {
       sqlite3_finalize(stmt);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,9 @@ struct JobRecord {
   int64_t order = 0;
   // Times the job was scheduled; assignments carry it.
   int32_t attempt = 0;
-  // Passed to the next attempt (Assignment.resume_at_or_before), then reset.
-  int64_t resume_at_or_before = 0;
+  // A rollback's target, passed to the next attempt
+  // (Assignment.resume_at_or_before), then reset; 0 starts over.
+  std::optional<int64_t> resume_at_or_before;
   // Events removed by retention, for this job.
   int64_t events_deleted = 0;
 };

@@ -37,9 +37,12 @@ def spec(inputs, **overrides):
 
 
 def long_spec(inputs, steps=100000, every=2):
-    """A job that runs until stopped, with frequent checkpoints."""
+    """A job that runs until stopped, with frequent checkpoints, each good to
+    resume from as soon as it is written (guard.good_after_steps 0): these
+    tests kill and restart ranks, not the guard's health gate."""
     return spec(inputs, max_steps=steps, checkpoint_every=every,
-                schedule={"kind": "constant", "warmup_steps": 0})
+                schedule={"kind": "constant", "warmup_steps": 0},
+                guard={"good_after_steps": 0})
 
 
 def test_submit_runs_to_success_and_watch_shows_every_step(cluster, inputs):

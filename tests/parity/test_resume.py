@@ -15,8 +15,10 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     make_dataset(data, n=24, vocab=320, seed=13)
     # Dropout and shuffling on, so that RNG state and data position must both
     # come back from the checkpoint.
+    # Step 5's checkpoint is good once step 6 is clean (guard.good_after_steps),
+    # before the kill.
     spec = base_spec(model_dir, data, checkpoint_every=5, lora={"lora_dropout": 0.1},
-                     data={"shuffle": True})
+                     data={"shuffle": True}, guard={"good_after_steps": 1})
     write_spec(tmp_path / "job.yaml", **spec)
     run_train(str(tmp_path / "job.yaml"), str(tmp_path / "full"))
     full = read_metrics(str(tmp_path / "full"))

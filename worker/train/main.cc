@@ -82,7 +82,7 @@ struct RankFlags {
   std::string agent_socket;
   int64_t agent_silence_ms = 0;
   int32_t attempt = 0;
-  int64_t resume_at_or_before = 0;
+  std::optional<int64_t> resume_at_or_before;
   int rank = 0;
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
@@ -169,6 +169,8 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   ballast::train::RankObserver observer(channel.get(), output.get());
   ballast::train::TrainerOptions options;
   options.resume_at_or_before = flags.resume_at_or_before;
+  // Rank 0 commits each checkpoint there; every rank reads it on a rollback.
+  if (flags.attempt > 0) options.kept_checkpoints_dir = out_dir + "/checkpoints";
   options.observer = &observer;
   options.collectives = collectives->get();
   options.device = *device;
@@ -215,7 +217,8 @@ int main(int argc, char** argv) {
                  "The coordinator's attempt: write into OUT/attempts/N and commit into OUT")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--resume-at-or-before", flags.resume_at_or_before,
-                 "Resume from the newest checkpoint at or before step N; newer ones are deleted")
+                 "Resume from the newest good checkpoint at or before step N; newer ones are "
+                 "deleted; 0 starts over from the initial weights")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--rank", flags.rank, "This process's rank, 0..world_size-1")
       ->check(CLI::NonNegativeNumber);

@@ -13,6 +13,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kNow = 1'700'000'000'000;
 
@@ -116,6 +117,46 @@ TEST(JobFormat, EventLinesForEverythingButStepsAndInfoLogs) {
   // A kind this CLI does not know (newer than it) prints nothing.
   t->Clear();
   EXPECT_EQ(EventLine(e), std::nullopt);
+}
+
+TEST(JobFormat, GuardLinesPutTheFactsBeforeTheMessage) {
+  v1::GuardEvent g;
+  g.set_kind(v1::GuardEvent::KIND_ROLLBACK);
+  g.set_step(7);
+  g.set_to_step(2);
+  g.set_trigger("non_finite");
+  g.set_verdict(v1::GuardEvent::VERDICT_DETERMINISTIC);
+  g.set_module("model.layers.1.mlp.down_proj.lora_B.weight");
+  g.set_rank(1);
+  g.set_steps_lost(5);
+  g.set_documents_skipped(20);
+  g.set_first_document(8);
+  g.set_message("non-finite gradient");
+  EXPECT_EQ(GuardLine(g),
+            "guard rollback at step 7 to step 2 [non_finite, deterministic, "
+            "model.layers.1.mlp.down_proj.lora_B.weight on rank 1, 5 steps lost, 20 documents "
+            "skipped from position 8]: non-finite gradient");
+  g.Clear();
+  g.set_kind(v1::GuardEvent::KIND_RECOVERED);
+  g.set_step(3);
+  g.set_trigger("spike");
+  g.set_verdict(v1::GuardEvent::VERDICT_TRANSIENT);
+  EXPECT_EQ(GuardLine(g), "guard recovered step 3 [spike, transient]");
+}
+
+TEST(JobFormat, DetailSumsUpTheGuard) {
+  v1::Job job;
+  job.set_id("job-1");
+  EXPECT_THAT(JobDetail(job, 0), Not(HasSubstr("GUARD")));
+  job.set_guard_rollbacks(1);
+  job.set_skipped_steps(2);
+  (*job.mutable_anomalies())["spike"] = 1;
+  (*job.mutable_anomalies())["non_finite"] = 3;
+  job.mutable_last_guard_event()->set_kind(v1::GuardEvent::KIND_SKIP);
+  job.mutable_last_guard_event()->set_step(9);
+  const std::string detail = JobDetail(job, 0);
+  EXPECT_THAT(detail, HasSubstr("1 rollbacks, 2 skipped steps; anomalies: non_finite 3, spike 1"));
+  EXPECT_THAT(detail, HasSubstr("guard skip at step 9"));
 }
 
 TEST(JobFormat, DetailShowsEachRanksPlaceAndTheExitOfThoseGone) {

@@ -57,6 +57,14 @@ TEST(JobSpec, DefaultsFollowTheProtoComments) {
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.999);
   EXPECT_DOUBLE_EQ(spec->optimizer().max_grad_norm(), 1.0);
   EXPECT_TRUE(spec->data().shuffle());
+  // The guard is on, and injects nothing.
+  EXPECT_EQ(spec->guard().max_consecutive_bad(), 3);
+  EXPECT_EQ(spec->guard().snapshot_every(), 10);
+  EXPECT_EQ(spec->guard().snapshots(), 2);
+  EXPECT_EQ(spec->guard().good_after_steps(), 10);
+  EXPECT_TRUE(spec->guard().rerun_bad_step());
+  EXPECT_DOUBLE_EQ(spec->guard().lr_cut(), 1);
+  EXPECT_EQ(spec->guard().inject().ByteSizeLong(), 0u);
 }
 
 TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
@@ -88,7 +96,16 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"method=qlora", "method = 'qlora'"}, Case{"task=reranker", "task = 'reranker'"},
         Case{"checkpoint_every=101", "checkpoint_every = 101"},
         Case{"devices=0", "devices = 0 is out of range; allowed: 1..1024"},
-        Case{"devices=1025", "devices = 1025 is out of range; allowed: 1..1024"}}) {
+        Case{"devices=1025", "devices = 1025 is out of range; allowed: 1..1024"},
+        Case{"guard.loss_spike_zscore=2", "guard.loss_spike_zscore = 2 is out of range"},
+        Case{"guard.snapshots=0", "guard.snapshots = 0 is out of range; allowed: 1..16"},
+        Case{"guard.lr_cut=0", "guard.lr_cut = 0 is out of range; allowed: (0, 1]"},
+        Case{"guard.inject.nan_grad_at_step=[5, 101]",
+             "guard.inject.nan_grad_at_step = 101 is out of range; allowed: 1..max_steps"},
+        Case{"guard.inject.zero_tokens_at_steps=[0]", "guard.inject.zero_tokens_at_steps = 0"},
+        Case{"guard.inject.on_rank=1",
+             "guard.inject.on_rank = 1 is out of range; allowed: 0..devices-1"},
+        Case{"keep_checkpoints=-1", "keep_checkpoints = -1"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;

@@ -552,6 +552,78 @@ TEST_F(CoordinatorTest, RollbackStopsRanksAndRequeuesToResumeWithoutCountingARes
   EXPECT_EQ(next.resume_at_or_before(), 20);
 }
 
+TEST_F(CoordinatorTest, RollbackToStepZeroStartsOverEvenAcrossARestart) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit(/*max_restarts=*/0);
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 40)}).ok());
+  EXPECT_EQ(c_->RollbackJob(job.id(), -1).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c_->RollbackJob(job.id(), 0).ok());
+  EXPECT_EQ(Drain(w).at(0).action(), v1::Assignment::ACTION_STOP);
+  // The rank finishes its step before it stops: the target stays.
+  ASSERT_TRUE(Report(w, {Step(a, 41)}).ok());
+  // The target is stored; a coordinator restart keeps it (0 is not "none").
+  Reopen();
+  Register("node-1", 1, {Ref(a)}, w);
+  ASSERT_TRUE(Report(w, {Exited(a, 143)}).ok());
+  const v1::Assignment next = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(next.has_resume_at_or_before());
+  EXPECT_EQ(next.resume_at_or_before(), 0);
+}
+
+TEST_F(CoordinatorTest, AnAssignmentWithoutARollbackHasNoResumeTarget) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  EXPECT_FALSE(StartOf(Drain(w), job.id()).has_resume_at_or_before());
+}
+
+TEST_F(CoordinatorTest, GuardEventsCountOnTheJobAndInTheCountersFromZero) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  ASSERT_TRUE(Report(w, {Started(a), Step(a, 1)}).ok());
+  const std::string id = job.id();
+  std::string text = metrics_->Encode();
+  for (const char* kind : {"non_finite", "no_supervision", "spike", "collapse"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("ballast_job_anomalies_total{job_id=\"", id,
+                                             "\",kind=\"", kind, "\"} 0\n")));
+  }
+  EXPECT_THAT(text, HasSubstr("ballast_job_rollbacks_total{job_id=\"" + id + "\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_skipped_steps_total{job_id=\"" + id + "\"} 0\n"));
+
+  auto guard = [&](v1::GuardEvent::Kind kind, int64_t step, const std::string& trigger) {
+    v1::RankEvent e = Event(a);
+    v1::GuardEvent* g = e.mutable_training()->mutable_guard();
+    g->set_kind(kind);
+    g->set_step(step);
+    g->set_trigger(trigger);
+    return e;
+  };
+  v1::RankEvent skipped = StepWithoutLoss(a, 2);
+  skipped.mutable_training()->mutable_step_metrics()->set_skipped(true);
+  v1::RankEvent also_skipped = StepWithoutLoss(a, 3);
+  also_skipped.mutable_training()->mutable_step_metrics()->set_skipped(true);
+  v1::RankEvent rollback = guard(v1::GuardEvent::KIND_ROLLBACK, 3, "non_finite");
+  rollback.mutable_training()->mutable_guard()->set_to_step(1);
+  ASSERT_TRUE(Report(w, {skipped, guard(v1::GuardEvent::KIND_SKIP, 2, "non_finite"), also_skipped,
+                         rollback, guard(v1::GuardEvent::KIND_RECOVERED, 5, "spike")})
+                  .ok());
+  Reopen();  // what the job says survives a coordinator restart
+  const v1::Job j = Get(id);
+  EXPECT_EQ(j.guard_rollbacks(), 1);
+  EXPECT_EQ(j.skipped_steps(), 2);
+  EXPECT_EQ(j.anomalies().at("non_finite"), 2);
+  EXPECT_EQ(j.anomalies().at("spike"), 1);
+  EXPECT_EQ(j.last_guard_event().kind(), v1::GuardEvent::KIND_RECOVERED);
+  text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_rollbacks_total{job_id=\"" + id + "\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_skipped_steps_total{job_id=\"" + id + "\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_anomalies_total{job_id=\"" + id +
+                              "\",kind=\"non_finite\"} 2\n"));
+  EXPECT_THAT(text,
+              HasSubstr("ballast_job_anomalies_total{job_id=\"" + id + "\",kind=\"spike\"} 1\n"));
+}
+
 TEST_F(CoordinatorTest, RollbackOfATerminalJobIsFailedPrecondition) {
   const v1::Job job = Submit();
   ASSERT_TRUE(c_->CancelJob(job.id()).ok());

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -29,8 +30,11 @@ struct TinyModel {
 };
 
 // Writes dir/config.json and dir/model.safetensors with weights drawn from
-// `seed`, and returns dir.
-inline std::string WriteTinyQwen3(const std::string& dir, uint64_t seed) {
+// `seed`, changed by `edit` when given (a test's poisoned weight), and
+// returns dir.
+inline std::string WriteTinyQwen3(
+    const std::string& dir, uint64_t seed,
+    const std::function<void(std::map<std::string, at::Tensor>&)>& edit = {}) {
   using M = TinyModel;
   std::filesystem::create_directories(dir);
   std::ofstream(std::filesystem::path(dir) / "config.json") << absl::StrCat(
@@ -62,6 +66,7 @@ inline std::string WriteTinyQwen3(const std::string& dir, uint64_t seed) {
     t[p + "mlp.up_proj.weight"] = randn({M::kIntermediate, M::kHidden});
     t[p + "mlp.down_proj.weight"] = randn({M::kHidden, M::kIntermediate});
   }
+  if (edit) edit(t);
   const absl::Status s =
       WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), t);
   if (!s.ok()) throw std::runtime_error(std::string(s.message()));

@@ -2,9 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -20,6 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kPrefix[] = "step-";
+constexpr char kUnverified[] = "UNVERIFIED";
 
 // The step of a checkpoint folder name, or nullopt for any other name.
 std::optional<int64_t> CheckpointStep(const std::string& name) {
@@ -62,11 +65,20 @@ absl::Status BeginCheckpoint(const CheckpointFolder& folder) {
   return absl::OkStatus();
 }
 
-absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position) {
+absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position,
+                               CheckpointHealth health) {
   nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
   if (absl::Status s = WriteTextAtomically(fs::path(folder.tmp_dir) / "state.json", state.dump());
       !s.ok()) {
     return s;
+  }
+  if (health == CheckpointHealth::kUnverified) {
+    if (absl::Status s = WriteTextAtomically(
+            fs::path(folder.tmp_dir) / kUnverified,
+            "not yet followed by guard.good_after_steps clean steps; resume passes it by\n");
+        !s.ok()) {
+      return s;
+    }
   }
   // A folder of the same step from a run that went further before a rollback.
   if (absl::Status s = RemoveTree(folder.final_dir); !s.ok()) return s;
@@ -79,17 +91,24 @@ absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPositi
   return absl::OkStatus();
 }
 
+std::optional<std::string> FirstNonFinite(const std::map<std::string, at::Tensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) return name;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const ParamStore& params,
-                                           const AdamW& optimizer) {
+                                           const AdamW& optimizer, CheckpointHealth health) {
   std::map<std::string, at::Tensor> tensors;
-  for (const std::string& name : params.TrainableNames()) {
-    const at::Tensor& t = params.get(name);
-    if (!torch::isfinite(t).all().item<bool>()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "not writing checkpoint at step ", position.step, ": ", name, " is not finite"));
-    }
-    tensors[name] = t.detach();
+  for (const std::string& name : params.TrainableNames()) tensors[name] = params.get(name).detach();
+  const std::map<std::string, at::Tensor> optimizer_state = optimizer.StateDict();
+  std::optional<std::string> bad = FirstNonFinite(tensors);
+  if (!bad) bad = FirstNonFinite(optimizer_state);
+  if (bad) {
+    return absl::FailedPreconditionError(absl::StrCat("not writing checkpoint at step ",
+                                                      position.step, ": ", *bad, " is not finite"));
   }
   const CheckpointFolder folder = CheckpointFolderFor(checkpoints_dir, position.step);
   if (absl::Status s = BeginCheckpoint(folder); !s.ok()) return s;
@@ -97,8 +116,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
   if (absl::Status s = WriteSafetensors((tmp / "params.safetensors").string(), tensors); !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          WriteSafetensors((tmp / "optimizer.safetensors").string(), optimizer.StateDict());
+  if (absl::Status s = WriteSafetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
       !s.ok()) {
     return s;
   }
@@ -107,11 +125,52 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = PublishCheckpoint(folder, position); !s.ok()) return s;
+  if (absl::Status s = PublishCheckpoint(folder, position, health); !s.ok()) return s;
   return folder.final_dir;
 }
 
-std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) {
+std::optional<int64_t> CheckpointStepOf(const std::string& dir) {
+  return CheckpointStep(fs::path(dir).filename().string());
+}
+
+bool IsGoodCheckpoint(const std::string& dir) {
+  std::error_code ec;
+  return !fs::exists(fs::path(dir) / kUnverified, ec);
+}
+
+absl::Status MarkCheckpointGood(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(fs::path(dir) / kUnverified, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot mark ", dir, " good (remove ", kUnverified, "): ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep) {
+  if (keep <= 0) return absl::OkStatus();
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> all;  // (step, folder)
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+    const std::optional<int64_t> step = CheckpointStep(entry.path().filename().string());
+    if (step && entry.is_directory()) all.emplace_back(*step, entry.path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", checkpoints_dir));
+  std::sort(all.begin(), all.end(), std::greater<>());
+  bool good_kept = false;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool good = IsGoodCheckpoint(all[i].second.string());
+    if (static_cast<int64_t>(i) < keep || (good && !good_kept)) {
+      good_kept = good_kept || good;
+      continue;
+    }
+    if (absl::Status s = RemoveTree(all[i].second.string()); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir, int64_t max_step) {
   std::error_code ec;
   if (!fs::is_directory(checkpoints_dir, ec)) return std::nullopt;
   std::optional<std::string> best;
@@ -125,7 +184,8 @@ std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir) 
     }
     // By number: past 10^8 steps the names outgrow their 8-digit padding.
     const std::optional<int64_t> step = CheckpointStep(name);
-    if (!step || !entry.is_directory() || *step <= best_step) continue;
+    if (!step || !entry.is_directory() || *step <= best_step || *step > max_step) continue;
+    if (!IsGoodCheckpoint(entry.path().string())) continue;
     best_step = *step;
     best = entry.path().string();
   }
@@ -146,7 +206,7 @@ absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
     if (!step || !entry.is_directory()) continue;
     if (*step > max_step) {
       newer.push_back(entry.path());
-    } else if (*step > kept_step) {
+    } else if (*step > kept_step && IsGoodCheckpoint(entry.path().string())) {
       kept_step = *step;
       kept = entry.path().string();
     }

@@ -5,13 +5,21 @@
 //   optimizer.safetensors  AdamW moments and step counter
 //   rng.safetensors        the CPU generator state (dropout, init)
 //   state.json             {"step": 5, "data_cursor": 40}
+//   UNVERIFIED             present until the checkpoint is good
 // A checkpoint is written into a hidden temporary folder and renamed into
 // place, so a folder named step-* is always complete. One holding a
 // non-finite value is never written.
+//
+// Health: a checkpoint is good once enough clean steps have followed it
+// (guard.good_after_steps); until then it carries an UNVERIFIED file, put
+// there before the rename, and resume and rollback pass it by. Checkpoints
+// written before this marker existed count as good.
 #ifndef BALLAST_WORKER_TRAIN_CHECKPOINT_CHECKPOINT_H_
 #define BALLAST_WORKER_TRAIN_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -27,6 +35,8 @@ struct TrainPosition {
   int64_t data_cursor = 0;  // examples consumed
 };
 
+enum class CheckpointHealth { kGood, kUnverified };
+
 // The steps of writing a checkpoint folder, shared by both layouts:
 // BeginCheckpoint empties and creates tmp_dir, the caller writes its files
 // there, and PublishCheckpoint adds state.json and renames tmp_dir to
@@ -37,24 +47,41 @@ struct CheckpointFolder {
 };
 CheckpointFolder CheckpointFolderFor(const std::string& checkpoints_dir, int64_t step);
 absl::Status BeginCheckpoint(const CheckpointFolder& folder);
-absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position);
+absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position,
+                               CheckpointHealth health);
+
+// The name of the first tensor holding a NaN or an infinity, or nullopt.
+std::optional<std::string> FirstNonFinite(const std::map<std::string, at::Tensor>& tensors);
 
 // Writes checkpoint `position.step` under `checkpoints_dir` and returns its
 // folder. FAILED_PRECONDITION (and nothing written) when a trainable tensor
-// holds a NaN or an infinity.
+// or the optimizer's state holds a NaN or an infinity.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const ParamStore& params,
-                                           const AdamW& optimizer);
+                                           const AdamW& optimizer, CheckpointHealth health);
 
-// The folder of the newest complete checkpoint, or nullopt when there is none.
-// Leftover temporary folders of an interrupted save are removed.
-std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir);
+// The folder of the newest good checkpoint at or before step `max_step`, or
+// nullopt when there is none. Leftover temporary folders of an interrupted
+// save are removed.
+std::optional<std::string> LatestCheckpoint(const std::string& checkpoints_dir,
+                                            int64_t max_step = std::numeric_limits<int64_t>::max());
+
+// The step a checkpoint folder holds (from its name), or nullopt.
+std::optional<int64_t> CheckpointStepOf(const std::string& dir);
 
 // Deletes every checkpoint newer than `max_step`, so that later restarts
-// cannot jump past it, and returns the newest one left (nullopt when none).
-// INTERNAL names a folder that could not be removed.
+// cannot jump past it, and returns the newest good one left (nullopt when
+// none). INTERNAL names a folder that could not be removed.
 absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
     const std::string& checkpoints_dir, int64_t max_step);
+
+// Removes a checkpoint's UNVERIFIED file: it is good from now on.
+absl::Status MarkCheckpointGood(const std::string& dir);
+bool IsGoodCheckpoint(const std::string& dir);
+
+// Deletes all but the newest `keep` checkpoints, never the newest good one
+// (keep 0 deletes nothing). INTERNAL names a folder that could not be removed.
+absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep);
 
 // Restores params, optimizer and RNG from a checkpoint folder, of a job of
 // one rank or a sharded one (sharded_checkpoint.h), and returns its

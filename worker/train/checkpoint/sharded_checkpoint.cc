@@ -44,18 +44,18 @@ nlohmann::json LayoutJson(const FlatLayout& layout) {
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
                                                   const TrainPosition& position,
                                                   const ShardedModel& model, const AdamW& optimizer,
-                                                  Collectives* collectives) {
+                                                  Collectives* collectives,
+                                                  CheckpointHealth health) {
   const int rank = collectives->rank();
   std::map<std::string, at::Tensor> tensors = optimizer.StateDict();
-  absl::Status finite;
   for (const std::string& key : model.masters().names()) {
-    const at::Tensor& t = model.masters().get(key);
-    if (finite.ok() && !torch::isfinite(t).all().item<bool>()) {
-      finite = absl::FailedPreconditionError(absl::StrCat("not writing checkpoint at step ",
-                                                          position.step, ": ", key, " on rank ",
-                                                          rank, " is not finite"));
-    }
-    tensors[key] = t.detach();
+    tensors[key] = model.masters().get(key).detach();
+  }
+  absl::Status finite;
+  if (std::optional<std::string> bad = FirstNonFinite(tensors)) {
+    finite = absl::FailedPreconditionError(absl::StrCat("not writing checkpoint at step ",
+                                                        position.step, ": ", *bad, " on rank ",
+                                                        rank, " is not finite"));
   }
   for (auto& [key, state] : GeneratorStates(model.device())) {
     tensors[CheckpointReader::ShardedGeneratorKey(key)] = state;
@@ -79,7 +79,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
     out << LayoutJson(model.layout()).dump();
     out.flush();
     published =
-        out ? PublishCheckpoint(folder, position)
+        out ? PublishCheckpoint(folder, position, health)
             : absl::InternalError(absl::StrCat("cannot write ", folder.tmp_dir, "/layout.json"));
   }
   if (absl::Status s = Agree(published, collectives, "publishing the checkpoint"); !s.ok()) {

@@ -32,11 +32,13 @@
 namespace ballast::train {
 
 // Every rank calls it. Returns the checkpoint's folder. FAILED_PRECONDITION
-// (and nothing written) when a trainable shard holds a NaN or an infinity.
+// (and nothing written) when a trainable shard or the optimizer's state
+// holds a NaN or an infinity.
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
                                                   const TrainPosition& position,
                                                   const ShardedModel& model, const AdamW& optimizer,
-                                                  Collectives* collectives);
+                                                  Collectives* collectives,
+                                                  CheckpointHealth health);
 
 // Restores this rank's shards, moments and generator. DATA_LOSS names the
 // missing or corrupt file or tensor.

@@ -40,6 +40,16 @@ std::vector<PackedBatch> StepBatches::Pack(int64_t cursor) {
   return batches;
 }
 
+std::vector<int64_t> StepBatches::DocumentIds(int64_t cursor, int64_t count) {
+  // The packing thread owns the dataset's order cache while it runs.
+  if (next_.valid()) next_.wait();
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < count; ++i) {
+    ids.push_back(data_->IndexAt(cursor + i, options_.shuffle, options_.seed));
+  }
+  return ids;
+}
+
 std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
   std::vector<PackedBatch> batches;
   if (next_.valid()) {

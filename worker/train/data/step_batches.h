@@ -51,6 +51,12 @@ class StepBatches {
   // before they finish.
   std::vector<PackedBatch> Take(int64_t cursor);
 
+  // The dataset indices (lines) of the documents at data positions
+  // [cursor, cursor + count), over every rank's micro-batches: the guard
+  // names the documents of a bad step with them. Waits for a packing in
+  // progress.
+  std::vector<int64_t> DocumentIds(int64_t cursor, int64_t count);
+
   // Data positions one step consumes: micro_batch_size x grad_accum_steps.
   int64_t examples_per_step() const {
     return options_.micro_batch_size * options_.grad_accum_steps;

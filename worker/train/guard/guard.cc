@@ -59,12 +59,13 @@ std::string Guard::Spike(const std::deque<double>& window, double value, double 
                       window.size(), " healthy steps (threshold ", zscore, ")");
 }
 
-void Guard::Escalate(GuardVerdict* verdict, bool roll_back_now) const {
+void Guard::Escalate(GuardVerdict* verdict, bool roll_back_now, int64_t episode_start) const {
   verdict->action = GuardAction::kSkip;
   const bool streak =
       options_.max_consecutive_bad > 0 && consecutive_bad_ + 1 >= options_.max_consecutive_bad;
   if (!roll_back_now && !streak) return;
   verdict->action = GuardAction::kRollback;
+  verdict->episode_start = episode_start;
   if (streak && !roll_back_now) {
     absl::StrAppend(&verdict->reason, "; ", consecutive_bad_ + 1, " bad steps in a row");
   }
@@ -80,12 +81,15 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
   if (health.supervised_tokens == 0) {
     verdict.trigger = GuardTrigger::kNoSupervision;
     verdict.reason = "no supervised tokens";
+  } else if (!std::isfinite(health.loss)) {
+    // First: a non-finite loss makes the whole gradient so.
+    verdict.trigger = GuardTrigger::kNonFinite;
+    verdict.reason = absl::StrCat("non-finite loss (", health.loss, ")");
   } else if (!health.first_nonfinite.empty()) {
     verdict.trigger = GuardTrigger::kNonFinite;
     verdict.reason = absl::StrCat("non-finite gradient in ", health.first_nonfinite);
-  } else if (!std::isfinite(health.loss)) {
-    verdict.trigger = GuardTrigger::kNonFinite;
-    verdict.reason = absl::StrCat("non-finite loss (", health.loss, ")");
+    if (health.nonfinite_rank >= 0)
+      absl::StrAppend(&verdict.reason, " on rank ", health.nonfinite_rank);
   } else if (!std::isfinite(health.grad_norm)) {
     // Finite on this rank, non-finite after the reduction: another rank's
     // gradient, or an overflow of the sum of squares.
@@ -93,7 +97,7 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
     verdict.reason = absl::StrCat("non-finite grad_norm (", health.grad_norm, ")");
   }
   if (verdict.trigger != GuardTrigger::kNone) {
-    Escalate(&verdict, /*roll_back_now=*/false);
+    Escalate(&verdict, /*roll_back_now=*/false, health.step - consecutive_bad_);
     return verdict;
   }
 
@@ -104,22 +108,25 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
   if (!spike.empty()) {
     verdict.trigger = GuardTrigger::kSpike;
     verdict.reason = spike;
-    Escalate(&verdict, /*roll_back_now=*/true);
+    Escalate(&verdict, /*roll_back_now=*/true, health.step);
     return verdict;
   }
   const int64_t window = options_.collapse_window;
   if (window > 0) {
+    int64_t run = 0;
     if (health.loss < options_.collapse_loss && low_loss_run_ + 1 >= window) {
+      run = low_loss_run_;
       verdict.reason = absl::StrCat("collapse: the loss stayed below ", options_.collapse_loss,
                                     " for ", window, " steps (now ", health.loss, ")");
     } else if (pinned_run_ > 0 && Pinned(health.grad_norm, pinned_grad_norm_) &&
                pinned_run_ + 1 >= window) {
+      run = pinned_run_;
       verdict.reason = absl::StrCat("collapse: grad_norm stayed at ", pinned_grad_norm_, " for ",
                                     window, " steps: the gradient no longer changes");
     }
     if (!verdict.reason.empty()) {
       verdict.trigger = GuardTrigger::kCollapse;
-      Escalate(&verdict, /*roll_back_now=*/true);
+      Escalate(&verdict, /*roll_back_now=*/true, health.step - run);
     }
   }
   return verdict;
@@ -129,6 +136,8 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
   switch (action) {
     case GuardAction::kApply: {
       consecutive_bad_ = 0;
+      ++clean_steps_;
+      ++applied_since_rollback_;
       const auto push = [&](std::deque<double>& window, double value) {
         window.push_back(value);
         if (static_cast<int64_t>(window.size()) > options_.spike_window) window.pop_front();
@@ -146,15 +155,26 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
     }
     case GuardAction::kSkip:
       ++consecutive_bad_;
+      clean_steps_ = 0;
       break;
     case GuardAction::kRollback:
       // The run goes back to before the streak: the collapse runs start over.
       consecutive_bad_ = 0;
+      clean_steps_ = 0;
       low_loss_run_ = 0;
       pinned_run_ = 0;
+      applied_since_rollback_ = 0;
       ++rollbacks_;
       break;
   }
+}
+
+double Guard::LrScale() const {
+  if (rollbacks_ == 0 || options_.lr_cut >= 1) return 1;
+  if (options_.rewarm_steps <= 0) return options_.lr_cut;
+  const double progress = std::min(1.0, static_cast<double>(applied_since_rollback_) /
+                                            static_cast<double>(options_.rewarm_steps));
+  return options_.lr_cut + (1 - options_.lr_cut) * progress;
 }
 
 }  // namespace ballast::train

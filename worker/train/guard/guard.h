@@ -7,8 +7,12 @@
 //             counts (the step counter, the LR schedule and the data cursor
 //             move on, so the step's batch is not retried)
 //   roll back max_consecutive_bad bad steps in a row, a spike, or a
-//             collapse: the trainer goes back to its newest checkpoint and
-//             past the data that led here, while the rollback budget lasts
+//             collapse: the trainer goes back to the newest good state from
+//             before the trouble began (GuardVerdict::episode_start) and
+//             past the data that led there, while the rollback budget lasts
+//
+// After a rollback the learning rate is cut to lr_cut of the schedule's and
+// re-warmed linearly over rewarm_steps applied steps (LrScale).
 //
 // Spike: the step's loss (or grad_norm) lies more than a threshold of robust
 // standard deviations above the median of the last `spike_window` healthy
@@ -36,6 +40,9 @@ namespace ballast::train {
 // Ordered by severity: across ranks, the largest wins.
 enum class GuardAction : int64_t { kApply = 0, kSkip = 1, kRollback = 2 };
 
+// What re-running a bad step on the same state showed.
+enum class RerunVerdict { kNotRerun, kTransient, kDeterministic };
+
 // What made a step unhealthy.
 enum class GuardTrigger { kNone, kNonFinite, kNoSupervision, kSpike, kCollapse };
 
@@ -53,6 +60,10 @@ struct GuardOptions {
   // Steps in a row of a collapsed loss or a constant grad_norm; 0 off.
   int64_t collapse_window = 0;
   double collapse_loss = 1e-4;
+  // The LR multiplier right after a rollback, and the applied steps over
+  // which it rises back to 1 (0: it stays).
+  double lr_cut = 1;
+  int64_t rewarm_steps = 0;
 };
 
 // What a step measured, after the reductions over micro-batches and ranks.
@@ -64,8 +75,10 @@ struct StepHealth {
   // the loss by.
   int64_t supervised_tokens = 1;
   // The first trainable tensor (in ParamStore order) whose gradient holds a
-  // NaN or an infinity on this rank; empty when none does.
+  // NaN or an infinity, and the lowest rank where it does; empty and -1
+  // when none does.
   std::string first_nonfinite;
+  int nonfinite_rank = -1;
 };
 
 struct GuardVerdict {
@@ -75,6 +88,11 @@ struct GuardVerdict {
   std::string reason;
   // For kRollback when the budget is spent: the job cannot recover by itself.
   bool budget_spent = false;
+  // Set by the trainer when it re-ran the step.
+  RerunVerdict rerun = RerunVerdict::kNotRerun;
+  // For kRollback: the first step of the trouble (of the bad streak, the
+  // spike, or the collapsed run); the state to go back to must be older.
+  int64_t episode_start = 0;
 };
 
 // "non_finite", "no_supervision", "spike", "collapse"; "" for kNone. The
@@ -94,16 +112,25 @@ class Guard {
 
   int64_t consecutive_bad() const { return consecutive_bad_; }
   int64_t rollbacks() const { return rollbacks_; }
+  // Applied steps in a row since the last step that was not (a state saved
+  // before them is good once there are enough of them).
+  int64_t clean_steps() const { return clean_steps_; }
+  // What multiplies the scheduled learning rate now: 1 before the first
+  // rollback; lr_cut right after one, rising linearly to 1 over rewarm_steps.
+  double LrScale() const;
 
  private:
-  // The verdict's action and reason for a bad or alarming step.
-  void Escalate(GuardVerdict* verdict, bool roll_back_now) const;
+  // The verdict's action and reason for a bad or alarming step that began
+  // at `episode_start`.
+  void Escalate(GuardVerdict* verdict, bool roll_back_now, int64_t episode_start) const;
   std::string Spike(const std::deque<double>& window, double value, double zscore,
                     const char* what) const;
 
   GuardOptions options_;
   int64_t consecutive_bad_ = 0;
   int64_t rollbacks_ = 0;
+  int64_t clean_steps_ = 0;
+  int64_t applied_since_rollback_ = 0;
   // The last spike_window applied steps' values.
   std::deque<double> losses_, grad_norms_;
   // Collapse: applied steps in a row with a loss below collapse_loss, and

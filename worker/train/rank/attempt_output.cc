@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -141,9 +142,8 @@ absl::Status Append(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AttemptOutput>> AttemptOutput::Claim(const std::string& out_dir,
-                                                                    int32_t attempt,
-                                                                    int64_t resume_at_or_before) {
+absl::StatusOr<std::unique_ptr<AttemptOutput>> AttemptOutput::Claim(
+    const std::string& out_dir, int32_t attempt, std::optional<int64_t> resume_at_or_before) {
   if (attempt < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--attempt ", attempt, "; allowed 1 or more"));
   }
@@ -176,7 +176,7 @@ AttemptOutput::AttemptOutput(std::string out_dir, int32_t attempt, int lock_fd)
 
 AttemptOutput::~AttemptOutput() { close(lock_fd_); }
 
-absl::Status AttemptOutput::Prepare(int64_t resume_at_or_before) {
+absl::Status AttemptOutput::Prepare(std::optional<int64_t> resume_at_or_before) {
   const fs::path out(out_dir_);
   const int32_t holder = ClaimedAttempt(out);
   if (holder > attempt_) {
@@ -203,9 +203,9 @@ absl::Status AttemptOutput::Prepare(int64_t resume_at_or_before) {
   // standalone run does, so that a later restart cannot jump forward again.
   const std::string committed = (out / kCheckpoints).string();
   std::optional<std::string> newest;
-  if (resume_at_or_before > 0) {
+  if (resume_at_or_before) {
     absl::StatusOr<std::optional<std::string>> kept =
-        KeepCheckpointsAtOrBefore(committed, resume_at_or_before);
+        KeepCheckpointsAtOrBefore(committed, *resume_at_or_before);
     if (!kept.ok()) return kept.status();
     newest = *kept;
   } else {
@@ -255,6 +255,13 @@ void AttemptOutput::Unlock() { flock(lock_fd_, LOCK_UN); }
 absl::Status AttemptOutput::CommitMetrics() {
   if (absl::Status s = LockCurrent(); !s.ok()) return s;
   const fs::path theirs = fs::path(out_dir_) / kMetrics;
+  // The trainer rewrites its log when it goes back to a step (a rollback),
+  // as a new file: what was published is then published whole again.
+  struct stat mine {};
+  if (stat((fs::path(dir_) / kMetrics).c_str(), &mine) == 0 && mine.st_ino != committed_inode_) {
+    committed_bytes_ = -1;
+  }
+  committed_inode_ = mine.st_ino;
   const std::string lines =
       ReadLinesFrom(fs::path(dir_) / kMetrics, std::max<int64_t>(committed_bytes_, 0));
   absl::Status s;

@@ -25,6 +25,8 @@
 #ifndef BALLAST_WORKER_TRAIN_RANK_ATTEMPT_OUTPUT_H_
 #define BALLAST_WORKER_TRAIN_RANK_ATTEMPT_OUTPUT_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,13 +39,12 @@ namespace ballast::train {
 class AttemptOutput {
  public:
   // Claims `out_dir` for `attempt` (>= 1) and prepares attempts/N (see
-  // above). `resume_at_or_before` is TrainerOptions' (0: the newest).
+  // above). `resume_at_or_before` is TrainerOptions'.
   // ABORTED names the newer attempt that holds out_dir; DEADLINE_EXCEEDED
   // when the lock stays taken for 30 s; INTERNAL names a file that cannot
   // be written.
-  static absl::StatusOr<std::unique_ptr<AttemptOutput>> Claim(const std::string& out_dir,
-                                                              int32_t attempt,
-                                                              int64_t resume_at_or_before);
+  static absl::StatusOr<std::unique_ptr<AttemptOutput>> Claim(
+      const std::string& out_dir, int32_t attempt, std::optional<int64_t> resume_at_or_before);
   ~AttemptOutput();
   // attempts/N of `out_dir`: where every rank of attempt N writes.
   static std::string DirFor(const std::string& out_dir, int32_t attempt);
@@ -73,7 +74,7 @@ class AttemptOutput {
  private:
   AttemptOutput(std::string out_dir, int32_t attempt, int lock_fd);
   // The claim's work, under the lock.
-  absl::Status Prepare(int64_t resume_at_or_before);
+  absl::Status Prepare(std::optional<int64_t> resume_at_or_before);
   // Takes the lock, waiting up to 30 s.
   absl::Status Lock();
   // Lock, then checks that OUT is still this attempt's (ABORTED otherwise,
@@ -87,6 +88,8 @@ class AttemptOutput {
   const int lock_fd_;
   // Bytes of dir()/metrics.jsonl published so far; -1 before the first commit.
   int64_t committed_bytes_ = -1;
+  // The file those bytes came from.
+  ino_t committed_inode_ = 0;
   bool discarded_ = false;
 };
 

@@ -1,6 +1,7 @@
 #include "worker/train/trainer/metrics_log.h"
 
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -49,10 +50,16 @@ absl::Status MetricsLog::TruncateAfter(int64_t step) {
       kept += line + "\n";
     }
   }
-  std::ofstream rewrite(path_, std::ios::trunc);
+  // A new file renamed over the old: a crash leaves one or the other whole,
+  // and a reader that follows the file by offset (rank/attempt_output.h)
+  // sees a new inode, not a shorter file that grows again.
+  const std::string tmp = path_ + ".tmp";
+  std::ofstream rewrite(tmp, std::ios::trunc);
   rewrite << kept;
   rewrite.close();
-  if (!rewrite) return absl::InternalError(absl::StrCat("cannot rewrite ", path_));
+  if (!rewrite || std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rewrite ", path_));
+  }
   out_.open(path_, std::ios::app);
   if (!out_) return absl::InternalError(absl::StrCat("cannot open ", path_, " for appending"));
   return absl::OkStatus();

@@ -9,15 +9,20 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <new>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/checkpoint/sharded_checkpoint.h"
 #include "worker/train/model/model_config.h"
 #include "worker/train/model/pretrained.h"
+#include "worker/train/model/rng_state.h"
 #include "worker/train/optim/lr_schedule.h"
 
 namespace ballast::train {
@@ -72,6 +77,8 @@ GuardOptions GuardOptionsFrom(const v1::GuardSpec& spec) {
   options.grad_norm_spike_zscore = spec.grad_norm_spike_zscore();
   options.collapse_window = spec.collapse_window();
   options.collapse_loss = spec.collapse_loss();
+  options.lr_cut = spec.lr_cut();
+  options.rewarm_steps = spec.rewarm_steps();
   return options;
 }
 
@@ -148,6 +155,8 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
     : spec_(std::move(spec)),
       out_dir_(std::move(out_dir)),
       checkpoints_dir_((fs::path(out_dir_) / "checkpoints").string()),
+      kept_checkpoints_dir_(options.kept_checkpoints_dir.empty() ? checkpoints_dir_
+                                                                 : options.kept_checkpoints_dir),
       resume_at_or_before_(options.resume_at_or_before),
       device_(options.device),
       collectives_(options.collectives != nullptr ? options.collectives : &single_rank_),
@@ -168,7 +177,9 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
                  trained()),
-      guard_(GuardOptionsFrom(spec_.guard())) {
+      guard_(GuardOptionsFrom(spec_.guard())),
+      injection_(spec_.guard().inject(), collectives_->rank()),
+      snapshots_(spec_.guard().snapshots()) {
   // Accounting: what this rank keeps resident for the whole run.
   int64_t parameter_bytes = 0, gradient_bytes = 0, gathered_bytes = 0;
   if (sharded_) {
@@ -219,6 +230,11 @@ absl::Status Trainer::RunSteps() {
   } else {
     Log("info", absl::StrCat("starting at step 0 of ", spec_.max_steps()));
   }
+  if (const std::string faults = injection_.Describe(); !faults.empty()) Log("warning", faults);
+  // The state the run starts from is good (the initial weights, or a good
+  // checkpoint): the first snapshot to go back to.
+  snapshots_.Take(pos, trained(), optimizer_, device_);
+  snapshots_.MarkGood(pos.step, 0, 0);
   // One metrics.jsonl per job: every rank computes the same step records.
   std::optional<MetricsLog> metrics;
   if (writes_shared_files()) {
@@ -249,16 +265,35 @@ absl::Status Trainer::RunSteps() {
       }
       continue;
     }
+    if (verdict.action == GuardAction::kApply) {
+      if (absl::Status s = AfterAppliedStep(pos); !s.ok()) return s;
+    }
     if (observer_->StopRequested()) {
       Log("info", absl::StrCat("cancelled after step ", pos.step));
       return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
     }
     const int64_t every = spec_.checkpoint_every();
     if (every > 0 && pos.step % every == 0 && pos.step < spec_.max_steps()) {
-      if (absl::Status s = SaveCheckpointAt(pos); !s.ok()) return s;
+      // Good once guard.good_after_steps clean steps have followed it. A
+      // refusal (a non-finite state) was reported; the run goes on, and the
+      // guard meets the same values in the next step.
+      const CheckpointHealth health = spec_.guard().good_after_steps() > 0
+                                          ? CheckpointHealth::kUnverified
+                                          : CheckpointHealth::kGood;
+      absl::Status s = SaveCheckpointAt(pos, health);
+      if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
     }
   }
-  if (absl::Status s = SaveCheckpointAt(pos); !s.ok()) return s;
+  // The run is over and its last step was applied: nothing follows to judge
+  // this checkpoint by, and the export holds the same state.
+  if (absl::Status s = SaveCheckpointAt(pos, CheckpointHealth::kGood); !s.ok()) {
+    if (!absl::IsFailedPrecondition(s)) return s;
+    anomaly_ = v1::GuardEvent();
+    anomaly_.set_step(pos.step);
+    anomaly_.set_trigger(TriggerName(GuardTrigger::kNonFinite));
+    anomaly_.set_rank(-1);
+    return Diagnose(anomaly_, absl::StrCat(s.message(), "; the trained weights are not exported"));
+  }
   return Export();
 }
 
@@ -270,18 +305,95 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   StepRecord m;
   m.step = pos->step + 1;
   m.lr = ScheduledLearningRate(spec_.schedule().kind(), spec_.optimizer().lr(), pos->step,
-                               spec_.schedule().warmup_steps(), spec_.max_steps());
+                               spec_.schedule().warmup_steps(), spec_.max_steps()) *
+         guard_.LrScale();
   *verdict = GuardVerdict{};
+  anomaly_ = v1::GuardEvent();
 
-  // Batch: this rank's micro-batches of the step (packed during the last
-  // one), and the step's token counts over all ranks, so that the loss scale
-  // is known before the first backward. On a GPU the counts, the scale and
-  // the sums below stay on the device until the step's one read at its end,
-  // so the host queues the whole step without waiting for it.
+  // Batch: this rank's micro-batches of the step, packed during the last one.
   const int64_t communicated_before = collectives_->communicated_bytes();
-  const std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
+  std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
+  const int64_t first_document = pos->data_cursor;
   pos->data_cursor += batches_.examples_per_step();
   pos->step += 1;
+  injection_.BeginStep(m.step);
+  injection_.MaskTargets(m.step, &micro_batches);
+  // What a re-run starts from besides the weights, which only an applied
+  // update changes: the generators (dropout) as the step found them.
+  const bool rerun_allowed = spec_.guard().rerun_bad_step();
+  std::map<std::string, at::Tensor> generators;
+  if (rerun_allowed) generators = GeneratorStates(device_);
+
+  StepNumbers numbers = Compute(micro_batches, m.step, /*rerun=*/false);
+  StepHealth health = Measure(numbers, &m);
+  // Guard: a step the ranks do not all find healthy never reaches the weights.
+  *verdict = Judge(health);
+  if (verdict->action != GuardAction::kApply) {
+    DescribeAnomaly(numbers, health, *verdict, first_document);
+    const bool one_step_fault =
+        verdict->trigger == GuardTrigger::kNonFinite || verdict->trigger == GuardTrigger::kSpike;
+    if (rerun_allowed && one_step_fault) {
+      // Before anything changes: the same weights, generators and batch
+      // again. Healthy now means the fault was not in the numbers.
+      ClearGradients();
+      SetGeneratorStates(generators, device_);
+      StepRecord again = m;
+      const StepNumbers rerun_numbers = Compute(micro_batches, m.step, /*rerun=*/true);
+      const StepHealth rerun_health = Measure(rerun_numbers, &again);
+      const GuardVerdict rerun_verdict = Judge(rerun_health);
+      if (rerun_verdict.action == GuardAction::kApply) {
+        anomaly_.set_kind(v1::GuardEvent::KIND_RECOVERED);
+        anomaly_.set_verdict(v1::GuardEvent::VERDICT_TRANSIENT);
+        anomaly_.set_message(absl::StrCat(verdict->reason,
+                                          "; the re-run on the same state was healthy (a "
+                                          "transient fault), and its update was applied"));
+        anomaly_.set_documents_skipped(0);
+        *verdict = rerun_verdict;
+        verdict->rerun = RerunVerdict::kTransient;
+        m = again;
+        health = rerun_health;
+      } else {
+        verdict->rerun = RerunVerdict::kDeterministic;
+        anomaly_.set_verdict(v1::GuardEvent::VERDICT_DETERMINISTIC);
+        absl::StrAppend(&verdict->reason, "; the re-run on the same state was as bad");
+      }
+    }
+  }
+  guard_.Acted(verdict->action, health);
+
+  if (verdict->action == GuardAction::kApply) {
+    // Clip as torch.nn.utils.clip_grad_norm_ does, then update.
+    ParamStore& trained = this->trained();
+    const double max_norm = spec_.optimizer().max_grad_norm();
+    if (max_norm > 0) {
+      const double coef = std::min(1.0, max_norm / (m.grad_norm + 1e-6));
+      if (coef < 1.0) {
+        torch::NoGradGuard no_grad;
+        for (const std::string& name : trained.TrainableNames()) {
+          at::Tensor g = trained.get(name).grad();
+          if (g.defined()) g.mul_(coef);
+        }
+      }
+    }
+    optimizer_.Step(trained, m.lr);
+    injection_.PoisonWeights(m.step, trained);
+  } else {
+    m.skipped = true;
+    m.skip_reason = verdict->reason;
+    if (anomaly_.kind() != v1::GuardEvent::KIND_RECOVERED) anomaly_.set_message(verdict->reason);
+  }
+  ClearGradients();
+  FinishRecord(start, communicated_before, &m);
+  return m;
+}
+
+Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batches, int64_t step,
+                                      bool rerun) {
+  // The step's token counts over all ranks, so that the loss scale is known
+  // before the first backward. On a GPU the counts, the scale and the sums
+  // below stay on the device until the one read at the end, so the host
+  // queues the whole step without waiting for it.
+  StepNumbers out;
   int64_t tokens = 0, supervised = 0;
   for (const PackedBatch& batch : micro_batches) {
     tokens += batch.input_ids.numel();
@@ -294,29 +406,32 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   if (counts.is_cpu() && counts[1].item<int64_t>() == 0) {
     // No loss to learn from: no forward, and a bad step for the guard. (On a
     // GPU the step runs and the same verdict comes at its end.)
-    m.tokens = counts[0].item<int64_t>();
-    return Unsupervised(start, communicated_before, verdict, &m);
+    out.tokens = counts[0].item<int64_t>();
+    return out;
   }
 
   // Forward and backward, each micro-batch's loss sum (fp32) scaled by the
   // step's global count, in fp32.
   const at::Tensor n = counts[1].clamp_min(1).to(torch::kFloat);
+  const double injected = injection_.LossFactor(step, rerun);
   at::Tensor loss_sum =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (const PackedBatch& batch : micro_batches) {
     if (sharded_) sharded_->GatherRoots();
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
-    (ls.sum / n).backward();
+    const at::Tensor sum = injected == 1 ? ls.sum : ls.sum * injected;
+    (sum / n).backward();
     if (sharded_) sharded_->FinishBackward();
-    loss_sum += ls.sum.detach();
+    loss_sum += sum.detach();
   }
 
   // Reduce: the loss sum and the gradient's per-tensor sums of squares over
-  // ranks, in one call; grad_norm is the fp32 global L2 norm.
+  // ranks, in one call.
   ParamStore& trained = this->trained();
-  std::vector<std::string> names = trained.TrainableNames();
   std::vector<at::Tensor> grads;
-  for (const std::string& name : names) grads.push_back(trained.get(name).grad());
+  for (const std::string& name : trained.TrainableNames())
+    grads.push_back(trained.get(name).grad());
+  injection_.PoisonGradient(step, rerun, grads);
   kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
   at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares});  // fp64
   collectives_->SumInPlace(sums);                                         // (1 + tensors)
@@ -324,96 +439,119 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   // rank's own sums of squares, non-finite where its gradient is.
   const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums, gn.sum_squares}).cpu();
   const double* r = read.const_data_ptr<double>();
-  const double* own_sum_squares = r + 3 + grads.size();
-  int64_t first_nonfinite = -1;
-  for (size_t i = 0; i < grads.size() && first_nonfinite < 0; ++i) {
-    if (!std::isfinite(own_sum_squares[i])) first_nonfinite = static_cast<int64_t>(i);
+  const size_t n_tensors = grads.size();
+  out.tokens = static_cast<int64_t>(r[0]);
+  out.supervised_tokens = static_cast<int64_t>(r[1]);
+  out.loss_sum = r[2];
+  out.sum_squares.assign(r + 3, r + 3 + n_tensors);
+  const double* own_sum_squares = r + 3 + n_tensors;
+  for (size_t i = 0; i < n_tensors && out.own_first_nonfinite < 0; ++i) {
+    if (!std::isfinite(own_sum_squares[i])) out.own_first_nonfinite = static_cast<int64_t>(i);
   }
-  m.tokens = static_cast<int64_t>(r[0]);
-  m.supervised_tokens = static_cast<int64_t>(r[1]);
-  if (m.supervised_tokens == 0) {
-    for (const std::string& name : names) trained.get(name).mutable_grad().reset();
-    return Unsupervised(start, communicated_before, verdict, &m);
-  }
-  m.loss = r[2] / static_cast<double>(m.supervised_tokens);
-  double sum_squares = 0;
-  for (size_t i = 0; i < grads.size(); ++i) sum_squares += r[3 + i];
-  m.grad_norm = static_cast<float>(std::sqrt(sum_squares));
+  return out;
+}
 
-  // Guard: a step the ranks do not all find healthy never reaches the weights.
+StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m) {
+  m->tokens = numbers.tokens;
+  m->supervised_tokens = numbers.supervised_tokens;
   StepHealth health;
-  health.step = m.step;
-  health.loss = *m.loss;
-  health.grad_norm = m.grad_norm;
-  health.supervised_tokens = m.supervised_tokens;
+  health.step = m->step;
+  health.supervised_tokens = numbers.supervised_tokens;
+  if (numbers.supervised_tokens == 0) {
+    m->loss.reset();
+    m->grad_norm = 0;
+    return health;
+  }
+  m->loss = numbers.loss_sum / static_cast<double>(numbers.supervised_tokens);
+  double sum_squares = 0;
+  for (double s : numbers.sum_squares) sum_squares += s;
+  // grad_norm is the fp32 global L2 norm.
+  m->grad_norm = static_cast<float>(std::sqrt(sum_squares));
+  health.loss = *m->loss;
+  health.grad_norm = m->grad_norm;
+  const std::vector<std::string> names = trained().TrainableNames();
   if (collectives_->world_size() == 1) {
-    if (first_nonfinite >= 0) health.first_nonfinite = names[first_nonfinite];
-  } else if (!std::isfinite(m.grad_norm)) {
+    if (numbers.own_first_nonfinite >= 0) {
+      health.first_nonfinite = names[numbers.own_first_nonfinite];
+      health.nonfinite_rank = 0;
+    }
+  } else if (!std::isfinite(m->grad_norm)) {
     // Every rank sees the global grad_norm go non-finite; the lowest rank
     // whose own shards hold the value names it (the layout, and so the
     // names, are the same on every rank).
     const int n_ranks = collectives_->world_size();
     const int64_t first =
-        n_ranks - collectives_->Max(first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
-    const int64_t index = collectives_->Max(collectives_->rank() == first ? first_nonfinite : -1);
+        n_ranks -
+        collectives_->Max(numbers.own_first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
+    const int64_t index =
+        collectives_->Max(collectives_->rank() == first ? numbers.own_first_nonfinite : -1);
     if (index >= 0) {
-      health.first_nonfinite = absl::StrCat(names[index], " on rank ", first);
+      health.first_nonfinite = names[index];
+      health.nonfinite_rank = static_cast<int>(first);
     }
   }
-  if (Judge(health, verdict, &m) == GuardAction::kApply) {
-    // Clip as torch.nn.utils.clip_grad_norm_ does, then update.
-    const double max_norm = spec_.optimizer().max_grad_norm();
-    if (max_norm > 0) {
-      const double coef = std::min(1.0, max_norm / (m.grad_norm + 1e-6));
-      if (coef < 1.0) {
-        torch::NoGradGuard no_grad;
-        for (at::Tensor& g : grads) {
-          if (g.defined()) g.mul_(coef);
-        }
-      }
-    }
-    optimizer_.Step(trained, m.lr);
+  return health;
+}
+
+GuardVerdict Trainer::Judge(const StepHealth& health) {
+  GuardVerdict verdict = guard_.Judge(health);
+  if (verdict.action == GuardAction::kRollback && verdict.trigger == GuardTrigger::kSpike &&
+      !verdict.budget_spent && !HasGoodStateBefore(verdict.episode_start)) {
+    // Nothing to go back to yet: the spike is kept from the weights, and the
+    // run goes on.
+    verdict.action = GuardAction::kSkip;
+    absl::StrAppend(&verdict.reason, "; no good state to roll back to yet, so it is skipped");
   }
-  for (const std::string& name : names) {
+  const auto agreed =
+      static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict.action)));
+  if (agreed != verdict.action) {
+    verdict.action = agreed;
+    verdict.reason = "another rank's gradient or loss is not finite";
+  }
+  return verdict;
+}
+
+void Trainer::ClearGradients() {
+  ParamStore& trained = this->trained();
+  for (const std::string& name : trained.TrainableNames()) {
     at::Tensor p = trained.get(name);
     if (p.grad().defined()) p.mutable_grad().reset();
   }
-  FinishRecord(start, communicated_before, &m);
-  return m;
 }
 
-StepRecord Trainer::Unsupervised(std::chrono::steady_clock::time_point start,
-                                 int64_t communicated_before, GuardVerdict* verdict,
-                                 StepRecord* m) {
-  StepHealth health;
-  health.step = m->step;
-  health.supervised_tokens = 0;
-  Judge(health, verdict, m);
-  FinishRecord(start, communicated_before, m);
-  return *m;
-}
-
-GuardAction Trainer::Judge(const StepHealth& health, GuardVerdict* verdict, StepRecord* m) {
-  *verdict = guard_.Judge(health);
-  if (verdict->action == GuardAction::kRollback && verdict->trigger == GuardTrigger::kSpike &&
-      !verdict->budget_spent && !LatestCheckpoint(checkpoints_dir_)) {
-    // Nothing to go back to yet: the spike is kept from the weights, and the
-    // run goes on.
-    verdict->action = GuardAction::kSkip;
-    absl::StrAppend(&verdict->reason, "; no checkpoint to roll back to yet, so it is skipped");
+void Trainer::DescribeAnomaly(const StepNumbers& numbers, const StepHealth& health,
+                              const GuardVerdict& verdict, int64_t first_document) {
+  anomaly_.set_kind(v1::GuardEvent::KIND_SKIP);
+  anomaly_.set_step(health.step);
+  anomaly_.set_trigger(TriggerName(verdict.trigger));
+  anomaly_.set_verdict(v1::GuardEvent::VERDICT_NOT_RERUN);
+  anomaly_.set_rank(health.nonfinite_rank);
+  anomaly_.set_module(health.first_nonfinite);
+  if (health.supervised_tokens > 0) anomaly_.set_loss(health.loss);
+  anomaly_.set_grad_norm(health.grad_norm);
+  // The step's own documents: a skipped step's data is not retried.
+  const int64_t count = batches_.examples_per_step();
+  anomaly_.set_first_document(first_document);
+  anomaly_.set_documents_skipped(count);
+  for (int64_t id : batches_.DocumentIds(first_document, std::min<int64_t>(count, 64))) {
+    anomaly_.add_document_ids(id);
   }
-  const auto agreed =
-      static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict->action)));
-  if (agreed != verdict->action) {
-    verdict->action = agreed;
-    verdict->reason = "another rank's gradient or loss is not finite";
+  if (verdict.trigger != GuardTrigger::kNonFinite || numbers.sum_squares.empty()) return;
+  // Where it went wrong: the global norms of the non-finite tensors, then of
+  // the largest finite ones (an exploding neighbour is often the cause).
+  const std::vector<std::string> names = trained().TrainableNames();
+  std::vector<size_t> order(names.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto key = [&](size_t i) {
+    const double s = numbers.sum_squares[i];
+    return std::isfinite(s) ? s : std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
+  for (size_t k = 0; k < order.size() && k < 16; ++k) {
+    v1::ModuleGradNorm* norm = anomaly_.add_module_grad_norms();
+    norm->set_module(names[order[k]]);
+    norm->set_grad_norm(std::sqrt(numbers.sum_squares[order[k]]));
   }
-  guard_.Acted(agreed, health);
-  if (agreed != GuardAction::kApply) {
-    m->skipped = true;
-    m->skip_reason = verdict->reason;
-  }
-  return agreed;
 }
 
 void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
@@ -431,13 +569,13 @@ void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t 
 }
 
 // ---------------------------------------------------------------------------
-// Checkpoints, rollback, export and reports.
+// Checkpoints, snapshots, rollback, export and reports.
 
 absl::StatusOr<std::optional<std::string>> Trainer::ResumeCheckpoint() const {
   // A rollback deletes the newer checkpoints, so that a later restart cannot
   // jump forward again.
-  if (resume_at_or_before_ > 0) {
-    return KeepCheckpointsAtOrBefore(checkpoints_dir_, resume_at_or_before_);
+  if (resume_at_or_before_) {
+    return KeepCheckpointsAtOrBefore(checkpoints_dir_, *resume_at_or_before_);
   }
   return LatestCheckpoint(checkpoints_dir_);
 }
@@ -447,58 +585,161 @@ absl::StatusOr<TrainPosition> Trainer::LoadState(const std::string& dir) {
   return LoadCheckpoint(dir, &params_, &optimizer_);
 }
 
-absl::Status Trainer::SaveCheckpointAt(const TrainPosition& pos) {
+absl::Status Trainer::SaveCheckpointAt(const TrainPosition& pos, CheckpointHealth health) {
   absl::StatusOr<std::string> dir =
-      sharded_ ? SaveShardedCheckpoint(checkpoints_dir_, pos, *sharded_, optimizer_, collectives_)
-               : SaveCheckpoint(checkpoints_dir_, pos, params_, optimizer_);
+      sharded_ ? SaveShardedCheckpoint(checkpoints_dir_, pos, *sharded_, optimizer_, collectives_,
+                                       health)
+               : SaveCheckpoint(checkpoints_dir_, pos, params_, optimizer_, health);
+  if (absl::IsFailedPrecondition(dir.status())) {
+    // A non-finite value in the state: nothing was written, and the newest
+    // good checkpoint stays the one to go back to.
+    v1::GuardEvent refused;
+    refused.set_kind(v1::GuardEvent::KIND_CHECKPOINT_REFUSED);
+    refused.set_step(pos.step);
+    refused.set_trigger(TriggerName(GuardTrigger::kNonFinite));
+    refused.set_rank(-1);
+    refused.set_message(std::string(dir.status().message()));
+    ReportGuard(refused);
+    return dir.status();
+  }
   if (!dir.ok()) return dir.status();
+  if (health == CheckpointHealth::kUnverified) unverified_checkpoints_.push_back(pos.step);
   if (!writes_shared_files()) return absl::OkStatus();
   v1::CheckpointSaved saved;
   saved.set_step(pos.step);
   saved.set_path(*dir);
   observer_->OnCheckpointSaved(saved);
+  // Only while this run's commits are accepted: a superseded attempt keeps
+  // its hands off the job's checkpoints.
+  if (spec_.keep_checkpoints() > 0 && !observer_->StopRequested()) {
+    return RotateCheckpoints(kept_checkpoints_dir_, spec_.keep_checkpoints());
+  }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::AfterAppliedStep(const TrainPosition& pos) {
+  const int64_t good_after = spec_.guard().good_after_steps();
+  const int64_t clean = guard_.clean_steps();
+  snapshots_.MarkGood(pos.step, clean, good_after);
+  for (auto it = unverified_checkpoints_.begin(); it != unverified_checkpoints_.end();) {
+    const int64_t after = pos.step - *it;
+    if (clean < after) {
+      // A bad step came between: it can never be good.
+      it = unverified_checkpoints_.erase(it);
+    } else if (after >= good_after) {
+      if (writes_shared_files()) {
+        absl::Status s =
+            MarkCheckpointGood(CheckpointFolderFor(kept_checkpoints_dir_, *it).final_dir);
+        if (!s.ok()) return s;
+      }
+      it = unverified_checkpoints_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const int64_t every = spec_.guard().snapshot_every();
+  if (every > 0 && pos.step % every == 0) snapshots_.Take(pos, trained(), optimizer_, device_);
+  return absl::OkStatus();
+}
+
+bool Trainer::HasGoodStateBefore(int64_t step) const {
+  return snapshots_.NewestGoodBefore(step) != nullptr ||
+         LatestCheckpoint(kept_checkpoints_dir_, step - 1).has_value();
 }
 
 absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* pos,
                                MetricsLog* metrics) {
-  std::optional<std::string> checkpoint =
-      verdict.budget_spent ? std::nullopt : LatestCheckpoint(checkpoints_dir_);
-  if (!checkpoint) {
-    const std::string diagnosis = absl::StrCat(
-        "guard: step ", step, ": ", verdict.reason,
-        verdict.budget_spent ? ""
-                             : "; there is no checkpoint to roll back to (set checkpoint_every)");
-    v1::GuardEvent event;
-    event.set_kind(v1::GuardEvent::KIND_DIAGNOSIS);
-    event.set_step(step);
-    event.set_message(diagnosis);
-    observer_->OnGuard(event);
-    Log("error", diagnosis);
-    return absl::FailedPreconditionError(diagnosis);
-  }
-  absl::StatusOr<TrainPosition> loaded = LoadState(*checkpoint);
-  if (!loaded.ok()) return loaded.status();
-  // The weights, optimizer and RNG go back; the data does not: the documents
-  // between the checkpoint and the bad step, which led there, are skipped
-  // (as PaLM's and OPT's operators did by hand). The step counter and the
-  // LR schedule go back with the weights.
+  v1::GuardEvent event = anomaly_;  // the bad step's trigger, verdict, rank, module, documents
+  event.set_step(step);
+  if (verdict.budget_spent) return Diagnose(event, verdict.reason);
+  // The newest good state from before the trouble began: a snapshot in
+  // memory, or a checkpoint on disk when that is newer.
+  const TrainSnapshot* snapshot = snapshots_.NewestGoodBefore(verdict.episode_start);
+  const std::optional<std::string> checkpoint =
+      LatestCheckpoint(kept_checkpoints_dir_, verdict.episode_start - 1);
+  const int64_t checkpoint_step = checkpoint ? CheckpointStepOf(*checkpoint).value_or(-1) : -1;
   const int64_t skip_to = pos->data_cursor;
-  *pos = *loaded;
+  if (snapshot != nullptr && snapshot->position.step >= checkpoint_step) {
+    if (absl::Status s = SnapshotRing::Restore(*snapshot, &trained(), &optimizer_, device_);
+        !s.ok()) {
+      return s;
+    }
+    *pos = snapshot->position;
+    event.set_restored_from("snapshot");
+  } else if (checkpoint) {
+    absl::StatusOr<TrainPosition> loaded = LoadState(*checkpoint);
+    if (!loaded.ok()) return loaded.status();
+    *pos = *loaded;
+    event.set_restored_from(*checkpoint);
+  } else {
+    return Diagnose(event, absl::StrCat(verdict.reason,
+                                        "; there is no good snapshot or checkpoint from before "
+                                        "step ",
+                                        verdict.episode_start, ", where the trouble began"));
+  }
+  // The weights, optimizer and RNG go back; the data does not: the documents
+  // between that state and the bad step, which led there, are skipped (as
+  // PaLM's and OPT's operators did by hand). The step counter and the LR
+  // schedule go back with the weights.
   const int64_t skipped_documents = std::max<int64_t>(0, skip_to - pos->data_cursor);
+  event.set_first_document(pos->data_cursor);
+  event.set_documents_skipped(skipped_documents);
+  event.clear_document_ids();
+  for (int64_t id :
+       batches_.DocumentIds(pos->data_cursor, std::min<int64_t>(skipped_documents, 64))) {
+    event.add_document_ids(id);
+  }
   pos->data_cursor = std::max(pos->data_cursor, skip_to);
+  // What came after the state gone back to belongs to the abandoned run.
+  snapshots_.DropAfter(pos->step);
+  std::erase_if(unverified_checkpoints_, [&](int64_t s) { return s > pos->step; });
+  if (writes_shared_files()) {
+    absl::StatusOr<std::optional<std::string>> kept =
+        KeepCheckpointsAtOrBefore(kept_checkpoints_dir_, pos->step);
+    if (!kept.ok()) return kept.status();
+  }
   if (metrics != nullptr) {
     if (absl::Status s = metrics->TruncateAfter(pos->step); !s.ok()) return s;
   }
-  v1::GuardEvent event;
   event.set_kind(v1::GuardEvent::KIND_ROLLBACK);
-  event.set_step(step);
   event.set_to_step(pos->step);
-  event.set_message(absl::StrCat(verdict.reason, "; rolled back to step ", pos->step,
-                                 ", skipping the ", skipped_documents, " documents read since it"));
-  observer_->OnGuard(event);
-  Log("warning", event.message());
+  event.set_steps_lost(step - pos->step);
+  event.set_message(absl::StrCat(
+      verdict.reason, "; rolled back to step ", pos->step, " (", event.restored_from(),
+      "), skipping the ", skipped_documents, " documents read since it",
+      spec_.guard().lr_cut() < 1
+          ? absl::StrCat("; the LR is cut to ", spec_.guard().lr_cut(), " of the schedule's")
+          : ""));
+  ReportGuard(event);
   return absl::OkStatus();
+}
+
+absl::Status Trainer::Diagnose(v1::GuardEvent event, const std::string& reason) {
+  event.set_kind(v1::GuardEvent::KIND_DIAGNOSIS);
+  std::string diagnosis = absl::StrCat("guard: step ", event.step(), ": ", reason);
+  if (!event.module().empty()) {
+    absl::StrAppend(&diagnosis, "; first non-finite gradient: ", event.module(), " on rank ",
+                    event.rank());
+  }
+  switch (event.verdict()) {
+    case v1::GuardEvent::VERDICT_DETERMINISTIC:
+      absl::StrAppend(&diagnosis,
+                      "; deterministic: a re-run on the same state and batch was as bad, so the "
+                      "weights or the data cause it");
+      break;
+    case v1::GuardEvent::VERDICT_TRANSIENT:
+      absl::StrAppend(&diagnosis, "; transient: a re-run was healthy");
+      break;
+    default:
+      break;
+  }
+  if (event.document_ids_size() > 0) {
+    absl::StrAppend(&diagnosis, "; the step's documents (lines of ", spec_.data().path(),
+                    ", from 0): ", absl::StrJoin(event.document_ids(), ","));
+  }
+  event.set_message(diagnosis);
+  ReportGuard(event);
+  return absl::FailedPreconditionError(diagnosis);
 }
 
 absl::Status Trainer::Export() {
@@ -528,7 +769,8 @@ absl::Status Trainer::Export() {
   return s;
 }
 
-// One step's metrics to the observer; a skipped step is also a guard event.
+// One step's metrics to the observer; a skipped or recovered step is also a
+// guard event.
 void Trainer::Report(const StepRecord& m, const GuardVerdict& verdict) {
   v1::StepMetrics out;
   out.set_step(m.step);
@@ -544,13 +786,20 @@ void Trainer::Report(const StepRecord& m, const GuardVerdict& verdict) {
   out.set_peak_memory_bytes(m.peak_memory_bytes);
   out.set_communicated_bytes(m.communicated_bytes);
   observer_->OnStep(out);
-  if (verdict.action == GuardAction::kSkip) {
-    v1::GuardEvent guard;
-    guard.set_kind(v1::GuardEvent::KIND_SKIP);
-    guard.set_step(m.step);
-    guard.set_message(m.skip_reason);
-    observer_->OnGuard(guard);
+  // A rollback reports itself (Rollback).
+  if (verdict.action == GuardAction::kSkip || verdict.rerun == RerunVerdict::kTransient) {
+    ReportGuard(anomaly_);
   }
+}
+
+// The event to the job's stream (where `ballast watch` prints it), and a line
+// to the rank's log (stderr) for a standalone run.
+void Trainer::ReportGuard(const v1::GuardEvent& event) {
+  observer_->OnGuard(event);
+  std::string kind = v1::GuardEvent::Kind_Name(event.kind());
+  kind = absl::AsciiStrToLower(absl::StripPrefix(kind, "KIND_"));
+  std::cerr << "ballast-train: guard " << kind << " at step " << event.step() << ": "
+            << event.message() << std::endl;
 }
 
 // A line for the rank log (stderr) and the job's event stream.

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,7 +28,9 @@
 #include "worker/train/collectives/collectives.h"
 #include "worker/train/data/step_batches.h"
 #include "worker/train/data/tokenized_dataset.h"
+#include "worker/train/guard/fault_injection.h"
 #include "worker/train/guard/guard.h"
+#include "worker/train/guard/snapshot_ring.h"
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/param_store.h"
@@ -40,13 +43,18 @@
 namespace ballast::train {
 
 struct TrainerOptions {
-  // 0 resumes from the newest checkpoint. N > 0 resumes from the newest at or
-  // before step N and deletes the newer ones (a rollback); with none at or
-  // before N, training starts over from step 0.
-  int64_t resume_at_or_before = 0;
+  // Unset resumes from the newest good checkpoint (checkpoint.h). N resumes
+  // from the newest good one at or before step N and deletes the newer ones
+  // (a rollback); with none at or before N (N = 0 among them), training
+  // starts over from the initial weights.
+  std::optional<int64_t> resume_at_or_before;
   // Gets every report and is asked between steps whether to stop; null for a
   // standalone run. Not owned; it must outlive the Trainer.
   TrainingObserver* observer = nullptr;
+  // Where checkpoints live once saved, which the guard rolls back to and
+  // marks good: a worker's rank commits each from out_dir/checkpoints into
+  // the job's output (rank/attempt_output.h). Empty: out_dir/checkpoints.
+  std::string kept_checkpoints_dir;
   // Where the step's tensors live: the CPU, or a GPU (rank/device_info.h
   // chooses). With more than one rank, the collectives' device too.
   c10::Device device = c10::kCPU;
@@ -98,7 +106,8 @@ class Trainer {
   // One optimizer step from `*position`, which it advances (step and data
   // cursor). The returned record is what metrics.jsonl gets; `verdict` is
   // what the ranks agreed the guard does with the step (the update is
-  // applied only for kApply). May throw c10::Error from LibTorch.
+  // applied only for kApply; after a transient fault, the re-run's). May
+  // throw c10::Error from LibTorch.
   StepRecord Step(TrainPosition* position, GuardVerdict* verdict);
 
   // The whole model of a single-rank job (empty when sharded).
@@ -112,6 +121,17 @@ class Trainer {
           ParamStore params, std::unique_ptr<ShardedModel> sharded, std::optional<LoraConfig> lora,
           TokenizedDataset data, std::unique_ptr<Objective> objective);
 
+  // What one run of a step's forward and backward measured, over all ranks.
+  struct StepNumbers {
+    int64_t tokens = 0;
+    int64_t supervised_tokens = 0;
+    double loss_sum = 0;
+    // Per trainable tensor, over all ranks; empty when no forward ran.
+    std::vector<double> sum_squares;
+    // This rank's first tensor (ParamStore order) whose gradient is not finite.
+    int64_t own_first_nonfinite = -1;
+  };
+
   // What the optimizer updates: the whole model's trainable tensors, or this
   // rank's trainable shards.
   ParamStore& trained() { return sharded_ ? sharded_->masters() : params_; }
@@ -119,30 +139,48 @@ class Trainer {
   absl::Status RunSteps();
   // The checkpoint to resume from (see TrainerOptions::resume_at_or_before).
   absl::StatusOr<std::optional<std::string>> ResumeCheckpoint() const;
-  absl::Status SaveCheckpointAt(const TrainPosition& position);
+  // FAILED_PRECONDITION (reported as a guard event) when the state is not
+  // finite and nothing was written.
+  absl::Status SaveCheckpointAt(const TrainPosition& position, CheckpointHealth health);
+  // Snapshots, and the good marks of snapshots and checkpoints, after an
+  // applied step.
+  absl::Status AfterAppliedStep(const TrainPosition& position);
+  // Whether a good snapshot or checkpoint from before `step` exists.
+  bool HasGoodStateBefore(int64_t step) const;
   // Restores the trained state from a checkpoint folder, either layout.
   absl::StatusOr<TrainPosition> LoadState(const std::string& dir);
-  // Ends a step that no rank had a supervised token for: a bad step.
-  StepRecord Unsupervised(std::chrono::steady_clock::time_point start, int64_t communicated_before,
-                          GuardVerdict* verdict, StepRecord* record);
-  // The guard's verdict on the step, agreed by every rank and recorded in
-  // `record`; returns the agreed action.
-  GuardAction Judge(const StepHealth& health, GuardVerdict* verdict, StepRecord* record);
+  // Forward and backward of the step's micro-batches, the reductions, and
+  // the step's one read from the device. `rerun`: the guard's second run.
+  StepNumbers Compute(const std::vector<PackedBatch>& micro_batches, int64_t step, bool rerun);
+  // Fills the record's loss, grad_norm and counts, and returns what the
+  // guard judges (naming the first non-finite tensor and its rank).
+  StepHealth Measure(const StepNumbers& numbers, StepRecord* record);
+  // The guard's verdict on the step, agreed by every rank.
+  GuardVerdict Judge(const StepHealth& health);
+  void ClearGradients();
+  // anomaly_ for a step the guard did not apply as it came.
+  void DescribeAnomaly(const StepNumbers& numbers, const StepHealth& health,
+                       const GuardVerdict& verdict, int64_t first_document);
   // The step's time, traffic and peak memory.
   void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
                     StepRecord* record) const;
-  // Goes back to the newest checkpoint after a bad streak, or fails with the
-  // guard's diagnosis when it cannot.
+  // Goes back to the newest good snapshot or checkpoint from before the
+  // trouble, or fails with the guard's diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,
                         MetricsLog* metrics);
+  // Reports the diagnosis of `event` (the bad step) and returns it as
+  // FAILED_PRECONDITION.
+  absl::Status Diagnose(v1::GuardEvent event, const std::string& reason);
   absl::Status Export();
   void Report(const StepRecord& record, const GuardVerdict& verdict);
+  void ReportGuard(const v1::GuardEvent& event);
   void Log(const std::string& level, const std::string& text);
 
   const v1::JobSpec spec_;
   const std::string out_dir_;
   const std::string checkpoints_dir_;
-  const int64_t resume_at_or_before_;
+  const std::string kept_checkpoints_dir_;
+  const std::optional<int64_t> resume_at_or_before_;
   const c10::Device device_;
   SingleRank single_rank_;
   Collectives* const collectives_;
@@ -158,6 +196,13 @@ class Trainer {
   std::unique_ptr<Objective> objective_;
   AdamW optimizer_;
   Guard guard_;
+  FaultInjection injection_;
+  SnapshotRing snapshots_;
+  // Checkpoints saved unverified that may still become good, by step.
+  std::vector<int64_t> unverified_checkpoints_;
+  // The guard event of the step in progress, when it was not applied as it
+  // came.
+  v1::GuardEvent anomaly_;
 };
 
 }  // namespace ballast::train

@@ -1,11 +1,13 @@
 // KeepCheckpointsAtOrBefore: what `ballast-train --resume-at-or-before N`
-// (a rollback, or a restart after one) resumes from.
+// (a rollback, or a restart after one) resumes from; and the health marks
+// that keep resume and rotation to good checkpoints.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_format.h"
 #include "worker/train/checkpoint/checkpoint.h"
@@ -26,7 +28,8 @@ class CheckpointRollbackTest : public ::testing::Test {
     params_.Add("w", torch::randn({2, 2}), ParamStore::kNoLayer, /*trainable=*/true);
     AdamW opt({}, params_);
     for (int64_t step : {5, 10, 15}) {
-      absl::StatusOr<std::string> saved = SaveCheckpoint(dir_, {step, step * 2}, params_, opt);
+      absl::StatusOr<std::string> saved =
+          SaveCheckpoint(dir_, {step, step * 2}, params_, opt, CheckpointHealth::kGood);
       ASSERT_TRUE(saved.ok()) << saved.status();
       EXPECT_EQ(fs::path(*saved).filename(), fs::path(absl::StrFormat("step-%08d", step)));
     }
@@ -40,9 +43,50 @@ class CheckpointRollbackTest : public ::testing::Test {
     return names;
   }
 
+  // Saves step `step` as not yet good.
+  std::string SaveUnverified(int64_t step) {
+    AdamW opt({}, params_);
+    absl::StatusOr<std::string> saved =
+        SaveCheckpoint(dir_, {step, step * 2}, params_, opt, CheckpointHealth::kUnverified);
+    EXPECT_TRUE(saved.ok()) << saved.status();
+    return saved.ok() ? *saved : "";
+  }
+
   std::string dir_;
   ParamStore params_;
 };
+
+TEST_F(CheckpointRollbackTest, ResumePassesByACheckpointThatIsNotYetGood) {
+  const std::string step20 = SaveUnverified(20);
+  EXPECT_FALSE(IsGoodCheckpoint(step20));
+  EXPECT_EQ(fs::path(*LatestCheckpoint(dir_)).filename(), "step-00000015");
+  EXPECT_EQ(fs::path(*LatestCheckpoint(dir_, 12)).filename(), "step-00000010");
+  ASSERT_TRUE(MarkCheckpointGood(step20).ok());
+  EXPECT_TRUE(IsGoodCheckpoint(step20));
+  EXPECT_EQ(fs::path(*LatestCheckpoint(dir_)).filename(), "step-00000020");
+}
+
+TEST_F(CheckpointRollbackTest, RotationNeverDeletesTheNewestGoodCheckpoint) {
+  SaveUnverified(20);
+  SaveUnverified(25);
+  ASSERT_TRUE(RotateCheckpoints(dir_, 2).ok());
+  // The two newest, and 15: the newest good one, older than both.
+  EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000015", "step-00000020", "step-00000025"}));
+  ASSERT_TRUE(RotateCheckpoints(dir_, 0).ok());  // 0 keeps all
+  EXPECT_EQ(Names().size(), 3u);
+}
+
+TEST_F(CheckpointRollbackTest, ANonFiniteStateIsNeverWritten) {
+  AdamW opt({}, params_);
+  {
+    torch::NoGradGuard no_grad;
+    params_.get("w").view(-1)[1].fill_(std::numeric_limits<float>::infinity());
+  }
+  absl::Status s = SaveCheckpoint(dir_, {30, 0}, params_, opt, CheckpointHealth::kGood).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("w is not finite"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "step-00000030"));
+}
 
 TEST_F(CheckpointRollbackTest, ResumesFromTheNewestAtOrBeforeAndDeletesNewerOnes) {
   absl::StatusOr<std::optional<std::string>> kept = KeepCheckpointsAtOrBefore(dir_, 12);

@@ -37,7 +37,7 @@ TEST_F(CheckpointTest, RoundTripsParamsOptimizerRngAndPosition) {
   AdamW opt({}, params_);
   params_.get("w").mutable_grad() = torch::randn({3, 4});
   opt.Step(params_, 1e-2);
-  ASSERT_TRUE(SaveCheckpoint(dir_, {3, 24}, params_, opt).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir_, {3, 24}, params_, opt, CheckpointHealth::kGood).ok());
   const at::Tensor saved_w = params_.get("w").detach().clone();
   const at::Tensor next_draw = torch::rand({8});  // what the RNG gives after the save
 
@@ -63,7 +63,7 @@ TEST_F(CheckpointTest, RefusesToWriteNonFiniteParams) {
     torch::NoGradGuard no_grad;
     params_.get("w")[1][2] = std::numeric_limits<float>::quiet_NaN();
   }
-  absl::Status s = SaveCheckpoint(dir_, {5, 0}, params_, opt).status();
+  absl::Status s = SaveCheckpoint(dir_, {5, 0}, params_, opt, CheckpointHealth::kGood).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("w is not finite"));
   EXPECT_FALSE(LatestCheckpoint(dir_).has_value());
@@ -71,8 +71,8 @@ TEST_F(CheckpointTest, RefusesToWriteNonFiniteParams) {
 
 TEST_F(CheckpointTest, LatestIgnoresAndRemovesInterruptedSaves) {
   AdamW opt({}, params_);
-  ASSERT_TRUE(SaveCheckpoint(dir_, {5, 0}, params_, opt).ok());
-  ASSERT_TRUE(SaveCheckpoint(dir_, {10, 0}, params_, opt).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir_, {5, 0}, params_, opt, CheckpointHealth::kGood).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir_, {10, 0}, params_, opt, CheckpointHealth::kGood).ok());
   fs::create_directories(fs::path(dir_) / ".step-00000015.tmp");
   std::optional<std::string> latest = LatestCheckpoint(dir_);
   ASSERT_TRUE(latest.has_value());

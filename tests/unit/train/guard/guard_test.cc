@@ -206,5 +206,63 @@ TEST(Guard, AGradNormThatNoLongerChangesIsACollapse) {
   EXPECT_EQ(guard.Judge(WithLoss(4, 5.0, 1.3)).trigger, GuardTrigger::kNone);
 }
 
+TEST(Guard, ARollbackSaysWhereTheTroubleBegan) {
+  GuardOptions options;
+  options.max_consecutive_bad = 3;
+  Guard guard(options);
+  EXPECT_EQ(JudgeAndAct(guard, Healthy(1)).action, GuardAction::kApply);
+  EXPECT_EQ(JudgeAndAct(guard, NonFiniteGradient(2)).action, GuardAction::kSkip);
+  EXPECT_EQ(JudgeAndAct(guard, NonFiniteGradient(3)).action, GuardAction::kSkip);
+  const GuardVerdict v = JudgeAndAct(guard, NonFiniteGradient(4));
+  EXPECT_EQ(v.action, GuardAction::kRollback);
+  EXPECT_EQ(v.episode_start, 2);
+
+  GuardOptions collapse;
+  collapse.collapse_window = 4;
+  Guard collapsing(collapse);
+  GuardVerdict last;
+  for (int64_t step = 1; step <= 4; ++step) {
+    StepHealth h = Healthy(step);
+    h.loss = 0;
+    h.grad_norm = 0.5 + static_cast<double>(step);
+    last = JudgeAndAct(collapsing, h);
+  }
+  EXPECT_EQ(last.trigger, GuardTrigger::kCollapse);
+  EXPECT_EQ(last.episode_start, 1);
+}
+
+TEST(Guard, CountsCleanStepsSinceTheLastBadOne) {
+  Guard guard;
+  JudgeAndAct(guard, Healthy(1));
+  JudgeAndAct(guard, Healthy(2));
+  EXPECT_EQ(guard.clean_steps(), 2);
+  JudgeAndAct(guard, NonFiniteGradient(3));
+  EXPECT_EQ(guard.clean_steps(), 0);
+  JudgeAndAct(guard, Healthy(4));
+  EXPECT_EQ(guard.clean_steps(), 1);
+}
+
+TEST(Guard, CutsTheLearningRateAfterARollbackAndReWarmsIt) {
+  GuardOptions options;
+  options.max_consecutive_bad = 1;
+  options.lr_cut = 0.1;
+  options.rewarm_steps = 3;
+  Guard guard(options);
+  EXPECT_DOUBLE_EQ(guard.LrScale(), 1);
+  ASSERT_EQ(JudgeAndAct(guard, NonFiniteGradient(1)).action, GuardAction::kRollback);
+  EXPECT_DOUBLE_EQ(guard.LrScale(), 0.1);
+  JudgeAndAct(guard, Healthy(1));
+  EXPECT_DOUBLE_EQ(guard.LrScale(), 0.4);
+  JudgeAndAct(guard, Healthy(2));
+  JudgeAndAct(guard, Healthy(3));
+  EXPECT_DOUBLE_EQ(guard.LrScale(), 1);
+
+  options.rewarm_steps = 0;  // the cut stays
+  Guard kept(options);
+  JudgeAndAct(kept, NonFiniteGradient(1));
+  for (int64_t step = 1; step <= 5; ++step) JudgeAndAct(kept, Healthy(step));
+  EXPECT_DOUBLE_EQ(kept.LrScale(), 0.1);
+}
+
 }  // namespace
 }  // namespace ballast::train

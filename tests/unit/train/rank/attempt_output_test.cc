@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "worker/train/io/file_tree.h"
 
@@ -41,7 +42,8 @@ class AttemptOutputTest : public ::testing::Test {
   // std::filesystem::remove_all must not be called next to libtorch (file_tree.h).
   void TearDown() override { EXPECT_TRUE(RemoveTree(root_.string()).ok()); }
 
-  std::unique_ptr<AttemptOutput> Claim(int32_t attempt, int64_t resume_at_or_before = 0) {
+  std::unique_ptr<AttemptOutput> Claim(int32_t attempt,
+                                       std::optional<int64_t> resume_at_or_before = std::nullopt) {
     absl::StatusOr<std::unique_ptr<AttemptOutput>> claimed =
         AttemptOutput::Claim(out_.string(), attempt, resume_at_or_before);
     EXPECT_TRUE(claimed.ok()) << claimed.status();
@@ -75,6 +77,14 @@ TEST_F(AttemptOutputTest, RollbackClaimDeletesNewerCommittedCheckpointsAndSeedsT
   EXPECT_TRUE(fs::exists(fs::path(output->dir()) / "checkpoints" / "step-00000002"));
 }
 
+TEST_F(AttemptOutputTest, RollbackToStepZeroDeletesEveryCommittedCheckpoint) {
+  std::unique_ptr<AttemptOutput> output = Claim(2, /*resume_at_or_before=*/0);
+  ASSERT_NE(output, nullptr);
+  EXPECT_FALSE(fs::exists(out_ / "checkpoints" / "step-00000004"));
+  EXPECT_FALSE(fs::exists(out_ / "checkpoints" / "step-00000002"));
+  EXPECT_TRUE(fs::is_empty(fs::path(output->dir()) / "checkpoints"));
+}
+
 TEST_F(AttemptOutputTest, FirstMetricsCommitReplacesThenOnlyWholeNewLinesAreAppended) {
   std::unique_ptr<AttemptOutput> output = Claim(2);
   ASSERT_NE(output, nullptr);
@@ -91,6 +101,21 @@ TEST_F(AttemptOutputTest, FirstMetricsCommitReplacesThenOnlyWholeNewLinesAreAppe
   std::ofstream(mine, std::ios::app) << "}\n";
   ASSERT_TRUE(output->CommitMetrics().ok());
   EXPECT_THAT(Read(out_ / "metrics.jsonl"), ::testing::EndsWith("{\"step\":4}\n{\"step\":5}\n"));
+}
+
+TEST_F(AttemptOutputTest, ALogRewrittenByARollbackIsPublishedWholeAgain) {
+  std::unique_ptr<AttemptOutput> output = Claim(2);
+  ASSERT_NE(output, nullptr);
+  const fs::path mine = fs::path(output->dir()) / "metrics.jsonl";
+  Write(mine, "{\"step\":1}\n{\"step\":2}\n{\"step\":3,\"bad\":true}\n");
+  ASSERT_TRUE(output->CommitMetrics().ok());
+  // The guard went back to step 1: the trainer renamed a shorter log over
+  // its own, which then grows past the published length again.
+  const fs::path tmp = mine.string() + ".tmp";
+  Write(tmp, "{\"step\":1}\n{\"step\":2,\"again\":true}\n{\"step\":3,\"again\":true}\n");
+  fs::rename(tmp, mine);
+  ASSERT_TRUE(output->CommitMetrics().ok());
+  EXPECT_EQ(Read(out_ / "metrics.jsonl"), Read(mine));
 }
 
 TEST_F(AttemptOutputTest, CheckpointCommitMovesTheFolderAndReplacesOneOfTheSameStep) {

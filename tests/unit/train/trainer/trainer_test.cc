@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "tests/unit/train/tiny_model.h"
+#include "tests/unit/train/trainer_reports.h"
 #include "worker/train/io/file_tree.h"
 #include "worker/train/model/model_config.h"
 #include "worker/train/objective/causal_lm.h"
@@ -22,21 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// Records what a Trainer reports.
-class RecordingObserver : public TrainingObserver {
- public:
-  void OnStep(const v1::StepMetrics& m) override { steps.push_back(m); }
-  void OnGuard(const v1::GuardEvent& e) override { guards.push_back(e); }
-  void OnCheckpointSaved(const v1::CheckpointSaved& c) override { checkpoints.push_back(c); }
-  void OnLog(const std::string&, const std::string&) override {}
-  bool StopRequested() override { return stop_after > 0 && steps.size() >= stop_after; }
-
-  std::vector<v1::StepMetrics> steps;
-  std::vector<v1::GuardEvent> guards;
-  std::vector<v1::CheckpointSaved> checkpoints;
-  size_t stop_after = 0;
-};
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -80,12 +66,7 @@ class TrainerTest : public ::testing::Test {
 
   std::string out() const { return (fs::path(dir_) / "run").string(); }
 
-  std::vector<nlohmann::json> MetricsLines() const {
-    std::vector<nlohmann::json> lines;
-    std::ifstream in(fs::path(out()) / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-    return lines;
-  }
+  std::vector<nlohmann::json> MetricsLines() const { return ReadMetricsLines(out()); }
 
   std::map<std::string, at::Tensor> TrainableCopy(const Trainer& t) const {
     std::map<std::string, at::Tensor> copy;
