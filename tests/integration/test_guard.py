@@ -48,10 +48,9 @@ def test_a_nan_on_rank_1_is_skipped_rolled_back_and_the_job_finishes(cluster, in
     r = cluster.cli("watch", job_id, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    # Sharded, the module is the flat bucket whose shard went non-finite:
-    # its layer's trainable tensors.
-    skip = re.search(r"guard skip at step 5 \[non_finite, deterministic, model\.layers\.\d+/"
-                     r"trainable on rank 1, 4 documents skipped from position 16\]", out)
+    # The tensor whose gradient went non-finite (in rank 1's shard of it).
+    skip = re.search(r"guard skip at step 5 \[non_finite, deterministic, model\.layers\.\d+\."
+                     r"\S+\.weight on rank 1, 4 documents skipped from position 16\]", out)
     assert skip, out
     rollback = re.search(r"guard rollback at step 7 to step (\d+) \[non_finite, deterministic, "
                          r"\S+ on rank 1, (\d+) steps lost, (\d+) documents skipped", out)

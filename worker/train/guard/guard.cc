@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ballast::train {
 namespace {
@@ -81,15 +82,20 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
   if (health.supervised_tokens == 0) {
     verdict.trigger = GuardTrigger::kNoSupervision;
     verdict.reason = "no supervised tokens";
-  } else if (!std::isfinite(health.loss)) {
-    // First: a non-finite loss makes the whole gradient so.
+  } else if (!std::isfinite(health.loss) || !health.first_nonfinite.empty()) {
+    // A non-finite loss first: it makes the whole gradient so.
     verdict.trigger = GuardTrigger::kNonFinite;
-    verdict.reason = absl::StrCat("non-finite loss (", health.loss, ")");
-  } else if (!health.first_nonfinite.empty()) {
-    verdict.trigger = GuardTrigger::kNonFinite;
-    verdict.reason = absl::StrCat("non-finite gradient in ", health.first_nonfinite);
-    if (health.nonfinite_rank >= 0)
-      absl::StrAppend(&verdict.reason, " on rank ", health.nonfinite_rank);
+    std::vector<std::string> parts;
+    if (!std::isfinite(health.loss)) {
+      parts.push_back(absl::StrCat("non-finite loss (", health.loss, ")"));
+    }
+    if (!health.first_nonfinite.empty()) {
+      parts.push_back(absl::StrCat("non-finite gradient in ", health.first_nonfinite));
+      if (health.nonfinite_rank >= 0) {
+        absl::StrAppend(&parts.back(), " on rank ", health.nonfinite_rank);
+      }
+    }
+    verdict.reason = absl::StrJoin(parts, ", ");
   } else if (!std::isfinite(health.grad_norm)) {
     // Finite on this rank, non-finite after the reduction: another rank's
     // gradient, or an overflow of the sum of squares.

@@ -408,6 +408,34 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::GatherFullTensors(
   return out;
 }
 
+std::pair<std::vector<std::string>, at::Tensor> ShardedModel::GradSumSquaresByTensor() const {
+  torch::NoGradGuard no_grad;
+  const int n = collectives_->world_size();
+  const int64_t rank = collectives_->rank();
+  std::vector<std::string> names;
+  std::vector<at::Tensor> sums;
+  const at::Tensor zero =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  for (const FlatBucket& bucket : layout_.buckets) {
+    if (!bucket.trainable) continue;
+    const at::Tensor& grad = masters_.get(bucket.key()).grad();
+    // This rank's elements of the bucket: [lo, lo + s).
+    const int64_t s = bucket.shard_numel(n);
+    const int64_t lo = rank * s;
+    for (const FlatEntry& entry : bucket.entries) {
+      names.push_back(entry.name);
+      const int64_t from = std::max(lo, entry.offset);
+      const int64_t to = std::min(lo + s, entry.offset + entry.numel);
+      if (!grad.defined() || from >= to) {
+        sums.push_back(zero);
+        continue;
+      }
+      sums.push_back(grad.narrow(0, from - lo, to - from).to(torch::kDouble).square().sum());
+    }
+  }
+  return {names, torch::stack(sums)};
+}
+
 int64_t ShardedModel::parameter_bytes() const {
   int64_t bytes = gradient_bytes();
   for (const std::unique_ptr<Bucket>& b : buckets_) {

@@ -74,6 +74,13 @@ class ShardedModel : public LayerRunner {
   // must call it.
   std::vector<std::pair<std::string, at::Tensor>> GatherFullTensors(bool trainable_only);
 
+  // The trainable tensors' names in layout order, and this rank's part of
+  // each one's gradient sum of squares (fp64, on the device; 0 for a tensor
+  // this rank holds none of): summed over the ranks, each tensor's squared
+  // gradient norm. The guard's view of where a bad step went wrong; it
+  // costs a pass over the gradient shards.
+  std::pair<std::vector<std::string>, at::Tensor> GradSumSquaresByTensor() const;
+
   // This rank's resident bytes: frozen shards plus fp32 masters, and the
   // gradient shards (the size of the masters).
   int64_t parameter_bytes() const;

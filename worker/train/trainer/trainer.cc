@@ -68,6 +68,14 @@ auto CatchTorch(F&& f) -> decltype(f()) {
   }
 }
 
+// The index of the first non-finite value, or -1.
+int64_t FirstNonFinite(const std::vector<double>& values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 GuardOptions GuardOptionsFrom(const v1::GuardSpec& spec) {
   GuardOptions options;
   options.max_consecutive_bad = spec.max_consecutive_bad();
@@ -325,11 +333,12 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   if (rerun_allowed) generators = GeneratorStates(device_);
 
   StepNumbers numbers = Compute(micro_batches, m.step, /*rerun=*/false);
-  StepHealth health = Measure(numbers, &m);
+  TensorNorms norms;
+  StepHealth health = Measure(numbers, &m, &norms);
   // Guard: a step the ranks do not all find healthy never reaches the weights.
   *verdict = Judge(health);
   if (verdict->action != GuardAction::kApply) {
-    DescribeAnomaly(numbers, health, *verdict, first_document);
+    DescribeAnomaly(norms, health, *verdict, first_document);
     const bool one_step_fault =
         verdict->trigger == GuardTrigger::kNonFinite || verdict->trigger == GuardTrigger::kSpike;
     if (rerun_allowed && one_step_fault) {
@@ -339,7 +348,8 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       SetGeneratorStates(generators, device_);
       StepRecord again = m;
       const StepNumbers rerun_numbers = Compute(micro_batches, m.step, /*rerun=*/true);
-      const StepHealth rerun_health = Measure(rerun_numbers, &again);
+      TensorNorms rerun_norms;
+      const StepHealth rerun_health = Measure(rerun_numbers, &again, &rerun_norms);
       const GuardVerdict rerun_verdict = Judge(rerun_health);
       if (rerun_verdict.action == GuardAction::kApply) {
         anomaly_.set_kind(v1::GuardEvent::KIND_RECOVERED);
@@ -435,23 +445,17 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
   at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares});  // fp64
   collectives_->SumInPlace(sums);                                         // (1 + tensors)
-  // The step's one read from the device: the counts, the sums, and this
-  // rank's own sums of squares, non-finite where its gradient is.
-  const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums, gn.sum_squares}).cpu();
+  // The step's one read from the device: the counts and the sums.
+  const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
   const double* r = read.const_data_ptr<double>();
-  const size_t n_tensors = grads.size();
   out.tokens = static_cast<int64_t>(r[0]);
   out.supervised_tokens = static_cast<int64_t>(r[1]);
   out.loss_sum = r[2];
-  out.sum_squares.assign(r + 3, r + 3 + n_tensors);
-  const double* own_sum_squares = r + 3 + n_tensors;
-  for (size_t i = 0; i < n_tensors && out.own_first_nonfinite < 0; ++i) {
-    if (!std::isfinite(own_sum_squares[i])) out.own_first_nonfinite = static_cast<int64_t>(i);
-  }
+  out.sum_squares.assign(r + 3, r + 3 + grads.size());
   return out;
 }
 
-StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m) {
+StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m, TensorNorms* norms) {
   m->tokens = numbers.tokens;
   m->supervised_tokens = numbers.supervised_tokens;
   StepHealth health;
@@ -469,26 +473,31 @@ StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m) {
   m->grad_norm = static_cast<float>(std::sqrt(sum_squares));
   health.loss = *m->loss;
   health.grad_norm = m->grad_norm;
-  const std::vector<std::string> names = trained().TrainableNames();
-  if (collectives_->world_size() == 1) {
-    if (numbers.own_first_nonfinite >= 0) {
-      health.first_nonfinite = names[numbers.own_first_nonfinite];
-      health.nonfinite_rank = 0;
-    }
-  } else if (!std::isfinite(m->grad_norm)) {
-    // Every rank sees the global grad_norm go non-finite; the lowest rank
-    // whose own shards hold the value names it (the layout, and so the
-    // names, are the same on every rank).
+  if (std::isfinite(m->grad_norm)) return health;
+  // Only on an anomaly (the global grad_norm, which every rank sees, is not
+  // finite): each tensor's global norm, the first tensor whose gradient went
+  // non-finite, and the lowest rank whose own part of it did.
+  int64_t first_rank = 0;
+  if (sharded_) {
+    auto [names, partial] = sharded_->GradSumSquaresByTensor();
+    // A copy: on the CPU .cpu() is the same tensor, which the sum overwrites.
+    const at::Tensor own = partial.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    collectives_->SumInPlace(partial);
+    const at::Tensor global = partial.cpu();
+    norms->names = std::move(names);
+    norms->sum_squares.assign(global.const_data_ptr<double>(),
+                              global.const_data_ptr<double>() + global.numel());
+    const int64_t first = FirstNonFinite(norms->sum_squares);
     const int n_ranks = collectives_->world_size();
-    const int64_t first =
-        n_ranks -
-        collectives_->Max(numbers.own_first_nonfinite >= 0 ? n_ranks - collectives_->rank() : 0);
-    const int64_t index =
-        collectives_->Max(collectives_->rank() == first ? numbers.own_first_nonfinite : -1);
-    if (index >= 0) {
-      health.first_nonfinite = names[index];
-      health.nonfinite_rank = static_cast<int>(first);
-    }
+    const bool mine = first >= 0 && !std::isfinite(own.const_data_ptr<double>()[first]);
+    first_rank = n_ranks - collectives_->Max(mine ? n_ranks - collectives_->rank() : 0);
+  } else {
+    norms->names = params_.TrainableNames();
+    norms->sum_squares = numbers.sum_squares;
+  }
+  if (const int64_t first = FirstNonFinite(norms->sum_squares); first >= 0) {
+    health.first_nonfinite = norms->names[first];
+    health.nonfinite_rank = static_cast<int>(first_rank);
   }
   return health;
 }
@@ -519,7 +528,7 @@ void Trainer::ClearGradients() {
   }
 }
 
-void Trainer::DescribeAnomaly(const StepNumbers& numbers, const StepHealth& health,
+void Trainer::DescribeAnomaly(const TensorNorms& norms, const StepHealth& health,
                               const GuardVerdict& verdict, int64_t first_document) {
   anomaly_.set_kind(v1::GuardEvent::KIND_SKIP);
   anomaly_.set_step(health.step);
@@ -536,21 +545,19 @@ void Trainer::DescribeAnomaly(const StepNumbers& numbers, const StepHealth& heal
   for (int64_t id : batches_.DocumentIds(first_document, std::min<int64_t>(count, 64))) {
     anomaly_.add_document_ids(id);
   }
-  if (verdict.trigger != GuardTrigger::kNonFinite || numbers.sum_squares.empty()) return;
   // Where it went wrong: the global norms of the non-finite tensors, then of
   // the largest finite ones (an exploding neighbour is often the cause).
-  const std::vector<std::string> names = trained().TrainableNames();
-  std::vector<size_t> order(names.size());
+  std::vector<size_t> order(norms.names.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const auto key = [&](size_t i) {
-    const double s = numbers.sum_squares[i];
+    const double s = norms.sum_squares[i];
     return std::isfinite(s) ? s : std::numeric_limits<double>::infinity();
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
   for (size_t k = 0; k < order.size() && k < 16; ++k) {
     v1::ModuleGradNorm* norm = anomaly_.add_module_grad_norms();
-    norm->set_module(names[order[k]]);
-    norm->set_grad_norm(std::sqrt(numbers.sum_squares[order[k]]));
+    norm->set_module(norms.names[order[k]]);
+    norm->set_grad_norm(std::sqrt(norms.sum_squares[order[k]]));
   }
 }
 

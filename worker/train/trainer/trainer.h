@@ -126,10 +126,15 @@ class Trainer {
     int64_t tokens = 0;
     int64_t supervised_tokens = 0;
     double loss_sum = 0;
-    // Per trainable tensor, over all ranks; empty when no forward ran.
+    // Per tensor of what the optimizer updates (a sharded model's flat
+    // buckets), over all ranks; empty when no forward ran.
     std::vector<double> sum_squares;
-    // This rank's first tensor (ParamStore order) whose gradient is not finite.
-    int64_t own_first_nonfinite = -1;
+  };
+  // Each trainable tensor's global gradient sum of squares, by name; only
+  // measured for a step whose gradient is not finite.
+  struct TensorNorms {
+    std::vector<std::string> names;
+    std::vector<double> sum_squares;
   };
 
   // What the optimizer updates: the whole model's trainable tensors, or this
@@ -153,13 +158,15 @@ class Trainer {
   // the step's one read from the device. `rerun`: the guard's second run.
   StepNumbers Compute(const std::vector<PackedBatch>& micro_batches, int64_t step, bool rerun);
   // Fills the record's loss, grad_norm and counts, and returns what the
-  // guard judges (naming the first non-finite tensor and its rank).
-  StepHealth Measure(const StepNumbers& numbers, StepRecord* record);
+  // guard judges. When the gradient is not finite, also `norms`, and the
+  // first non-finite tensor and its rank in the health (every rank must
+  // call it then: it reduces).
+  StepHealth Measure(const StepNumbers& numbers, StepRecord* record, TensorNorms* norms);
   // The guard's verdict on the step, agreed by every rank.
   GuardVerdict Judge(const StepHealth& health);
   void ClearGradients();
   // anomaly_ for a step the guard did not apply as it came.
-  void DescribeAnomaly(const StepNumbers& numbers, const StepHealth& health,
+  void DescribeAnomaly(const TensorNorms& norms, const StepHealth& health,
                        const GuardVerdict& verdict, int64_t first_document);
   // The step's time, traffic and peak memory.
   void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "tests/unit/train/tiny_model.h"
@@ -144,6 +145,35 @@ TEST_F(ShardedModelTest, OneRankGivesThePlainDecodersLossAndGradients) {
         EXPECT_TRUE(torch::allclose(grad, want_grads[i], 1e-5, 1e-7)) << keys[i];
       }
     }
+  }
+}
+
+TEST_F(ShardedModelTest, GradientNormsByTensorAreThePlainDecodersPerTensorNorms) {
+  const PackedBatch batch = Batch();
+  CausalLm objective;
+  ParamStore plain = Model(/*full=*/false);
+  Decoder reference(config_, &plain, Lora(false), torch::kFloat, false);
+  objective.Loss(reference, batch, /*training=*/true).sum.backward();
+
+  SingleRank rank;
+  ShardedModel sharded(Model(/*full=*/false), &rank, torch::kFloat, torch::kCPU);
+  Decoder decoder(config_, &sharded.gathered(), Lora(false), torch::kFloat, false);
+  decoder.set_layer_runner(&sharded);
+  sharded.GatherRoots();
+  objective.Loss(decoder, batch, /*training=*/true).sum.backward();
+  sharded.FinishBackward();
+
+  const auto [names, sums] = sharded.GradSumSquaresByTensor();
+  ASSERT_EQ(sums.scalar_type(), torch::kDouble);
+  ASSERT_EQ(static_cast<int64_t>(names.size()), sums.numel());
+  std::vector<std::string> trainable = plain.TrainableNames();
+  std::sort(trainable.begin(), trainable.end());
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, trainable);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const double want = plain.get(names[i]).grad().to(torch::kDouble).square().sum().item<double>();
+    EXPECT_NEAR(sums[i].item<double>(), want, 1e-5 * want + 1e-12) << names[i];
   }
 }
 
