@@ -1,6 +1,7 @@
 """The trainer's half of scripts/gpu-check: ballast-train on a GPU against
-the same binary on the CPU, then a Qwen3-0.6B-shaped model at 4k tokens per
-document, LoRA and full finetune, with tokens/s, MFU and peak device memory.
+the same binary on the CPU, the guard with injected faults on the GPU, then a
+Qwen3-0.6B-shaped model at 4k tokens per document, LoRA and full finetune,
+with tokens/s, MFU and peak device memory.
 
 Run by scripts/gpu-check (see its header); by hand:
   python3 scripts/gpu_training_check.py --train .gpu-deps/train/ballast-train \
@@ -115,6 +116,43 @@ def parity(train, work, rows):
     return ok
 
 
+def guard(train, work, rows):
+    """The guard on the GPU, with the tiny model in bf16 and faults injected:
+    a transient NaN gradient at step 3 is recovered by the re-run, and NaN
+    gradients at steps 6-8 are skipped, then rolled back to a good snapshot
+    (the re-run, the snapshot's copy to the host and back, and the
+    per-tensor norms all on the device); the run finishes with every later
+    step applied and finite."""
+    model = os.path.join(work, "tiny")
+    data = os.path.join(work, "tiny.jsonl")
+    if not os.path.exists(model):
+        tiny_model(model)
+        reference.make_dataset(data, 64, 512, seed=5, min_len=32, max_len=200)
+    ok = True
+    for name, inject, want in (
+            ("transient NaN at step 3", {"nan_grad_at_step": [3], "transient": True},
+             "guard recovered at step 3"),
+            ("NaN at steps 6-8", {"nan_grad_at_step": [6, 7, 8]},
+             "guard rollback at step 8: ")):
+        spec = reference.base_spec(model, data, precision="bf16", device="cuda", max_steps=12,
+                                   data={"seq_len": 256},
+                                   guard={"snapshot_every": 2, "good_after_steps": 2,
+                                          "inject": inject})
+        out = os.path.join(work, "guard-" + name.split()[0].lower() + "-" + name.split()[-1])
+        metrics, _ = run(train, spec, out)
+        with open(os.path.join(out, "stderr.log")) as f:
+            log = f.read()
+        clean = [m["step"] for m in metrics] == list(range(1, 13)) and all(
+            not m["skipped"] and m["grad_norm"] is not None for m in metrics)
+        passed = want in log and clean
+        ok &= passed
+        rows.append(f"| guard on the GPU, tiny Qwen3 bf16, {name} | "
+                    f"{'found' if want in log else 'missing'}: `{want.strip(': ')}`; "
+                    f"{'every step applied and finite' if clean else 'a bad step remains'} | "
+                    f"{'pass' if passed else 'FAIL'} |")
+    return ok
+
+
 def shaped_runs(train, work, rows):
     """A 30-step LoRA job and a 10-step full finetune of the 0.6B-shaped
     model at seq 4096, bf16 on the GPU: every grad_norm finite; tokens/s, MFU
@@ -171,7 +209,7 @@ def main():
         return 0
     rows = ["", "| training check | result | verdict |", "| --- | --- | --- |"]
     ok = True
-    for check in (parity, shaped_runs):
+    for check in (parity, guard, shaped_runs):
         try:
             ok &= check(args.train, args.work, rows)
         except Exception as e:  # a failed run is a row of the report, not a lost report
