@@ -64,8 +64,35 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    } else if (byte == 0xc2 && i + 1 < text.size() &&
+               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      // U+0080..U+009F, the C1 controls (CSI among them), in UTF-8.
+      absl::StrAppend(&out, "\\u00",
+                      absl::Hex(static_cast<unsigned char>(text[++i]), absl::kZeroPad2));
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
 std::string RenderTable(const std::vector<std::string>& header,
-                        const std::vector<std::vector<std::string>>& rows) {
+                        const std::vector<std::vector<std::string>>& given_rows) {
+  // Names and ids come from other users and workers: never let their bytes
+  // move the cursor or forge a row.
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& row : given_rows) {
+    std::vector<std::string>& printable = rows.emplace_back();
+    for (const std::string& cell : row) printable.push_back(Printable(cell));
+  }
   std::vector<size_t> width(header.size());
   for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
   for (const auto& row : rows) {
@@ -200,7 +227,10 @@ std::string GuardLine(const v1::GuardEvent& g) {
   return line;
 }
 
-std::optional<std::string> EventLine(const v1::JobEvent& event) {
+namespace {
+
+// EventLine before escaping.
+std::optional<std::string> UnescapedEventLine(const v1::JobEvent& event) {
   if (event.has_state_change()) {
     const v1::StateChange& c = event.state_change();
     std::string line = c.from() == v1::JOB_STATE_UNSPECIFIED
@@ -226,12 +256,20 @@ std::optional<std::string> EventLine(const v1::JobEvent& event) {
   }
 }
 
+}  // namespace
+
+std::optional<std::string> EventLine(const v1::JobEvent& event) {
+  std::optional<std::string> line = UnescapedEventLine(event);
+  if (line) *line = Printable(*line);
+  return line;
+}
+
 std::string FinalLine(const v1::Job& job) {
   std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
   if (!job.failure_reason().empty() && job.state() != v1::JOB_STATE_SUCCEEDED) {
     absl::StrAppend(&line, ": ", job.failure_reason());
   }
-  return line;
+  return Printable(line);
 }
 
 }  // namespace ballast::client

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
 
@@ -29,7 +30,13 @@ bool IsTerminal(v1::JobState state);
 // enums by name, 64-bit integers as strings.
 std::string ToJson(const google::protobuf::Message& message);
 
-// Left-aligned columns two spaces apart, header first, one line per row.
+// `text` with its control characters (C0, DEL, and C1 in UTF-8) written as
+// \xNN or \u00NN, so that printing it cannot move the cursor, change
+// colours or start a new line.
+std::string Printable(absl::string_view text);
+
+// Left-aligned columns two spaces apart, header first, one line per row;
+// every cell through Printable.
 std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 

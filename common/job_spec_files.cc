@@ -1,12 +1,12 @@
 #include "common/job_spec_files.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/model_types.h"
+#include "common/regular_file.h"
 
 namespace ballast {
 
@@ -15,14 +15,19 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
   std::error_code ec;
   const fs::path config_path = fs::path(spec.model().path()) / "config.json";
   const std::string config_name = config_path.string();
-  if (!fs::is_regular_file(config_path, ec)) {
+  // Read with a bound and without blocking: ballastd reads it at submission,
+  // where a FIFO or a 1.5 GB file once held a request (and memory) for long.
+  absl::StatusOr<std::string> text = ReadRegularFile(config_name, kMaxConfigJsonBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.path: ", config_name,
                      " does not exist; model.path must be an HF model folder with config.json"));
   }
-  std::ifstream in(config_path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.path: ", text.status().message()));
+  }
   // Without exceptions, a malformed file parses to a "discarded" value.
-  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.path: ", config_name, " is not valid JSON (expected a JSON object)"));

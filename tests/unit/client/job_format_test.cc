@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_split.h"
@@ -117,6 +118,28 @@ TEST(JobFormat, EventLinesForEverythingButStepsAndInfoLogs) {
   // A kind this CLI does not know (newer than it) prints nothing.
   t->Clear();
   EXPECT_EQ(EventLine(e), std::nullopt);
+}
+
+TEST(JobFormat, ControlCharactersFromOtherUsersArePrintedEscaped) {
+  // A job name that clears the screen and forges a row, a worker id with a
+  // C1 CSI: printed as text, on their own line.
+  v1::Job job;
+  job.set_id("job-1");
+  job.mutable_spec()->set_name("x\x1b[2J\njob-2  SUCCEEDED");
+  const std::string table = JobTable({job}, kNow);
+  EXPECT_THAT(table, HasSubstr("x\\x1b[2J\\x0ajob-2  SUCCEEDED"));
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2);
+  v1::Worker w;
+  w.set_id(
+      "w-\xc2\x9b"
+      "31m");
+  EXPECT_THAT(WorkerTable({w}, kNow), HasSubstr("w-\\u009b31m"));
+  EXPECT_EQ(Printable("caf\xc3\xa9 \xe2\x9c\x93"), "caf\xc3\xa9 \xe2\x9c\x93");  // UTF-8 stays
+
+  v1::JobEvent e;
+  e.mutable_training()->mutable_log()->set_level("warning");
+  e.mutable_training()->mutable_log()->set_text("a\rb");
+  EXPECT_EQ(EventLine(e), "[rank 0] warning: a\\x0db");
 }
 
 TEST(JobFormat, GuardLinesPutTheFactsBeforeTheMessage) {

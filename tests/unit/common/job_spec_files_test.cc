@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -47,6 +48,19 @@ TEST_F(JobSpecFilesTest, MissingConfigNamesModelPath) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("model.path"));
   EXPECT_THAT(s.message(), HasSubstr("config.json"));
+}
+
+TEST_F(JobSpecFilesTest, AConfigThatIsHugeOrAFifoIsRefusedAtOnce) {
+  WriteConfig(std::string(2 << 20, ' '));
+  absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.path: "));
+  EXPECT_THAT(s.message(), HasSubstr("is 2097152 bytes; at most 1048576"));
+  fs::remove(dir_ / "model" / "config.json");
+  ASSERT_EQ(mkfifo((dir_ / "model" / "config.json").c_str(), 0600), 0);
+  s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("config.json is a FIFO"));
 }
 
 TEST_F(JobSpecFilesTest, MalformedConfigIsInvalidArgument) {

@@ -2,11 +2,11 @@
 
 #include <torch/torch.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 
 namespace ballast::train {
 namespace {
@@ -28,13 +28,19 @@ absl::Status LineError(const std::string& path, int64_t line, const std::string&
 
 absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path, int64_t vocab_size,
                                                         int64_t seq_len) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("data file not found: ", path));
+  // A valid line holds at most seq_len ids and as many labels, each at most
+  // 21 characters with its separator; a longer line is refused before it is
+  // read whole (one of 200 MB exhausted memory in the JSON parser).
+  absl::StatusOr<LineReader> reader = LineReader::Open(path, 4096 + 2 * 24 * seq_len);
+  if (!reader.ok()) return reader.status();
   TokenizedDataset ds;
   std::string text;
   int64_t line = 0;
-  while (std::getline(in, text)) {
-    ++line;
+  for (;;) {
+    absl::StatusOr<bool> more = reader->Next(&text);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    line = reader->line_number();
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return LineError(path, line, "not a JSON object");

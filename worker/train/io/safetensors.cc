@@ -125,7 +125,9 @@ class FileDescriptor {
 };
 
 absl::StatusOr<std::shared_ptr<const Mapping>> MapFile(const std::string& path) {
-  FileDescriptor fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Non-blocking: opening a FIFO to read would otherwise wait for a writer
+  // forever; the check below then refuses it.
+  FileDescriptor fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));

@@ -2,16 +2,15 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/model_types.h"
+#include "common/regular_file.h"
 
 namespace ballast::train {
 namespace {
@@ -19,6 +18,14 @@ namespace {
 using json = nlohmann::json;
 
 constexpr int64_t kMaxHeadDim = 256;
+// Bounds far past the largest open models (Llama 3.1 405B: 126 layers,
+// hidden 16384, 53248 intermediate, 128 heads; vocabularies up to 262k;
+// contexts up to 10M tokens).
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxPositions = int64_t{1} << 26;
 
 absl::Status Invalid(absl::string_view key, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(key, " ", what));
@@ -75,11 +82,18 @@ class Fields {
   }
 
   // A required integer > 0.
-  absl::StatusOr<int64_t> PositiveInt(const std::string& key) const {
+  // A required integer in [1, max]. The bound is far past any real model;
+  // without it a corrupt value (num_hidden_layers: 10^9) would keep the
+  // loader busy for minutes before memory runs out.
+  absl::StatusOr<int64_t> PositiveInt(const std::string& key, int64_t max) const {
     absl::StatusOr<std::optional<int64_t>> v = OptionalInt(key);
     if (!v.ok()) return v.status();
     if (!v->has_value()) return Invalid(Name(key), "is required (an integer > 0)");
     if (**v <= 0) return Invalid(Name(key), absl::StrCat("must be > 0, got ", **v));
+    if (**v > max) {
+      return Invalid(Name(key), absl::StrCat("must be at most ", max, ", got ", **v,
+                                             " (larger than any model; is config.json corrupt?)"));
+    }
     return **v;
   }
 
@@ -146,7 +160,7 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& object, const std::stri
                                 rs.high_freq_factor));
   }
   BALLAST_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
-                           f.PositiveInt("original_max_position_embeddings"));
+                           f.PositiveInt("original_max_position_embeddings", kMaxPositions));
   if (rs.original_max_position_embeddings > max_position_embeddings) {
     return Invalid(f.Name("original_max_position_embeddings"),
                    absl::StrCat("must be <= max_position_embeddings (", max_position_embeddings,
@@ -186,15 +200,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   c.model_type = *model_type;
 
-  BALLAST_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size"));
-  BALLAST_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size"));
-  BALLAST_ASSIGN_OR_RETURN(c.intermediate_size, f.PositiveInt("intermediate_size"));
-  BALLAST_ASSIGN_OR_RETURN(c.num_hidden_layers, f.PositiveInt("num_hidden_layers"));
-  BALLAST_ASSIGN_OR_RETURN(c.num_attention_heads, f.PositiveInt("num_attention_heads"));
-  BALLAST_ASSIGN_OR_RETURN(c.max_position_embeddings, f.PositiveInt("max_position_embeddings"));
+  BALLAST_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size", kMaxVocab));
+  BALLAST_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size", kMaxWidth));
+  BALLAST_ASSIGN_OR_RETURN(c.intermediate_size, f.PositiveInt("intermediate_size", kMaxWidth));
+  BALLAST_ASSIGN_OR_RETURN(c.num_hidden_layers, f.PositiveInt("num_hidden_layers", kMaxLayers));
+  BALLAST_ASSIGN_OR_RETURN(c.num_attention_heads, f.PositiveInt("num_attention_heads", kMaxHeads));
+  BALLAST_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                           f.PositiveInt("max_position_embeddings", kMaxPositions));
 
   if (f.Find("num_key_value_heads") != nullptr) {
-    BALLAST_ASSIGN_OR_RETURN(c.num_key_value_heads, f.PositiveInt("num_key_value_heads"));
+    BALLAST_ASSIGN_OR_RETURN(c.num_key_value_heads,
+                             f.PositiveInt("num_key_value_heads", kMaxHeads));
   } else {
     c.num_key_value_heads = c.num_attention_heads;
   }
@@ -205,7 +221,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
 
   if (f.Find("head_dim") != nullptr) {
-    BALLAST_ASSIGN_OR_RETURN(c.head_dim, f.PositiveInt("head_dim"));
+    BALLAST_ASSIGN_OR_RETURN(c.head_dim, f.PositiveInt("head_dim", kMaxWidth));
   } else if (c.hidden_size % c.num_attention_heads != 0) {
     return Invalid("head_dim",
                    absl::StrCat("is required when num_attention_heads (", c.num_attention_heads,
@@ -295,11 +311,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, " not found"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(std::move(text).str());
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigJsonBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(*std::move(text));
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));

@@ -103,6 +103,12 @@ TEST_F(TokenizedDatasetTest, RefusesBadLinesNamingFileAndLine) {
   }
   Write("\n\n");
   EXPECT_THAT(TokenizedDataset::Load(path(), 16, 4).status().message(), HasSubstr("no examples"));
+  // A line far longer than seq_len allows (once: 200 MB, std::bad_alloc) is
+  // refused by its length, before it is read whole.
+  Write("{\"input_ids\": [1, 2]}\n{\"input_ids\": [" + std::string(1 << 22, '1') + "]}\n");
+  absl::Status long_line = TokenizedDataset::Load(path(), 16, 4).status();
+  EXPECT_EQ(long_line.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(long_line.message(), HasSubstr("data.jsonl:2: the line is longer than"));
   EXPECT_EQ(TokenizedDataset::Load(path() + ".missing", 16, 4).status().code(),
             absl::StatusCode::kNotFound);
 }

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -92,6 +93,14 @@ TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
     // Bytes are copied verbatim, so equality is exact.
     EXPECT_TRUE(torch::equal(*got, want)) << name;
   }
+}
+
+TEST_F(SafetensorsTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  ASSERT_EQ(mkfifo(Path("model.safetensors").c_str(), 0600), 0);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f =
+      SafetensorsFile::Open(Path("model.safetensors"));
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(f.status().message(), HasSubstr("is not a regular file"));
 }
 
 TEST_F(SafetensorsTest, AlignsDataBufferToEightBytes) {

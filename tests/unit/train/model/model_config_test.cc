@@ -234,6 +234,17 @@ TEST(ModelConfig, RejectsMissingRequiredKey) {
   }
 }
 
+TEST(ModelConfig, RejectsSizesLargerThanAnyModel) {
+  // num_hidden_layers 10^9 once kept a rank loading for over a minute.
+  for (const char* key : {"num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size",
+                          "num_attention_heads", "max_position_embeddings"}) {
+    json j = Qwen3Config();
+    j[key] = 1000000000;
+    SCOPED_TRACE(key);
+    ExpectInvalid(j, {key, "must be at most", "got 1000000000", "is config.json corrupt?"});
+  }
+}
+
 TEST(ModelConfig, RejectsWrongType) {
   json j = Qwen3Config();
   j["hidden_size"] = "2560";

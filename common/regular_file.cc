@@ -1,0 +1,150 @@
+#include "common/regular_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast {
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// An open descriptor of a regular file, and its size.
+absl::StatusOr<std::pair<int, int64_t>> OpenRegular(const std::string& path) {
+  // O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and
+  // is refused below; reads of a regular file never block anyway.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("cannot stat ", path, ": ", strerror(error)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", KindOf(st.st_mode), "; a regular file is needed"));
+  }
+  return std::make_pair(fd, static_cast<int64_t>(st.st_size));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  if (!opened.ok()) return opened.status();
+  const auto [fd, size] = *opened;
+  if (size > max_bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is ", size, " bytes; at most ",
+                                                   max_bytes, " are expected of it"));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  int64_t done = 0;
+  while (done < size) {
+    const ssize_t n = read(fd, text.data() + done, static_cast<size_t>(size - done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the file shrank: keep what there is
+    done += n;
+  }
+  close(fd);
+  text.resize(static_cast<size_t>(done));
+  return text;
+}
+
+absl::StatusOr<LineReader> LineReader::Open(const std::string& path, int64_t max_line_bytes) {
+  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  if (!opened.ok()) return opened.status();
+  return LineReader(path, opened->first, max_line_bytes);
+}
+
+LineReader::LineReader(std::string path, int fd, int64_t max_line_bytes)
+    : path_(std::move(path)), fd_(fd), max_line_bytes_(max_line_bytes) {}
+
+LineReader::LineReader(LineReader&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      max_line_bytes_(other.max_line_bytes_),
+      line_number_(other.line_number_),
+      buffer_(std::move(other.buffer_)),
+      eof_(other.eof_) {}
+
+LineReader& LineReader::operator=(LineReader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    max_line_bytes_ = other.max_line_bytes_;
+    line_number_ = other.line_number_;
+    buffer_ = std::move(other.buffer_);
+    eof_ = other.eof_;
+  }
+  return *this;
+}
+
+LineReader::~LineReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<bool> LineReader::Next(std::string* line) {
+  constexpr size_t kChunk = 1 << 16;
+  size_t searched = 0;
+  for (;;) {
+    const size_t newline = buffer_.find('\n', searched);
+    if (newline != std::string::npos) {
+      ++line_number_;
+      if (static_cast<int64_t>(newline) > max_line_bytes_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ":", line_number_, ": the line is longer than ", max_line_bytes_,
+                         " bytes, more than any valid record can be"));
+      }
+      line->assign(buffer_, 0, newline);
+      buffer_.erase(0, newline + 1);
+      return true;
+    }
+    if (static_cast<int64_t>(buffer_.size()) > max_line_bytes_) {
+      ++line_number_;
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ":", line_number_, ": the line is longer than ", max_line_bytes_,
+                       " bytes, more than any valid record can be"));
+    }
+    if (eof_) {
+      if (buffer_.empty()) return false;
+      ++line_number_;
+      *line = std::move(buffer_);
+      buffer_.clear();
+      return true;
+    }
+    searched = buffer_.size();
+    buffer_.resize(searched + kChunk);
+    const ssize_t n = read(fd_, buffer_.data() + searched, kChunk);
+    if (n < 0 && errno == EINTR) {
+      buffer_.resize(searched);
+      continue;
+    }
+    if (n < 0) {
+      return absl::InternalError(absl::StrCat("cannot read ", path_, ": ", strerror(errno)));
+    }
+    buffer_.resize(searched + static_cast<size_t>(n));
+    if (n == 0) eof_ = true;
+  }
+}
+
+}  // namespace ballast

@@ -1,0 +1,56 @@
+// Reading the files a user names (a spec's model and data paths), which may
+// be anything: opening a FIFO to read blocks until a writer comes, and a
+// corrupt config.json may be gigabytes. Every read here opens without
+// blocking, refuses what is not a regular file, and bounds what it holds in
+// memory, so bad input gets an error, never a hang or an allocation failure.
+#ifndef BALLAST_COMMON_REGULAR_FILE_H_
+#define BALLAST_COMMON_REGULAR_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ballast {
+
+// A model's config.json is a few KiB; one past this is corrupt.
+inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;
+
+// The whole of `path`, a regular file of at most `max_bytes`. Errors name
+// the file: NOT_FOUND when it is missing, INVALID_ARGUMENT when it is not a
+// regular file (saying what it is) or is larger than max_bytes.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
+
+// The lines of a regular file, one at a time, each at most max_line_bytes
+// (without its newline). Thread-compatible.
+class LineReader {
+ public:
+  // Errors as ReadRegularFile's.
+  static absl::StatusOr<LineReader> Open(const std::string& path, int64_t max_line_bytes);
+  LineReader(LineReader&&) noexcept;
+  LineReader& operator=(LineReader&&) noexcept;
+  ~LineReader();
+
+  // The next line into `*line` (a last line without a newline counts): true,
+  // or false at the end of the file. INVALID_ARGUMENT "path:N: ..." for a
+  // line longer than max_line_bytes, which is never read into memory whole;
+  // INTERNAL for a read error.
+  absl::StatusOr<bool> Next(std::string* line);
+  // 1-based number of the line Next returned last.
+  int64_t line_number() const { return line_number_; }
+
+ private:
+  LineReader(std::string path, int fd, int64_t max_line_bytes);
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t max_line_bytes_ = 0;
+  int64_t line_number_ = 0;
+  std::string buffer_;  // read, not yet returned
+  bool eof_ = false;
+};
+
+}  // namespace ballast
+
+#endif  // BALLAST_COMMON_REGULAR_FILE_H_
