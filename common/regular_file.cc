@@ -53,8 +53,8 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   const auto [fd, size] = *opened;
   if (size > max_bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is ", size, " bytes; at most ",
-                                                   max_bytes, " are expected of it"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", size, " bytes; at most ", max_bytes, " are expected of it"));
   }
   std::string text(static_cast<size_t>(size), '\0');
   int64_t done = 0;
@@ -121,9 +121,9 @@ absl::StatusOr<bool> LineReader::Next(std::string* line) {
     }
     if (static_cast<int64_t>(buffer_.size()) > max_line_bytes_) {
       ++line_number_;
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ":", line_number_, ": the line is longer than ", max_line_bytes_,
-                       " bytes, more than any valid record can be"));
+      return absl::InvalidArgumentError(absl::StrCat(path_, ":", line_number_,
+                                                     ": the line is longer than ", max_line_bytes_,
+                                                     " bytes, more than any valid record can be"));
     }
     if (eof_) {
       if (buffer_.empty()) return false;

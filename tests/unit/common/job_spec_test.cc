@@ -75,6 +75,61 @@ TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
   EXPECT_THAT(spec.status().message(), HasSubstr("lora_alpha"));
 }
 
+TEST(JobSpec, DuplicateKeysAndSecondDocumentsAreRefusedNotIgnored) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 3\nmax_steps: 5\n");
+  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'max_steps'"));
+  spec = ParseJobSpecYaml("data: {seq_len: 8, seq_len: 16}\n");
+  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'data.seq_len'"));
+  spec = ParseJobSpecYaml("max_steps: 3\n---\nmax_steps: 5\n");
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec holds 2 YAML documents"));
+  // A lone document marker is still one document.
+  EXPECT_TRUE(ParseJobSpecYaml("---\nmax_steps: 3\n").ok());
+}
+
+TEST(JobSpec, IntegersReadAsYaml12Says) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 010\nseed: 0x1f\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_steps(), 10);  // yaml-cpp alone read 8
+  EXPECT_EQ(spec->seed(), 31);
+  EXPECT_EQ(ParseJobSpecYaml("max_steps: 0o17\n")->max_steps(), 15);
+  EXPECT_EQ(ParseJobSpecYaml("max_steps: -4\n")->max_steps(), -4);
+  for (const char* bad : {"max_steps: 1.5\n", "max_steps: 99999999999999999999\n",
+                          "max_steps: 0x\n", "max_steps: 12ab\n"}) {
+    EXPECT_THAT(ParseJobSpecYaml(bad).status().message(),
+                HasSubstr("max_steps: expected an integer"))
+        << bad;
+  }
+}
+
+TEST(JobSpec, InvalidUtf8IsNamedAndNamesCountCharacters) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("name: \"caf\\xE9\"\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();  // \xE9 escaped in YAML is U+00E9, valid
+  spec = ParseJobSpecYaml(std::string("name: ab\xff\n"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("name: not valid UTF-8 (at byte 2)"));
+  // 100 Greek letters are 200 bytes and a valid name.
+  std::string greek;
+  for (int i = 0; i < 100; ++i) greek += "\xce\xb1";
+  spec = ParseValidated(std::string(kValid) + "name: " + greek + "\n");
+  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'name'"));
+  absl::StatusOr<v1::JobSpec> base = ParseValidated(kValid);
+  ASSERT_TRUE(base.ok());
+  base->set_name(greek);
+  EXPECT_TRUE(ValidateJobSpec(*base).ok()) << ValidateJobSpec(*base);
+  base->set_name(greek + greek);
+  EXPECT_THAT(ValidateJobSpec(*base).message(), HasSubstr("name = 200 characters"));
+}
+
+TEST(JobSpec, AnOverrideKeyOfManyPartsIsRefusedAtOnce) {
+  v1::JobSpec spec;
+  std::string key = "a";
+  for (int i = 0; i < 16000; ++i) key += ".a";
+  const absl::Status s = ApplyOverrides({key + "=1"}, &spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("a key of 16001 parts; spec keys have at most 8"));
+}
+
 TEST(JobSpec, WrongTypeNamesFieldAndValue) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: lots\n");
   ASSERT_FALSE(spec.ok());
