@@ -611,14 +611,19 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   const std::set<int> states(request.states().begin(), request.states().end());
   absl::MutexLock lock(&mu_);
   v1::ListJobsResponse response;
+  // A page also ends at list_page_bytes (with at least one job in it).
+  size_t bytes = 0;
   for (auto it = std::make_reverse_iterator(job_order_.lower_bound(before));
        it != job_order_.rend(); ++it) {
     const v1::Job& j = jobs_.at(it->second).record.job;
     if (!states.empty() && states.count(j.state()) == 0) continue;
-    if (response.jobs_size() == page_size) {
+    const size_t size = j.ByteSizeLong();
+    if (response.jobs_size() == page_size ||
+        (response.jobs_size() > 0 && bytes + size > options_.list_page_bytes)) {
       response.set_next_page_token(absl::StrCat(std::prev(it)->first));
       break;
     }
+    bytes += size;
     *response.add_jobs() = j;
   }
   return response;

@@ -49,6 +49,10 @@ struct CoordinatorOptions {
   int64_t agent_silence_ms = 0;
   // Rendezvous ports are kMasterPortBase + an offset that changes per attempt.
   int32_t master_port_base = 29500;
+  // Bytes of jobs in one ListJobs page (besides page_size): half of gRPC's
+  // default 4 MiB message limit, which jobs with large specs once passed,
+  // breaking `ballast list` for every user. The client follows the pages.
+  size_t list_page_bytes = size_t{2} << 20;
   // Unix time in ms. Tests pass a fake clock to expire leases on demand.
   std::function<int64_t()> now_ms;
 };

@@ -31,6 +31,7 @@ class CoordinatorTest : public ::testing::Test {
     o.stop_grace_ms = 5;
     o.agent_silence_ms = agent_silence_ms_;
     o.now_ms = [this] { return now_.load(); };
+    o.list_page_bytes = list_page_bytes_;
     return o;
   }
 
@@ -217,6 +218,7 @@ class CoordinatorTest : public ::testing::Test {
   std::atomic<int64_t> now_{1'700'000'000'000};
   int64_t retention_ = 10000;
   int64_t agent_silence_ms_ = 0;
+  size_t list_page_bytes_ = size_t{2} << 20;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
@@ -650,6 +652,28 @@ TEST_F(CoordinatorTest, ListJobsFiltersByStateAndPagesNewestFirst) {
   r.set_page_token("");
   r.set_page_size(1001);
   EXPECT_EQ(c_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, ListJobsPagesByBytesSoThatLargeSpecsNeverOverflowAReply) {
+  const v1::Job first = Submit();
+  const size_t one_job = first.ByteSizeLong();
+  const v1::Job second = Submit(), third = Submit();
+  // A page holds what fits in the budget, and at least one job.
+  for (const size_t budget : {size_t{1}, 2 * one_job + 16}) {
+    SCOPED_TRACE(budget);
+    list_page_bytes_ = budget;
+    Reopen();
+    v1::ListJobsRequest request;
+    std::vector<std::string> listed;
+    do {
+      auto page = c_->ListJobs(request);
+      ASSERT_TRUE(page.ok()) << page.status();
+      EXPECT_LE(page->jobs_size(), budget == 1 ? 1 : 2);
+      for (const v1::Job& j : page->jobs()) listed.push_back(j.id());
+      request.set_page_token(page->next_page_token());
+    } while (!request.page_token().empty());
+    EXPECT_THAT(listed, ::testing::ElementsAre(third.id(), second.id(), first.id()));
+  }
 }
 
 TEST_F(CoordinatorTest, WatchReplaysAfterSeqThenStreamsLiveEventsUntilTerminal) {
