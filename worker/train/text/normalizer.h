@@ -1,6 +1,13 @@
 // The tokenizer.json `normalizer`: none, or Unicode NFC (Qwen2/Qwen3), also
 // when written as a Sequence of NFC steps (NFC is idempotent). Any other type
 // is refused at load. Thread-safe.
+//
+// NFC as `tokenizers` computes it, which is not quite today's NFC: its
+// tables (the `unicode-normalization-alignments` crate) are Unicode 9.0, so
+// the combining marks assigned since then are inert starters there: never
+// reordered, never composed. Normalize treats those code points the same
+// way (kNewerThanTokenizersTables in normalizer.cc), and runs utf8proc's NFC
+// on the text between them.
 #ifndef BALLAST_WORKER_TRAIN_TEXT_NORMALIZER_H_
 #define BALLAST_WORKER_TRAIN_TEXT_NORMALIZER_H_
 
