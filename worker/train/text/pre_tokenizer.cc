@@ -89,7 +89,8 @@ void SplitPattern::CodeDeleter::operator()(pcre2_real_code_8* code) const { pcre
 absl::StatusOr<SplitPattern> SplitPattern::Compile(std::string_view pattern, bool literal) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL refuses PCRE2_UCP, which a literal does not need.
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
