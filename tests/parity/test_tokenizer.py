@@ -284,6 +284,39 @@ def test_llama3_style_trained_tokenizer_matches_tokenizers(tmp_path):
     assert reference.encode("hi", add_special_tokens=True).ids[0] == bos
 
 
+def every_code_point():
+    """The planes in use (0-3 and 14), without surrogates."""
+    return [c for c in list(range(0x40000)) + list(range(0xE0000, 0xE0200))
+            if not 0xD800 <= c < 0xE000]
+
+
+@pytest.mark.parametrize("regex", [QWEN_REGEX, QWEN3_6_REGEX])
+def test_regex_classes_match_oniguruma_on_every_code_point(tmp_path, regex):
+    """PCRE2 and Oniguruma (which `tokenizers` uses) must agree on which code
+    points are \\p{L}, \\p{N}, \\p{M} and \\s, and which fold to the letters
+    of the contractions. The probes tell these apart: " c" joins a letter run
+    before "a", stands alone as a digit, and splits differently as space or
+    punctuation; "a'cb" splits as a contraction only for s, t, m, d and
+    their case variants (like U+017F, long s)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    texts = [p for c in every_code_point() for p in (" " + chr(c) + "a 1", "a'" + chr(c) + "b")]
+    expected = [[piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(t)] for t in texts]
+    proc = subprocess.run([TOOL, "--pre-tokenize", path],
+                          input="".join(json.dumps({"text": t}) + "\n" for t in texts),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.split("\n")[:-1]]
+    assert len(replies) == len(texts)
+    wrong = sorted({f"U+{ord(t[1] if t[0] == ' ' else t[2]):04X}"
+                    for t, e, r in zip(texts, expected, replies) if r.get("pieces") != e})
+    assert not wrong, f"the regex splits differently around {len(wrong)} code points: {wrong[:40]}"
+
+
 def test_nfc_matches_tokenizers_around_every_code_point(tmp_path):
     """NFC on every code point of the planes in use, between marks of
     combining classes 230 and 220, and before U+0301: a mark ordered or
@@ -297,9 +330,7 @@ def test_nfc_matches_tokenizers_around_every_code_point(tmp_path):
     tok.decoder = decoders.ByteLevel()
     path = str(tmp_path / "tokenizer.json")
     tok.save(path)
-    code_points = [c for c in list(range(0x40000)) + list(range(0xE0000, 0xE0200))
-                   if not 0xD800 <= c < 0xE000]
-    texts = [p for c in code_points for p in ("\u0301" + chr(c) + "\u0316", chr(c) + "\u0301")]
+    texts = [p for c in every_code_point() for p in ("\u0301" + chr(c) + "\u0316", chr(c) + "\u0301")]
     expected = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     replies = run_tool(path, [{"text": t} for t in texts])
     wrong = sorted({f"U+{ord(t[1] if t[0] == chr(0x301) else t[0]):04X}"

@@ -7,13 +7,18 @@
 // each output line is {"ids": [...], "decoded": str} (the text encoded, and
 // those ids decoded) or {"decoded": str}, or {"error": str} when that line
 // fails. With --template it prints the post-processor's
-// {"prefix": [...], "suffix": [...]} instead. Exit code 2 when the tokenizer
-// does not load, with the reason on stderr.
+// {"prefix": [...], "suffix": [...]} instead. With --pre-tokenize it runs
+// only the json's pre_tokenizer on each {"text": str} and writes
+// {"pieces": [...]}, in byte symbols as `tokenizers`' pre_tokenize_str does.
+// Exit code 2 when the tokenizer does not load, with the reason on stderr.
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "worker/train/text/byte_level.h"
+#include "worker/train/text/pre_tokenizer.h"
 #include "worker/train/text/tokenizer.h"
 
 namespace {
@@ -36,13 +41,40 @@ nlohmann::json Process(const ballast::train::Tokenizer& tokenizer, const nlohman
   return reply;
 }
 
+int PreTokenize(const std::string& path) {
+  absl::StatusOr<ballast::train::PreTokenizer> pre_tokenizer =
+      ballast::train::PreTokenizer::FromJson(
+          nlohmann::json::parse(std::ifstream(path))["pre_tokenizer"]);
+  if (!pre_tokenizer.ok()) {
+    std::cerr << pre_tokenizer.status() << "\n";
+    return 2;
+  }
+  std::string line;
+  std::vector<std::string_view> pieces;
+  while (std::getline(std::cin, line)) {
+    const std::string text = nlohmann::json::parse(line).at("text").get<std::string>();
+    pieces.clear();
+    if (absl::Status status = pre_tokenizer->Split(text, &pieces); !status.ok()) {
+      std::cout << nlohmann::json{{"error", status.ToString()}}.dump() << "\n";
+      continue;
+    }
+    nlohmann::json symbols = nlohmann::json::array();
+    for (const std::string_view piece : pieces)
+      symbols.push_back(ballast::train::BytesToSymbols(piece));
+    std::cout << nlohmann::json{{"pieces", symbols}}.dump() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const bool template_only = args.size() == 2 && args[0] == "--template";
+  if (args.size() == 2 && args[0] == "--pre-tokenize") return PreTokenize(args[1]);
   if (args.size() != 1 && !template_only) {
-    std::cerr << "usage: tokenize_check [--template] TOKENIZER_JSON_OR_DIR < in.jsonl\n";
+    std::cerr << "usage: tokenize_check [--template | --pre-tokenize] TOKENIZER_JSON_OR_DIR "
+                 "< in.jsonl\n";
     return 2;
   }
   absl::StatusOr<ballast::train::Tokenizer> tokenizer =

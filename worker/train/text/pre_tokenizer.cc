@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/train/text/oniguruma_classes.h"
 #include "worker/train/text/utf8.h"
 
 namespace ballast::train {
@@ -87,16 +88,22 @@ absl::Status AddSteps(const nlohmann::json& step, std::vector<SplitPattern>* ste
 void SplitPattern::CodeDeleter::operator()(pcre2_real_code_8* code) const { pcre2_code_free(code); }
 
 absl::StatusOr<SplitPattern> SplitPattern::Compile(std::string_view pattern, bool literal) {
+  std::string source(pattern);
+  if (!literal) {
+    absl::StatusOr<std::string> rewritten = OnigurumaClassesForPcre2(pattern);
+    if (!rewritten.ok()) return rewritten.status();
+    source = *std::move(rewritten);
+  }
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   // PCRE2_LITERAL refuses PCRE2_UCP, which a literal does not need.
   const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("pre_tokenizer Split regex ", std::string(pattern),
-                     " does not compile at offset ", error_offset, ": ", Pcre2Message(error_code)));
+                     " does not compile: ", Pcre2Message(error_code)));
   }
   // Without a JIT (an unsupported CPU, or no executable memory) pcre2_match
   // runs the interpreter on the same code: slower, same matches.

@@ -8,8 +8,10 @@
 // Hugging Face's `tokenizers` without saying so.
 //
 // Regexes run on PCRE2 with PCRE2_UTF | PCRE2_UCP, so \p{L}, \s and (?i:...)
-// are Unicode-aware as in Oniguruma, which `tokenizers` uses; JIT-compiled
-// when the platform has a JIT. Thread-safe: matching state lives per call.
+// are Unicode-aware as in Oniguruma, which `tokenizers` uses, and their
+// classes are spelt out to Oniguruma's Unicode tables first
+// (oniguruma_classes.h); JIT-compiled when the platform has a JIT.
+// Thread-safe: matching state lives per call.
 #ifndef BALLAST_WORKER_TRAIN_TEXT_PRE_TOKENIZER_H_
 #define BALLAST_WORKER_TRAIN_TEXT_PRE_TOKENIZER_H_
 
@@ -29,8 +31,9 @@ namespace ballast::train {
 // One compiled Split step.
 class SplitPattern {
  public:
-  // `pattern` is a regex, or a literal when `literal`. INVALID_ARGUMENT with
-  // PCRE2's message and the offset when the regex does not compile.
+  // `pattern` is a regex in Oniguruma syntax, or a literal when `literal`.
+  // INVALID_ARGUMENT with PCRE2's message when the regex does not compile,
+  // or as OnigurumaClassesForPcre2.
   static absl::StatusOr<SplitPattern> Compile(std::string_view pattern, bool literal);
 
   // Appends the pieces of `text` (valid UTF-8), in order and covering all of
