@@ -84,9 +84,12 @@ def random_number(rng):
 
 
 def random_code_point(rng):
-    # Old, stable blocks only: PCRE2 10.42 knows Unicode 14, utf8proc and
-    # Oniguruma other versions, and a character new to one of them is not
-    # what this test is about. No surrogates: a Python str can't be UTF-8.
+    # Mostly the blocks text is written in, sometimes anything in the planes
+    # in use (the Unicode versions of the engines differ, and are aligned by
+    # the tokenizer). No surrogates: a Python str with one can't be UTF-8.
+    if rng.random() < 0.2:
+        c = rng.randrange(0x40000)
+        return chr(c) if not 0xD800 <= c < 0xE000 else "?"
     low, high = rng.choice([(0x20, 0x7E), (0x00, 0x1F), (0xA0, 0x24F), (0x300, 0x36F),
                             (0x370, 0x52F), (0x590, 0x6FF), (0x900, 0xDFF), (0x1100, 0x11FF),
                             (0x1E00, 0x1FFF), (0x2000, 0x2BFF), (0x3000, 0x30FF),
@@ -317,25 +320,59 @@ def test_regex_classes_match_oniguruma_on_every_code_point(tmp_path, regex):
     assert not wrong, f"the regex splits differently around {len(wrong)} code points: {wrong[:40]}"
 
 
-def test_nfc_matches_tokenizers_around_every_code_point(tmp_path):
-    """NFC on every code point of the planes in use, between marks of
-    combining classes 230 and 220, and before U+0301: a mark ordered or
-    composed differently changes the bytes. A byte-only vocabulary (no
-    merges) makes the ids those bytes. This is what keeps the list of marks
-    that `tokenizers`' Unicode 9.0 tables lack (normalizer.cc) complete."""
+def byte_only_tokenizer(nfc):
+    """No merges: the ids are the bytes of what normalization and the added
+    tokens leave, so a difference in either shows in the ids."""
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())},
                                merges=[]))
-    tok.normalizer = normalizers.NFC()
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    path = str(tmp_path / "tokenizer.json")
-    tok.save(path)
-    texts = [p for c in every_code_point() for p in ("\u0301" + chr(c) + "\u0316", chr(c) + "\u0301")]
+    return tok
+
+
+def check_code_point_probes(path, tok, texts, code_point_of, what):
     expected = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     replies = run_tool(path, [{"text": t} for t in texts])
-    wrong = sorted({f"U+{ord(t[1] if t[0] == chr(0x301) else t[0]):04X}"
+    wrong = sorted({f"U+{code_point_of(t):04X}"
                     for t, e, r in zip(texts, expected, replies) if r.get("ids") != e})
-    assert not wrong, f"NFC differs from tokenizers around {len(wrong)} code points: {wrong[:40]}"
+    assert not wrong, f"{what} differs from tokenizers around {len(wrong)} code points: {wrong[:40]}"
+
+
+def test_added_token_boundaries_match_tokenizers_on_every_code_point(tmp_path):
+    """single_word asks whether a neighbour is a word character (Rust's \\w),
+    lstrip and rstrip what is whitespace (Rust's \\s): every code point on
+    either side of such tokens."""
+    tok = byte_only_tokenizer(nfc=False)
+    tok.add_tokens([AddedToken("word", single_word=True, normalized=False),
+                    AddedToken("<t>", lstrip=True, rstrip=True, normalized=False)])
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    texts = [p for c in every_code_point()
+             for p in ("word" + chr(c), chr(c) + "word", chr(c) + "<t>" + chr(c))]
+    check_code_point_probes(path, tok, texts,
+                            lambda t: ord(t[-1] if t.startswith("word") else t[0]),
+                            "the added-token boundary")
+
+
+def test_nfc_matches_tokenizers_around_every_code_point(tmp_path):
+    """NFC on every code point of the planes in use, between marks of
+    combining classes 230 and 220, before U+0301, and after a Hangul
+    leading consonant and a syllable: a mark ordered or composed differently
+    changes the bytes. This is what keeps the list of
+    marks that `tokenizers`' Unicode 9.0 tables lack (normalizer.cc)
+    complete."""
+    tok = byte_only_tokenizer(nfc=True)
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    # After a Hangul L jamo and an LV syllable, for the Hangul composition.
+    texts = [p for c in every_code_point()
+             for p in ("\u0301" + chr(c) + "\u0316", chr(c) + "\u0301", "\u1100" + chr(c),
+                       "\uAC00" + chr(c))]
+    check_code_point_probes(path, tok, texts,
+                            lambda t: ord(t[0] if t[-1] == "\u0301" and len(t) == 2 else t[1]),
+                            "NFC")
 
 
 @pytest.mark.parametrize("vocab_file,regex", [("qwen.tiktoken", QWEN_REGEX),

@@ -15,6 +15,22 @@ bool IsWhitespace(char32_t c) {
          c == 0x3000;
 }
 
+// The word characters of Unicode 16, which the Rust regex crate in
+// `tokenizers` 0.22.2 knows, that utf8proc's Unicode 15 tables lack. Found by
+// asking `tokenizers` about every code point; the parity test
+// (tests/parity/test_tokenizer.py) asks again, so a change on either side
+// fails there.
+constexpr CodePointRange kWordCharactersNewerThanUtf8proc[] = {
+    {0x897, 0x897},     {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},
+    {0x105C0, 0x105F3}, {0x10D40, 0x10D65}, {0x10D69, 0x10D6D}, {0x10D6F, 0x10D85},
+    {0x10EC2, 0x10EC4}, {0x10EFC, 0x10EFC}, {0x11380, 0x11389}, {0x1138B, 0x1138B},
+    {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113C0}, {0x113C2, 0x113C2},
+    {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D3}, {0x113E1, 0x113E2},
+    {0x116D0, 0x116E3}, {0x11BC0, 0x11BE0}, {0x11BF0, 0x11BF9}, {0x11F5A, 0x11F5A},
+    {0x13460, 0x143FA}, {0x16100, 0x16139}, {0x16D40, 0x16D6C}, {0x16D70, 0x16D79},
+    {0x18CFF, 0x18CFF}, {0x1CCF0, 0x1CCF9}, {0x1E5D0, 0x1E5FA}, {0x2EBF0, 0x2EE5D},
+};
+
 // Rust's regex \w: Alphabetic, marks, decimal digits, connector punctuation
 // and the joiners. Alphabetic is the letters, letter numbers, and
 // Other_Alphabetic: marks (already in) and the circled and squared Latin
@@ -36,7 +52,7 @@ bool IsWordCharacter(char32_t c) {
     default:
       return c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) ||
              (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
-             (c >= 0x1F170 && c <= 0x1F189);
+             (c >= 0x1F170 && c <= 0x1F189) || InRanges(c, kWordCharactersNewerThanUtf8proc);
   }
 }
 

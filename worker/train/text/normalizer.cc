@@ -1,10 +1,7 @@
 #include "worker/train/text/normalizer.h"
 
-#include <algorithm>
 #include <cstdlib>
-#include <iterator>
 #include <memory>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "utf8proc.h"
@@ -13,32 +10,29 @@
 namespace ballast::train {
 namespace {
 
-// The code points that have NFC data (a combining class) in utf8proc's
-// Unicode 15 tables but none in the Unicode 9.0 tables of `tokenizers`,
-// as inclusive ranges. Found by comparing the NFC of `tokenizers` 0.22 with
-// Python's unicodedata on probe strings around every code point that utf8proc
-// gives NFC data; the parity test (tests/parity/test_tokenizer.py) probes
-// every code point again, so a newer utf8proc that knows more marks fails
-// there rather than here in silence.
-constexpr std::pair<char32_t, char32_t> kNewerThanTokenizersTables[] = {
+// The code points that NFC must leave as inert starters (never reordered,
+// never composed) to match `tokenizers`, as inclusive ranges: U+11A7, the
+// Hangul trailing-consonant base, which is no trailing consonant but which
+// utf8proc 2.6 composes into (and so drops after) a preceding LV syllable;
+// and those that have NFC data (a combining class) in utf8proc's Unicode 15
+// tables but none in the Unicode 9.0 tables of `tokenizers`. Found by comparing the NFC of
+// `tokenizers` 0.22 with Python's unicodedata on probe strings around every code point that
+// utf8proc gives NFC data; the parity test (tests/parity/test_tokenizer.py) probes every code point
+// again, so a newer utf8proc that knows more marks fails there rather than here in silence.
+constexpr CodePointRange kInertStarters[] = {
     {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},
-    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},
-    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},   {0x10D24, 0x10D27},
-    {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85},
-    {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
-    {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34},
-    {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45},
-    {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F},
-    {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF},
+    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x11A7, 0x11A7},
+    {0x1715, 0x1715},   {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},
+    {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E},
+    {0x11839, 0x1183A}, {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0},
+    {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42},
+    {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1},
+    {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF},
+    {0x1E4EC, 0x1E4EF},
 };
 
-bool NewerThanTokenizersTables(char32_t code_point) {
-  // The ranges are sorted: find the last one that starts at or before it.
-  const auto* after = std::partition_point(
-      std::begin(kNewerThanTokenizersTables), std::end(kNewerThanTokenizersTables),
-      [code_point](const auto& range) { return range.first <= code_point; });
-  return after != std::begin(kNewerThanTokenizersTables) && code_point <= (after - 1)->second;
-}
+bool IsInertStarter(char32_t code_point) { return InRanges(code_point, kInertStarters); }
 
 // utf8proc's NFC of `text` (valid UTF-8) appended to `out`.
 absl::Status AppendNfc(std::string_view text, std::string* out) {
@@ -91,7 +85,7 @@ absl::StatusOr<std::string> Normalizer::Normalize(std::string_view text) const {
   size_t stretch_start = 0;
   for (size_t pos = 0; pos < text.size();) {
     const size_t start = pos;
-    if (!NewerThanTokenizersTables(NextCodePoint(text, &pos))) continue;
+    if (!IsInertStarter(NextCodePoint(text, &pos))) continue;
     if (absl::Status status =
             AppendNfc(text.substr(stretch_start, start - stretch_start), &normalized);
         !status.ok()) {

@@ -6,8 +6,8 @@
 // tables (the `unicode-normalization-alignments` crate) are Unicode 9.0, so
 // the combining marks assigned since then are inert starters there: never
 // reordered, never composed. Normalize treats those code points the same
-// way (kNewerThanTokenizersTables in normalizer.cc), and runs utf8proc's NFC
-// on the text between them.
+// way (kInertStarters in normalizer.cc, which also works around a utf8proc
+// bug with U+11A7), and runs utf8proc's NFC on the text between them.
 #ifndef BALLAST_WORKER_TRAIN_TEXT_NORMALIZER_H_
 #define BALLAST_WORKER_TRAIN_TEXT_NORMALIZER_H_
 

@@ -1,5 +1,6 @@
 #include "worker/train/text/utf8.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace ballast::train {
@@ -101,6 +102,15 @@ std::string Utf8Lossy(std::string_view bytes) {
     }
   }
   return out;
+}
+
+bool InRanges(char32_t code_point, absl::Span<const CodePointRange> ranges) {
+  // The last range that starts at or before the code point is the only one
+  // that can hold it.
+  const auto after =
+      std::partition_point(ranges.begin(), ranges.end(),
+                           [code_point](const CodePointRange& r) { return r.first <= code_point; });
+  return after != ranges.begin() && code_point <= (after - 1)->last;
 }
 
 }  // namespace ballast::train

@@ -100,6 +100,10 @@ TEST(Tokenizer, SingleWordTokensMatchOnlyBetweenNonWordCharacters) {
   EXPECT_EQ(Encode(tokenizer, "word_"), Bytes("word_"));  // '_' is a word character
   // A combining mark after it is a word character to Rust's \w too.
   EXPECT_EQ(Encode(tokenizer, "word\u0301"), Bytes("word\u0301"));
+  // So is a Unicode 16 letter (Todhri), which utf8proc's tables predate.
+  EXPECT_EQ(Encode(tokenizer, "word\U000105C0"), Bytes("word\U000105C0"));
+  // And the circled letters, Alphabetic though So.
+  EXPECT_EQ(Encode(tokenizer, "\u24B6word"), Bytes("\u24B6word"));
 }
 
 TEST(Tokenizer, NfcComposesBeforeBpe) {
@@ -110,6 +114,10 @@ TEST(Tokenizer, NfcComposesBeforeBpe) {
   // (class 9) is not moved before U+0351 (class 230).
   EXPECT_EQ(Encode(tokenizer, "\u0351\u0D3B"), Bytes("\u0351\u0D3B"));
   EXPECT_EQ(Encode(tokenizer, "a\u0301\u0323"), Bytes("\u1EA1\u0301"));
+  // Hangul composes; U+11A7 is no trailing consonant and stays (utf8proc 2.6
+  // would compose it away).
+  EXPECT_EQ(Encode(tokenizer, "\u1100\u1161\u11A8"), Bytes("\uAC01"));
+  EXPECT_EQ(Encode(tokenizer, "\uAC00\u11A7"), Bytes("\uAC00\u11A7"));
 }
 
 TEST(Tokenizer, NormalizedAddedTokensMatchTheNormalizedText) {
