@@ -46,8 +46,24 @@ absl::StatusOr<std::string> OnigurumaClassesForPcre2(std::string_view regex) {
         class_first = i + 1;
         continue;
       }
-      if (in_class && c == '[' && i + 1 < regex.size() && regex[i + 1] == ':') {
-        return Refused("a POSIX class [:...:]", kDiffers);
+      // Ruby syntax, which Oniguruma follows in `tokenizers`, nests classes
+      // and intersects them with && where PCRE2 reads literals; its ^ and $
+      // match at every line, and its (?m) is PCRE2's (?s).
+      if (in_class && c == '[') return Refused("'[' inside [...]", kDiffers);
+      if (in_class && c == '&' && i + 1 < regex.size() && regex[i + 1] == '&') {
+        return Refused("&& inside [...]", kDiffers);
+      }
+      if (!in_class && (c == '^' || c == '$')) {
+        return Refused(regex.substr(i, 1), "Oniguruma anchors it at every line");
+      }
+      if (!in_class && c == '(' && i + 2 < regex.size() && regex[i + 1] == '?') {
+        const size_t end =
+            regex.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-", i + 2);
+        const std::string_view options = regex.substr(
+            i + 2, end == std::string_view::npos ? std::string_view::npos : end - i - 2);
+        if (options.find_first_not_of("i-") != std::string_view::npos) {
+          return Refused(absl::StrCat("(?", std::string(options)), "only the option i is");
+        }
       }
       if (in_class && c == ']' && i != class_first) in_class = false;
       out += c;

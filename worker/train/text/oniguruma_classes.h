@@ -8,8 +8,10 @@
 //                      PCRE2 does not (letters, digits and marks assigned in
 //                      Unicode 15 and 16);
 //   \s \S              become White_Space and its complement.
-// Escapes whose sets may differ and are not rewritten (\w, \d, \b, \h, \v,
-// other \p{...} classes, POSIX classes) are refused. Stateless.
+// What reads differently in Oniguruma's Ruby syntax and is not rewritten is
+// refused: escapes whose sets may differ (\w, \d, \b, \h, \v, other \p{...}
+// classes), nested classes and && inside [...], the line anchors ^ and $,
+// and inline options other than i. Stateless.
 #ifndef BALLAST_WORKER_TRAIN_TEXT_ONIGURUMA_CLASSES_H_
 #define BALLAST_WORKER_TRAIN_TEXT_ONIGURUMA_CLASSES_H_
 
@@ -21,8 +23,8 @@
 namespace ballast::train {
 
 // `regex` (Oniguruma syntax, as in tokenizer.json) with its classes spelt
-// for PCRE2 with PCRE2_UTF | PCRE2_UCP. INVALID_ARGUMENT naming the escape
-// when the regex uses one that is refused, or \P{..} or \S inside [...].
+// for PCRE2 with PCRE2_UTF | PCRE2_UCP. INVALID_ARGUMENT naming what the
+// regex uses that is refused, or \P{..} or \S inside [...].
 absl::StatusOr<std::string> OnigurumaClassesForPcre2(std::string_view regex);
 
 }  // namespace ballast::train

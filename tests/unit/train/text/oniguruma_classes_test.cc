@@ -38,6 +38,14 @@ TEST(OnigurumaClasses, MongolianVowelSeparatorIsNotWhitespace) {
   EXPECT_THAT(Pieces("a \u2003b"), ElementsAre("a", " ", "\u2003b"));
 }
 
+TEST(OnigurumaClasses, KeepsLookaroundsGroupsAndTheCaseOption) {
+  const std::string regex = R"((?i:'s)(?:x)(?!\S)(?<=a)(?-i:b)[$^])";
+  absl::StatusOr<std::string> rewritten = OnigurumaClassesForPcre2(regex);
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status();
+  EXPECT_THAT(*rewritten, StartsWith("(?i:'s)(?:x)(?![^"));
+  EXPECT_THAT(*rewritten, testing::EndsWith("(?<=a)(?-i:b)[$^]"));
+}
+
 TEST(OnigurumaClasses, RewritesInsideAndOutsideBrackets) {
   absl::StatusOr<std::string> rewritten = OnigurumaClassesForPcre2(R"([^\s\p{N}]\p{M}\S\P{L}\\s)");
   ASSERT_TRUE(rewritten.ok()) << rewritten.status();
@@ -56,7 +64,8 @@ TEST(OnigurumaClasses, RewritesInsideAndOutsideBrackets) {
 
 TEST(OnigurumaClasses, RefusesEscapesWhoseSetsItDoesNotAlign) {
   for (const char* regex : {R"(\w+)", R"(\d)", R"(\b)", R"([\p{Lu}])", R"(\pL)", R"([\P{L}])",
-                            R"([\S])", R"([[:alpha:]])"}) {
+                            R"([\S])", R"([[:alpha:]])", R"([a-z&&[^b]])", R"(^a)", R"(a$)",
+                            R"((?m).)", R"((?x) a)", R"((?im:a))"}) {
     const absl::Status status = OnigurumaClassesForPcre2(regex).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << regex;
     EXPECT_THAT(status.message(), HasSubstr("is not supported")) << regex;
