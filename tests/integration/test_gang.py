@@ -13,6 +13,7 @@ import time
 import urllib.request
 import uuid
 
+import psutil
 import pytest
 
 from cluster import Cluster, train_ranks, wait_for, write_spec
@@ -43,6 +44,15 @@ def finish(c, request):
     c.stop()
     if failed is not None and failed.failed:
         print(c.logs())
+
+
+def alive(process):
+    """Running and not a zombie; a process that exits between the two
+    questions is gone (psutil raises then)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def rank_of(process):
@@ -110,7 +120,7 @@ def test_b_a_rank_killed_mid_run_ends_its_peers_and_the_job_resumes_and_finishes
     ranks[1].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     peers = [ranks[r] for r in (0, 2, 3)]
-    wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in peers), 30,
+    wait_for(lambda: not any(alive(p) for p in peers), 30,
              "the peers of the killed rank to exit")
     assert time.monotonic() - killed_at < 30
     # Every peer names the killed rank: rank 0 keeps its store up until the
