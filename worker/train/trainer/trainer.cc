@@ -276,7 +276,10 @@ absl::Status Trainer::RunSteps() {
     if (verdict.action == GuardAction::kApply) {
       if (absl::Status s = AfterAppliedStep(pos); !s.ok()) return s;
     }
-    if (observer_->StopRequested()) {
+    // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
+    // and a rank that stopped alone would leave the others in the next
+    // step's collectives, failing them with "lost rank".
+    if (collectives_->Max(observer_->StopRequested() ? 1 : 0) != 0) {
       Log("info", absl::StrCat("cancelled after step ", pos.step));
       return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
     }
