@@ -10,6 +10,13 @@
 // {"prefix": [...], "suffix": [...]} instead. With --pre-tokenize it runs
 // only the json's pre_tokenizer on each {"text": str} and writes
 // {"pieces": [...]}, in byte symbols as `tokenizers`' pre_tokenize_str does.
+// With --chat TEMPLATE it runs a built-in chat template (chat_template.h) on
+// each {"messages": [{"role", "content", "reasoning_content"?}],
+// "train_on": "assistant" | "all", "add_generation_prompt": bool} and writes
+// {"text": str, "ids": [...], "supervised": [0 | 1, ...]}: the rendering,
+// and the encoding with its mask (only without a generation prompt, which
+// training data never has), or {"error": str}
+// (tests/parity/test_chat_template.py).
 // Exit code 2 when the tokenizer does not load, with the reason on stderr.
 #include <fstream>
 #include <iostream>
@@ -18,6 +25,7 @@
 
 #include "nlohmann/json.hpp"
 #include "worker/train/text/byte_level.h"
+#include "worker/train/text/chat_template.h"
 #include "worker/train/text/pre_tokenizer.h"
 #include "worker/train/text/tokenizer.h"
 
@@ -66,15 +74,48 @@ int PreTokenize(const std::string& path) {
   return 0;
 }
 
+nlohmann::json Chat(const ballast::train::ChatTemplate& chat_template,
+                    const ballast::train::Tokenizer& tokenizer, const nlohmann::json& request) {
+  std::vector<ballast::train::ChatMessage> messages;
+  for (const nlohmann::json& message : request.at("messages")) {
+    messages.push_back({message.at("role").get<std::string>(),
+                        message.at("content").get<std::string>(), std::nullopt});
+    if (message.contains("reasoning_content")) {
+      messages.back().reasoning = message["reasoning_content"].get<std::string>();
+    }
+  }
+  const bool generation_prompt = request.value("add_generation_prompt", false);
+  absl::StatusOr<std::string> text = chat_template.Render(messages, generation_prompt);
+  if (!text.ok()) return {{"error", text.status().ToString()}};
+  nlohmann::json reply = {{"text", *text}};
+  if (generation_prompt) return reply;
+  const auto train_on = request.value("train_on", "assistant") == "all"
+                            ? ballast::train::TrainOn::kAll
+                            : ballast::train::TrainOn::kAssistant;
+  absl::StatusOr<ballast::train::EncodedChat> encoded =
+      chat_template.Encode(tokenizer, messages, train_on);
+  if (!encoded.ok()) return {{"error", encoded.status().ToString()}};
+  reply["ids"] = encoded->ids;
+  reply["supervised"] = encoded->supervised;
+  return reply;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const bool template_only = args.size() == 2 && args[0] == "--template";
+  const bool chat = args.size() == 3 && args[0] == "--chat";
   if (args.size() == 2 && args[0] == "--pre-tokenize") return PreTokenize(args[1]);
-  if (args.size() != 1 && !template_only) {
-    std::cerr << "usage: tokenize_check [--template | --pre-tokenize] TOKENIZER_JSON_OR_DIR "
-                 "< in.jsonl\n";
+  if (args.size() != 1 && !template_only && !chat) {
+    std::cerr << "usage: tokenize_check [--template | --pre-tokenize | --chat TEMPLATE] "
+                 "TOKENIZER_JSON_OR_DIR < in.jsonl\n";
+    return 2;
+  }
+  absl::StatusOr<ballast::train::ChatTemplate> chat_template =
+      ballast::train::ChatTemplate::Named(chat ? args[1] : "chatml");
+  if (!chat_template.ok()) {
+    std::cerr << chat_template.status() << "\n";
     return 2;
   }
   absl::StatusOr<ballast::train::Tokenizer> tokenizer =
@@ -92,7 +133,10 @@ int main(int argc, char** argv) {
   }
   std::string line;
   while (std::getline(std::cin, line)) {
-    std::cout << Process(*tokenizer, nlohmann::json::parse(line)).dump() << "\n";
+    const nlohmann::json request = nlohmann::json::parse(line);
+    std::cout
+        << (chat ? Chat(*chat_template, *tokenizer, request) : Process(*tokenizer, request)).dump()
+        << "\n";
   }
   return 0;
 }

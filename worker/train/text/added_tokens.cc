@@ -120,6 +120,23 @@ AddedTokenMatcher::Match AddedTokenMatcher::Find(std::string_view text, size_t f
   return Match{text.size(), text.size(), -1};
 }
 
+const AddedToken* AddedTokenMatcher::FindSpecial(std::string_view text) const {
+  for (size_t start = 0; start < text.size(); ++start) {
+    if (!first_bytes_.test(static_cast<uint8_t>(text[start]))) continue;
+    int32_t node = 0;
+    for (size_t pos = start; pos < text.size(); ++pos) {
+      const auto it =
+          edges_.find(static_cast<uint64_t>(node) * 256 + static_cast<uint8_t>(text[pos]));
+      if (it == edges_.end()) break;
+      node = it->second;
+      if (token_at_[node] >= 0 && tokens_[token_at_[node]].special) {
+        return &tokens_[token_at_[node]];
+      }
+    }
+  }
+  return nullptr;
+}
+
 void AddedTokenMatcher::Split(std::string_view text, bool allow_special,
                               std::vector<TextSegment>* segments) const {
   size_t segment_start = 0;

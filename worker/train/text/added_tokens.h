@@ -51,6 +51,12 @@ class AddedTokenMatcher {
   // into `text`. Special tokens are matched only when `allow_special`.
   void Split(std::string_view text, bool allow_special, std::vector<TextSegment>* segments) const;
 
+  // The special token whose pattern occurs first in `text`, the shortest at
+  // that place; nullptr when none. Every occurrence counts, also one that
+  // Split would skip (single_word) or hide behind an overlapping match: the
+  // question is whether the text could become a control token at all.
+  const AddedToken* FindSpecial(std::string_view text) const;
+
  private:
   struct Match {
     size_t start;

@@ -133,11 +133,13 @@ const std::string* Bpe::IdToToken(TokenId id) const {
   return it == tokens_.end() ? nullptr : &it->second;
 }
 
-void Bpe::Tokenize(std::string_view bytes, std::vector<TokenId>* ids) const {
+void Bpe::Tokenize(std::string_view bytes, std::vector<TokenId>* ids,
+                   std::vector<size_t>* ends) const {
   if (bytes.empty()) return;
   if (ignore_merges_) {
     if (const TokenId whole = TokenToId(BytesToSymbols(bytes)); whole >= 0) {
       ids->push_back(whole);
+      if (ends != nullptr) ends->push_back(bytes.size());
       return;
     }
   }
@@ -172,8 +174,11 @@ void Bpe::Tokenize(std::string_view bytes, std::vector<TokenId>* ids) const {
     if (left.prev >= 0) push_pair(left.prev);
     push_pair(top.pos);
   }
+  // A symbol starts at its byte's index, so it ends where the next begins.
   for (const Symbol& symbol : word) {
-    if (!symbol.removed) ids->push_back(symbol.id);
+    if (symbol.removed) continue;
+    ids->push_back(symbol.id);
+    if (ends != nullptr) ends->push_back(symbol.next >= 0 ? symbol.next : bytes.size());
   }
 }
 

@@ -36,8 +36,11 @@ class Bpe {
   // parts or result are not in the vocabulary.
   static absl::StatusOr<Bpe> FromJson(const nlohmann::json& model);
 
-  // Appends the ids of one pre-token, given as its raw bytes, to `ids`.
-  void Tokenize(std::string_view bytes, std::vector<TokenId>* ids) const;
+  // Appends the ids of one pre-token, given as its raw bytes, to `ids`. With
+  // `ends`, also appends where each id's bytes end, counted from the start of
+  // `bytes` (the ids cover `bytes` in order, without gaps).
+  void Tokenize(std::string_view bytes, std::vector<TokenId>* ids,
+                std::vector<size_t>* ends = nullptr) const;
 
   // The vocabulary's id of `token` (in byte symbols); -1 when absent.
   TokenId TokenToId(std::string_view token) const;

@@ -142,6 +142,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(const nlohmann::json& json) try {
       absl::StatusOr<std::string> pattern = tokenizer.normalizer_.Normalize(token.content);
       if (!pattern.ok()) return pattern.status();
       tokenizer.normalized_added_.Add(*pattern, token);
+      tokenizer.normalized_special_ = tokenizer.normalized_special_ || token.special;
     } else {
       tokenizer.raw_added_.Add(token.content, token);
     }
@@ -156,23 +157,47 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(const nlohmann::json& json) try {
 
 absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(std::string_view text,
                                                        bool allow_special) const {
-  if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
   std::vector<TokenId> ids;
-  std::vector<TextSegment> segments;
-  raw_added_.Split(text, allow_special, &segments);
-  for (const TextSegment& segment : segments) {
-    if (segment.id >= 0) {
-      ids.push_back(segment.id);
-    } else if (absl::Status status = EncodeStretch(segment.text, allow_special, &ids);
-               !status.ok()) {
-      return status;
-    }
+  if (absl::Status status = EncodeInto(text, allow_special, &ids, nullptr); !status.ok()) {
+    return status;
   }
   return ids;
 }
 
+absl::StatusOr<Tokenizer::Encoding> Tokenizer::EncodeWithOffsets(std::string_view text,
+                                                                 bool allow_special) const {
+  Encoding encoding;
+  if (absl::Status status = EncodeInto(text, allow_special, &encoding.ids, &encoding);
+      !status.ok()) {
+    return status;
+  }
+  return encoding;
+}
+
+absl::Status Tokenizer::EncodeInto(std::string_view text, bool allow_special,
+                                   std::vector<TokenId>* ids, Encoding* offsets) const {
+  if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
+  std::vector<TextSegment> segments;
+  raw_added_.Split(text, allow_special, &segments);
+  for (const TextSegment& segment : segments) {
+    if (segment.id < 0) {
+      if (absl::Status status = EncodeStretch(segment.text, allow_special, ids, offsets);
+          !status.ok()) {
+        return status;
+      }
+      continue;
+    }
+    ids->push_back(segment.id);
+    if (offsets != nullptr) {
+      offsets->normalized.append(segment.text);
+      offsets->ends.push_back(offsets->normalized.size());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Tokenizer::EncodeStretch(std::string_view text, bool allow_special,
-                                      std::vector<TokenId>* ids) const {
+                                      std::vector<TokenId>* ids, Encoding* offsets) const {
   std::string normalized;
   if (normalizer_.active()) {
     absl::StatusOr<std::string> result = normalizer_.Normalize(text);
@@ -180,21 +205,66 @@ absl::Status Tokenizer::EncodeStretch(std::string_view text, bool allow_special,
     normalized = *std::move(result);
     text = normalized;
   }
+  // Offsets in `text` become offsets in offsets->normalized from here on.
+  const size_t base = offsets != nullptr ? offsets->normalized.size() : 0;
+  std::vector<size_t>* ends = offsets != nullptr ? &offsets->ends : nullptr;
   std::vector<TextSegment> segments;
   normalized_added_.Split(text, allow_special, &segments);
   std::vector<std::string_view> pieces;
   for (const TextSegment& segment : segments) {
+    const size_t segment_start = base + (segment.text.data() - text.data());
     if (segment.id >= 0) {
       ids->push_back(segment.id);
+      if (ends != nullptr) ends->push_back(segment_start + segment.text.size());
       continue;
     }
     pieces.clear();
     if (absl::Status status = pre_tokenizer_.Split(segment.text, &pieces); !status.ok()) {
       return status;
     }
-    for (const std::string_view piece : pieces) bpe_.Tokenize(piece, ids);
+    for (const std::string_view piece : pieces) {
+      const size_t first = ends != nullptr ? ends->size() : 0;
+      bpe_.Tokenize(piece, ids, ends);
+      if (ends == nullptr) continue;
+      const size_t piece_start = segment_start + (piece.data() - segment.text.data());
+      for (size_t i = first; i < ends->size(); ++i) (*ends)[i] += piece_start;
+    }
   }
+  if (offsets != nullptr) offsets->normalized.append(text);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Tokenizer::Normalize(std::string_view text, bool allow_special) const {
+  if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
+  if (!normalizer_.active()) return std::string(text);
+  std::string normalized;
+  std::vector<TextSegment> segments;
+  raw_added_.Split(text, allow_special, &segments);
+  for (const TextSegment& segment : segments) {
+    if (segment.id >= 0) {
+      normalized.append(segment.text);
+      continue;
+    }
+    absl::StatusOr<std::string> stretch = normalizer_.Normalize(segment.text);
+    if (!stretch.ok()) return stretch.status();
+    normalized.append(*stretch);
+  }
+  return normalized;
+}
+
+absl::StatusOr<std::optional<std::string>> Tokenizer::FindSpecialToken(
+    std::string_view text) const {
+  if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
+  if (const AddedToken* token = raw_added_.FindSpecial(text); token != nullptr) {
+    return token->content;
+  }
+  if (!normalized_special_) return std::nullopt;
+  absl::StatusOr<std::string> normalized = normalizer_.Normalize(text);
+  if (!normalized.ok()) return normalized.status();
+  if (const AddedToken* token = normalized_added_.FindSpecial(*normalized); token != nullptr) {
+    return token->content;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const TokenId> ids) const {

@@ -20,6 +20,7 @@
 #ifndef BALLAST_WORKER_TRAIN_TEXT_TOKENIZER_H_
 #define BALLAST_WORKER_TRAIN_TEXT_TOKENIZER_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,18 @@ namespace ballast::train {
 
 class Tokenizer {
  public:
+  // Encode's ids and where each one's text lies.
+  struct Encoding {
+    std::vector<TokenId> ids;
+    // The text as the ids cover it: Normalize(text, allow_special).
+    std::string normalized;
+    // ends[i] is the offset in `normalized` just past ids[i]'s text, which
+    // starts at ends[i - 1] (0 for the first): the ids cover `normalized` in
+    // order, without gaps. An added token's text includes the whitespace its
+    // lstrip or rstrip took, so it can be longer than the token.
+    std::vector<size_t> ends;
+  };
+
   // Reads `path_or_dir`: a tokenizer.json, or a model folder holding one.
   // NOT_FOUND naming the file when it is missing; INVALID_ARGUMENT naming
   // the file when it is not JSON, and the component and its type when it is
@@ -51,6 +64,22 @@ class Tokenizer {
   // as with `tokenizers`' encode_special_tokens=True. INVALID_ARGUMENT when
   // `text` is not valid UTF-8; INTERNAL when the regex engine fails.
   absl::StatusOr<std::vector<TokenId>> Encode(std::string_view text, bool allow_special) const;
+
+  // Encode, with where each id's text ends. Errors as Encode.
+  absl::StatusOr<Encoding> EncodeWithOffsets(std::string_view text, bool allow_special) const;
+
+  // `text` as Encode's ids spell it: the added tokens matched in the raw
+  // text kept as they are, the stretches between them normalized. Equal to
+  // `text` without a normalizer. INVALID_ARGUMENT when `text` is not valid
+  // UTF-8; INTERNAL when the normalizer fails (out of memory).
+  absl::StatusOr<std::string> Normalize(std::string_view text, bool allow_special) const;
+
+  // The content of a special added token that Encode with special tokens on
+  // could find in `text` (anywhere, also where single_word or an overlapping
+  // match would stop it; normalized tokens in `text` normalized); nullopt
+  // when there is none. For text that must not carry control tokens, which
+  // Encode would turn into them silently. Errors as Normalize.
+  absl::StatusOr<std::optional<std::string>> FindSpecialToken(std::string_view text) const;
 
   // The text of `ids`, special tokens included; bytes that do not form
   // UTF-8 (a character cut by the end of `ids`) read as U+FFFD.
@@ -72,15 +101,24 @@ class Tokenizer {
         normalizer_(std::move(normalizer)),
         pre_tokenizer_(std::move(pre_tokenizer)) {}
 
-  // Steps 3 and 4 of the class comment on one stretch of raw text.
-  absl::Status EncodeStretch(std::string_view text, bool allow_special,
-                             std::vector<TokenId>* ids) const;
+  // Encode into `ids`; with `offsets`, also appends to its `normalized` and
+  // `ends` (`ids` may be offsets->ids).
+  absl::Status EncodeInto(std::string_view text, bool allow_special, std::vector<TokenId>* ids,
+                          Encoding* offsets) const;
+
+  // Steps 2 to 4 of the class comment on one stretch of raw text; appends
+  // to `offsets` as EncodeInto.
+  absl::Status EncodeStretch(std::string_view text, bool allow_special, std::vector<TokenId>* ids,
+                             Encoding* offsets) const;
 
   Bpe bpe_;
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;
   AddedTokenMatcher raw_added_;
   AddedTokenMatcher normalized_added_;
+  // Whether a special token is matched in the normalized text, so that
+  // FindSpecialToken must normalize.
+  bool normalized_special_ = false;
   absl::flat_hash_map<TokenId, std::string> added_content_;
   absl::flat_hash_map<std::string, TokenId> added_ids_;
   std::vector<TokenId> template_prefix_;

@@ -66,6 +66,23 @@ TEST(Bpe, IgnoreMergesEmitsAPreTokenInTheVocabularyWhole) {
   EXPECT_THAT(Tokens(Load(model), "abcc"), ElementsAre("a", "bc", "c"));
 }
 
+TEST(Bpe, EndsSayWhereEachIdsBytesEnd) {
+  const Bpe bpe = Load(BpeModel({{"b", "c"}, {"a", "bc"}}));
+  std::vector<TokenId> ids;
+  std::vector<size_t> ends;
+  bpe.Tokenize("xabcbc", &ids, &ends);
+  EXPECT_THAT(ids, ElementsAre('x', bpe.TokenToId("abc"), bpe.TokenToId("bc")));
+  EXPECT_THAT(ends, ElementsAre(1, 4, 6));
+  // A pre-token that ignore_merges emits whole ends where it does.
+  nlohmann::json model = BpeModel({});
+  model["vocab"]["abc"] = 999;
+  model["ignore_merges"] = true;
+  ids.clear();
+  ends.clear();
+  Load(model).Tokenize("abc", &ids, &ends);
+  EXPECT_THAT(ends, ElementsAre(3));
+}
+
 TEST(Bpe, LegacyMergeStringsRankAsPairs) {
   nlohmann::json model = BpeModel({{"b", "c"}, {"a", "b"}});
   model["merges"] = {"#version: 0.2", "b c", "a b"};

@@ -133,6 +133,62 @@ TEST(Tokenizer, NormalizedAddedTokensMatchTheNormalizedText) {
   EXPECT_EQ(Encode(raw, "caf\u00E9"), Bytes("caf\u00E9"));
 }
 
+TEST(Tokenizer, EncodeWithOffsetsGivesWhereEachIdEndsInTheNormalizedText) {
+  const Tokenizer tokenizer = Make(TestJson());
+  const std::string text = "hi e\u0301<|im_start|> w";
+  absl::StatusOr<Tokenizer::Encoding> encoding = tokenizer.EncodeWithOffsets(text, true);
+  ASSERT_TRUE(encoding.ok()) << encoding.status();
+  EXPECT_EQ(encoding->ids, Encode(tokenizer, text));
+  EXPECT_EQ(encoding->normalized, "hi \u00E9<|im_start|> w");
+  // "hi", then " é" as its three bytes, <|im_start|>, " w".
+  EXPECT_THAT(encoding->ends, ElementsAre(2, 3, 4, 5, 17, 19));
+}
+
+TEST(Tokenizer, EncodeWithOffsetsCountsTheWhitespaceAnLstripTokenTook) {
+  nlohmann::json json = TestJson();
+  nlohmann::json tool = AddedTokenJson("<tool>", kVocab + 3, true, false);
+  tool["lstrip"] = true;
+  tool["rstrip"] = true;
+  json["added_tokens"].push_back(tool);
+  const Tokenizer tokenizer = Make(json);
+  absl::StatusOr<Tokenizer::Encoding> encoding =
+      tokenizer.EncodeWithOffsets("a \t<tool>\n\n b", true);
+  ASSERT_TRUE(encoding.ok()) << encoding.status();
+  EXPECT_THAT(encoding->ids, ElementsAre('a', kVocab + 3, 'b'));
+  EXPECT_THAT(encoding->ends, ElementsAre(1, 12, 13));
+}
+
+TEST(Tokenizer, NormalizeKeepsRawAddedTokensAndNormalizesBetweenThem) {
+  nlohmann::json json = TestJson();
+  json["added_tokens"].push_back(AddedTokenJson("cafe\u0301", kVocab + 3, false, false));
+  const Tokenizer tokenizer = Make(json);
+  EXPECT_EQ(tokenizer.Normalize("cafe\u0301 e\u0301", true).value_or(""), "cafe\u0301 \u00E9");
+  EXPECT_EQ(tokenizer.Normalize("\xFF", true).status().code(), absl::StatusCode::kInvalidArgument);
+  json["normalizer"] = nullptr;
+  EXPECT_EQ(Make(json).Normalize("e\u0301", true).value_or(""), "e\u0301");
+}
+
+TEST(Tokenizer, FindSpecialTokenLooksForSpecialTokensOnly) {
+  nlohmann::json json = TestJson();
+  nlohmann::json word = AddedTokenJson("word", kVocab + 3, true, false);
+  word["single_word"] = true;
+  json["added_tokens"].push_back(word);
+  json["added_tokens"].push_back(AddedTokenJson("cafe\u0301", kVocab + 4, true, true));
+  const Tokenizer tokenizer = Make(json);
+  const auto find = [&](std::string_view text) {
+    absl::StatusOr<std::optional<std::string>> found = tokenizer.FindSpecialToken(text);
+    EXPECT_TRUE(found.ok()) << found.status();
+    return found.value_or(std::nullopt).value_or("");
+  };
+  EXPECT_EQ(find("a <|im_end|> b"), "<|im_end|>");
+  EXPECT_EQ(find("<think> and <|im_end"), "");  // <think> is not special
+  // Also where Encode would not match it: inside a word for single_word.
+  EXPECT_EQ(find("swords"), "word");
+  // A normalized token is looked for in the normalized text.
+  EXPECT_EQ(find("caf\u00E9"), "cafe\u0301");
+  EXPECT_EQ(tokenizer.FindSpecialToken("\xFF").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Tokenizer, DecodeGivesTheTextBack) {
   const Tokenizer tokenizer = Make(TestJson());
   const std::string text = "<|im_start|>hi w\u00F6rld \u65E5\u672C \U0001F600\n<think>";

@@ -1,0 +1,117 @@
+// ChatTemplate: the built-in chat templates that turn a conversation into
+// training text, with a per-token mask of what the loss trains on. Each one
+// renders exactly what transformers' apply_chat_template renders with the
+// model's own Jinja template, and encodes to the same ids:
+//  - "qwen3": Qwen3's template without tools (the `tool` role is kept):
+//    reasoning is shown in the assistant turns after the last user query
+//    and dropped before it; the last turn always gets a think block, empty
+//    when it has no reasoning.
+//  - "chatml": <|im_start|>{role}\n{content}<|im_end|>\n per message.
+//  - "llama3": Llama 3.0 instruct: <|begin_of_text|>, then per message
+//    <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>.
+//    Llama 3.1+ templates add a system header with dates; that is not this
+//    template, and Detect cannot tell them apart (see there).
+//
+// The mask (TrainOn::kAssistant) supervises each assistant turn's content and
+// its end-of-turn token (<|im_end|> or <|eot_id|>), and a qwen3 think block
+// when it holds reasoning; not the headers, not the empty think block of a
+// turn without reasoning (nothing to learn there but the template), not the
+// "\n" after <|im_end|>. The rendered text is tokenized whole, as
+// apply_chat_template does (the regex can join a header's "\n" to a "\n" that
+// content starts with), and a token is supervised when its last byte lies in
+// a supervised span.
+//
+// Text that holds a special token's content is refused: apply_chat_template
+// would turn it into a control token, and training data must not. (A
+// special token that only forms across a boundary of content and template,
+// such as one spelt "x<|im_end|>", is not looked for; no known vocabulary
+// has one.)
+//
+// Thread-safe: a ChatTemplate is an immutable value.
+#ifndef BALLAST_WORKER_TRAIN_TEXT_CHAT_TEMPLATE_H_
+#define BALLAST_WORKER_TRAIN_TEXT_CHAT_TEMPLATE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/train/text/tokenizer.h"
+
+namespace ballast::train {
+
+struct ChatPiece;  // chat_render.h
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" or "tool"
+  std::string content;
+  // The record's reasoning_content, when it has one (qwen3 only; the other
+  // templates ignore it, as theirs do).
+  std::optional<std::string> reasoning;
+};
+
+// Which tokens the loss trains on.
+enum class TrainOn { kAssistant, kAll };
+
+struct EncodedChat {
+  std::vector<TokenId> ids;
+  std::vector<uint8_t> supervised;  // per id: 1 = trained on
+};
+
+class ChatTemplate {
+ public:
+  // "qwen3", "chatml" or "llama3"; INVALID_ARGUMENT listing those otherwise.
+  static absl::StatusOr<ChatTemplate> Named(std::string_view name);
+
+  // The built-in that matches the "chat_template" of
+  // `model_dir`/tokenizer_config.json (or of that file when given a file;
+  // from chat_template.jinja beside it when the config has none, as newer
+  // transformers save it): qwen3 when it has <|im_start|> and <think>,
+  // chatml when <|im_start|> only, llama3 when <|start_header_id|> (also a
+  // 3.1+ template, which renders dates that llama3 does not).
+  // NOT_FOUND when the file or its chat_template is missing;
+  // INVALID_ARGUMENT naming the file when it is not JSON or no built-in
+  // matches.
+  static absl::StatusOr<ChatTemplate> Detect(const std::string& model_dir);
+
+  std::string_view name() const { return name_; }
+
+  // Exactly the text that apply_chat_template(messages, tokenize=False,
+  // add_generation_prompt=...) renders with this template's Jinja text.
+  // INVALID_ARGUMENT naming the message for a role other than the four, an
+  // empty conversation, or text that is not valid UTF-8.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     bool add_generation_prompt) const;
+
+  // Render() (no generation prompt) tokenized whole, as
+  // apply_chat_template(tokenize=True) does, with the mask of the class
+  // comment. INVALID_ARGUMENT as Render, and naming the message and the
+  // token when a message holds a special token's text; INTERNAL when the
+  // tokens do not line up with the rendered pieces (a tokenizer whose
+  // normalizer joins text across a template boundary), rather than a wrong
+  // mask.
+  absl::StatusOr<EncodedChat> Encode(const Tokenizer& tokenizer,
+                                     absl::Span<const ChatMessage> messages,
+                                     TrainOn train_on) const;
+
+ private:
+  enum class Kind { kQwen3, kChatml, kLlama3 };
+  ChatTemplate(std::string_view name, Kind kind) : name_(name), kind_(kind) {}
+
+  // The rendering of `messages`, which passed CheckChat.
+  std::vector<ChatPiece> Pieces(absl::Span<const ChatMessage> messages,
+                                bool add_generation_prompt) const;
+
+  // INVALID_ARGUMENT when `tokenizer` lacks a control token of this template.
+  absl::Status CheckTokenizer(const Tokenizer& tokenizer) const;
+
+  std::string_view name_;  // a literal
+  Kind kind_;
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_TEXT_CHAT_TEMPLATE_H_
