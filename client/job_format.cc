@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/progress.h"
@@ -156,6 +157,7 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
                               kinds.empty() ? "none" : absl::StrJoin(kinds, ", ")));
   }
   if (job.has_last_guard_event()) add("LAST GUARD", GuardLine(job.last_guard_event()));
+  if (job.has_data()) add("DATA", DataLine(job.data()));
   if (job.created_ms() > 0) {
     add("CREATED",
         absl::StrCat(UtcTime(job.created_ms()), " (", Age(job.created_ms(), now_ms), " ago)"));
@@ -227,6 +229,25 @@ std::string GuardLine(const v1::GuardEvent& g) {
   return line;
 }
 
+std::string DataLine(const v1::DataReport& d) {
+  std::string line = absl::StrCat("data epoch ", d.epoch(), ": ", d.format());
+  if (!d.template_().empty()) absl::StrAppend(&line, " (", d.template_(), ")");
+  absl::StrAppend(&line, ", ", d.documents(), " documents of ", d.records(), " records, ",
+                  d.tokens(), " tokens (", d.trained_tokens(), " trained), ", d.rows(),
+                  " rows, packing ", absl::StrFormat("%.1f%%", 100 * d.packing_efficiency()));
+  std::vector<std::string> losses;
+  if (d.skipped_records() > 0) {
+    losses.push_back(absl::StrCat(d.skipped_records(), " bad records skipped"));
+  }
+  if (d.cut_documents() > 0) losses.push_back(absl::StrCat(d.cut_documents(), " cut"));
+  if (d.dropped_documents() > 0) losses.push_back(absl::StrCat(d.dropped_documents(), " dropped"));
+  if (!losses.empty()) absl::StrAppend(&line, "; ", absl::StrJoin(losses, ", "));
+  if (!d.bad_record_examples().empty()) {
+    absl::StrAppend(&line, "; first: ", d.bad_record_examples(0));
+  }
+  return line;
+}
+
 namespace {
 
 // EventLine before escaping.
@@ -243,6 +264,8 @@ std::optional<std::string> UnescapedEventLine(const v1::JobEvent& event) {
   switch (training.kind_case()) {
     case v1::TrainingEvent::kGuard:
       return GuardLine(training.guard());
+    case v1::TrainingEvent::kData:
+      return DataLine(training.data());
     case v1::TrainingEvent::kCheckpointSaved:
       return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
                           training.checkpoint_saved().path());

@@ -54,6 +54,10 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms);
 // "[rank 0] text" for info, "[rank 0] warning: text" otherwise.
 std::string LogLineText(const v1::LogLine& log);
 
+// One line for a DataReport: the format, the counts, the packing, and what
+// was lost to bad records and truncation.
+std::string DataLine(const v1::DataReport& d);
+
 // "guard rollback at step 7 to step 4 [non_finite, deterministic, lora_B on
 // rank 1, 3 steps lost, 24 documents skipped from position 32]: message".
 std::string GuardLine(const v1::GuardEvent& event);

@@ -346,6 +346,10 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!data->has_micro_batch_size()) data->set_micro_batch_size(1);
   if (!data->has_grad_accum_steps()) data->set_grad_accum_steps(1);
   if (!data->has_shuffle()) data->set_shuffle(true);
+  if (data->train_on().empty()) data->set_train_on("assistant");
+  if (data->on_bad_record().empty()) data->set_on_bad_record("fail");
+  if (data->truncate().empty()) data->set_truncate("error");
+  if (!data->has_packing()) data->set_packing(false);
   v1::OptimizerSpec* opt = spec->mutable_optimizer();
   if (!opt->has_beta1()) opt->set_beta1(0.9);
   if (!opt->has_beta2()) opt->set_beta2(0.999);
@@ -460,8 +464,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
 
   const v1::DataSpec& data = spec.data();
   if (data.path().empty()) {
-    checks.push_back(absl::InvalidArgumentError("data.path is required: a tokenized JSONL file"));
+    checks.push_back(absl::InvalidArgumentError("data.path is required: a JSONL file"));
   }
+  // format and template stay empty until the trainer has read the first
+  // record and the tokenizer_config.json.
+  if (!data.format().empty()) {
+    checks.push_back(CheckOneOf("data.format", data.format(),
+                                {"messages", "prompt_completion", "text", "tokens"}));
+  }
+  if (!data.template_().empty()) {
+    checks.push_back(
+        CheckOneOf("data.template", data.template_(), {"qwen3", "chatml", "llama3", "none"}));
+  }
+  checks.push_back(CheckOneOf("data.train_on", data.train_on(), {"assistant", "all"}));
+  checks.push_back(CheckOneOf("data.on_bad_record", data.on_bad_record(), {"fail", "skip"}));
+  checks.push_back(CheckOneOf("data.truncate", data.truncate(), {"error", "cut", "drop"}));
   checks.push_back(CheckRange<int32_t>("data.seq_len", data.seq_len(), 1, 1 << 24,
                                        "1..max_position_embeddings of the model"));
   checks.push_back(

@@ -64,7 +64,13 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
   if (!fs::is_regular_file(spec.data().path(), ec)) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: ", spec.data().path(),
                                                    " does not exist or is not a file; expected "
-                                                   "a tokenized JSONL file"));
+                                                   "a JSONL file"));
+  }
+  if (const std::string& tokenizer = spec.data().tokenizer();
+      !tokenizer.empty() && !fs::is_regular_file(tokenizer, ec) &&
+      !fs::is_regular_file(fs::path(tokenizer) / "tokenizer.json", ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.tokenizer: ", tokenizer, " is neither a tokenizer.json nor a folder that holds one"));
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -69,10 +70,57 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   return text;
 }
 
+struct LineReader::Zstd {
+  Zstd() : stream(ZSTD_createDStream()) {}
+  ~Zstd() { ZSTD_freeDStream(stream); }
+  ZSTD_DStream* stream;
+  std::string input = std::string(ZSTD_DStreamInSize(), '\0');
+  ZSTD_inBuffer in{input.data(), 0, 0};
+  bool input_done = false;
+  size_t frame_left = 0;  // ZSTD_decompressStream's hint: 0 once a frame is complete
+};
+
 absl::StatusOr<LineReader> LineReader::Open(const std::string& path, int64_t max_line_bytes) {
   absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
   if (!opened.ok()) return opened.status();
-  return LineReader(path, opened->first, max_line_bytes);
+  LineReader reader(path, opened->first, max_line_bytes);
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0) {
+    reader.zstd_ = std::make_unique<Zstd>();
+  }
+  return reader;
+}
+
+absl::StatusOr<size_t> LineReader::ReadMore(char* out, size_t size) {
+  for (;;) {
+    if (!zstd_ || zstd_->in.pos == zstd_->in.size) {
+      if (zstd_ && zstd_->input_done) {
+        if (zstd_->frame_left != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": the zstd data ends in the middle of a frame"));
+        }
+        return 0;
+      }
+      char* target = zstd_ ? zstd_->input.data() : out;
+      const size_t capacity = zstd_ ? zstd_->input.size() : size;
+      const ssize_t n = read(fd_, target, capacity);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InternalError(absl::StrCat("cannot read ", path_, ": ", strerror(errno)));
+      }
+      if (!zstd_) return static_cast<size_t>(n);
+      zstd_->in = {zstd_->input.data(), static_cast<size_t>(n), 0};
+      zstd_->input_done = n == 0;
+      continue;
+    }
+    ZSTD_outBuffer o{out, size, 0};
+    const size_t hint = ZSTD_decompressStream(zstd_->stream, &o, &zstd_->in);
+    if (ZSTD_isError(hint)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": corrupt zstd data: ", ZSTD_getErrorName(hint)));
+    }
+    zstd_->frame_left = hint;
+    if (o.pos > 0) return o.pos;
+  }
 }
 
 LineReader::LineReader(std::string path, int fd, int64_t max_line_bytes)
@@ -83,7 +131,9 @@ LineReader::LineReader(LineReader&& other) noexcept
       fd_(std::exchange(other.fd_, -1)),
       max_line_bytes_(other.max_line_bytes_),
       line_number_(other.line_number_),
+      zstd_(std::move(other.zstd_)),
       buffer_(std::move(other.buffer_)),
+      begin_(other.begin_),
       eof_(other.eof_) {}
 
 LineReader& LineReader::operator=(LineReader&& other) noexcept {
@@ -93,7 +143,9 @@ LineReader& LineReader::operator=(LineReader&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     max_line_bytes_ = other.max_line_bytes_;
     line_number_ = other.line_number_;
+    zstd_ = std::move(other.zstd_);
     buffer_ = std::move(other.buffer_);
+    begin_ = other.begin_;
     eof_ = other.eof_;
   }
   return *this;
@@ -105,45 +157,43 @@ LineReader::~LineReader() {
 
 absl::StatusOr<bool> LineReader::Next(std::string* line) {
   constexpr size_t kChunk = 1 << 16;
-  size_t searched = 0;
+  size_t searched = begin_;
   for (;;) {
     const size_t newline = buffer_.find('\n', searched);
     if (newline != std::string::npos) {
       ++line_number_;
-      if (static_cast<int64_t>(newline) > max_line_bytes_) {
+      if (static_cast<int64_t>(newline - begin_) > max_line_bytes_) {
         return absl::InvalidArgumentError(
             absl::StrCat(path_, ":", line_number_, ": the line is longer than ", max_line_bytes_,
                          " bytes, more than any valid record can be"));
       }
-      line->assign(buffer_, 0, newline);
-      buffer_.erase(0, newline + 1);
+      line->assign(buffer_, begin_, newline - begin_);
+      begin_ = newline + 1;
       return true;
     }
-    if (static_cast<int64_t>(buffer_.size()) > max_line_bytes_) {
+    if (static_cast<int64_t>(buffer_.size() - begin_) > max_line_bytes_) {
       ++line_number_;
       return absl::InvalidArgumentError(absl::StrCat(path_, ":", line_number_,
                                                      ": the line is longer than ", max_line_bytes_,
                                                      " bytes, more than any valid record can be"));
     }
     if (eof_) {
-      if (buffer_.empty()) return false;
+      if (begin_ == buffer_.size()) return false;
       ++line_number_;
-      *line = std::move(buffer_);
-      buffer_.clear();
+      line->assign(buffer_, begin_, std::string::npos);
+      begin_ = buffer_.size();
       return true;
     }
+    // The lines returned go before reading on: one move per chunk, not one
+    // per line.
+    buffer_.erase(0, begin_);
+    begin_ = 0;
     searched = buffer_.size();
     buffer_.resize(searched + kChunk);
-    const ssize_t n = read(fd_, buffer_.data() + searched, kChunk);
-    if (n < 0 && errno == EINTR) {
-      buffer_.resize(searched);
-      continue;
-    }
-    if (n < 0) {
-      return absl::InternalError(absl::StrCat("cannot read ", path_, ": ", strerror(errno)));
-    }
-    buffer_.resize(searched + static_cast<size_t>(n));
-    if (n == 0) eof_ = true;
+    absl::StatusOr<size_t> n = ReadMore(buffer_.data() + searched, kChunk);
+    buffer_.resize(searched + (n.ok() ? *n : 0));
+    if (!n.ok()) return n.status();
+    if (*n == 0) eof_ = true;
   }
 }
 

@@ -23,7 +23,8 @@ inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
 
 // The lines of a regular file, one at a time, each at most max_line_bytes
-// (without its newline). Thread-compatible.
+// (without its newline). A file whose name ends in ".zst" is decompressed as
+// it is read (zstd frames, as the `zstd` tool writes them). Thread-compatible.
 class LineReader {
  public:
   // Errors as ReadRegularFile's.
@@ -35,7 +36,8 @@ class LineReader {
   // The next line into `*line` (a last line without a newline counts): true,
   // or false at the end of the file. INVALID_ARGUMENT "path:N: ..." for a
   // line longer than max_line_bytes, which is never read into memory whole;
-  // INTERNAL for a read error.
+  // INTERNAL for a read error; INVALID_ARGUMENT "path: ..." for zstd data
+  // that is corrupt or cut short.
   absl::StatusOr<bool> Next(std::string* line);
   // 1-based number of the line Next returned last.
   int64_t line_number() const { return line_number_; }
@@ -47,7 +49,13 @@ class LineReader {
   int fd_ = -1;
   int64_t max_line_bytes_ = 0;
   int64_t line_number_ = 0;
-  std::string buffer_;  // read, not yet returned
+  struct Zstd;  // the decompression stream of a .zst file
+  // Up to `size` more bytes of text into `out`; 0 at the end of the file.
+  absl::StatusOr<size_t> ReadMore(char* out, size_t size);
+
+  std::unique_ptr<Zstd> zstd_;
+  std::string buffer_;  // read; the lines from begin_ on not yet returned
+  size_t begin_ = 0;
   bool eof_ = false;
 };
 

@@ -983,6 +983,10 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
       if (rank != 0) return false;
       j.set_checkpoint_step(e.checkpoint_saved().step());
       break;
+    case v1::TrainingEvent::kData:
+      if (rank != 0) return false;
+      *j.mutable_data() = e.data();
+      break;
     case v1::TrainingEvent::kLog:
     // A kind newer than this coordinator: its unknown fields travel along, so
     // a watcher that knows it can read it.

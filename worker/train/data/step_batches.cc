@@ -27,8 +27,7 @@ StepBatches::~StepBatches() {
 std::vector<PackedBatch> StepBatches::Pack(int64_t cursor) {
   std::vector<PackedBatch> batches;
   for (int64_t i = options_.rank; i < options_.grad_accum_steps; i += options_.world_size) {
-    PackedBatch b = data_->Pack(cursor + i * options_.micro_batch_size, options_.micro_batch_size,
-                                options_.shuffle, options_.seed);
+    PackedBatch b = data_->Pack(cursor + i * options_.micro_batch_size, options_.micro_batch_size);
     if (options_.device.is_cuda()) {
       b.input_ids = Pinned(b.input_ids);
       b.position_ids = Pinned(b.position_ids);
@@ -40,14 +39,10 @@ std::vector<PackedBatch> StepBatches::Pack(int64_t cursor) {
   return batches;
 }
 
-std::vector<int64_t> StepBatches::DocumentIds(int64_t cursor, int64_t count) {
+std::vector<int64_t> StepBatches::DocumentLines(int64_t cursor, int64_t rows) {
   // The packing thread owns the dataset's order cache while it runs.
   if (next_.valid()) next_.wait();
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < count; ++i) {
-    ids.push_back(data_->IndexAt(cursor + i, options_.shuffle, options_.seed));
-  }
-  return ids;
+  return data_->DocumentLines(cursor, rows);
 }
 
 std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
@@ -58,7 +53,7 @@ std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
     if (next_cursor_ == cursor) batches = std::move(ahead);
   }
   if (batches.empty()) batches = Pack(cursor);
-  next_cursor_ = cursor + examples_per_step();
+  next_cursor_ = cursor + rows_per_step();
   next_ = std::async(std::launch::async, [this, at = next_cursor_] { return Pack(at); });
   if (!options_.device.is_cpu()) {
     for (PackedBatch& b : batches) {

@@ -4,7 +4,7 @@
 // blocking the host.
 //
 // A step's batch is grad_accum_steps micro-batches of micro_batch_size
-// examples from the data cursor on, at any world size; rank r takes
+// rows from the data cursor on, at any world size; rank r takes
 // micro-batches r, r + N, ... of them. Thread-compatible: one thread calls
 // Take(); the packing thread touches only the dataset, and never while
 // Take() does.
@@ -25,8 +25,6 @@ namespace ballast::train {
 struct StepBatchesOptions {
   int64_t micro_batch_size = 1;
   int64_t grad_accum_steps = 1;
-  bool shuffle = true;
-  uint64_t seed = 0;
   int rank = 0;
   int world_size = 1;
   // Where Take() hands the tensors; cu_seqlens stays on the host, where the
@@ -51,16 +49,14 @@ class StepBatches {
   // before they finish.
   std::vector<PackedBatch> Take(int64_t cursor);
 
-  // The dataset indices (lines) of the documents at data positions
-  // [cursor, cursor + count), over every rank's micro-batches: the guard
-  // names the documents of a bad step with them. Waits for a packing in
-  // progress.
-  std::vector<int64_t> DocumentIds(int64_t cursor, int64_t count);
+  // The data-file lines (0-based) of the documents in the rows at data
+  // positions [cursor, cursor + rows), over every rank's micro-batches: the
+  // guard names the documents of a bad step with them. Waits for a packing
+  // in progress.
+  std::vector<int64_t> DocumentLines(int64_t cursor, int64_t rows);
 
-  // Data positions one step consumes: micro_batch_size x grad_accum_steps.
-  int64_t examples_per_step() const {
-    return options_.micro_batch_size * options_.grad_accum_steps;
-  }
+  // Data positions (rows) one step consumes: micro_batch_size x grad_accum_steps.
+  int64_t rows_per_step() const { return options_.micro_batch_size * options_.grad_accum_steps; }
 
  private:
   // The step's micro-batches on the host, in pinned memory for a GPU.

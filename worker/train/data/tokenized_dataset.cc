@@ -2,16 +2,12 @@
 
 #include <torch/torch.h>
 
-#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "common/regular_file.h"
 
 namespace ballast::train {
 namespace {
-
-constexpr int64_t kIgnore = -100;
 
 uint64_t SplitMix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
@@ -20,110 +16,106 @@ uint64_t SplitMix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-absl::Status LineError(const std::string& path, int64_t line, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": ", what));
+// Fisher-Yates from `state`, in place.
+void Permute(uint64_t state, std::vector<int64_t>* items) {
+  for (int64_t i = static_cast<int64_t>(items->size()) - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(i + 1));
+    std::swap((*items)[i], (*items)[j]);
+  }
+}
+
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
 }
 
 }  // namespace
 
+TokenizedDataset::TokenizedDataset(TokenCache cache, DataOrder order)
+    : cache_(std::move(cache)), order_(order) {
+  lengths_.resize(cache_.documents());
+  for (int64_t d = 0; d < cache_.documents(); ++d) lengths_[d] = cache_.length(d);
+  PlanEpoch(0);
+  rows_per_epoch_ = rows_.rows();
+}
+
 absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path, int64_t vocab_size,
                                                         int64_t seq_len) {
+  absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
+      {.format = DataFormat::kTokens, .vocab_size = vocab_size}, std::nullopt, std::nullopt);
+  if (!encoder.ok()) return encoder.status();
   // A valid line holds at most seq_len ids and as many labels, each at most
-  // 21 characters with its separator; a longer line is refused before it is
-  // read whole (one of 200 MB exhausted memory in the JSON parser).
-  absl::StatusOr<LineReader> reader = LineReader::Open(path, 4096 + 2 * 24 * seq_len);
-  if (!reader.ok()) return reader.status();
-  TokenizedDataset ds;
-  std::string text;
-  int64_t line = 0;
-  for (;;) {
-    absl::StatusOr<bool> more = reader->Next(&text);
-    if (!more.ok()) return more.status();
-    if (!*more) break;
-    line = reader->line_number();
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return LineError(path, line, "not a JSON object");
-    if (!j.contains("input_ids") || !j["input_ids"].is_array()) {
-      return LineError(path, line, "input_ids must be a list of token ids");
-    }
-    Example ex;
-    for (const auto& v : j["input_ids"]) {
-      if (!v.is_number_integer()) return LineError(path, line, "input_ids must be integers");
-      const int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= vocab_size) {
-        return LineError(
-            path, line,
-            absl::StrCat("token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
-      }
-      ex.input_ids.push_back(id);
-    }
-    if (j.contains("labels")) {
-      if (!j["labels"].is_array()) return LineError(path, line, "labels must be a list");
-      for (const auto& v : j["labels"]) {
-        if (!v.is_number_integer()) return LineError(path, line, "labels must be integers");
-        const int64_t id = v.get<int64_t>();
-        if (id != kIgnore && (id < 0 || id >= vocab_size)) {
-          return LineError(
-              path, line,
-              absl::StrCat("label ", id, " is neither -100 nor in [0, ", vocab_size, ")"));
-        }
-        ex.labels.push_back(id);
-      }
-      if (ex.labels.size() != ex.input_ids.size()) {
-        return LineError(path, line,
-                         absl::StrCat("labels has ", ex.labels.size(), " entries, input_ids ",
-                                      ex.input_ids.size()));
-      }
-    } else {
-      ex.labels = ex.input_ids;
-    }
-    const int64_t n = static_cast<int64_t>(ex.input_ids.size());
-    if (n < 2) return LineError(path, line, "an example needs at least 2 tokens");
-    if (n > seq_len) {
-      return LineError(path, line,
-                       absl::StrCat("example has ", n, " tokens, more than data.seq_len = ",
-                                    seq_len, "; split it or raise seq_len"));
-    }
-    ds.examples_.push_back(std::move(ex));
-  }
-  if (ds.examples_.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
-  return ds;
+  // 21 characters with its separator; a longer line is refused unread.
+  absl::StatusOr<TokenCache> cache = TokenCache::BuildInMemory(
+      *encoder, {.data_path = path, .seq_len = seq_len, .max_line_bytes = 4096 + 2 * 24 * seq_len});
+  if (!cache.ok()) return cache.status();
+  return TokenizedDataset(*std::move(cache), {.seq_len = seq_len, .shuffle = false});
 }
 
-int64_t TokenizedDataset::IndexAt(int64_t cursor, bool shuffle, uint64_t seed) {
-  const int64_t n = size();
-  const int64_t epoch = cursor / n;
-  if (!shuffle) return cursor % n;
-  if (epoch != cached_epoch_) {
-    order_.resize(n);
-    std::iota(order_.begin(), order_.end(), 0);
-    uint64_t state = seed ^ (0xa0761d6478bd642fULL * static_cast<uint64_t>(epoch + 1));
-    for (int64_t i = n - 1; i > 0; --i) {
-      const int64_t j = static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(i + 1));
-      std::swap(order_[i], order_[j]);
-    }
-    cached_epoch_ = epoch;
+void TokenizedDataset::PlanEpoch(int64_t epoch) {
+  if (epoch == planned_epoch_) return;
+  std::vector<int64_t> documents = Iota(cache_.documents());
+  if (order_.shuffle) {
+    Permute(order_.seed ^ (0xa0761d6478bd642fULL * static_cast<uint64_t>(epoch + 1)), &documents);
   }
-  return order_[cursor % n];
+  if (order_.packing) {
+    rows_ = PackBestFitDecreasing(documents, lengths_, order_.seq_len);
+  } else {
+    rows_.items = std::move(documents);
+    rows_.row_offsets = Iota(static_cast<int64_t>(rows_.items.size()) + 1);
+  }
+  row_order_ = Iota(rows_.rows());
+  // Without packing the documents are already in their epoch's order.
+  if (order_.shuffle && order_.packing) {
+    Permute(order_.seed ^ (0xe7037ed1a0b428dbULL * static_cast<uint64_t>(epoch + 1)), &row_order_);
+  }
+  planned_epoch_ = epoch;
 }
 
-PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t count, bool shuffle, uint64_t seed) {
+EpochPacking TokenizedDataset::packing() const {
+  EpochPacking p;
+  p.rows = rows_per_epoch_;
+  p.tokens = cache_.statistics().tokens;
+  p.efficiency = static_cast<double>(p.tokens) /
+                 (static_cast<double>(p.rows) * static_cast<double>(order_.seq_len));
+  return p;
+}
+
+absl::Span<const int64_t> TokenizedDataset::RowDocuments(int64_t cursor) {
+  PlanEpoch(cursor / rows_per_epoch_);
+  const int64_t row = row_order_[cursor % rows_per_epoch_];
+  const int64_t begin = rows_.row_offsets[row];
+  return absl::MakeConstSpan(rows_.items).subspan(begin, rows_.row_offsets[row + 1] - begin);
+}
+
+std::vector<int64_t> TokenizedDataset::DocumentLines(int64_t cursor, int64_t rows) {
+  std::vector<int64_t> lines;
+  for (int64_t r = cursor; r < cursor + rows; ++r) {
+    for (const int64_t d : RowDocuments(r)) lines.push_back(cache_.line(d));
+  }
+  return lines;
+}
+
+PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t rows) {
   std::vector<int64_t> ids, positions, targets, cu = {0};
   std::vector<int64_t> document_ids;
   int64_t supervised = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    document_ids.push_back(IndexAt(cursor + i, shuffle, seed));
-    const Example& ex = examples_[document_ids.back()];
-    const int64_t n = static_cast<int64_t>(ex.input_ids.size());
-    for (int64_t t = 0; t < n; ++t) {
-      ids.push_back(ex.input_ids[t]);
-      positions.push_back(t);
-      const int64_t target = t + 1 < n ? ex.labels[t + 1] : kIgnore;
-      supervised += target != kIgnore;
-      targets.push_back(target);
+  for (int64_t r = cursor; r < cursor + rows; ++r) {
+    for (const int64_t d : RowDocuments(r)) {
+      document_ids.push_back(cache_.line(d));
+      const absl::Span<const int32_t> input = cache_.input_ids(d);
+      const absl::Span<const int32_t> labels = cache_.labels(d);
+      const int64_t n = static_cast<int64_t>(input.size());
+      for (int64_t t = 0; t < n; ++t) {
+        ids.push_back(input[t]);
+        positions.push_back(t);
+        const int64_t target = t + 1 < n ? labels[t + 1] : kIgnoreLabel;
+        supervised += target != kIgnoreLabel;
+        targets.push_back(target);
+      }
+      cu.push_back(cu.back() + n);
     }
-    cu.push_back(cu.back() + n);
   }
   PackedBatch b;
   b.input_ids = torch::tensor(ids, torch::kLong);

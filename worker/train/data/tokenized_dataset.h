@@ -1,20 +1,22 @@
-// Pre-tokenized training data and its packing into micro-batches.
+// TokenizedDataset: the documents of a TokenCache in training order, as rows
+// of at most seq_len tokens, and the packing of rows into micro-batches.
 //
-// The file is JSONL, one example per line: {"input_ids": [int...],
-// "labels": [int...]} with labels optional (then every token is supervised)
-// and -100 marking unsupervised positions. An example is one document; a
-// micro-batch packs micro_batch_size documents along one token axis with
-// cu_seqlens, so there is no padding and no attention across documents. The
-// target of position t is labels[t + 1] of the same document; a document's
-// last position has none.
+// Order: epoch e draws a permutation of the documents from (seed, e) by a
+// fixed Fisher-Yates over SplitMix64 (file order without shuffle). Without
+// packing each row is one document in that order. With packing the
+// permuted documents are packed best fit decreasing into rows of seq_len
+// tokens (packing.h), and the rows are permuted again from (seed, e). The
+// number of rows is the same in every epoch, so the whole position is one
+// integer, the rows consumed: the data cursor a checkpoint stores. It means
+// the same at any world size.
 //
-// Order: epoch e visits examples in a permutation drawn from (seed, e) by a
-// fixed Fisher-Yates over SplitMix64, or in file order without shuffle. The
-// whole position is one integer (examples consumed), which is what a
-// checkpoint stores to resume on the same data.
+// A row holds whole documents along one token axis with cu_seqlens: no
+// padding, no attention across documents, positions restarting at 0 in each,
+// and the target of position t is labels[t + 1] of the same document, so no
+// label crosses a boundary.
 //
-// Thread-compatible: Pack and IndexAt cache the permutation of the epoch last
-// asked for, so one thread uses a dataset at a time.
+// Thread-compatible: the order of the epoch last asked for is cached, so one
+// thread uses a dataset at a time.
 #ifndef BALLAST_WORKER_TRAIN_DATA_TOKENIZED_DATASET_H_
 #define BALLAST_WORKER_TRAIN_DATA_TOKENIZED_DATASET_H_
 
@@ -23,39 +25,64 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/train/data/packed_batch.h"
+#include "worker/train/data/packing.h"
+#include "worker/train/data/token_cache.h"
 
 namespace ballast::train {
 
-struct Example {
-  std::vector<int64_t> input_ids;
-  std::vector<int64_t> labels;  // same length; -100 = unsupervised
+struct DataOrder {
+  int64_t seq_len = 0;
+  bool packing = false;
+  bool shuffle = true;
+  uint64_t seed = 0;
+};
+
+// One epoch's rows, for the events.
+struct EpochPacking {
+  int64_t rows = 0;
+  int64_t tokens = 0;
+  // tokens / (rows x seq_len): the share of the rows' room that holds data.
+  double efficiency = 0;
 };
 
 class TokenizedDataset {
  public:
-  // Reads every example. Errors (INVALID_ARGUMENT, naming file and line): bad
-  // JSON, missing input_ids, a token outside [0, vocab_size), labels of another
-  // length, an example longer than seq_len (never truncated silently), an
-  // example shorter than 2 tokens, or an empty file.
+  TokenizedDataset(TokenCache cache, DataOrder order);
+
+  // A pre-tokenized file ({"input_ids", "labels"?} lines) read into memory,
+  // one document per row in file order unless `order` says otherwise; every
+  // error names the file and line (TokenCache's). For tools and tests.
   static absl::StatusOr<TokenizedDataset> Load(const std::string& path, int64_t vocab_size,
                                                int64_t seq_len);
 
-  int64_t size() const { return static_cast<int64_t>(examples_.size()); }
-  const Example& example(int64_t i) const { return examples_[i]; }
+  const TokenCache& cache() const { return cache_; }
+  const DataOrder& order() const { return order_; }
+  int64_t rows_per_epoch() const { return rows_per_epoch_; }
+  EpochPacking packing() const;
 
-  // The index of the example at global position `cursor` (cursor / size() is the epoch).
-  int64_t IndexAt(int64_t cursor, bool shuffle, uint64_t seed);
+  // The documents (cache indices) of the row at global position `cursor`.
+  absl::Span<const int64_t> RowDocuments(int64_t cursor);
 
-  // Packs the examples at positions [cursor, cursor + count) into one causal
-  // batch; document_ids are their indices in the file.
-  PackedBatch Pack(int64_t cursor, int64_t count, bool shuffle, uint64_t seed);
+  // The 0-based data-file lines of the documents in rows [cursor, cursor + rows).
+  std::vector<int64_t> DocumentLines(int64_t cursor, int64_t rows);
+
+  // The rows at [cursor, cursor + rows) as one causal micro-batch;
+  // document_ids are the documents' data-file lines.
+  PackedBatch Pack(int64_t cursor, int64_t rows);
 
  private:
-  std::vector<Example> examples_;
-  // Permutation of the epoch last asked for.
-  int64_t cached_epoch_ = -1;
-  std::vector<int64_t> order_;
+  void PlanEpoch(int64_t epoch);
+
+  TokenCache cache_;
+  DataOrder order_;
+  std::vector<int64_t> lengths_;
+  int64_t rows_per_epoch_ = 0;
+  // The rows of the epoch last asked for.
+  int64_t planned_epoch_ = -1;
+  PackedRows rows_;
+  std::vector<int64_t> row_order_;
 };
 
 }  // namespace ballast::train

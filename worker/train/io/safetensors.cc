@@ -1,10 +1,6 @@
 #include "worker/train/io/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -25,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "worker/train/io/durable_file.h"
+#include "worker/train/io/mapped_file.h"
 
 namespace ballast::train {
 namespace {
@@ -81,62 +79,6 @@ absl::Status TensorDataLoss(const std::string& path, const std::string& name,
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// Owns one read-only mapping of a whole file. MAP_PRIVATE keeps our view
-// stable against writers that replace the file by rename (as WriteSafetensors
-// does); truncating a mapped file in place is outside the contract.
-class Mapping {
- public:
-  Mapping(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  ~Mapping() {
-    if (size_ > 0) munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-};
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const { return fd_; }
-  // Closes now so the caller sees the error (close can report a failed write).
-  int Close() {
-    const int rc = close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-absl::StatusOr<std::shared_ptr<const Mapping>> MapFile(const std::string& path) {
-  // Non-blocking: opening a FIFO to read would otherwise wait for a writer
-  // forever; the check below then refuses it.
-  FileDescriptor fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));
-  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(path + " is not a regular file");
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size == 0) return std::make_shared<const Mapping>(nullptr, 0);
-  void* data = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (data == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", path));
-  return std::make_shared<const Mapping>(static_cast<const uint8_t*>(data), size);
 }
 
 // nlohmann keeps the last of duplicate keys without a word, so the parser
@@ -254,25 +196,12 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }
 
 // Writes all of `data`, retrying short writes and EINTR.
-bool WriteAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
 struct SafetensorsFile::Impl {
   std::string path;
-  std::shared_ptr<const Mapping> mapping;
+  std::shared_ptr<const MappedFile> mapping;
   // Where the data buffer starts inside the mapping: 8 + header size.
   uint64_t data_start = 0;
   std::vector<std::string> names;
@@ -286,7 +215,7 @@ SafetensorsFile::~SafetensorsFile() = default;
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   auto impl = std::make_shared<Impl>();
   impl->path = path;
-  absl::StatusOr<std::shared_ptr<const Mapping>> mapping = MapFile(path);
+  absl::StatusOr<std::shared_ptr<const MappedFile>> mapping = MappedFile::Open(path);
   if (!mapping.ok()) return mapping.status();
   impl->mapping = *std::move(mapping);
   const uint8_t* bytes = impl->mapping->data();
@@ -535,19 +464,10 @@ absl::Status WriteSafetensors(const std::string& path,
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_size = header_text.size();
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FileDescriptor fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
-  auto fail = [&tmp](const std::string& what) {
-    const absl::Status status = absl::ErrnoToStatus(errno, what);
-    unlink(tmp.c_str());
-    return status;
-  };
-
-  if (!WriteAll(fd.get(), &header_size, sizeof(header_size)) ||
-      !WriteAll(fd.get(), header_text.data(), header_text.size())) {
-    return fail("cannot write " + tmp);
-  }
+  absl::StatusOr<DurableFile> file = DurableFile::Create(path);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = file->Append(&header_size, sizeof(header_size)); !s.ok()) return s;
+  if (absl::Status s = file->Append(header_text.data(), header_text.size()); !s.ok()) return s;
   size_t i = 0;
   for (const auto& [name, t] : tensors) {
     const DtypeInfo* dtype = dtypes[i++];
@@ -557,23 +477,16 @@ absl::Status WriteSafetensors(const std::string& path,
       // One tensor at a time, so peak host memory is the largest tensor.
       cpu = t.detach().to(at::kCPU).contiguous();
     } catch (const std::exception& e) {
-      unlink(tmp.c_str());
       return absl::InternalError(
           absl::StrCat(path, ": cannot copy tensor '", name, "' to CPU: ", e.what()));
     }
-    if (!WriteAll(fd.get(), cpu.data_ptr(), static_cast<size_t>(cpu.numel()) * dtype->size)) {
-      return fail("cannot write " + tmp);
+    if (absl::Status s =
+            file->Append(cpu.data_ptr(), static_cast<size_t>(cpu.numel()) * dtype->size);
+        !s.ok()) {
+      return s;
     }
   }
-  if (fsync(fd.get()) != 0) return fail("cannot fsync " + tmp);
-  if (fd.Close() != 0) return fail("cannot close " + tmp);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename " + tmp + " to " + path);
-
-  // Persist the rename itself; without it a crash can lose the new name.
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  FileDescriptor dir_fd(open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0) fsync(dir_fd.get());
-  return absl::OkStatus();
+  return file->Commit();
 }
 
 }  // namespace ballast::train

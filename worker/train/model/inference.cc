@@ -30,7 +30,7 @@ absl::Status WriteLogits(const std::string& model_dir, const std::string& adapte
     if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
   }
   Decoder decoder(*config, &*params, lora, torch::kFloat, /*gradient_checkpointing=*/false);
-  PackedBatch batch = docs->Pack(0, docs->size(), /*shuffle=*/false, /*seed=*/0);
+  PackedBatch batch = docs->Pack(0, docs->rows_per_epoch());
   return WriteSafetensors(out_path,
                           {{"logits", decoder.Logits(batch)}, {"cu_seqlens", batch.cu_seqlens}});
 }

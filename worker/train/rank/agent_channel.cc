@@ -150,6 +150,12 @@ void AgentChannel::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
   (void)Send(m);
 }
 
+void AgentChannel::OnData(const v1::DataReport& report) {
+  v1::RankMessage m;
+  *m.mutable_training()->mutable_data() = report;
+  (void)Send(m);
+}
+
 void AgentChannel::OnLog(const std::string& level, const std::string& text) {
   v1::RankMessage m;
   v1::LogLine* log = m.mutable_training()->mutable_log();

@@ -69,6 +69,7 @@ class AgentChannel : public TrainingObserver {
   void OnStep(const v1::StepMetrics& metrics) override;
   void OnGuard(const v1::GuardEvent& event) override;
   void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;
+  void OnData(const v1::DataReport& report) override;
   void OnLog(const std::string& level, const std::string& text) override;
   bool StopRequested() override { return CancelRequested(); }
 

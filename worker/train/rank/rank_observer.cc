@@ -60,6 +60,10 @@ void RankObserver::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
   if (channel_ != nullptr) channel_->OnCheckpointSaved(committed);
 }
 
+void RankObserver::OnData(const v1::DataReport& report) {
+  if (channel_ != nullptr) channel_->OnData(report);
+}
+
 void RankObserver::OnLog(const std::string& level, const std::string& text) {
   if (channel_ != nullptr) channel_->OnLog(level, text);
 }

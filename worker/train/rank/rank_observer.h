@@ -38,6 +38,7 @@ class RankObserver : public TrainingObserver {
   void OnStep(const v1::StepMetrics& metrics) override;
   void OnGuard(const v1::GuardEvent& event) override;
   void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;
+  void OnData(const v1::DataReport& report) override;
   void OnLog(const std::string& level, const std::string& text) override;
   bool StopRequested() override;
 

@@ -116,8 +116,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     if (!objective.ok()) return objective.status();
     absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
     if (!config.ok()) return config.status();
-    absl::StatusOr<TokenizedDataset> data =
-        TokenizedDataset::Load(spec.data().path(), config->vocab_size, spec.data().seq_len());
+    // Tokenized once per job: restarts and the ranks of one machine read the
+    // cache that the first one built.
+    absl::StatusOr<TrainingData> data =
+        OpenTrainingData(spec, {.cache_dir = options.data_cache_dir.empty()
+                                                 ? (fs::path(out_dir) / "data-cache").string()
+                                                 : options.data_cache_dir,
+                                .vocab_size = config->vocab_size});
     if (!data.ok()) return data.status();
 
     const bool full = spec.method() == "full";
@@ -158,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
 
 Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
                  ParamStore params, std::unique_ptr<ShardedModel> sharded,
-                 std::optional<LoraConfig> lora, TokenizedDataset data,
+                 std::optional<LoraConfig> lora, TrainingData data,
                  std::unique_ptr<Objective> objective)
     : spec_(std::move(spec)),
       out_dir_(std::move(out_dir)),
@@ -174,10 +179,9 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       sharded_(std::move(sharded)),
       lora_(std::move(lora)),
       data_(std::move(data)),
-      batches_(&data_,
+      batches_(data_.dataset.get(),
                StepBatchesOptions{spec_.data().micro_batch_size(), spec_.data().grad_accum_steps(),
-                                  spec_.data().shuffle(), spec_.seed(), collectives_->rank(),
-                                  collectives_->world_size(), device_}),
+                                  collectives_->rank(), collectives_->world_size(), device_}),
       decoder_(config_, sharded_ ? &sharded_->gathered() : &params_, lora_,
                spec_.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat,
                spec_.gradient_checkpointing()),
@@ -239,6 +243,16 @@ absl::Status Trainer::RunSteps() {
     Log("info", absl::StrCat("starting at step 0 of ", spec_.max_steps()));
   }
   if (const std::string faults = injection_.Describe(); !faults.empty()) Log("warning", faults);
+  const v1::DataReport& data = data_.report;
+  Log("info",
+      absl::StrCat("data: ", spec_.data().path(), " as ", data.format(),
+                   spec_.data().format().empty() ? " (detected from its first record)" : "",
+                   data.template_().empty() ? "" : absl::StrCat(", template ", data.template_()),
+                   spec_.data().template_().empty() && !data.template_().empty()
+                       ? " (from the tokenizer_config.json)"
+                       : "",
+                   data.tokenized() ? "; tokenized into the job's token cache"
+                                    : "; read from the job's token cache"));
   // The state the run starts from is good (the initial weights, or a good
   // checkpoint): the first snapshot to go back to.
   snapshots_.Take(pos, trained(), optimizer_, device_);
@@ -253,7 +267,13 @@ absl::Status Trainer::RunSteps() {
   }
 
   bool traffic_logged = false;
+  int64_t reported_epoch = -1;
   while (pos.step < spec_.max_steps()) {
+    if (const int64_t epoch = pos.data_cursor / data_.dataset->rows_per_epoch();
+        epoch != reported_epoch) {
+      ReportData(epoch);
+      reported_epoch = epoch;
+    }
     GuardVerdict verdict;
     const StepRecord record = Step(&pos, &verdict);
     if (collectives_->world_size() > 1 && !traffic_logged) {
@@ -325,7 +345,7 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   const int64_t communicated_before = collectives_->communicated_bytes();
   std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
   const int64_t first_document = pos->data_cursor;
-  pos->data_cursor += batches_.examples_per_step();
+  pos->data_cursor += batches_.rows_per_step();
   pos->step += 1;
   injection_.BeginStep(m.step);
   injection_.MaskTargets(m.step, &micro_batches);
@@ -542,12 +562,7 @@ void Trainer::DescribeAnomaly(const TensorNorms& norms, const StepHealth& health
   if (health.supervised_tokens > 0) anomaly_.set_loss(health.loss);
   anomaly_.set_grad_norm(health.grad_norm);
   // The step's own documents: a skipped step's data is not retried.
-  const int64_t count = batches_.examples_per_step();
-  anomaly_.set_first_document(first_document);
-  anomaly_.set_documents_skipped(count);
-  for (int64_t id : batches_.DocumentIds(first_document, std::min<int64_t>(count, 64))) {
-    anomaly_.add_document_ids(id);
-  }
+  SetSkippedDocuments(first_document, batches_.rows_per_step(), &anomaly_);
   // Where it went wrong: the global norms of the non-finite tensors, then of
   // the largest finite ones (an exploding neighbour is often the cause).
   std::vector<size_t> order(norms.names.size());
@@ -691,14 +706,7 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
   // between that state and the bad step, which led there, are skipped (as
   // PaLM's and OPT's operators did by hand). The step counter and the LR
   // schedule go back with the weights.
-  const int64_t skipped_documents = std::max<int64_t>(0, skip_to - pos->data_cursor);
-  event.set_first_document(pos->data_cursor);
-  event.set_documents_skipped(skipped_documents);
-  event.clear_document_ids();
-  for (int64_t id :
-       batches_.DocumentIds(pos->data_cursor, std::min<int64_t>(skipped_documents, 64))) {
-    event.add_document_ids(id);
-  }
+  SetSkippedDocuments(pos->data_cursor, std::max<int64_t>(0, skip_to - pos->data_cursor), &event);
   pos->data_cursor = std::max(pos->data_cursor, skip_to);
   // What came after the state gone back to belongs to the abandoned run.
   snapshots_.DropAfter(pos->step);
@@ -716,12 +724,27 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
   event.set_steps_lost(step - pos->step);
   event.set_message(absl::StrCat(
       verdict.reason, "; rolled back to step ", pos->step, " (", event.restored_from(),
-      "), skipping the ", skipped_documents, " documents read since it",
+      "), skipping the ", event.documents_skipped(), " documents read since it",
       spec_.guard().lr_cut() < 1
           ? absl::StrCat("; the LR is cut to ", spec_.guard().lr_cut(), " of the schedule's")
           : ""));
   ReportGuard(event);
   return absl::OkStatus();
+}
+
+void Trainer::SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* event) {
+  const std::vector<int64_t> lines = batches_.DocumentLines(cursor, rows);
+  event->set_first_document(cursor);
+  event->set_documents_skipped(static_cast<int64_t>(lines.size()));
+  event->clear_document_ids();
+  for (size_t i = 0; i < lines.size() && i < 64; ++i) event->add_document_ids(lines[i]);
+}
+
+void Trainer::ReportData(int64_t epoch) {
+  if (collectives_->rank() != 0) return;
+  v1::DataReport report = data_.report;
+  report.set_epoch(epoch);
+  observer_->OnData(report);
 }
 
 absl::Status Trainer::Diagnose(v1::GuardEvent event, const std::string& reason) {

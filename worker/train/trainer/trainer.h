@@ -27,7 +27,7 @@
 #include "worker/train/checkpoint/checkpoint.h"
 #include "worker/train/collectives/collectives.h"
 #include "worker/train/data/step_batches.h"
-#include "worker/train/data/tokenized_dataset.h"
+#include "worker/train/data/training_data.h"
 #include "worker/train/guard/fault_injection.h"
 #include "worker/train/guard/guard.h"
 #include "worker/train/guard/snapshot_ring.h"
@@ -63,6 +63,9 @@ struct TrainerOptions {
   // takes an equal share of every step's micro-batches. Not owned; it must
   // outlive the Trainer.
   Collectives* collectives = nullptr;
+  // The job's token cache (data/token_cache.h), shared by its attempts.
+  // Empty: out_dir/data-cache.
+  std::string data_cache_dir;
 };
 
 class Trainer {
@@ -119,7 +122,7 @@ class Trainer {
  private:
   Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
           ParamStore params, std::unique_ptr<ShardedModel> sharded, std::optional<LoraConfig> lora,
-          TokenizedDataset data, std::unique_ptr<Objective> objective);
+          TrainingData data, std::unique_ptr<Objective> objective);
 
   // What one run of a step's forward and backward measured, over all ranks.
   struct StepNumbers {
@@ -171,6 +174,11 @@ class Trainer {
   // The step's time, traffic and peak memory.
   void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
                     StepRecord* record) const;
+  // The data positions [cursor, cursor + rows) that `event` makes the job
+  // skip: their documents' count and the lines of the first 64.
+  void SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* event);
+  // The DataReport of `epoch`, from rank 0.
+  void ReportData(int64_t epoch);
   // Goes back to the newest good snapshot or checkpoint from before the
   // trouble, or fails with the guard's diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,
@@ -197,7 +205,7 @@ class Trainer {
   ParamStore params_;
   std::unique_ptr<ShardedModel> sharded_;
   std::optional<LoraConfig> lora_;
-  TokenizedDataset data_;
+  TrainingData data_;
   StepBatches batches_;
   Decoder decoder_;
   std::unique_ptr<Objective> objective_;

@@ -33,10 +33,16 @@ class StepBatchesTest : public ::testing::Test {
   void TearDown() override { fs::remove(path()), fs::remove(dir_); }
   std::string path() const { return (fs::path(dir_) / "data.jsonl").string(); }
 
+  // Shuffled and packed into rows of 8 tokens, seed 7.
   TokenizedDataset Load() {
-    absl::StatusOr<TokenizedDataset> ds = TokenizedDataset::Load(path(), 16, 8);
-    EXPECT_TRUE(ds.ok()) << ds.status();
-    return *std::move(ds);
+    absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
+        {.format = DataFormat::kTokens, .vocab_size = 16}, std::nullopt, std::nullopt);
+    EXPECT_TRUE(encoder.ok()) << encoder.status();
+    absl::StatusOr<TokenCache> cache = TokenCache::BuildInMemory(
+        *encoder, {.data_path = path(), .seq_len = 8, .max_line_bytes = 1 << 20});
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    return TokenizedDataset(*std::move(cache),
+                            {.seq_len = 8, .packing = true, .shuffle = true, .seed = 7});
   }
 
   std::string dir_;
@@ -56,19 +62,42 @@ void ExpectSameBatches(const std::vector<PackedBatch>& got, const std::vector<Pa
 }
 
 TEST_F(StepBatchesTest, PackedAheadOrNotEveryRankGetsItsShareOfEveryStep) {
-  // 2 documents per micro-batch, 4 micro-batches per step, over 2 ranks:
-  // rank r takes micro-batches r and r + 2, across epochs (13 documents).
+  // 2 rows per micro-batch, 4 micro-batches per step, over 2 ranks: rank r
+  // takes micro-batches r and r + 2, across epochs (13 documents in fewer
+  // rows).
   for (int rank = 0; rank < 2; ++rank) {
     TokenizedDataset ahead_data = Load(), plain_data = Load();
-    StepBatches ahead(&ahead_data, {2, 4, /*shuffle=*/true, /*seed=*/7, rank, 2, c10::kCPU});
-    ASSERT_EQ(ahead.examples_per_step(), 8);
+    StepBatches ahead(&ahead_data, {2, 4, rank, 2, c10::kCPU});
+    ASSERT_EQ(ahead.rows_per_step(), 8);
     // A rollback's jump back (cursor 8 again) and a resume's jump forward
     // (40) are packed on the spot; the steady steps come from the packer.
     for (int64_t cursor : {0, 8, 16, 8, 16, 40, 48}) {
       std::vector<PackedBatch> want;
-      for (int64_t i = rank; i < 4; i += 2)
-        want.push_back(plain_data.Pack(cursor + 2 * i, 2, true, 7));
+      for (int64_t i = rank; i < 4; i += 2) want.push_back(plain_data.Pack(cursor + 2 * i, 2));
       ExpectSameBatches(ahead.Take(cursor), want, absl::StrCat("rank ", rank, " cursor ", cursor));
+    }
+  }
+}
+
+TEST_F(StepBatchesTest, AResumeAtAnyWorldSizeTakesTheRowsOfAnUninterruptedRun) {
+  // The uninterrupted run: one rank, 10 steps of 4 micro-batches of 1 row.
+  TokenizedDataset straight_data = Load();
+  StepBatches straight(&straight_data, {1, 4, 0, 1, c10::kCPU});
+  std::vector<std::vector<PackedBatch>> steps;
+  for (int64_t step = 0; step < 10; ++step) steps.push_back(straight.Take(4 * step));
+  // Resumed from the cursor a checkpoint after step 6 keeps, on fresh
+  // datasets (a new process), at world sizes 1 and 2: rank r's micro-batches
+  // are the uninterrupted run's r, r + N, ...
+  for (int world = 1; world <= 2; ++world) {
+    for (int rank = 0; rank < world; ++rank) {
+      TokenizedDataset resumed_data = Load();
+      StepBatches resumed(&resumed_data, {1, 4, rank, world, c10::kCPU});
+      for (int64_t step = 6; step < 10; ++step) {
+        std::vector<PackedBatch> want;
+        for (int i = rank; i < 4; i += world) want.push_back(steps[step][i]);
+        ExpectSameBatches(resumed.Take(4 * step), want,
+                          absl::StrCat("world ", world, " rank ", rank, " step ", step));
+      }
     }
   }
 }
@@ -76,7 +105,7 @@ TEST_F(StepBatchesTest, PackedAheadOrNotEveryRankGetsItsShareOfEveryStep) {
 TEST_F(StepBatchesTest, AGpuGetsItsBatchOnTheDeviceAndTheMaskOnTheHost) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   TokenizedDataset data = Load();
-  StepBatches batches(&data, {3, 2, false, 0, 0, 1, c10::Device(c10::kCUDA, 0)});
+  StepBatches batches(&data, {3, 2, 0, 1, c10::Device(c10::kCUDA, 0)});
   for (int64_t cursor : {0, 6, 12}) {
     for (const PackedBatch& b : batches.Take(cursor)) {
       EXPECT_TRUE(b.input_ids.is_cuda());

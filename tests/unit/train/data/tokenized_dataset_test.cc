@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 
 namespace ballast::train {
@@ -32,6 +33,17 @@ class TokenizedDatasetTest : public ::testing::Test {
   std::string path() const { return (fs::path(dir_) / "data.jsonl").string(); }
   void Write(const std::string& text) { std::ofstream(path()) << text; }
 
+  // The tokens file at path() in `order`, with a vocabulary of 64.
+  TokenizedDataset Open(DataOrder order) {
+    absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
+        {.format = DataFormat::kTokens, .vocab_size = 64}, std::nullopt, std::nullopt);
+    EXPECT_TRUE(encoder.ok()) << encoder.status();
+    absl::StatusOr<TokenCache> cache = TokenCache::BuildInMemory(
+        *encoder, {.data_path = path(), .seq_len = order.seq_len, .max_line_bytes = 1 << 20});
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    return TokenizedDataset(*std::move(cache), order);
+  }
+
   std::string dir_;
 };
 
@@ -42,9 +54,9 @@ TEST_F(TokenizedDatasetTest, PacksDocumentsWithBoundariesPositionsAndNextTokenTa
       "{\"input_ids\": [8, 9]}\n");
   absl::StatusOr<TokenizedDataset> ds = TokenizedDataset::Load(path(), 16, 8);
   ASSERT_TRUE(ds.ok()) << ds.status();
-  ASSERT_EQ(ds->size(), 2);
+  ASSERT_EQ(ds->rows_per_epoch(), 2);
 
-  PackedBatch b = ds->Pack(0, 2, /*shuffle=*/false, /*seed=*/0);
+  PackedBatch b = ds->Pack(0, 2);
   EXPECT_THAT(Values(b.input_ids), ElementsAre(5, 6, 7, 8, 9));
   EXPECT_THAT(Values(b.position_ids), ElementsAre(0, 1, 2, 0, 1));
   EXPECT_THAT(Values(b.cu_seqlens), ElementsAre(0, 3, 5));
@@ -52,7 +64,8 @@ TEST_F(TokenizedDatasetTest, PacksDocumentsWithBoundariesPositionsAndNextTokenTa
   // position predicts nothing, so no target crosses a boundary.
   EXPECT_THAT(Values(b.targets), ElementsAre(6, 7, -100, 9, -100));
   EXPECT_EQ(b.supervised_tokens, 3);
-  EXPECT_THAT(b.document_ids, ElementsAre(0, 1));
+  // The documents' lines in the file, from 0 (line 1 is blank).
+  EXPECT_THAT(b.document_ids, ElementsAre(0, 2));
   EXPECT_EQ(b.mask.kind, kernels::MaskKind::kCausal);
   EXPECT_FALSE(b.loss_weights.defined());
   EXPECT_FALSE(b.group_offsets.defined());
@@ -62,23 +75,64 @@ TEST_F(TokenizedDatasetTest, WrapsAroundEpochsWithAFreshPermutationEach) {
   std::string text;
   for (int i = 0; i < 64; ++i) text += "{\"input_ids\": [" + std::to_string(i) + ", 1]}\n";
   Write(text);
-  absl::StatusOr<TokenizedDataset> ds = TokenizedDataset::Load(path(), 64, 4);
-  ASSERT_TRUE(ds.ok()) << ds.status();
+  TokenizedDataset ds = Open({.seq_len = 4, .shuffle = true, .seed = 7});
+  ASSERT_EQ(ds.rows_per_epoch(), 64);
 
   std::vector<int64_t> epoch0, epoch1;
-  for (int64_t c = 0; c < 64; ++c) epoch0.push_back(ds->IndexAt(c, /*shuffle=*/true, 7));
-  for (int64_t c = 64; c < 128; ++c) epoch1.push_back(ds->IndexAt(c, /*shuffle=*/true, 7));
+  for (int64_t c = 0; c < 64; ++c) epoch0.push_back(ds.RowDocuments(c)[0]);
+  for (int64_t c = 64; c < 128; ++c) epoch1.push_back(ds.RowDocuments(c)[0]);
   EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()).size(), 64u);
   EXPECT_EQ(std::set<int64_t>(epoch1.begin(), epoch1.end()).size(), 64u);
   EXPECT_NE(epoch0, epoch1);
   // The order is a function of (seed, cursor) alone: asking out of order, as
   // a resume does, gives the same documents.
-  EXPECT_EQ(ds->IndexAt(5, true, 7), epoch0[5]);
-  EXPECT_EQ(ds->IndexAt(64 + 9, true, 7), epoch1[9]);
-  EXPECT_EQ(ds->IndexAt(70, /*shuffle=*/false, 7), 6);
+  EXPECT_EQ(ds.RowDocuments(5)[0], epoch0[5]);
+  EXPECT_EQ(ds.RowDocuments(64 + 9)[0], epoch1[9]);
+  EXPECT_EQ(Open({.seq_len = 4, .shuffle = false}).RowDocuments(70)[0], 6);
 
-  PackedBatch b = ds->Pack(62, 4, /*shuffle=*/true, 7);
+  PackedBatch b = ds.Pack(62, 4);
   EXPECT_THAT(b.document_ids, ElementsAre(epoch0[62], epoch0[63], epoch1[0], epoch1[1]));
+}
+
+TEST_F(TokenizedDatasetTest, PackedRowsHoldWholeDocumentsAndAreTheSameCountEveryEpoch) {
+  // 200 documents of 2..40 tokens into rows of 64.
+  std::mt19937 rng(std::random_device{}());
+  std::string text;
+  int64_t total = 0;
+  for (int d = 0; d < 200; ++d) {
+    const int n = std::uniform_int_distribution<int>(2, 40)(rng);
+    total += n;
+    text += "{\"input_ids\": [" + std::to_string(d % 16);
+    for (int t = 1; t < n; ++t) text += ", " + std::to_string(t % 16);
+    text += "]}\n";
+  }
+  Write(text);
+  TokenizedDataset ds = Open({.seq_len = 64, .packing = true, .shuffle = true, .seed = 3});
+  const int64_t rows = ds.rows_per_epoch();
+  EXPECT_GE(rows, (total + 63) / 64);
+  EXPECT_LT(rows, 200);
+  EXPECT_NEAR(ds.packing().efficiency, static_cast<double>(total) / (rows * 64), 1e-12);
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::multiset<int64_t> seen;
+    for (int64_t r = epoch * rows; r < (epoch + 1) * rows; ++r) {
+      const PackedBatch b = ds.Pack(r, 1);
+      const std::vector<int64_t> cu = Values(b.cu_seqlens);
+      EXPECT_LE(cu.back(), 64);
+      for (const int64_t d : ds.RowDocuments(r)) seen.insert(d);
+      // Each document restarts its positions, and its last position has no
+      // target: nothing crosses a boundary.
+      const std::vector<int64_t> positions = Values(b.position_ids);
+      const std::vector<int64_t> targets = Values(b.targets);
+      for (size_t k = 0; k + 1 < cu.size(); ++k) {
+        EXPECT_EQ(positions[cu[k]], 0);
+        EXPECT_EQ(targets[cu[k + 1] - 1], -100);
+      }
+    }
+    // Every document exactly once per epoch.
+    EXPECT_EQ(seen.size(), 200u);
+    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 200u);
+  }
+  EXPECT_NE(ds.DocumentLines(0, rows), ds.DocumentLines(rows, rows));
 }
 
 TEST_F(TokenizedDatasetTest, RefusesBadLinesNamingFileAndLine) {
@@ -102,7 +156,8 @@ TEST_F(TokenizedDatasetTest, RefusesBadLinesNamingFileAndLine) {
     EXPECT_THAT(ds.status().message(), HasSubstr(c.message)) << c.line;
   }
   Write("\n\n");
-  EXPECT_THAT(TokenizedDataset::Load(path(), 16, 4).status().message(), HasSubstr("no examples"));
+  EXPECT_THAT(TokenizedDataset::Load(path(), 16, 4).status().message(),
+              HasSubstr("no documents to train on (0 records"));
   // A line far longer than seq_len allows (once: 200 MB, std::bad_alloc) is
   // refused by its length, before it is read whole.
   Write("{\"input_ids\": [1, 2]}\n{\"input_ids\": [" + std::string(1 << 22, '1') + "]}\n");

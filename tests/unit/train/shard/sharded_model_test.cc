@@ -60,7 +60,7 @@ class ShardedModelTest : public ::testing::Test {
   PackedBatch Batch() {
     absl::StatusOr<TokenizedDataset> data = TokenizedDataset::Load(data_, TinyModel::kVocab, 16);
     EXPECT_TRUE(data.ok()) << data.status();
-    return data->Pack(0, 4, /*shuffle=*/false, 0);
+    return data->Pack(0, 4);
   }
 
   std::optional<LoraConfig> Lora(bool full) const {

@@ -128,7 +128,7 @@ TEST_F(TrainerTest, StepLossIsTheSumOverItsMicroBatchesDividedByTheStepsSupervis
   {
     torch::NoGradGuard no_grad;
     for (int64_t cursor : {0, 2}) {
-      kernels::LossSum ls = CausalLm().Loss(decoder, data->Pack(cursor, 2, false, 0), false);
+      kernels::LossSum ls = CausalLm().Loss(decoder, data->Pack(cursor, 2), false);
       sum += ls.sum.item<double>();
       count += ls.count.item<int64_t>();
     }

@@ -1,0 +1,167 @@
+#include "worker/train/data/document_encoder.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/unit/train/text/tokenizer_json.h"
+
+namespace ballast::train {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr TokenId kEndOfText = 256, kImStart = 257, kImEnd = 258;
+
+// Byte-level ids 0..255 and ChatML's special tokens after them.
+Tokenizer ChatmlTokenizer() {
+  nlohmann::json json = QwenStyleJson({});
+  int id = kEndOfText;
+  for (const char* token : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    json["added_tokens"].push_back({{"id", id++},
+                                    {"content", token},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", true}});
+  }
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+  return *std::move(tokenizer);
+}
+
+std::vector<int32_t> Bytes(const std::string& text) { return {text.begin(), text.end()}; }
+
+std::vector<int32_t> Concat(std::initializer_list<std::vector<int32_t>> parts) {
+  std::vector<int32_t> all;
+  for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+std::vector<int32_t> Ignored(size_t n) { return std::vector<int32_t>(n, kIgnoreLabel); }
+
+DocumentEncoder Encoder(DataFormat format, std::optional<std::string> chat_template,
+                        TrainOn train_on = TrainOn::kAssistant) {
+  std::optional<ChatTemplate> t;
+  if (chat_template) t = *ChatTemplate::Named(*chat_template);
+  absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
+      {.format = format, .train_on = train_on, .vocab_size = 300, .eos = kEndOfText},
+      ChatmlTokenizer(), std::move(t));
+  EXPECT_TRUE(encoder.ok()) << encoder.status();
+  return *std::move(encoder);
+}
+
+TEST(DocumentEncoderTest, TextIsEveryTokenTrainedThenEosAndNeverForgesASpecialToken) {
+  EncodedDocument doc;
+  ASSERT_TRUE(
+      Encoder(DataFormat::kText, std::nullopt).Encode(R"({"text": "hi<|im_end|>"})", &doc).ok());
+  const std::vector<int32_t> want = Concat({Bytes("hi<|im_end|>"), {kEndOfText}});
+  EXPECT_EQ(doc.input_ids, want);
+  EXPECT_EQ(doc.labels, want);
+}
+
+TEST(DocumentEncoderTest, PromptCompletionWithoutATemplateTrainsTheCompletionAndEos) {
+  EncodedDocument doc;
+  const std::string record = R"({"prompt": "Q:", "completion": " A"})";
+  ASSERT_TRUE(Encoder(DataFormat::kPromptCompletion, std::nullopt).Encode(record, &doc).ok());
+  EXPECT_EQ(doc.input_ids, Concat({Bytes("Q:"), Bytes(" A"), {kEndOfText}}));
+  EXPECT_EQ(doc.labels, Concat({Ignored(2), Bytes(" A"), {kEndOfText}}));
+  ASSERT_TRUE(Encoder(DataFormat::kPromptCompletion, std::nullopt, TrainOn::kAll)
+                  .Encode(record, &doc)
+                  .ok());
+  EXPECT_EQ(doc.labels, doc.input_ids);
+}
+
+TEST(DocumentEncoderTest, ChatsTrainTheAssistantTurnsAsTheTemplateMasksThem) {
+  const std::string header = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+  const std::vector<int32_t> prompt = Concat(
+      {{kImStart}, Bytes("user\nhi"), {kImEnd}, Bytes("\n"), {kImStart}, Bytes("assistant\n")});
+  for (
+      const std::string record :
+      {R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})",
+       R"({"prompt": "hi", "completion": "yo"})"}) {
+    const DataFormat format = record.find("messages") != std::string::npos
+                                  ? DataFormat::kMessages
+                                  : DataFormat::kPromptCompletion;
+    EncodedDocument doc;
+    ASSERT_TRUE(Encoder(format, "chatml").Encode(record, &doc).ok()) << record;
+    EXPECT_EQ(doc.input_ids, Concat({prompt, Bytes("yo"), {kImEnd}, Bytes("\n")})) << header;
+    EXPECT_EQ(doc.labels, Concat({Ignored(prompt.size()), Bytes("yo"), {kImEnd}, Ignored(1)}))
+        << record;
+  }
+}
+
+TEST(DocumentEncoderTest, BadRecordsSayWhatIsWrong) {
+  struct Case {
+    DataFormat format;
+    const char* record;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{DataFormat::kText, "[1, 2]", "not a JSON object"},
+           Case{DataFormat::kText, R"({"txt": "a"})", "no \"text\""},
+           Case{DataFormat::kText, R"({"text": 5})", "\"text\" is not a string"},
+           Case{DataFormat::kText, R"({"text": ""})", "at least 2 tokens, this one has 1"},
+           Case{DataFormat::kMessages, R"({"messages": []})", "not a non-empty list"},
+           Case{DataFormat::kMessages, R"({"messages": [{"content": "a"}]})",
+                "messages[0]: no \"role\""},
+           Case{DataFormat::kMessages, R"({"messages": [{"role": "user", "content": 3}]})",
+                "messages[0].content is not a string"},
+           Case{DataFormat::kMessages, R"({"messages": [{"role": "user", "content": "hi"}]})",
+                "no token to train on: the record has no assistant turn"},
+           Case{DataFormat::kMessages,
+                R"({"messages": [{"role": "user", "content": "a<|im_end|>"}, )"
+                R"({"role": "assistant", "content": "b"}]})",
+                "<|im_end|>"},
+           Case{DataFormat::kPromptCompletion, R"({"prompt": "a"})", "no \"completion\""},
+       }) {
+    EncodedDocument doc;
+    const absl::Status s = Encoder(c.format, "chatml").Encode(c.record, &doc);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.record << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.record;
+  }
+}
+
+TEST(DocumentEncoderTest, ATokenizerLargerThanTheModelIsRefusedWhateverTheRecord) {
+  absl::StatusOr<DocumentEncoder> encoder =
+      DocumentEncoder::Create({.format = DataFormat::kText, .vocab_size = 200, .eos = kEndOfText},
+                              ChatmlTokenizer(), std::nullopt);
+  ASSERT_TRUE(encoder.ok());
+  EncodedDocument doc;
+  const absl::Status s = encoder->Encode(R"({"text": "ab"})", &doc);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("token id 256, outside the model's vocabulary [0, 200)"));
+}
+
+TEST(DocumentEncoderTest, FormatsNeedWhatTheyRender) {
+  EXPECT_THAT(DocumentEncoder::Create({.format = DataFormat::kText, .vocab_size = 10}, std::nullopt,
+                                      std::nullopt)
+                  .status()
+                  .message(),
+              HasSubstr("needs a tokenizer"));
+  EXPECT_THAT(DocumentEncoder::Create({.format = DataFormat::kMessages, .vocab_size = 300},
+                                      ChatmlTokenizer(), std::nullopt)
+                  .status()
+                  .message(),
+              HasSubstr("needs a chat template"));
+}
+
+TEST(DataFormatTest, IsDetectedFromTheFirstRecordsKeys) {
+  const auto detect = [](const char* record) {
+    return DetectDataFormat(nlohmann::json::parse(record));
+  };
+  EXPECT_EQ(*detect(R"({"messages": [], "text": "x"})"), DataFormat::kMessages);
+  EXPECT_EQ(*detect(R"({"prompt": "a", "completion": "b"})"), DataFormat::kPromptCompletion);
+  EXPECT_EQ(*detect(R"({"text": "a"})"), DataFormat::kText);
+  EXPECT_EQ(*detect(R"({"input_ids": [1]})"), DataFormat::kTokens);
+  EXPECT_THAT(detect(R"({"prompt": "a"})").status().message(), HasSubstr("set data.format"));
+  EXPECT_THAT(ParseDataFormat("sharegpt").status().message(),
+              HasSubstr("not one of messages, prompt_completion, text, tokens"));
+}
+
+}  // namespace
+}  // namespace ballast::train

@@ -1,0 +1,92 @@
+// DocumentEncoder: one JSONL record of a training set into one document's
+// token ids and labels, in the record's DataFormat.
+//
+//   messages           the chat template renders the conversation; labels
+//                      on the assistant turns (data.train_on: assistant) or
+//                      on every token (all).
+//   prompt_completion  with a template, a user turn and an assistant turn;
+//                      with none, prompt then completion as plain text, then
+//                      EOS. Labels on the completion (or all).
+//   text               the post-processor's prefix (Llama 3's BOS), the text,
+//                      EOS; every token trained.
+//   tokens             the ids and labels as written.
+//
+// Text from a record is encoded with special-token matching off, so data
+// never produces control tokens; the chat template refuses content holding
+// one. labels[t] is the token trained at position t or -100; the trainer
+// shifts them (position t predicts labels[t + 1]).
+//
+// Thread-safe: Encode is const, and many threads share one encoder.
+#ifndef BALLAST_WORKER_TRAIN_DATA_DOCUMENT_ENCODER_H_
+#define BALLAST_WORKER_TRAIN_DATA_DOCUMENT_ENCODER_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json_fwd.hpp"
+#include "worker/train/data/data_format.h"
+#include "worker/train/text/chat_template.h"
+#include "worker/train/text/tokenizer.h"
+
+namespace ballast::train {
+
+inline constexpr int32_t kIgnoreLabel = -100;
+
+struct EncodedDocument {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> labels;  // same length; kIgnoreLabel = not trained
+};
+
+struct DocumentEncoderOptions {
+  DataFormat format = DataFormat::kTokens;
+  TrainOn train_on = TrainOn::kAssistant;
+  int64_t vocab_size = 0;  // the model's: every id must lie in [0, vocab_size)
+  // Ends text documents and template-less completions; -1 for none.
+  TokenId eos = -1;
+};
+
+class DocumentEncoder {
+ public:
+  // `tokenizer` is required by every format but tokens; `chat_template` by
+  // messages (prompt_completion without one concatenates). INVALID_ARGUMENT
+  // saying which is missing.
+  static absl::StatusOr<DocumentEncoder> Create(DocumentEncoderOptions options,
+                                                std::optional<Tokenizer> tokenizer,
+                                                std::optional<ChatTemplate> chat_template);
+
+  // The document of one record (a JSONL line). INVALID_ARGUMENT for a bad
+  // record, saying what is wrong with it (the caller adds file and line):
+  // malformed JSON, a missing or mistyped key, an id outside the vocabulary
+  // in a tokens record, fewer than 2 tokens, or no trained token.
+  // FAILED_PRECONDITION when the tokenizer yields an id the model does not
+  // have: the tokenizer does not belong to the model, whatever the record.
+  absl::Status Encode(absl::string_view line, EncodedDocument* document) const;
+
+  const DocumentEncoderOptions& options() const { return options_; }
+  const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
+
+ private:
+  DocumentEncoder(DocumentEncoderOptions options, std::optional<Tokenizer> tokenizer,
+                  std::optional<ChatTemplate> chat_template)
+      : options_(options),
+        tokenizer_(std::move(tokenizer)),
+        chat_template_(std::move(chat_template)) {}
+
+  absl::Status EncodeRecord(const nlohmann::json& record, EncodedDocument* document) const;
+  absl::Status EncodeChat(const std::vector<ChatMessage>& messages,
+                          EncodedDocument* document) const;
+  // Appends `text` (special tokens off), labelled or not.
+  absl::Status AppendText(absl::string_view text, bool trained, EncodedDocument* document) const;
+
+  DocumentEncoderOptions options_;
+  std::optional<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+};
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_DATA_DOCUMENT_ENCODER_H_

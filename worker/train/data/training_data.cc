@@ -1,0 +1,214 @@
+#include "worker/train/data/training_data.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
+
+namespace ballast::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Lines of a text format may hold long documents that data.truncate cuts;
+// bounded all the same, so a file without newlines is refused, not read.
+int64_t MaxLineBytes(DataFormat format, int64_t seq_len) {
+  // A tokens line holds at most seq_len ids and as many labels, each at
+  // most 21 characters with its separator.
+  if (format == DataFormat::kTokens) return 4096 + 2 * 24 * seq_len;
+  return std::clamp<int64_t>(4096 + 64 * seq_len, int64_t{16} << 20, int64_t{1} << 30);
+}
+
+// The folder that holds tokenizer_config.json next to `tokenizer_path`.
+std::string TokenizerFolder(const std::string& tokenizer_path) {
+  std::error_code ec;
+  if (fs::is_directory(tokenizer_path, ec)) return tokenizer_path;
+  const std::string parent = fs::path(tokenizer_path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// tokenizer_config.json's eos_token (a string, or an AddedToken object), or -1.
+absl::StatusOr<TokenId> ConfiguredEos(const std::string& folder, const Tokenizer& tokenizer) {
+  const std::string path = folder + "/tokenizer_config.json";
+  absl::StatusOr<std::string> text = ReadRegularFile(path, int64_t{16} << 20);
+  if (absl::IsNotFound(text.status())) return -1;
+  if (!text.ok()) return text.status();
+  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  }
+  const auto eos = config.find("eos_token");
+  if (eos == config.end() || eos->is_null()) return -1;
+  std::string content;
+  if (eos->is_string()) {
+    content = eos->get<std::string>();
+  } else if (eos->is_object() && eos->contains("content") && (*eos)["content"].is_string()) {
+    content = (*eos)["content"].get<std::string>();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(path,
+                                                   ": eos_token is neither a string nor "
+                                                   "an object with a content"));
+  }
+  const TokenId id = tokenizer.TokenToId(content);
+  if (id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": eos_token ", content, " is not a token of the tokenizer"));
+  }
+  return id;
+}
+
+// What a file is, for the fingerprint: a changed file is tokenized again.
+std::string FileIdentity(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return path;
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  return absl::StrCat(ec ? path : absolute.string(), " size ", st.st_size, " mtime ",
+                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_len) {
+  if (!data.format().empty()) return ParseDataFormat(data.format());
+  // The first record decides; a mixed file then fails on its first record
+  // of another shape, naming the line.
+  absl::StatusOr<LineReader> reader =
+      LineReader::Open(data.path(), MaxLineBytes(DataFormat::kText, seq_len));
+  if (!reader.ok()) return reader.status();
+  std::string line;
+  for (;;) {
+    absl::StatusOr<bool> more = reader->Next(&line);
+    if (!more.ok()) return more.status();
+    if (!*more) return absl::InvalidArgumentError(absl::StrCat(data.path(), ": no records"));
+    if (line.find_first_not_of(" \t\r") != std::string::npos) break;
+  }
+  const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+  absl::StatusOr<DataFormat> format =
+      DetectDataFormat(record.is_discarded() ? nlohmann::json() : record);
+  if (!format.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(data.path(), ":", reader->line_number(), ": ", format.status().message()));
+  }
+  return format;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::JobSpec& spec,
+                                                                     int64_t vocab_size,
+                                                                     v1::DataReport* report) {
+  const v1::DataSpec& data = spec.data();
+  absl::StatusOr<DataFormat> format = ResolveFormat(data, data.seq_len());
+  if (!format.ok()) return format.status();
+  report->set_format(std::string(DataFormatName(*format)));
+
+  DocumentEncoderOptions options;
+  options.format = *format;
+  options.train_on = data.train_on() == "all" ? TrainOn::kAll : TrainOn::kAssistant;
+  options.vocab_size = vocab_size;
+  std::optional<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  if (*format != DataFormat::kTokens) {
+    const std::string path = data.tokenizer().empty() ? spec.model().path() : data.tokenizer();
+    absl::StatusOr<Tokenizer> loaded = Tokenizer::Load(path);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("data.format ", DataFormatName(*format),
+                                       " needs a tokenizer: ", loaded.status().message()));
+    }
+    tokenizer = *std::move(loaded);
+    const std::string folder = TokenizerFolder(path);
+    absl::StatusOr<TokenId> eos = ConfiguredEos(folder, *tokenizer);
+    if (!eos.ok()) return eos.status();
+    options.eos = *eos;
+    const bool chat = *format == DataFormat::kMessages || *format == DataFormat::kPromptCompletion;
+    if (chat && data.template_() != "none") {
+      absl::StatusOr<ChatTemplate> resolved = data.template_().empty()
+                                                  ? ChatTemplate::Detect(folder)
+                                                  : ChatTemplate::Named(data.template_());
+      if (resolved.ok()) {
+        chat_template = *std::move(resolved);
+        report->set_template_(std::string(chat_template->name()));
+      } else if (!(absl::IsNotFound(resolved.status()) &&
+                   *format == DataFormat::kPromptCompletion)) {
+        // prompt_completion without a chat template concatenates; messages
+        // cannot do without one.
+        return absl::Status(resolved.status().code(),
+                            absl::StrCat(resolved.status().message(),
+                                         "; set data.template to qwen3, chatml or llama3"));
+      }
+    }
+    if (!chat_template && chat) report->set_template_("none");
+  }
+  absl::StatusOr<DocumentEncoder> encoder =
+      DocumentEncoder::Create(options, std::move(tokenizer), std::move(chat_template));
+  if (!encoder.ok()) return encoder.status();
+  return std::make_unique<DocumentEncoder>(*std::move(encoder));
+}
+
+absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
+                                              const TrainingDataOptions& options) {
+  const v1::DataSpec& data = spec.data();
+  TrainingData result;
+  absl::StatusOr<std::unique_ptr<DocumentEncoder>> encoder =
+      OpenDocumentEncoder(spec, options.vocab_size, &result.report);
+  if (!encoder.ok()) return encoder.status();
+  result.encoder = *std::move(encoder);
+
+  TokenCacheOptions cache_options;
+  cache_options.data_path = data.path();
+  cache_options.seq_len = data.seq_len();
+  cache_options.truncate = data.truncate() == "cut"    ? Truncate::kCut
+                           : data.truncate() == "drop" ? Truncate::kDrop
+                                                       : Truncate::kError;
+  cache_options.skip_bad_records = data.on_bad_record() == "skip";
+  cache_options.max_line_bytes = MaxLineBytes(result.encoder->options().format, data.seq_len());
+  cache_options.threads =
+      static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  const std::string tokenizer_path =
+      data.tokenizer().empty() ? spec.model().path() + "/tokenizer.json" : data.tokenizer();
+  cache_options.fingerprint =
+      nlohmann::json{{"data", FileIdentity(data.path())},
+                     {"tokenizer", result.encoder->tokenizer() ? FileIdentity(tokenizer_path) : ""},
+                     {"format", result.report.format()},
+                     {"template", result.report.template_()},
+                     {"train_on", data.train_on()},
+                     {"seq_len", data.seq_len()},
+                     {"truncate", data.truncate()},
+                     {"on_bad_record", data.on_bad_record()},
+                     {"vocab_size", options.vocab_size},
+                     {"eos", result.encoder->options().eos}}
+          .dump();
+  absl::StatusOr<TokenCache> cache =
+      options.cache_dir.empty()
+          ? TokenCache::BuildInMemory(*result.encoder, cache_options)
+          : TokenCache::OpenOrBuild(options.cache_dir, *result.encoder, cache_options);
+  if (!cache.ok()) return cache.status();
+  result.dataset = std::make_unique<TokenizedDataset>(
+      *std::move(cache), DataOrder{.seq_len = data.seq_len(),
+                                   .packing = data.packing(),
+                                   .shuffle = data.shuffle(),
+                                   .seed = static_cast<uint64_t>(spec.seed())});
+
+  const DataStatistics& s = result.dataset->cache().statistics();
+  v1::DataReport& r = result.report;
+  r.set_records(s.records);
+  r.set_documents(s.documents);
+  r.set_skipped_records(s.skipped_records);
+  for (const std::string& example : s.bad_record_examples) r.add_bad_record_examples(example);
+  r.set_cut_documents(s.cut_documents);
+  r.set_dropped_documents(s.dropped_documents);
+  r.set_tokens(s.tokens);
+  r.set_trained_tokens(s.trained_tokens);
+  const EpochPacking packing = result.dataset->packing();
+  r.set_rows(packing.rows);
+  r.set_packing_efficiency(packing.efficiency);
+  r.set_tokenized(result.dataset->cache().built());
+  return result;
+}
+
+}  // namespace ballast::train
