@@ -119,8 +119,11 @@ absl::Status DocumentEncoder::Encode(absl::string_view line, EncodedDocument* do
     }
   }
   if (n < 2) return Bad(absl::StrCat("a document needs at least 2 tokens, this one has ", n));
-  // Position t learns labels[t + 1]: a label only on the first token trains nothing.
-  if (std::all_of(document->labels.begin() + 1, document->labels.end(),
+  // Position t learns labels[t + 1]: a label only on the first token trains
+  // nothing. A text record that trains nothing is a mistake (a chat without
+  // an answer); a tokens record keeps its labels as written, as it always did.
+  if (options_.format != DataFormat::kTokens &&
+      std::all_of(document->labels.begin() + 1, document->labels.end(),
                   [](int32_t label) { return label == kIgnoreLabel; })) {
     return Bad(options_.train_on == TrainOn::kAssistant
                    ? "no token to train on: the record has no assistant turn or completion"

@@ -61,7 +61,8 @@ class DocumentEncoder {
   // The document of one record (a JSONL line). INVALID_ARGUMENT for a bad
   // record, saying what is wrong with it (the caller adds file and line):
   // malformed JSON, a missing or mistyped key, an id outside the vocabulary
-  // in a tokens record, fewer than 2 tokens, or no trained token.
+  // in a tokens record, fewer than 2 tokens, or (but in a tokens record) no
+  // trained token.
   // FAILED_PRECONDITION when the tokenizer yields an id the model does not
   // have: the tokenizer does not belong to the model, whatever the record.
   absl::Status Encode(absl::string_view line, EncodedDocument* document) const;
