@@ -109,7 +109,7 @@ def random_text(rng, added):
             parts.append(rng.choice(EMOJI))
         elif kind < 0.70:
             parts.append(rng.choice(COMBINING))
-        elif kind < 0.80:
+        elif kind < 0.80 and added:
             token = rng.choice(added)
             # Whole, or cut short, or with spaces around for lstrip/rstrip.
             cut = rng.random()
