@@ -357,6 +357,29 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!opt->has_max_grad_norm()) opt->set_max_grad_norm(1.0);
   if (spec->schedule().kind().empty()) spec->mutable_schedule()->set_kind("constant");
   if (!spec->scheduling().has_max_restarts()) spec->mutable_scheduling()->set_max_restarts(3);
+  if (spec->task() == "generative_reranker") {
+    v1::RerankerSpec* r = spec->mutable_reranker();
+    if (r->loss().empty()) r->set_loss("listwise");
+    if (r->score().empty()) r->set_score("logit_diff");
+    if (!r->has_temperature()) r->set_temperature(1.0);
+    if (r->instruction().empty()) {
+      r->set_instruction(
+          "Given a web search query, retrieve relevant passages that answer the query");
+    }
+    if (r->prefix().empty()) {
+      r->set_prefix(
+          "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+          "Query and the Instruct provided. Note that the answer can only be \"yes\" or "
+          "\"no\".<|im_end|>\n<|im_start|>user\n");
+    }
+    if (r->suffix().empty()) {
+      r->set_suffix("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    }
+    if (r->yes_token().empty()) r->set_yes_token("yes");
+    if (r->no_token().empty()) r->set_no_token("no");
+    if (!r->has_max_positives()) r->set_max_positives(1);
+    if (!r->has_max_negatives()) r->set_max_negatives(7);
+  }
   v1::GuardSpec* guard = spec->mutable_guard();
   if (!guard->has_max_consecutive_bad()) guard->set_max_consecutive_bad(3);
   if (!guard->has_max_rollbacks()) guard->set_max_rollbacks(3);
@@ -386,7 +409,29 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));
   }
   checks.push_back(CheckOneOf("method", spec.method(), {"lora", "full"}));
-  checks.push_back(CheckOneOf("task", spec.task(), {"causal_lm"}));
+  checks.push_back(CheckOneOf("task", spec.task(), {"causal_lm", "generative_reranker"}));
+  if (spec.task() == "generative_reranker") {
+    const v1::RerankerSpec& r = spec.reranker();
+    checks.push_back(CheckOneOf("reranker.loss", r.loss(), {"listwise", "pointwise"}));
+    checks.push_back(CheckOneOf("reranker.score", r.score(), {"logit_diff", "logsigmoid"}));
+    checks.push_back(
+        CheckRange<double>("reranker.temperature", r.temperature(), 1e-6, 100, "(0, 100]"));
+    checks.push_back(
+        CheckRange<int32_t>("reranker.max_positives", r.max_positives(), 1, 64, "1..64"));
+    checks.push_back(
+        CheckRange<int32_t>("reranker.max_negatives", r.max_negatives(), 0, 1024, "0..1024"));
+    if (!spec.data().format().empty() && spec.data().format() != "reranker") {
+      checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+          "data.format = ", spec.data().format(),
+          " does not fit task generative_reranker, which reads data.format reranker")));
+    }
+  } else if (spec.has_reranker()) {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "reranker is set, but task is ", spec.task(), "; it is for task generative_reranker")));
+  } else if (spec.data().format() == "reranker") {
+    checks.push_back(absl::InvalidArgumentError(
+        "data.format = reranker is for task generative_reranker; set task"));
+  }
   checks.push_back(CheckOneOf("precision", spec.precision(), {"fp32", "bf16"}));
   checks.push_back(CheckOneOf("device", spec.device(), {"auto", "cpu", "cuda"}));
   checks.push_back(CheckRange<int64_t>("max_steps", spec.max_steps(), 1, 1000000000, "1..10^9"));
@@ -470,7 +515,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   // record and the tokenizer_config.json.
   if (!data.format().empty()) {
     checks.push_back(CheckOneOf("data.format", data.format(),
-                                {"messages", "prompt_completion", "text", "tokens"}));
+                                {"messages", "prompt_completion", "text", "tokens", "reranker"}));
   }
   if (!data.template_().empty()) {
     checks.push_back(

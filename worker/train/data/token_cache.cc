@@ -21,14 +21,16 @@ namespace ballast::train {
 namespace {
 
 // Bump when the files' layout or the meaning of a document changes.
-constexpr int kCacheVersion = 1;
+constexpr int kCacheVersion = 2;
+// Per document in documents.index: offset, length, line, group, relevance.
+constexpr size_t kIndexFields = 5;
 constexpr size_t kLinesPerChunk = 256;
 constexpr size_t kBadRecordExamples = 5;
 
 struct EncodedLine {
   int64_t line = 0;  // 0-based
   absl::Status status;
-  EncodedDocument document;
+  std::vector<EncodedDocument> documents;
 };
 
 std::vector<EncodedLine> EncodeChunk(const DocumentEncoder& encoder,
@@ -36,7 +38,7 @@ std::vector<EncodedLine> EncodeChunk(const DocumentEncoder& encoder,
   std::vector<EncodedLine> encoded(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     encoded[i].line = lines[i].first;
-    encoded[i].status = encoder.Encode(lines[i].second, &encoded[i].document);
+    encoded[i].status = encoder.Encode(lines[i].second, &encoded[i].documents);
   }
   return encoded;
 }
@@ -127,13 +129,29 @@ class TokenCache::Writer {
       }
       return absl::OkStatus();
     }
-    EncodedDocument& doc = encoded.document;
+    // A record's documents by group, in order: one document, or a reranker
+    // record's groups of candidates.
+    std::vector<EncodedDocument>& docs = encoded.documents;
+    for (size_t begin = 0, end; begin < docs.size(); begin = end) {
+      end = begin + 1;
+      while (end < docs.size() && docs[end].group == docs[begin].group) ++end;
+      absl::Status s =
+          docs[begin].relevance < 0
+              ? AddDocument(docs[begin], encoded.line)
+              : AddGroup(absl::MakeSpan(docs).subspan(begin, end - begin), encoded.line);
+      if (!s.ok()) return s;
+    }
+    return ids_.size() >= kSpillTokens ? Spill() : absl::OkStatus();
+  }
+
+  // One document, its own group; data.truncate for one longer than seq_len.
+  absl::Status AddDocument(EncodedDocument& doc, int64_t line) {
     const int64_t length = static_cast<int64_t>(doc.input_ids.size());
     if (length > options_.seq_len) {
       switch (options_.truncate) {
         case Truncate::kError:
           return absl::InvalidArgumentError(
-              absl::StrCat(options_.data_path, ":", line_number, ": the document has ", length,
+              absl::StrCat(options_.data_path, ":", line + 1, ": the document has ", length,
                            " tokens, more than data.seq_len = ", options_.seq_len,
                            "; raise seq_len, or set data.truncate to cut or drop"));
         case Truncate::kDrop:
@@ -150,14 +168,51 @@ class TokenCache::Writer {
           break;
       }
     }
+    Append(doc, line);
+    ++groups_;
+    return absl::OkStatus();
+  }
+
+  // A reranker group, which packing keeps in one row: the positive and its
+  // negatives together at most seq_len tokens. data.truncate for a longer
+  // one; cut drops negatives from the end while one is left.
+  absl::Status AddGroup(absl::Span<EncodedDocument> group, int64_t line) {
+    int64_t total = 0;
+    for (const EncodedDocument& doc : group) total += static_cast<int64_t>(doc.input_ids.size());
+    size_t kept = group.size();
+    if (total > options_.seq_len) {
+      if (options_.truncate == Truncate::kError) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            options_.data_path, ":", line + 1, ": a group of ", group.size(), " candidates has ",
+            total, " tokens, more than data.seq_len = ", options_.seq_len,
+            " (a group is never split); raise seq_len, lower reranker.max_negatives, or set "
+            "data.truncate to cut or drop"));
+      }
+      while (options_.truncate == Truncate::kCut && kept > 2 && total > options_.seq_len) {
+        total -= static_cast<int64_t>(group[--kept].input_ids.size());
+      }
+      if (total > options_.seq_len) {
+        statistics_.dropped_documents += static_cast<int64_t>(group.size());
+        return absl::OkStatus();
+      }
+      statistics_.dropped_documents += static_cast<int64_t>(group.size() - kept);
+    }
+    for (size_t k = 0; k < kept; ++k) {
+      statistics_.cut_documents += group[k].cut;
+      Append(group[k], line);
+    }
+    ++groups_;
+    return absl::OkStatus();
+  }
+
+  void Append(const EncodedDocument& doc, int64_t line) {
     const int64_t n = static_cast<int64_t>(doc.input_ids.size());
     ids_.insert(ids_.end(), doc.input_ids.begin(), doc.input_ids.end());
     labels_.insert(labels_.end(), doc.labels.begin(), doc.labels.end());
-    index_.insert(index_.end(), {statistics_.tokens, n, encoded.line});
+    index_.insert(index_.end(), {statistics_.tokens, n, line, groups_, doc.relevance});
     ++statistics_.documents;
     statistics_.tokens += n;
     statistics_.trained_tokens += TrainedTargets(doc.labels);
-    return ids_.size() >= kSpillTokens ? Spill() : absl::OkStatus();
   }
 
   absl::Status CheckNotEmpty() const {
@@ -227,7 +282,8 @@ class TokenCache::Writer {
   const TokenCacheOptions& options_;
   std::optional<Files> files_;
   std::vector<int32_t> ids_, labels_;
-  std::vector<int64_t> index_;  // offset, length, line per document
+  std::vector<int64_t> index_;  // kIndexFields per document
+  int64_t groups_ = 0;
   DataStatistics statistics_;
 };
 
@@ -275,7 +331,7 @@ absl::StatusOr<TokenCache> TokenCache::Open(const std::string& dir,
   }
   const DataStatistics& s = cache.statistics_;
   const size_t token_bytes = static_cast<size_t>(s.tokens) * sizeof(int32_t);
-  const size_t index_bytes = static_cast<size_t>(s.documents) * 3 * sizeof(int64_t);
+  const size_t index_bytes = static_cast<size_t>(s.documents) * kIndexFields * sizeof(int64_t);
   const uint8_t* views[3];
   int i = 0;
   for (auto [name, bytes] : {std::pair{"ids", token_bytes}, std::pair{"labels", token_bytes},

@@ -4,7 +4,8 @@
 //
 //   DIR/documents.ids     int32 token ids of every document, back to back
 //   DIR/documents.labels  int32 labels (kIgnoreLabel: not trained), likewise
-//   DIR/documents.index   per document: int64 offset, length, source line
+//   DIR/documents.index   per document: int64 offset, length, source line,
+//                         group, relevance
 //   DIR/cache.json        format version, fingerprint and statistics,
 //                         written last: without it, or with another
 //                         fingerprint, the cache is built again.
@@ -78,14 +79,20 @@ class TokenCache {
                                                   const TokenCacheOptions& options);
 
   int64_t documents() const { return static_cast<int64_t>(index_size_); }
-  int64_t length(int64_t document) const { return index_[3 * document + 1]; }
+  int64_t length(int64_t document) const { return index_[5 * document + 1]; }
   // The 0-based line of the data file the document came from.
-  int64_t line(int64_t document) const { return index_[3 * document + 2]; }
+  int64_t line(int64_t document) const { return index_[5 * document + 2]; }
+  // Documents that packing keeps together share a group, and a group's
+  // documents are consecutive: a reranker record's positive and its
+  // negatives. Any other document is a group of its own.
+  int64_t group(int64_t document) const { return index_[5 * document + 3]; }
+  // A reranker candidate's relevance, 1 or 0; -1 for other documents.
+  int64_t relevance(int64_t document) const { return index_[5 * document + 4]; }
   absl::Span<const int32_t> input_ids(int64_t document) const {
-    return {ids_ + index_[3 * document], static_cast<size_t>(length(document))};
+    return {ids_ + index_[5 * document], static_cast<size_t>(length(document))};
   }
   absl::Span<const int32_t> labels(int64_t document) const {
-    return {labels_ + index_[3 * document], static_cast<size_t>(length(document))};
+    return {labels_ + index_[5 * document], static_cast<size_t>(length(document))};
   }
   const DataStatistics& statistics() const { return statistics_; }
   // Whether OpenOrBuild tokenized the data (false: it found the cache).

@@ -34,8 +34,14 @@ std::vector<int64_t> Iota(int64_t n) {
 
 TokenizedDataset::TokenizedDataset(TokenCache cache, DataOrder order)
     : cache_(std::move(cache)), order_(order) {
-  lengths_.resize(cache_.documents());
-  for (int64_t d = 0; d < cache_.documents(); ++d) lengths_[d] = cache_.length(d);
+  for (int64_t d = 0; d < cache_.documents(); ++d) {
+    if (d == 0 || cache_.group(d) != cache_.group(d - 1)) {
+      group_starts_.push_back(d);
+      group_lengths_.push_back(0);
+    }
+    group_lengths_.back() += cache_.length(d);
+  }
+  group_starts_.push_back(cache_.documents());
   PlanEpoch(0);
   rows_per_epoch_ = rows_.rows();
 }
@@ -55,18 +61,18 @@ absl::StatusOr<TokenizedDataset> TokenizedDataset::Load(const std::string& path,
 
 void TokenizedDataset::PlanEpoch(int64_t epoch) {
   if (epoch == planned_epoch_) return;
-  std::vector<int64_t> documents = Iota(cache_.documents());
+  std::vector<int64_t> groups = Iota(static_cast<int64_t>(group_lengths_.size()));
   if (order_.shuffle) {
-    Permute(order_.seed ^ (0xa0761d6478bd642fULL * static_cast<uint64_t>(epoch + 1)), &documents);
+    Permute(order_.seed ^ (0xa0761d6478bd642fULL * static_cast<uint64_t>(epoch + 1)), &groups);
   }
   if (order_.packing) {
-    rows_ = PackBestFitDecreasing(documents, lengths_, order_.seq_len);
+    rows_ = PackBestFitDecreasing(groups, group_lengths_, order_.seq_len);
   } else {
-    rows_.items = std::move(documents);
+    rows_.items = std::move(groups);
     rows_.row_offsets = Iota(static_cast<int64_t>(rows_.items.size()) + 1);
   }
   row_order_ = Iota(rows_.rows());
-  // Without packing the documents are already in their epoch's order.
+  // Without packing the groups are already in their epoch's order.
   if (order_.shuffle && order_.packing) {
     Permute(order_.seed ^ (0xe7037ed1a0b428dbULL * static_cast<uint64_t>(epoch + 1)), &row_order_);
   }
@@ -82,11 +88,17 @@ EpochPacking TokenizedDataset::packing() const {
   return p;
 }
 
-absl::Span<const int64_t> TokenizedDataset::RowDocuments(int64_t cursor) {
+std::vector<int64_t> TokenizedDataset::RowDocuments(int64_t cursor) {
   PlanEpoch(cursor / rows_per_epoch_);
   const int64_t row = row_order_[cursor % rows_per_epoch_];
-  const int64_t begin = rows_.row_offsets[row];
-  return absl::MakeConstSpan(rows_.items).subspan(begin, rows_.row_offsets[row + 1] - begin);
+  std::vector<int64_t> documents;
+  for (int64_t k = rows_.row_offsets[row]; k < rows_.row_offsets[row + 1]; ++k) {
+    const int64_t group = rows_.items[k];
+    for (int64_t d = group_starts_[group]; d < group_starts_[group + 1]; ++d) {
+      documents.push_back(d);
+    }
+  }
+  return documents;
 }
 
 std::vector<int64_t> TokenizedDataset::DocumentLines(int64_t cursor, int64_t rows) {
@@ -98,11 +110,20 @@ std::vector<int64_t> TokenizedDataset::DocumentLines(int64_t cursor, int64_t row
 }
 
 PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t rows) {
-  std::vector<int64_t> ids, positions, targets, cu = {0};
+  std::vector<int64_t> ids, positions, targets, cu = {0}, group_offsets = {0};
   std::vector<int64_t> document_ids;
+  std::vector<float> relevance;
   int64_t supervised = 0;
   for (int64_t r = cursor; r < cursor + rows; ++r) {
-    for (const int64_t d : RowDocuments(r)) {
+    const std::vector<int64_t> documents = RowDocuments(r);
+    for (size_t k = 0; k < documents.size(); ++k) {
+      const int64_t d = documents[k];
+      if (cache_.relevance(d) >= 0) {
+        relevance.push_back(static_cast<float>(cache_.relevance(d)));
+        if (k + 1 == documents.size() || cache_.group(documents[k + 1]) != cache_.group(d)) {
+          group_offsets.push_back(static_cast<int64_t>(relevance.size()));
+        }
+      }
       document_ids.push_back(cache_.line(d));
       const absl::Span<const int32_t> input = cache_.input_ids(d);
       const absl::Span<const int32_t> labels = cache_.labels(d);
@@ -124,6 +145,10 @@ PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t rows) {
   b.cu_seqlens = torch::tensor(cu, torch::kLong);
   b.document_ids = std::move(document_ids);
   b.supervised_tokens = supervised;
+  if (!relevance.empty()) {
+    b.group_offsets = torch::tensor(group_offsets, torch::kLong);
+    b.relevance = torch::tensor(relevance, torch::kFloat);
+  }
   return b;
 }
 

@@ -1,11 +1,12 @@
 // TokenizedDataset: the documents of a TokenCache in training order, as rows
 // of at most seq_len tokens, and the packing of rows into micro-batches.
 //
-// Order: epoch e draws a permutation of the documents from (seed, e) by a
+// Order: epoch e draws a permutation of the groups (a document, or a
+// reranker record's candidates, which are never split) from (seed, e) by a
 // fixed Fisher-Yates over SplitMix64 (file order without shuffle). Without
-// packing each row is one document in that order. With packing the
-// permuted documents are packed best fit decreasing into rows of seq_len
-// tokens (packing.h), and the rows are permuted again from (seed, e). The
+// packing each row is one group in that order. With packing the permuted
+// groups are packed best fit decreasing into rows of seq_len tokens
+// (packing.h), and the rows are permuted again from (seed, e). The
 // number of rows is the same in every epoch, so the whole position is one
 // integer, the rows consumed: the data cursor a checkpoint stores. It means
 // the same at any world size.
@@ -63,13 +64,14 @@ class TokenizedDataset {
   EpochPacking packing() const;
 
   // The documents (cache indices) of the row at global position `cursor`.
-  absl::Span<const int64_t> RowDocuments(int64_t cursor);
+  std::vector<int64_t> RowDocuments(int64_t cursor);
 
   // The 0-based data-file lines of the documents in rows [cursor, cursor + rows).
   std::vector<int64_t> DocumentLines(int64_t cursor, int64_t rows);
 
   // The rows at [cursor, cursor + rows) as one causal micro-batch;
-  // document_ids are the documents' data-file lines.
+  // document_ids are the documents' data-file lines. Reranker candidates
+  // also get group_offsets and relevance.
   PackedBatch Pack(int64_t cursor, int64_t rows);
 
  private:
@@ -77,7 +79,10 @@ class TokenizedDataset {
 
   TokenCache cache_;
   DataOrder order_;
-  std::vector<int64_t> lengths_;
+  // Group g is documents [group_starts_[g], group_starts_[g + 1]), of
+  // group_lengths_[g] tokens.
+  std::vector<int64_t> group_starts_;
+  std::vector<int64_t> group_lengths_;
   int64_t rows_per_epoch_ = 0;
   // The rows of the epoch last asked for.
   int64_t planned_epoch_ = -1;

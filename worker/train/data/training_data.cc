@@ -105,11 +105,27 @@ absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::J
   absl::StatusOr<DataFormat> format = ResolveFormat(data, data.seq_len());
   if (!format.ok()) return format.status();
   report->set_format(std::string(DataFormatName(*format)));
+  const bool reranker_task = spec.task() == "generative_reranker";
+  if (reranker_task != (*format == DataFormat::kReranker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        data.path(), " holds ", DataFormatName(*format), " records, which task ", spec.task(),
+        reranker_task ? " cannot train: it reads reranker records ({\"query\", \"positive\", "
+                        "\"negative\"})"
+                      : " cannot train: reranker records are for task generative_reranker"));
+  }
 
   DocumentEncoderOptions options;
   options.format = *format;
   options.train_on = data.train_on() == "all" ? TrainOn::kAll : TrainOn::kAssistant;
   options.vocab_size = vocab_size;
+  if (reranker_task) {
+    const v1::RerankerSpec& r = spec.reranker();
+    options.reranker = {r.prefix(), r.instruction(), r.suffix()};
+    options.max_positives = r.max_positives();
+    options.max_negatives = r.max_negatives();
+    options.needs_negative = r.loss() != "pointwise";
+    options.max_tokens = data.seq_len();
+  }
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;
   if (*format != DataFormat::kTokens) {
@@ -181,7 +197,8 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
                      {"truncate", data.truncate()},
                      {"on_bad_record", data.on_bad_record()},
                      {"vocab_size", options.vocab_size},
-                     {"eos", result.encoder->options().eos}}
+                     {"eos", result.encoder->options().eos},
+                     {"reranker", spec.reranker().ShortDebugString()}}
           .dump();
   absl::StatusOr<TokenCache> cache =
       options.cache_dir.empty()

@@ -17,6 +17,7 @@
 #include "kernels/loss.h"
 #include "worker/train/data/packed_batch.h"
 #include "worker/train/model/decoder.h"
+#include "worker/train/text/tokenizer.h"
 
 namespace ballast::train {
 
@@ -29,11 +30,18 @@ class Objective {
   // turns dropout on. Throws c10::Error (from LibTorch) on a malformed batch.
   virtual kernels::LossSum Loss(const Decoder& decoder, const PackedBatch& batch,
                                 bool training) const = 0;
+
+  // What Loss() will count for `batch`, known before the forward so that the
+  // step's global count, and with it the loss scale, is too: supervised
+  // targets for a language model, groups or candidates for a reranker.
+  virtual int64_t Targets(const PackedBatch& batch) const { return batch.supervised_tokens; }
 };
 
-// The objective of spec.task(). INVALID_ARGUMENT names a task this build
-// does not train.
-absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(const v1::JobSpec& spec);
+// The objective of spec.task(); `tokenizer` (the data's, null for a tokens
+// file) gives the reranker its yes and no ids. INVALID_ARGUMENT names a task
+// this build does not train, or a yes/no token that is not one token.
+absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(const v1::JobSpec& spec,
+                                                         const Tokenizer* tokenizer);
 
 }  // namespace ballast::train
 

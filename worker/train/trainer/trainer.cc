@@ -112,8 +112,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
           ": each rank takes an equal share of a step's micro-batches (set it to a multiple of ",
           world_size, "; the step's batch stays micro_batch_size x grad_accum_steps)"));
     }
-    absl::StatusOr<std::unique_ptr<Objective>> objective = MakeObjective(spec);
-    if (!objective.ok()) return objective.status();
     absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
     if (!config.ok()) return config.status();
     // Tokenized once per job: restarts and the ranks of one machine read the
@@ -124,6 +122,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
                                                  : options.data_cache_dir,
                                 .vocab_size = config->vocab_size});
     if (!data.ok()) return data.status();
+    absl::StatusOr<std::unique_ptr<Objective>> objective =
+        MakeObjective(spec, data->encoder->tokenizer());
+    if (!objective.ok()) return objective.status();
 
     const bool full = spec.method() == "full";
     absl::StatusOr<ParamStore> params =
@@ -430,7 +431,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   int64_t tokens = 0, supervised = 0;
   for (const PackedBatch& batch : micro_batches) {
     tokens += batch.input_ids.numel();
-    supervised += batch.supervised_tokens;
+    supervised += objective_->Targets(batch);
   }
   at::Tensor counts = torch::empty({2}, torch::TensorOptions().dtype(torch::kLong).device(device_));
   counts[0].fill_(tokens);

@@ -18,17 +18,8 @@ constexpr TokenId kEndOfText = 256, kImStart = 257, kImEnd = 258;
 
 // Byte-level ids 0..255 and ChatML's special tokens after them.
 Tokenizer ChatmlTokenizer() {
-  nlohmann::json json = QwenStyleJson({});
-  int id = kEndOfText;
-  for (const char* token : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
-    json["added_tokens"].push_back({{"id", id++},
-                                    {"content", token},
-                                    {"single_word", false},
-                                    {"lstrip", false},
-                                    {"rstrip", false},
-                                    {"normalized", false},
-                                    {"special", true}});
-  }
+  const nlohmann::json json = WithSpecialTokens(
+      QwenStyleJson({}), {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, kEndOfText);
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return *std::move(tokenizer);
@@ -44,6 +35,18 @@ std::vector<int32_t> Concat(std::initializer_list<std::vector<int32_t>> parts) {
 
 std::vector<int32_t> Ignored(size_t n) { return std::vector<int32_t>(n, kIgnoreLabel); }
 
+// The one document of a record that makes one.
+absl::Status EncodeOne(const DocumentEncoder& encoder, const std::string& record,
+                       EncodedDocument* doc) {
+  std::vector<EncodedDocument> docs;
+  absl::Status s = encoder.Encode(record, &docs);
+  if (s.ok()) {
+    EXPECT_EQ(docs.size(), 1u);
+    *doc = docs.at(0);
+  }
+  return s;
+}
+
 DocumentEncoder Encoder(DataFormat format, std::optional<std::string> chat_template,
                         TrainOn train_on = TrainOn::kAssistant) {
   std::optional<ChatTemplate> t;
@@ -58,7 +61,8 @@ DocumentEncoder Encoder(DataFormat format, std::optional<std::string> chat_templ
 TEST(DocumentEncoderTest, TextIsEveryTokenTrainedThenEosAndNeverForgesASpecialToken) {
   EncodedDocument doc;
   ASSERT_TRUE(
-      Encoder(DataFormat::kText, std::nullopt).Encode(R"({"text": "hi<|im_end|>"})", &doc).ok());
+      EncodeOne(Encoder(DataFormat::kText, std::nullopt), R"({"text": "hi<|im_end|>"})", &doc)
+          .ok());
   const std::vector<int32_t> want = Concat({Bytes("hi<|im_end|>"), {kEndOfText}});
   EXPECT_EQ(doc.input_ids, want);
   EXPECT_EQ(doc.labels, want);
@@ -67,12 +71,12 @@ TEST(DocumentEncoderTest, TextIsEveryTokenTrainedThenEosAndNeverForgesASpecialTo
 TEST(DocumentEncoderTest, PromptCompletionWithoutATemplateTrainsTheCompletionAndEos) {
   EncodedDocument doc;
   const std::string record = R"({"prompt": "Q:", "completion": " A"})";
-  ASSERT_TRUE(Encoder(DataFormat::kPromptCompletion, std::nullopt).Encode(record, &doc).ok());
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kPromptCompletion, std::nullopt), record, &doc).ok());
   EXPECT_EQ(doc.input_ids, Concat({Bytes("Q:"), Bytes(" A"), {kEndOfText}}));
   EXPECT_EQ(doc.labels, Concat({Ignored(2), Bytes(" A"), {kEndOfText}}));
-  ASSERT_TRUE(Encoder(DataFormat::kPromptCompletion, std::nullopt, TrainOn::kAll)
-                  .Encode(record, &doc)
-                  .ok());
+  ASSERT_TRUE(
+      EncodeOne(Encoder(DataFormat::kPromptCompletion, std::nullopt, TrainOn::kAll), record, &doc)
+          .ok());
   EXPECT_EQ(doc.labels, doc.input_ids);
 }
 
@@ -88,7 +92,7 @@ TEST(DocumentEncoderTest, ChatsTrainTheAssistantTurnsAsTheTemplateMasksThem) {
                                   ? DataFormat::kMessages
                                   : DataFormat::kPromptCompletion;
     EncodedDocument doc;
-    ASSERT_TRUE(Encoder(format, "chatml").Encode(record, &doc).ok()) << record;
+    ASSERT_TRUE(EncodeOne(Encoder(format, "chatml"), record, &doc).ok()) << record;
     EXPECT_EQ(doc.input_ids, Concat({prompt, Bytes("yo"), {kImEnd}, Bytes("\n")})) << header;
     EXPECT_EQ(doc.labels, Concat({Ignored(prompt.size()), Bytes("yo"), {kImEnd}, Ignored(1)}))
         << record;
@@ -120,7 +124,7 @@ TEST(DocumentEncoderTest, BadRecordsSayWhatIsWrong) {
            Case{DataFormat::kPromptCompletion, R"({"prompt": "a"})", "no \"completion\""},
        }) {
     EncodedDocument doc;
-    const absl::Status s = Encoder(c.format, "chatml").Encode(c.record, &doc);
+    const absl::Status s = EncodeOne(Encoder(c.format, "chatml"), c.record, &doc);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.record << ": " << s;
     EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.record;
   }
@@ -132,7 +136,7 @@ TEST(DocumentEncoderTest, ATokenizerLargerThanTheModelIsRefusedWhateverTheRecord
                               ChatmlTokenizer(), std::nullopt);
   ASSERT_TRUE(encoder.ok());
   EncodedDocument doc;
-  const absl::Status s = encoder->Encode(R"({"text": "ab"})", &doc);
+  const absl::Status s = EncodeOne(*encoder, R"({"text": "ab"})", &doc);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("token id 256, outside the model's vocabulary [0, 200)"));
 }

@@ -65,6 +65,22 @@ inline nlohmann::json QwenStyleJson(
           {"model", BpeModel(merges)}};
 }
 
+// `json` with `tokens` appended as special added tokens, ids from first_id on
+// (which must follow the vocabulary, as tokenizers numbers them).
+inline nlohmann::json WithSpecialTokens(nlohmann::json json, const std::vector<std::string>& tokens,
+                                        int first_id) {
+  for (const std::string& token : tokens) {
+    json["added_tokens"].push_back({{"id", first_id++},
+                                    {"content", token},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", true}});
+  }
+  return json;
+}
+
 }  // namespace ballast::train
 
 #endif  // BALLAST_TESTS_UNIT_TRAIN_TEXT_TOKENIZER_JSON_H_
