@@ -158,6 +158,7 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   }
   if (job.has_last_guard_event()) add("LAST GUARD", GuardLine(job.last_guard_event()));
   if (job.has_data()) add("DATA", DataLine(job.data()));
+  if (job.has_last_eval()) add("EVAL", EvalLine(job.last_eval()));
   if (job.created_ms() > 0) {
     add("CREATED",
         absl::StrCat(UtcTime(job.created_ms()), " (", Age(job.created_ms(), now_ms), " ago)"));
@@ -248,6 +249,11 @@ std::string DataLine(const v1::DataReport& d) {
   return line;
 }
 
+std::string EvalLine(const v1::EvalReport& e) {
+  return absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d groups", e.step(),
+                         e.mrr_at_10(), e.ndcg_at_10(), e.groups());
+}
+
 namespace {
 
 // EventLine before escaping.
@@ -266,6 +272,8 @@ std::optional<std::string> UnescapedEventLine(const v1::JobEvent& event) {
       return GuardLine(training.guard());
     case v1::TrainingEvent::kData:
       return DataLine(training.data());
+    case v1::TrainingEvent::kEval:
+      return EvalLine(training.eval());
     case v1::TrainingEvent::kCheckpointSaved:
       return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
                           training.checkpoint_saved().path());

@@ -58,6 +58,9 @@ std::string LogLineText(const v1::LogLine& log);
 // was lost to bad records and truncation.
 std::string DataLine(const v1::DataReport& d);
 
+// One line for an EvalReport: the step, MRR@10 and NDCG@10, the groups.
+std::string EvalLine(const v1::EvalReport& e);
+
 // "guard rollback at step 7 to step 4 [non_finite, deterministic, lora_B on
 // rank 1, 3 steps lost, 24 documents skipped from position 32]: message".
 std::string GuardLine(const v1::GuardEvent& event);

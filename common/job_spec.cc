@@ -420,6 +420,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         CheckRange<int32_t>("reranker.max_positives", r.max_positives(), 1, 64, "1..64"));
     checks.push_back(
         CheckRange<int32_t>("reranker.max_negatives", r.max_negatives(), 0, 1024, "0..1024"));
+    checks.push_back(CheckRange<int64_t>("reranker.eval_every", r.eval_every(), 0, spec.max_steps(),
+                                         "0..max_steps"));
     if (!spec.data().format().empty() && spec.data().format() != "reranker") {
       checks.push_back(absl::InvalidArgumentError(absl::StrCat(
           "data.format = ", spec.data().format(),

@@ -66,6 +66,11 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
                                                    " does not exist or is not a file; expected "
                                                    "a JSONL file"));
   }
+  if (const std::string& eval = spec.reranker().eval_path();
+      !eval.empty() && !fs::is_regular_file(eval, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reranker.eval_path: ", eval, " does not exist or is not a file; expected a JSONL file"));
+  }
   if (const std::string& tokenizer = spec.data().tokenizer();
       !tokenizer.empty() && !fs::is_regular_file(tokenizer, ec) &&
       !fs::is_regular_file(fs::path(tokenizer) / "tokenizer.json", ec)) {

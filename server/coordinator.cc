@@ -987,6 +987,10 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
       if (rank != 0) return false;
       *j.mutable_data() = e.data();
       break;
+    case v1::TrainingEvent::kEval:
+      if (rank != 0) return false;
+      *j.mutable_last_eval() = e.eval();
+      break;
     case v1::TrainingEvent::kLog:
     // A kind newer than this coordinator: its unknown fields travel along, so
     // a watcher that knows it can read it.
@@ -1124,6 +1128,19 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
        [](const JobEntry& j) { return static_cast<double>(j.record.job.skipped_steps()); }},
       {"ballast_job_restarts_total", "Restarts after failures.", MetricType::kCounter,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.restarts()); }},
+      {"ballast_job_eval_mrr_at_10",
+       "A reranker's MRR@10 on its held-out groups (reranker.eval_path), at its last evaluation.",
+       MetricType::kGauge,
+       [](const JobEntry& j) -> std::optional<double> {
+         if (!j.record.job.has_last_eval()) return std::nullopt;
+         return j.record.job.last_eval().mrr_at_10();
+       }},
+      {"ballast_job_eval_ndcg_at_10",
+       "A reranker's NDCG@10 on its held-out groups, at its last evaluation.", MetricType::kGauge,
+       [](const JobEntry& j) -> std::optional<double> {
+         if (!j.record.job.has_last_eval()) return std::nullopt;
+         return j.record.job.last_eval().ndcg_at_10();
+       }},
   };
   for (const PerJob& m : per_job) {
     MetricFamily& f = family(m.name, m.help, m.type);

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -66,9 +67,11 @@ def reranker_spec(model, data, **reranker):
 @pytest.mark.parametrize("loss,shape", [("listwise", "mteb"), ("pointwise", "swift")])
 def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, tmp_path, loss,
                                                                         shape):
-    data = str(tmp_path / "groups.jsonl")
+    data, held_out = str(tmp_path / "groups.jsonl"), str(tmp_path / "held-out.jsonl")
     write_groups(data, 64, seed=5, shape=shape)
-    write_spec(tmp_path / "job.yaml", **reranker_spec(model, data, loss=loss))
+    write_groups(held_out, 16, seed=6, shape=shape)
+    write_spec(tmp_path / "job.yaml", **reranker_spec(model, data, loss=loss, eval_path=held_out,
+                                                      eval_every=10))
     out = str(tmp_path / "out")
     r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", out],
                        capture_output=True, text=True, timeout=600)
@@ -85,6 +88,13 @@ def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, t
     last = sum(s["loss"] for s in steps[-6:]) / 6
     assert last < 0.5 * first, [round(s["loss"], 3) for s in steps]
     assert os.path.exists(os.path.join(out, "adapter", "adapter_model.safetensors"))
+    # Ranked before the first step, every 10 steps and at the end (step 30
+    # once): MRR@10 rises from chance (about 0.52 for four candidates).
+    evals = re.findall(r"eval step (\d+): MRR@10 ([0-9.]+), NDCG@10 ([0-9.]+) over 16 held-out",
+                       r.stderr)
+    assert [int(step) for step, _, _ in evals] == [0, 10, 20, 30], r.stderr
+    mrr = [float(m) for _, m, _ in evals]
+    assert mrr[-1] > mrr[0] and mrr[-1] > 0.9, mrr
 
 
 @pytest.mark.parametrize("key,value,message", [

@@ -21,6 +21,7 @@ class RecordingObserver : public TrainingObserver {
   void OnGuard(const v1::GuardEvent& e) override { guards.push_back(e); }
   void OnCheckpointSaved(const v1::CheckpointSaved& c) override { checkpoints.push_back(c); }
   void OnData(const v1::DataReport& d) override { data.push_back(d); }
+  void OnEval(const v1::EvalReport& e) override { evals.push_back(e); }
   void OnLog(const std::string&, const std::string& text) override { logs.push_back(text); }
   bool StopRequested() override { return stop_after > 0 && steps.size() >= stop_after; }
 
@@ -37,6 +38,7 @@ class RecordingObserver : public TrainingObserver {
   std::vector<v1::GuardEvent> guards;
   std::vector<v1::CheckpointSaved> checkpoints;
   std::vector<v1::DataReport> data;
+  std::vector<v1::EvalReport> evals;
   std::vector<std::string> logs;
   size_t stop_after = 0;
 };

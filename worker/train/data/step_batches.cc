@@ -17,6 +17,15 @@ at::Tensor Pinned(const at::Tensor& t) { return t.defined() ? t.pin_memory() : t
 
 }  // namespace
 
+void MoveToDevice(c10::Device device, PackedBatch* b) {
+  if (device.is_cpu()) return;
+  b->input_ids = ToDevice(b->input_ids, device);
+  b->position_ids = ToDevice(b->position_ids, device);
+  b->targets = ToDevice(b->targets, device);
+  b->loss_weights = ToDevice(b->loss_weights, device);
+  b->relevance = ToDevice(b->relevance, device);
+}
+
 StepBatches::StepBatches(TokenizedDataset* data, StepBatchesOptions options)
     : data_(data), options_(options) {}
 
@@ -56,15 +65,7 @@ std::vector<PackedBatch> StepBatches::Take(int64_t cursor) {
   if (batches.empty()) batches = Pack(cursor);
   next_cursor_ = cursor + rows_per_step();
   next_ = std::async(std::launch::async, [this, at = next_cursor_] { return Pack(at); });
-  if (!options_.device.is_cpu()) {
-    for (PackedBatch& b : batches) {
-      b.input_ids = ToDevice(b.input_ids, options_.device);
-      b.position_ids = ToDevice(b.position_ids, options_.device);
-      b.targets = ToDevice(b.targets, options_.device);
-      b.loss_weights = ToDevice(b.loss_weights, options_.device);
-      b.relevance = ToDevice(b.relevance, options_.device);
-    }
-  }
+  for (PackedBatch& b : batches) MoveToDevice(options_.device, &b);
   return batches;
 }
 

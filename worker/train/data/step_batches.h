@@ -32,6 +32,11 @@ struct StepBatchesOptions {
   c10::Device device = c10::kCPU;
 };
 
+// Moves the batch's per-token and per-document tensors to `device` (from
+// pinned memory without blocking the host); cu_seqlens and group_offsets
+// stay on the host, where the kernels read the mask's structure.
+void MoveToDevice(c10::Device device, PackedBatch* batch);
+
 class StepBatches {
  public:
   // `data` must outlive this object.

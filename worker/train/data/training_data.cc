@@ -225,6 +225,18 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
   r.set_rows(packing.rows);
   r.set_packing_efficiency(packing.efficiency);
   r.set_tokenized(result.dataset->cache().built());
+
+  if (const std::string& eval_path = spec.reranker().eval_path(); !eval_path.empty()) {
+    TokenCacheOptions eval_options = cache_options;
+    eval_options.data_path = eval_path;
+    absl::StatusOr<TokenCache> eval = TokenCache::BuildInMemory(*result.encoder, eval_options);
+    if (!eval.ok()) {
+      return absl::Status(eval.status().code(),
+                          absl::StrCat("reranker.eval_path: ", eval.status().message()));
+    }
+    result.eval = std::make_unique<TokenizedDataset>(
+        *std::move(eval), DataOrder{.seq_len = data.seq_len(), .shuffle = false});
+  }
   return result;
 }
 

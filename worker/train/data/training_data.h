@@ -32,6 +32,9 @@ struct TrainingData {
   std::unique_ptr<DocumentEncoder> encoder;  // holds the tokenizer, if any
   std::unique_ptr<TokenizedDataset> dataset;
   v1::DataReport report;  // for epoch 0
+  // A reranker's held-out groups (reranker.eval_path), one per row in file
+  // order, encoded as the training data is; null without one.
+  std::unique_ptr<TokenizedDataset> eval;
 };
 
 // The encoder of `data` (format, tokenizer, template, EOS) resolved as the

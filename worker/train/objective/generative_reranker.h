@@ -30,6 +30,11 @@ class GenerativeReranker : public Objective {
   kernels::LossSum Loss(const Decoder& decoder, const PackedBatch& batch,
                         bool training) const override;
   int64_t Targets(const PackedBatch& batch) const override;
+  // Δ, the score Qwen3-Reranker ranks by (σ(Δ) = P(yes)).
+  std::optional<at::Tensor> CandidateScores(const Decoder& decoder,
+                                            const PackedBatch& batch) const override {
+    return LogitDiff(decoder, batch, /*training=*/false);
+  }
 
   // Δ = logit(yes) − logit(no) at each candidate's last token, fp32 (N).
   at::Tensor LogitDiff(const Decoder& decoder, const PackedBatch& batch, bool training) const;

@@ -11,6 +11,7 @@
 #define BALLAST_WORKER_TRAIN_OBJECTIVE_OBJECTIVE_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "ballast/v1/job_spec.pb.h"
@@ -35,6 +36,13 @@ class Objective {
   // step's global count, and with it the loss scale, is too: supervised
   // targets for a language model, groups or candidates for a reranker.
   virtual int64_t Targets(const PackedBatch& batch) const { return batch.supervised_tokens; }
+
+  // A ranker's score of each document of `batch` (its candidates), for
+  // evaluation; nullopt for an objective that does not rank.
+  virtual std::optional<at::Tensor> CandidateScores(const Decoder& decoder,
+                                                    const PackedBatch& batch) const {
+    return std::nullopt;
+  }
 };
 
 // The objective of spec.task(); `tokenizer` (the data's, null for a tokens

@@ -156,6 +156,12 @@ void AgentChannel::OnData(const v1::DataReport& report) {
   (void)Send(m);
 }
 
+void AgentChannel::OnEval(const v1::EvalReport& report) {
+  v1::RankMessage m;
+  *m.mutable_training()->mutable_eval() = report;
+  (void)Send(m);
+}
+
 void AgentChannel::OnLog(const std::string& level, const std::string& text) {
   v1::RankMessage m;
   v1::LogLine* log = m.mutable_training()->mutable_log();

@@ -64,6 +64,10 @@ void RankObserver::OnData(const v1::DataReport& report) {
   if (channel_ != nullptr) channel_->OnData(report);
 }
 
+void RankObserver::OnEval(const v1::EvalReport& report) {
+  if (channel_ != nullptr) channel_->OnEval(report);
+}
+
 void RankObserver::OnLog(const std::string& level, const std::string& text) {
   if (channel_ != nullptr) channel_->OnLog(level, text);
 }

@@ -39,6 +39,7 @@ class RankObserver : public TrainingObserver {
   void OnGuard(const v1::GuardEvent& event) override;
   void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;
   void OnData(const v1::DataReport& report) override;
+  void OnEval(const v1::EvalReport& report) override;
   void OnLog(const std::string& level, const std::string& text) override;
   bool StopRequested() override;
 

@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "kernels/grad_norm.h"
@@ -23,6 +24,7 @@
 #include "worker/train/model/model_config.h"
 #include "worker/train/model/pretrained.h"
 #include "worker/train/model/rng_state.h"
+#include "worker/train/objective/ranking_metrics.h"
 #include "worker/train/optim/lr_schedule.h"
 
 namespace ballast::train {
@@ -267,6 +269,8 @@ absl::Status Trainer::RunSteps() {
     metrics = *std::move(opened);
   }
 
+  // The baseline a reranker's evaluations rise from.
+  if (pos.step == 0) Evaluate(0);
   bool traffic_logged = false;
   int64_t reported_epoch = -1;
   while (pos.step < spec_.max_steps()) {
@@ -296,6 +300,8 @@ absl::Status Trainer::RunSteps() {
     }
     if (verdict.action == GuardAction::kApply) {
       if (absl::Status s = AfterAppliedStep(pos); !s.ok()) return s;
+      const int64_t eval_every = spec_.reranker().eval_every();
+      if (eval_every > 0 && pos.step % eval_every == 0) Evaluate(pos.step);
     }
     // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
     // and a rank that stopped alone would leave the others in the next
@@ -315,6 +321,10 @@ absl::Status Trainer::RunSteps() {
       absl::Status s = SaveCheckpointAt(pos, health);
       if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
     }
+  }
+  if (data_.eval != nullptr &&
+      (spec_.reranker().eval_every() == 0 || pos.step % spec_.reranker().eval_every() != 0)) {
+    Evaluate(pos.step);
   }
   // The run is over and its last step was applied: nothing follows to judge
   // this checkpoint by, and the export holds the same state.
@@ -739,6 +749,43 @@ void Trainer::SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* 
   event->set_documents_skipped(static_cast<int64_t>(lines.size()));
   event->clear_document_ids();
   for (size_t i = 0; i < lines.size() && i < 64; ++i) event->add_document_ids(lines[i]);
+}
+
+void Trainer::Evaluate(int64_t step) {
+  if (data_.eval == nullptr) return;
+  // Every rank ranks every held-out group: a sharded model's layers are
+  // gathered by all ranks together. Rank 0 reports.
+  torch::NoGradGuard no_grad;
+  RankingEvaluator evaluator;
+  TokenizedDataset& eval = *data_.eval;
+  const int64_t rows = eval.rows_per_epoch();
+  const int64_t per_batch = spec_.data().micro_batch_size();
+  for (int64_t row = 0; row < rows; row += per_batch) {
+    PackedBatch batch = eval.Pack(row, std::min(per_batch, rows - row));
+    const at::Tensor relevance = batch.relevance.clone();
+    MoveToDevice(device_, &batch);
+    const std::optional<at::Tensor> scores = objective_->CandidateScores(decoder_, batch);
+    if (!scores) return;
+    const at::Tensor host = scores->to(torch::kCPU, torch::kDouble).contiguous();
+    const double* s = host.const_data_ptr<double>();
+    const float* r = relevance.const_data_ptr<float>();
+    const at::Tensor offsets = batch.group_offsets;
+    const int64_t* o = offsets.const_data_ptr<int64_t>();
+    for (int64_t g = 0; g + 1 < offsets.numel(); ++g) {
+      evaluator.AddGroup(std::vector<double>(s + o[g], s + o[g + 1]),
+                         std::vector<float>(r + o[g], r + o[g + 1]));
+    }
+  }
+  const RankingMetrics m = evaluator.Metrics();
+  Log("info", absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d held-out groups",
+                              step, m.mrr_at_10, m.ndcg_at_10, m.groups));
+  if (collectives_->rank() != 0) return;
+  v1::EvalReport report;
+  report.set_step(step);
+  report.set_groups(m.groups);
+  report.set_mrr_at_10(m.mrr_at_10);
+  report.set_ndcg_at_10(m.ndcg_at_10);
+  observer_->OnEval(report);
 }
 
 void Trainer::ReportData(int64_t epoch) {

@@ -179,6 +179,9 @@ class Trainer {
   void SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* event);
   // The DataReport of `epoch`, from rank 0.
   void ReportData(int64_t epoch);
+  // Ranks the held-out groups (reranker.eval_path) and reports MRR@10 and
+  // NDCG@10 of `step`; nothing without them.
+  void Evaluate(int64_t step);
   // Goes back to the newest good snapshot or checkpoint from before the
   // trouble, or fails with the guard's diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,

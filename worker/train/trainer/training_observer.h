@@ -23,6 +23,8 @@ class TrainingObserver {
   virtual void OnCheckpointSaved(const v1::CheckpointSaved& saved) = 0;
   // When training starts, and at each epoch after.
   virtual void OnData(const v1::DataReport& report) = 0;
+  // After each evaluation of a held-out set.
+  virtual void OnEval(const v1::EvalReport& report) = 0;
   // A line for the job's event stream; level is "info", "warning" or "error".
   virtual void OnLog(const std::string& level, const std::string& text) = 0;
   // Polled between steps and never blocks; true ends the run after the
@@ -37,6 +39,7 @@ class NullObserver : public TrainingObserver {
   void OnGuard(const v1::GuardEvent&) override {}
   void OnCheckpointSaved(const v1::CheckpointSaved&) override {}
   void OnData(const v1::DataReport&) override {}
+  void OnEval(const v1::EvalReport&) override {}
   void OnLog(const std::string&, const std::string&) override {}
   bool StopRequested() override { return false; }
 };
