@@ -1,12 +1,10 @@
 """task: generative_reranker end to end with ballast-train (issue 17): a
 LoRA reranker on the tiny random Qwen3, on a synthetic task it can learn in
-30 steps (every query asks for "apple", which the positive document holds
-and the negatives, carrying other marker words, do not), with the reranker
-prompt, its groups packed whole."""
+30 steps (reference.make_reranker_groups), with the reranker prompt, its
+groups packed whole."""
 import json
 import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -15,34 +13,10 @@ import pytest
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-from reference import TRAIN, base_spec, make_model, read_metrics, write_spec  # noqa: E402
+from reference import (TRAIN, base_spec, make_model, make_reranker_groups,  # noqa: E402
+                       read_metrics, write_spec)
 from test_chat_template import QWEN3  # noqa: E402
 from trained_tokenizers import write_chat_tokenizer  # noqa: E402
-
-MARKERS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket"]
-FILLER = ["the", "a", "of", "and", "is", "on", "with", "for"]
-
-
-def write_groups(path, n, seed, shape="mteb"):
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            marker, others = MARKERS[0], rng.sample(MARKERS[1:], 3)
-
-            def doc(word):
-                words = [rng.choice(FILLER) for _ in range(rng.randint(2, 4))]
-                words.insert(rng.randint(0, len(words)), word)
-                return " ".join(words)
-            query, positive, negatives = marker, doc(marker), [doc(w) for w in others]
-            if shape == "mteb":
-                record = {"query": query, "positive": [positive], "negative": negatives}
-            else:
-                record = {"messages": [{"role": "user", "content": query}],
-                          "positive_messages": [[{"role": "assistant", "content": positive}]],
-                          "negative_messages": [[{"role": "assistant", "content": d}]
-                                                for d in negatives]}
-            f.write(json.dumps(record) + "\n")
-
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
@@ -68,8 +42,8 @@ def reranker_spec(model, data, **reranker):
 def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, tmp_path, loss,
                                                                         shape):
     data, held_out = str(tmp_path / "groups.jsonl"), str(tmp_path / "held-out.jsonl")
-    write_groups(data, 64, seed=5, shape=shape)
-    write_groups(held_out, 16, seed=6, shape=shape)
+    make_reranker_groups(data, 64, seed=5, shape=shape)
+    make_reranker_groups(held_out, 16, seed=6, shape=shape)
     write_spec(tmp_path / "job.yaml", **reranker_spec(model, data, loss=loss, eval_path=held_out,
                                                       eval_every=10))
     out = str(tmp_path / "out")
@@ -105,7 +79,7 @@ def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, t
 def test_reranker_keys_that_do_not_fit_are_refused_naming_the_key(model, tmp_path, key, value,
                                                                    message):
     data = str(tmp_path / "groups.jsonl")
-    write_groups(data, 4, seed=1)
+    make_reranker_groups(data, 4, seed=1)
     write_spec(tmp_path / "job.yaml", **reranker_spec(model, data))
     r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
                         str(tmp_path / "out"), "--set", f"{key}={value}"],
@@ -123,7 +97,7 @@ def test_reranker_records_without_a_positive_or_for_another_task_are_refused(mod
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert f"{data}:1: a reranker record needs a positive document" in r.stderr
-    write_groups(data, 4, seed=1)
+    make_reranker_groups(data, 4, seed=1)
     spec = reranker_spec(model, data)
     del spec["reranker"]
     spec["task"] = "causal_lm"

@@ -61,6 +61,37 @@ def make_model(arch, path, seed):
     return model
 
 
+RERANKER_MARKERS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket"]
+
+
+def make_reranker_groups(path, n, seed, shape="mteb"):
+    """Reranker records a tiny model learns in a few dozen steps: every query
+    asks for "apple", which its positive document holds; its three negatives
+    hold other marker words. `shape` is "mteb" ({query, positive, negative})
+    or "swift" (ms-swift's messages / positive_messages / negative_messages).
+    Short texts: a tiny, nearly byte-level tokenizer fits a group in 256."""
+    import random
+    rng = random.Random(seed)
+    filler = ["the", "a", "of", "and", "is", "on", "with", "for"]
+
+    def doc(word):
+        words = [rng.choice(filler) for _ in range(rng.randint(2, 4))]
+        words.insert(rng.randint(0, len(words)), word)
+        return " ".join(words)
+    with open(path, "w") as f:
+        for _ in range(n):
+            marker, others = RERANKER_MARKERS[0], rng.sample(RERANKER_MARKERS[1:], 3)
+            query, positive, negatives = marker, doc(marker), [doc(w) for w in others]
+            if shape == "mteb":
+                record = {"query": query, "positive": [positive], "negative": negatives}
+            else:
+                record = {"messages": [{"role": "user", "content": query}],
+                          "positive_messages": [[{"role": "assistant", "content": positive}]],
+                          "negative_messages": [[{"role": "assistant", "content": d}]
+                                                for d in negatives]}
+            f.write(json.dumps(record) + "\n")
+
+
 def make_dataset(path, n, vocab, seed, min_len=6, max_len=40):
     """JSONL of documents of random length; a random-length prompt prefix of
     each is unsupervised (-100), so rows differ in supervised tokens."""

@@ -1,0 +1,71 @@
+"""The task examples of examples/ at tiny scale, as a user runs them: the
+tiny model and data of scripts/tiny-model, `ballast submit` to a real
+coordinator and worker, `ballast watch` to the end, then what the job
+reported (issues 16 and 17)."""
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+from cluster import Cluster
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    c = Cluster(str(tmp_path / "cluster"))
+    yield c
+    failed = getattr(request.node, "rep_call", None)
+    c.stop()
+    if failed is not None and failed.failed:
+        print(c.logs())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tiny"))
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tiny-model"), out],
+                   check=True, capture_output=True)
+    return out
+
+
+def example(name, tiny):
+    """An example spec with its build/tiny/ paths pointed at `tiny`."""
+    with open(os.path.join(ROOT, "examples", name)) as f:
+        text = f.read().replace("build/tiny/", tiny + "/")
+    return yaml.safe_load(text)
+
+
+def test_reranker_example_trains_and_reports_its_ranking(cluster, tiny):
+    cluster.start_coordinator()
+    cluster.start_worker("w1")
+    job_id = cluster.submit(example("reranker-listwise-lora.yaml", tiny))
+    watch = cluster.cli("watch", job_id, timeout=600)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    job = cluster.job(job_id)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    assert job["data"]["format"] == "reranker"
+    # Proto JSON: int64 as strings.
+    assert job["last_eval"]["step"] == "30" and job["last_eval"]["groups"] == "16"
+    assert job["last_eval"]["mrr_at_10"] > 0.9
+    text = watch.stdout
+    assert "data epoch 0: reranker" in text
+    assert "eval step 0: MRR@10" in text and "eval step 30: MRR@10" in text
+    with urllib.request.urlopen(f"http://{cluster.http}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert f'ballast_job_eval_mrr_at_10{{job_id="{job_id}"}}' in metrics
+
+
+def test_chat_example_trains_on_text_through_the_pipeline(cluster, tiny):
+    cluster.start_coordinator()
+    cluster.start_worker("w1")
+    job_id = cluster.submit(example("tiny-chat.yaml", tiny))
+    watch = cluster.cli("watch", job_id, timeout=600)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    job = cluster.job(job_id)
+    assert job["data"]["format"] == "messages" and job["data"]["template"] == "qwen3"
+    assert "data epoch 0: messages (qwen3), 256 documents of 256 records" in watch.stdout
