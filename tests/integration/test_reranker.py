@@ -70,6 +70,23 @@ def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, t
     mrr = [float(m) for _, m, _ in evals]
     assert mrr[-1] > mrr[0] and mrr[-1] > 0.9, mrr
 
+    # The exported adapter scores the held-out pairs as the last evaluation
+    # ranked them, rendered with the job's prompt (--spec).
+    with open(held_out, "a") as f:
+        f.write(json.dumps({"query": "apple", "documents": ["an apple a day", "stone"]}) + "\n")
+        f.write("not json\n")
+    r = subprocess.run([TRAIN, "rerank", "--model", model, "--adapter",
+                        os.path.join(out, "adapter"), "--queries", held_out, "--spec",
+                        str(tmp_path / "job.yaml")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr  # the bad line
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(lines) == 18
+    assert all(len(x["scores"]) == 4 and all(0 <= p <= 1 for p in x["scores"]) for x in lines[:16])
+    assert lines[16]["scores"][0] > lines[16]["scores"][1]
+    assert lines[17]["error"].startswith("line 18: not a JSON object")
+    final = re.search(r"MRR@10 ([0-9.]+), NDCG@10 [0-9.]+ over 16 queries", r.stderr)
+    assert final and abs(float(final.group(1)) - mrr[-1]) < 1e-3, (r.stderr, mrr)
+
 
 @pytest.mark.parametrize("key,value,message", [
     ("reranker.loss", "ranknet", "reranker.loss"),

@@ -8,6 +8,7 @@
 //   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]... [--rendezvous-timeout S]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
+//   ballast-train rerank --model DIR [--adapter DIR] --queries FILE.jsonl [--spec JOB.yaml]
 //   ballast-train data-check --spec JOB.yaml [--set key=value]... [--rows N]
 //   ballast-train tokenize --tokenizer DIR_OR_JSON [--template T] [--train-on-all]
 //       [--allow-special] < in.jsonl > out.jsonl
@@ -17,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <climits>
+#include <fstream>
 #include <iostream>
 
 #include "absl/status/status.h"
@@ -28,6 +30,7 @@
 #include "worker/train/collectives/process_group.h"
 #include "worker/train/data/data_check.h"
 #include "worker/train/model/inference.h"
+#include "worker/train/objective/rerank_queries.h"
 #include "worker/train/rank/agent_channel.h"
 #include "worker/train/rank/attempt_output.h"
 #include "worker/train/rank/device_info.h"
@@ -265,6 +268,25 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   merge->add_option("--out", merge_out, "Output HF model folder")->required();
 
+  CLI::App* rerank = app.add_subcommand(
+      "rerank", "Score (query, document) pairs with a generative reranker: P(yes) per document");
+  std::string queries_path, rerank_spec;
+  rerank->add_option("--model", model_dir, "HF model folder (with its tokenizer.json)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  rerank->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+      ->check(CLI::ExistingDirectory);
+  rerank
+      ->add_option("--queries", queries_path,
+                   "JSONL: {\"query\", \"documents\"} or reranker training records")
+      ->required()
+      ->check(CLI::ExistingFile);
+  rerank
+      ->add_option("--spec", rerank_spec,
+                   "The job spec whose reranker prompt and yes/no tokens to use (default "
+                   "Qwen3-Reranker's)")
+      ->check(CLI::ExistingFile);
+
   CLI::App* data_check = app.add_subcommand(
       "data-check", "Tokenize and pack a job's data without training; show what it trains on");
   std::string check_spec;
@@ -320,6 +342,28 @@ int main(int argc, char** argv) {
       status = ballast::train::WriteLogits(model_dir, adapter_dir, tokens_path, logits_out);
     } else if (merge->parsed()) {
       status = ballast::train::ExportMergedLora(model_dir, adapter_dir, merge_out);
+    } else if (rerank->parsed()) {
+      ballast::train::RerankOptions options{model_dir, adapter_dir, {}};
+      if (!rerank_spec.empty()) {
+        absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(rerank_spec);
+        if (!spec.ok()) return Fail(spec.status());
+        options.spec = *std::move(spec);
+      }
+      std::ifstream queries(queries_path);
+      int64_t failed = 0;
+      absl::StatusOr<ballast::train::RankingMetrics> metrics =
+          ballast::train::RerankQueries(options, queries, std::cout, &failed);
+      if (!metrics.ok()) return Fail(metrics.status());
+      if (metrics->groups > 0) {
+        std::cerr << "ballast-train: MRR@10 " << metrics->mrr_at_10 << ", NDCG@10 "
+                  << metrics->ndcg_at_10 << " over " << metrics->groups
+                  << " queries with a positive\n";
+      }
+      if (failed > 0) {
+        std::cerr << "ballast-train: " << failed << " lines failed; see their error lines\n";
+        return 1;
+      }
+      return 0;
     } else if (data_check->parsed()) {
       absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(check_spec);
       status = spec.status();

@@ -11,16 +11,12 @@
 
 namespace ballast::train {
 
-absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
-                         const std::string& tokens_path, const std::string& out_path) {
+absl::StatusOr<InferenceModel> LoadInferenceModel(const std::string& model_dir,
+                                                  const std::string& adapter_dir) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return config.status();
-  absl::StatusOr<TokenizedDataset> docs =
-      TokenizedDataset::Load(tokens_path, config->vocab_size, config->max_position_embeddings);
-  if (!docs.ok()) return docs.status();
   absl::StatusOr<ParamStore> params = LoadPretrained(model_dir, *config, /*trainable=*/false);
   if (!params.ok()) return params.status();
-
   std::optional<LoraConfig> lora;
   if (!adapter_dir.empty()) {
     absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(adapter_dir);
@@ -29,7 +25,20 @@ absl::Status WriteLogits(const std::string& model_dir, const std::string& adapte
     if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
     if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
   }
-  Decoder decoder(*config, &*params, lora, torch::kFloat, /*gradient_checkpointing=*/false);
+  return InferenceModel{*std::move(config), *std::move(params), std::move(lora)};
+}
+
+absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
+                         const std::string& tokens_path, const std::string& out_path) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<TokenizedDataset> docs =
+      TokenizedDataset::Load(tokens_path, config->vocab_size, config->max_position_embeddings);
+  if (!docs.ok()) return docs.status();
+  absl::StatusOr<InferenceModel> model = LoadInferenceModel(model_dir, adapter_dir);
+  if (!model.ok()) return model.status();
+  Decoder decoder(model->config, &model->params, model->lora, torch::kFloat,
+                  /*gradient_checkpointing=*/false);
   PackedBatch batch = docs->Pack(0, docs->rows_per_epoch());
   return WriteSafetensors(out_path,
                           {{"logits", decoder.Logits(batch)}, {"cu_seqlens", batch.cu_seqlens}});

@@ -4,11 +4,29 @@
 #ifndef BALLAST_WORKER_TRAIN_MODEL_INFERENCE_H_
 #define BALLAST_WORKER_TRAIN_MODEL_INFERENCE_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/train/model/lora.h"
+#include "worker/train/model/model_config.h"
+#include "worker/train/model/param_store.h"
 
 namespace ballast::train {
+
+// A model for forward passes only: its config, its frozen weights, and the
+// PEFT adapter's config when one is folded in through LoRA modules.
+struct InferenceModel {
+  ModelConfig config;
+  ParamStore params;
+  std::optional<LoraConfig> lora;
+};
+
+// `model_dir` (an HF folder) with the PEFT adapter of `adapter_dir` (may be
+// empty). Errors name the folder or file at fault.
+absl::StatusOr<InferenceModel> LoadInferenceModel(const std::string& model_dir,
+                                                  const std::string& adapter_dir);
 
 // Reads documents from `tokens_path` (JSONL with input_ids), packs them, and
 // writes `out_path` (safetensors) with "logits" (T, V) fp32 and "cu_seqlens".
