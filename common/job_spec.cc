@@ -357,6 +357,10 @@ void ApplyDefaults(v1::JobSpec* spec) {
   if (!opt->has_max_grad_norm()) opt->set_max_grad_norm(1.0);
   if (spec->schedule().kind().empty()) spec->mutable_schedule()->set_kind("constant");
   if (!spec->scheduling().has_max_restarts()) spec->mutable_scheduling()->set_max_restarts(3);
+  if (spec->task() == "block_diffusion") {
+    v1::BlockDiffusionSpec* b = spec->mutable_block_diffusion();
+    if (!b->has_eps()) b->set_eps(1e-3);
+  }
   if (spec->task() == "generative_reranker") {
     v1::RerankerSpec* r = spec->mutable_reranker();
     if (r->loss().empty()) r->set_loss("listwise");
@@ -409,7 +413,23 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));
   }
   checks.push_back(CheckOneOf("method", spec.method(), {"lora", "full"}));
-  checks.push_back(CheckOneOf("task", spec.task(), {"causal_lm", "generative_reranker"}));
+  checks.push_back(
+      CheckOneOf("task", spec.task(), {"causal_lm", "generative_reranker", "block_diffusion"}));
+  if (spec.task() == "block_diffusion") {
+    const v1::BlockDiffusionSpec& b = spec.block_diffusion();
+    checks.push_back(CheckRange<int32_t>("block_diffusion.block_length", b.block_length(), 1,
+                                         std::max(1, spec.data().seq_len() / 2),
+                                         "1..data.seq_len / 2"));
+    checks.push_back(CheckRange<double>("block_diffusion.eps", b.eps(), 1e-12,
+                                        std::nextafter(1.0, 0.0), "(0, 1)"));
+    if (b.has_mask_token_id() && b.mask_token_id() < 0) {
+      checks.push_back(OutOfRange("block_diffusion.mask_token_id", absl::StrCat(b.mask_token_id()),
+                                  "a token id, >= 0"));
+    }
+  } else if (spec.has_block_diffusion()) {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "block_diffusion is set, but task is ", spec.task(), "; it is for task block_diffusion")));
+  }
   if (spec.task() == "generative_reranker") {
     const v1::RerankerSpec& r = spec.reranker();
     checks.push_back(CheckOneOf("reranker.loss", r.loss(), {"listwise", "pointwise"}));

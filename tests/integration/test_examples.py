@@ -3,7 +3,9 @@ tiny model and data of scripts/tiny-model, `ballast submit` to a real
 coordinator and worker, `ballast watch` to the end, then what the job
 reported (issues 16 and 17)."""
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -69,3 +71,48 @@ def test_chat_example_trains_on_text_through_the_pipeline(cluster, tiny):
     job = cluster.job(job_id)
     assert job["data"]["format"] == "messages" and job["data"]["template"] == "qwen3"
     assert "data epoch 0: messages (qwen3), 256 documents of 256 records" in watch.stdout
+
+
+def test_block_diffusion_example_trains_packed_with_a_falling_loss(cluster, tiny, tmp_path):
+    cluster.start_coordinator()
+    cluster.start_worker("w1")
+    spec = example("block-diffusion-packed.yaml", tiny)
+    job_id = cluster.submit(spec)
+    watch = cluster.cli("watch", job_id, timeout=600)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    job = cluster.job(job_id)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    # Rows of 256 hold [x_t ; x_0] of about two chats of 55 tokens each.
+    assert "data epoch 0: messages (qwen3), 256 documents" in watch.stdout
+    out = job["output_dir"]
+    steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(steps) == 40
+    assert all(s["loss"] is not None and s["loss"] > 0 for s in steps)
+    assert all(math.isfinite(s["grad_norm"]) for s in steps)
+    # 1/p weights make single steps noisy (p can be near eps): medians.
+    first = statistics.median(s["loss"] for s in steps[:10])
+    last = statistics.median(s["loss"] for s in steps[-10:])
+    assert last < 0.8 * first, [round(s["loss"], 3) for s in steps]
+
+
+def test_block_diffusion_keys_are_checked_at_submission(cluster, tiny):
+    cluster.start_coordinator()
+    for key, value, message in [
+        ("block_diffusion.block_length", 0, "block_diffusion.block_length = 0 is out of range"),
+        ("block_diffusion.mask_token_id", -1, "block_diffusion.mask_token_id"),
+    ]:
+        spec = example("block-diffusion-packed.yaml", tiny)
+        section, field = key.split(".")
+        spec[section][field] = value
+        path = os.path.join(cluster.root, "bad.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(spec, f)
+        r = cluster.cli("submit", path)
+        assert r.returncode != 0 and message in r.stderr, r.stderr
+    spec = example("tiny-chat.yaml", tiny)
+    spec["block_diffusion"] = {"block_length": 4}
+    path = os.path.join(cluster.root, "bad.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(spec, f)
+    r = cluster.cli("submit", path)
+    assert r.returncode != 0 and "it is for task block_diffusion" in r.stderr, r.stderr

@@ -47,7 +47,9 @@ struct PackedBatch {
   // rollback can skip them.
   std::vector<int64_t> document_ids;
   BatchMask mask;
-  int64_t supervised_tokens = 0;  // targets != -100
+  // targets != -100; for block diffusion the answer tokens, which its loss
+  // is normalised by (never the masked count).
+  int64_t supervised_tokens = 0;
 };
 
 }  // namespace ballast::train

@@ -152,7 +152,7 @@ class TokenCache::Writer {
         case Truncate::kError:
           return absl::InvalidArgumentError(
               absl::StrCat(options_.data_path, ":", line + 1, ": the document has ", length,
-                           " tokens, more than data.seq_len = ", options_.seq_len,
+                           " tokens, more than ", options_.seq_len_name, " = ", options_.seq_len,
                            "; raise seq_len, or set data.truncate to cut or drop"));
         case Truncate::kDrop:
           ++statistics_.dropped_documents;

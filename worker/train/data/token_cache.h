@@ -48,7 +48,9 @@ struct DataStatistics {
 
 struct TokenCacheOptions {
   std::string data_path;
+  // The most tokens a document may have, and what the messages call it.
   int64_t seq_len = 0;
+  std::string seq_len_name = "data.seq_len";
   Truncate truncate = Truncate::kError;
   bool skip_bad_records = false;
   // A longer line is an error, never read whole.

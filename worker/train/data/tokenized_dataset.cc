@@ -39,7 +39,8 @@ TokenizedDataset::TokenizedDataset(TokenCache cache, DataOrder order)
       group_starts_.push_back(d);
       group_lengths_.push_back(0);
     }
-    group_lengths_.back() += cache_.length(d);
+    // A block-diffusion document takes its tokens twice: [x_t ; x_0].
+    group_lengths_.back() += cache_.length(d) * (order_.diffusion.block_length > 0 ? 2 : 1);
   }
   group_starts_.push_back(cache_.documents());
   PlanEpoch(0);
@@ -82,7 +83,7 @@ void TokenizedDataset::PlanEpoch(int64_t epoch) {
 EpochPacking TokenizedDataset::packing() const {
   EpochPacking p;
   p.rows = rows_per_epoch_;
-  p.tokens = cache_.statistics().tokens;
+  p.tokens = cache_.statistics().tokens * (order_.diffusion.block_length > 0 ? 2 : 1);
   p.efficiency = static_cast<double>(p.tokens) /
                  (static_cast<double>(p.rows) * static_cast<double>(order_.seq_len));
   return p;
@@ -110,7 +111,9 @@ std::vector<int64_t> TokenizedDataset::DocumentLines(int64_t cursor, int64_t row
 }
 
 PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t rows) {
-  std::vector<int64_t> ids, positions, targets, cu = {0}, group_offsets = {0};
+  const bool diffusion = order_.diffusion.block_length > 0;
+  NoisedTokens tokens;
+  std::vector<int64_t> cu = {0}, group_offsets = {0};
   std::vector<int64_t> document_ids;
   std::vector<float> relevance;
   int64_t supervised = 0;
@@ -128,23 +131,37 @@ PackedBatch TokenizedDataset::Pack(int64_t cursor, int64_t rows) {
       const absl::Span<const int32_t> input = cache_.input_ids(d);
       const absl::Span<const int32_t> labels = cache_.labels(d);
       const int64_t n = static_cast<int64_t>(input.size());
+      if (diffusion) {
+        // Drawn from the epoch and the document: the same masks whatever row
+        // or rank the document lands in, fresh ones each epoch.
+        const uint64_t epoch = static_cast<uint64_t>(r / rows_per_epoch_);
+        const uint64_t draw = order_.seed ^ (0x9e3779b97f4a7c15ULL * (epoch + 1)) ^
+                              (0xc2b2ae3d27d4eb4fULL * static_cast<uint64_t>(d + 1));
+        supervised += AppendNoisedDocument(input, labels, order_.diffusion, draw, &tokens);
+        cu.push_back(cu.back() + 2 * n);
+        continue;
+      }
       for (int64_t t = 0; t < n; ++t) {
-        ids.push_back(input[t]);
-        positions.push_back(t);
+        tokens.ids.push_back(input[t]);
+        tokens.positions.push_back(t);
         const int64_t target = t + 1 < n ? labels[t + 1] : kIgnoreLabel;
         supervised += target != kIgnoreLabel;
-        targets.push_back(target);
+        tokens.targets.push_back(target);
       }
       cu.push_back(cu.back() + n);
     }
   }
   PackedBatch b;
-  b.input_ids = torch::tensor(ids, torch::kLong);
-  b.position_ids = torch::tensor(positions, torch::kLong);
-  b.targets = torch::tensor(targets, torch::kLong);
+  b.input_ids = torch::tensor(tokens.ids, torch::kLong);
+  b.position_ids = torch::tensor(tokens.positions, torch::kLong);
+  b.targets = torch::tensor(tokens.targets, torch::kLong);
   b.cu_seqlens = torch::tensor(cu, torch::kLong);
   b.document_ids = std::move(document_ids);
   b.supervised_tokens = supervised;
+  if (diffusion) {
+    b.loss_weights = torch::tensor(tokens.weights, torch::kFloat);
+    b.mask = {kernels::MaskKind::kBlockDiffusion, order_.diffusion.block_length};
+  }
   if (!relevance.empty()) {
     b.group_offsets = torch::tensor(group_offsets, torch::kLong);
     b.relevance = torch::tensor(relevance, torch::kFloat);

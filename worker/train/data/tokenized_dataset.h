@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/train/data/block_diffusion_noise.h"
 #include "worker/train/data/packed_batch.h"
 #include "worker/train/data/packing.h"
 #include "worker/train/data/token_cache.h"
@@ -38,6 +39,9 @@ struct DataOrder {
   bool packing = false;
   bool shuffle = true;
   uint64_t seed = 0;
+  // Block diffusion (block_length > 0): each document packs as [x_t ; x_0],
+  // twice its tokens, into block-diffusion batches.
+  DiffusionNoise diffusion;
 };
 
 // One epoch's rows, for the events.
@@ -69,9 +73,10 @@ class TokenizedDataset {
   // The 0-based data-file lines of the documents in rows [cursor, cursor + rows).
   std::vector<int64_t> DocumentLines(int64_t cursor, int64_t rows);
 
-  // The rows at [cursor, cursor + rows) as one causal micro-batch;
-  // document_ids are the documents' data-file lines. Reranker candidates
-  // also get group_offsets and relevance.
+  // The rows at [cursor, cursor + rows) as one micro-batch, causal or (with
+  // order.diffusion) block diffusion; document_ids are the documents'
+  // data-file lines. Reranker candidates also get group_offsets and
+  // relevance.
   PackedBatch Pack(int64_t cursor, int64_t rows);
 
  private:

@@ -96,6 +96,36 @@ absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_l
   return format;
 }
 
+// The block-diffusion noise of a block_diffusion job: the spec's mask token,
+// or config.json's mask_token_id (SDAR's checkpoints carry it).
+absl::StatusOr<DiffusionNoise> DiffusionNoiseOf(const v1::JobSpec& spec, int64_t vocab_size) {
+  if (spec.task() != "block_diffusion") return DiffusionNoise{};
+  const v1::BlockDiffusionSpec& b = spec.block_diffusion();
+  DiffusionNoise noise{.block_length = b.block_length(), .eps = b.eps()};
+  if (b.has_mask_token_id()) {
+    noise.mask_token_id = b.mask_token_id();
+  } else {
+    const std::string path = spec.model().path() + "/config.json";
+    absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigJsonBytes);
+    if (!text.ok()) return text.status();
+    const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
+    const auto id = config.is_object() ? config.find("mask_token_id") : config.end();
+    if (id == config.end() || !id->is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task block_diffusion needs a mask token: set block_diffusion.mask_token_id, or "
+          "give ",
+          path, " a mask_token_id"));
+    }
+    noise.mask_token_id = id->get<int64_t>();
+  }
+  if (noise.mask_token_id < 0 || noise.mask_token_id >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_diffusion.mask_token_id = ", noise.mask_token_id,
+                     " is outside the model's vocabulary [0, ", vocab_size, ")"));
+  }
+  return noise;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::JobSpec& spec,
@@ -170,6 +200,12 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
                                               const TrainingDataOptions& options) {
   const v1::DataSpec& data = spec.data();
   TrainingData result;
+  absl::StatusOr<DiffusionNoise> noise = DiffusionNoiseOf(spec, options.vocab_size);
+  if (!noise.ok()) return noise.status();
+  // A block-diffusion document is packed twice, [x_t ; x_0], so it may have
+  // half a row's tokens.
+  const int64_t document_limit =
+      noise->block_length > 0 ? data.seq_len() / 2 : static_cast<int64_t>(data.seq_len());
   absl::StatusOr<std::unique_ptr<DocumentEncoder>> encoder =
       OpenDocumentEncoder(spec, options.vocab_size, &result.report);
   if (!encoder.ok()) return encoder.status();
@@ -177,7 +213,10 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
 
   TokenCacheOptions cache_options;
   cache_options.data_path = data.path();
-  cache_options.seq_len = data.seq_len();
+  cache_options.seq_len = document_limit;
+  if (noise->block_length > 0) {
+    cache_options.seq_len_name = "data.seq_len / 2 (block diffusion packs [x_t ; x_0])";
+  }
   cache_options.truncate = data.truncate() == "cut"    ? Truncate::kCut
                            : data.truncate() == "drop" ? Truncate::kDrop
                                                        : Truncate::kError;
@@ -209,7 +248,8 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
       *std::move(cache), DataOrder{.seq_len = data.seq_len(),
                                    .packing = data.packing(),
                                    .shuffle = data.shuffle(),
-                                   .seed = static_cast<uint64_t>(spec.seed())});
+                                   .seed = static_cast<uint64_t>(spec.seed()),
+                                   .diffusion = *noise});
 
   const DataStatistics& s = result.dataset->cache().statistics();
   v1::DataReport& r = result.report;

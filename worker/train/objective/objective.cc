@@ -1,6 +1,7 @@
 #include "worker/train/objective/objective.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/train/objective/block_diffusion.h"
 #include "worker/train/objective/causal_lm.h"
 #include "worker/train/objective/generative_reranker.h"
 
@@ -28,6 +29,7 @@ absl::StatusOr<int64_t> AnswerId(const Tokenizer* tokenizer, const std::string& 
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(const v1::JobSpec& spec,
                                                          const Tokenizer* tokenizer) {
   if (spec.task() == "causal_lm" || spec.task().empty()) return std::make_unique<CausalLm>();
+  if (spec.task() == "block_diffusion") return std::make_unique<BlockDiffusion>();
   if (spec.task() == "generative_reranker") {
     const v1::RerankerSpec& r = spec.reranker();
     absl::StatusOr<int64_t> yes = AnswerId(tokenizer, "reranker.yes_token", r.yes_token());
@@ -42,8 +44,9 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(const v1::JobSpec& spec
                                                         : kernels::RerankerScore::kLogitDiff,
                      .temperature = r.temperature()});
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "task = '", spec.task(), "' is not supported; allowed: causal_lm, generative_reranker"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("task = '", spec.task(),
+                   "' is not supported; allowed: causal_lm, generative_reranker, block_diffusion"));
 }
 
 }  // namespace ballast::train
