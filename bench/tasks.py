@@ -1,0 +1,118 @@
+"""Benchmark: the tasks of issue 17 on the CPU trainer, on the model of
+bench/data_pipeline.py (4 layers, hidden 256, vocabulary 4096, with a ChatML
+tokenizer trained there).
+
+1. Reranker: listwise LoRA training throughput in groups per second (the
+   step's groups over its median time), groups of a positive and 7
+   negatives of a few hundred characters, packed into rows of 1024 tokens.
+2. Block diffusion against plain SFT on the same model and chats, packed
+   into rows of 1024, alternating for ROUNDS rounds: tokens per second of
+   each (block diffusion's rows hold [x_t ; x_0], each document twice) and
+   the ratio of step time per document token. Goal: at most 2x, the token
+   count's.
+Prints one table row per figure.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from data_pipeline import make_job_inputs  # noqa: E402  (also puts tests/parity on the path)
+from trained_tokenizers import WORDS, random_text  # noqa: E402
+
+STEPS, WARMUP, ROUNDS = 10, 2, 2
+
+
+def write_job(root, name, model, data, **task):
+    import yaml
+    spec = {"model": {"path": model}, "method": "lora",
+            "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
+            "data": {"path": data, "seq_len": 1024, "micro_batch_size": 2, "packing": True,
+                     "truncate": "drop", "shuffle": False},
+            "optimizer": {"lr": 1e-4}, "max_steps": STEPS, **task}
+    path = os.path.join(root, f"{name}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(spec, f)
+    return path
+
+
+def run(binary, job, out_dir):
+    """Median step time after warm-up, and the median step's metrics."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    subprocess.run([binary, "--spec", job, "--out", out_dir], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f][WARMUP:]
+    return (statistics.median(s["step_time_s"] for s in steps),
+            statistics.median(s["tokens"] for s in steps),
+            statistics.median(s["supervised_tokens"] for s in steps))
+
+
+def reranker_row(binary, root, model):
+    rng = random.Random(3)
+    groups = os.path.join(root, "groups.jsonl")
+    with open(groups, "w") as f:
+        for _ in range(200):
+            def doc(words):
+                return " ".join(rng.choice(WORDS) for _ in range(words))
+            f.write(json.dumps({"query": doc(8), "positive": doc(25),
+                                "negative": [doc(25) for _ in range(7)]}) + "\n")
+    job = write_job(root, "reranker", model, groups, task="generative_reranker",
+                    reranker={"yes_token": "y", "no_token": "n"})
+    with open(job) as f:
+        text = f.read().replace("truncate: drop", "truncate: cut")
+    with open(job, "w") as f:
+        f.write(text)
+    seconds, tokens, groups_per_step = run(binary, job, os.path.join(root, "out-reranker"))
+    return (f"reranker, listwise LoRA, groups of up to 8 candidates: {groups_per_step / seconds:.1f} "
+            f"groups/s ({groups_per_step:.0f} groups, {tokens:.0f} tokens a step, "
+            f"{seconds:.3f} s median)")
+
+
+def diffusion_row(binary, root, model, chats):
+    sft = write_job(root, "sft", model, chats, task="causal_lm")
+    diffusion = write_job(root, "diffusion", model, chats, task="block_diffusion",
+                          block_diffusion={"block_length": 4, "mask_token_id": 4095})
+    for job in (sft, diffusion):  # the chats have no tokenizer_config.json to name it
+        with open(job) as f:
+            text = f.read().replace("packing: true", "packing: true\n  template: chatml")
+        with open(job, "w") as f:
+            f.write(text)
+    sft_runs, diffusion_runs = [], []
+    for _ in range(ROUNDS):
+        sft_runs.append(run(binary, sft, os.path.join(root, "out-sft")))
+        diffusion_runs.append(run(binary, diffusion, os.path.join(root, "out-diffusion")))
+    sft_s = statistics.median(r[0] for r in sft_runs)
+    sft_tokens = statistics.median(r[1] for r in sft_runs)
+    bd_s = statistics.median(r[0] for r in diffusion_runs)
+    bd_tokens = statistics.median(r[1] for r in diffusion_runs)
+    # Per document token: block diffusion's rows hold each document twice.
+    ratio = (bd_s / (bd_tokens / 2)) / (sft_s / sft_tokens)
+    return (f"block diffusion vs SFT, rows of 1024: {bd_tokens / bd_s:,.0f} vs "
+            f"{sft_tokens / sft_s:,.0f} tokens/s; time per document token {ratio:.2f}x "
+            f"(goal <= 2x, the token count's)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", default="build/bin")
+    args = parser.parse_args()
+    binary = os.path.join(args.bin, "ballast-train")
+    root = tempfile.mkdtemp(prefix="ballast-tasks-bench-")
+    try:
+        model, chats = make_job_inputs(root)
+        print(reranker_row(binary, root, model), flush=True)
+        print(diffusion_row(binary, root, model, chats), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
