@@ -1,21 +1,9 @@
 #include "worker/train/data/block_diffusion_noise.h"
 
 #include "worker/train/data/document_encoder.h"
+#include "worker/train/data/split_mix.h"
 
 namespace ballast::train {
-namespace {
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1) with 53 random bits.
-double Uniform(uint64_t& state) { return static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53; }
-
-}  // namespace
 
 int64_t AppendNoisedDocument(absl::Span<const int32_t> ids, absl::Span<const int32_t> labels,
                              const DiffusionNoise& noise, uint64_t draw_seed, NoisedTokens* out) {
@@ -25,11 +13,11 @@ int64_t AppendNoisedDocument(absl::Span<const int32_t> ids, absl::Span<const int
     if (labels[i] != kIgnoreLabel) answers.push_back(i);
   }
   uint64_t state = draw_seed;
-  const double p = (1 - noise.eps) * Uniform(state) + noise.eps;
+  const double p = (1 - noise.eps) * SplitMixUniform(state) + noise.eps;
   std::vector<bool> masked(n, false);
   int64_t count = 0;
   for (int attempt = 0; attempt < 10 && count == 0 && !answers.empty(); ++attempt) {
-    for (const int64_t i : answers) count += masked[i] = Uniform(state) < p;
+    for (const int64_t i : answers) count += masked[i] = SplitMixUniform(state) < p;
   }
   if (count == 0 && !answers.empty()) {
     masked[answers[SplitMix64(state) % answers.size()]] = true;

@@ -5,16 +5,10 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "worker/train/data/split_mix.h"
 
 namespace ballast::train {
 namespace {
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Fisher-Yates from `state`, in place.
 void Permute(uint64_t state, std::vector<int64_t>* items) {
