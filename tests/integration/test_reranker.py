@@ -123,3 +123,26 @@ def test_reranker_records_without_a_positive_or_for_another_task_are_refused(mod
                         str(tmp_path / "out2")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "reranker records are for task generative_reranker" in r.stderr
+
+
+def test_a_sharded_reranker_ranks_on_every_rank_as_one_rank_does(model, tmp_path):
+    """ZeRO-3 over 2 ranks: every rank ranks the held-out groups with the
+    layers gathered around their use, and gets what one rank gets."""
+    data, held_out = str(tmp_path / "groups.jsonl"), str(tmp_path / "held-out.jsonl")
+    make_reranker_groups(data, 32, seed=5)
+    make_reranker_groups(held_out, 16, seed=6)
+    spec = reranker_spec(model, data, eval_path=held_out, eval_every=5)
+    spec.update(max_steps=5)
+    write_spec(tmp_path / "job.yaml", **spec)
+    evals = {}
+    for nproc in (1, 2):
+        r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
+                            str(tmp_path / f"out{nproc}"), "--nproc", str(nproc)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        evals[nproc] = re.findall(r"eval step (\d+): MRR@10 ([0-9.]+), NDCG@10 ([0-9.]+)",
+                                  r.stderr)
+    # Each rank reports both evaluations (before step 1 and at step 5).
+    assert len(evals[2]) == 4 and len(set(evals[2])) == 2, evals
+    # Before any step the model is the same at any world size.
+    assert evals[1][0] == [e for e in evals[2] if e[0] == "0"][0], evals

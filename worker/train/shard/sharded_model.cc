@@ -358,6 +358,10 @@ void ShardedModel::GatherRoots() {
   for (size_t u : root_units_) WaitGathered(u);
 }
 
+void ShardedModel::ReleaseRoots() {
+  for (size_t u : root_units_) Release(u);
+}
+
 void ShardedModel::FinishBackward() {
   for (size_t u : root_units_) {
     std::vector<at::Tensor> grads;

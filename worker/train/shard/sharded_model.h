@@ -64,6 +64,8 @@ class ShardedModel : public LayerRunner {
 
   void GatherRoots();
   void FinishBackward();
+  // Frees the roots after a forward without backward (an evaluation).
+  void ReleaseRoots();
 
   at::Tensor RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
                       const at::Tensor& cos, const at::Tensor& sin,

@@ -764,7 +764,9 @@ void Trainer::Evaluate(int64_t step) {
     PackedBatch batch = eval.Pack(row, std::min(per_batch, rows - row));
     const at::Tensor relevance = batch.relevance.clone();
     MoveToDevice(device_, &batch);
+    if (sharded_) sharded_->GatherRoots();
     const std::optional<at::Tensor> scores = objective_->CandidateScores(decoder_, batch);
+    if (sharded_) sharded_->ReleaseRoots();
     if (!scores) return;
     const at::Tensor host = scores->to(torch::kCPU, torch::kDouble).contiguous();
     const double* s = host.const_data_ptr<double>();
