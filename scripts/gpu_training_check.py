@@ -1,6 +1,7 @@
 """The trainer's half of scripts/gpu-check: ballast-train on a GPU against
-the same binary on the CPU, the guard with injected faults on the GPU, then a
-Qwen3-0.6B-shaped model at 4k tokens per document, LoRA and full finetune,
+the same binary on the CPU, the guard with injected faults on the GPU, the
+tasks (generative reranker, block diffusion) on the GPU against the CPU, then
+a Qwen3-0.6B-shaped model at 4k tokens per document, LoRA and full finetune,
 with tokens/s, MFU and peak device memory.
 
 Run by scripts/gpu-check (see its header); by hand:
@@ -153,6 +154,61 @@ def guard(train, work, rows):
     return ok
 
 
+def tasks(train, work, rows, device="cuda"):
+    """The reranker and block-diffusion objectives on the device: the first
+    step's loss in fp32 against the CPU's (the same data, masks and LoRA
+    init), then 20 bf16 steps with every grad_norm finite, and the reranker's
+    held-out MRR@10 above 0.9 at the end (its task is learnable)."""
+    from trained_tokenizers import write_chat_tokenizer
+    model = os.path.join(work, "tiny-tasks")
+    if not os.path.exists(model):
+        tiny_model(model)
+        write_chat_tokenizer(model, "")
+        reference.make_reranker_groups(os.path.join(work, "groups.jsonl"), 64, seed=5)
+        reference.make_reranker_groups(os.path.join(work, "held-out.jsonl"), 16, seed=6)
+        reference.make_dataset(os.path.join(work, "sft.jsonl"), 64, 500, seed=7, min_len=32,
+                               max_len=120)
+    reranker = reference.base_spec(
+        model, os.path.join(work, "groups.jsonl"), task="generative_reranker", max_steps=20,
+        data={"seq_len": 512, "packing": True, "micro_batch_size": 2, "grad_accum_steps": 2},
+        optimizer={"lr": 1e-2}, schedule={"kind": "constant", "warmup_steps": 0},
+        reranker={"prefix": "<|im_start|>", "instruction": "f", "suffix": "<|im_end|>\n",
+                  "yes_token": "y", "no_token": "n",
+                  "eval_path": os.path.join(work, "held-out.jsonl")})
+    diffusion = reference.base_spec(
+        model, os.path.join(work, "sft.jsonl"), task="block_diffusion", max_steps=20,
+        data={"seq_len": 512, "packing": True},
+        schedule={"kind": "constant", "warmup_steps": 0},
+        block_diffusion={"block_length": 4, "mask_token_id": 511})
+    ok = True
+    for name, spec in (("generative reranker", reranker), ("block diffusion", diffusion)):
+        slug = name.split()[-1]
+        first = {}
+        for where in ("cpu", device):
+            metrics, _ = run(train, {**spec, "device": where, "max_steps": 1},
+                             os.path.join(work, f"{slug}-fp32-{where}"))
+            first[where] = metrics[0]["loss"]
+        agree = abs(first[device] - first["cpu"]) <= 1e-3 * abs(first["cpu"])
+        metrics, _ = run(train, {**spec, "device": device, "precision": "bf16"},
+                         os.path.join(work, f"{slug}-bf16-{device}"))
+        finite = len(metrics) == 20 and all(
+            m["grad_norm"] is not None and math.isfinite(m["grad_norm"]) for m in metrics)
+        facts = [f"step 1 fp32 loss {first[device]:.6f} vs CPU {first['cpu']:.6f}",
+                 f"20 bf16 steps {'finite' if finite else 'NOT finite'}"]
+        passed = agree and finite
+        if slug == "reranker":
+            with open(os.path.join(work, f"{slug}-bf16-{device}", "stderr.log")) as f:
+                evals = [float(line.split("MRR@10 ")[1].split(",")[0])
+                         for line in f if "eval step" in line]
+            learned = bool(evals) and evals[-1] > 0.9
+            facts.append(f"MRR@10 {evals[0]:.3f} -> {evals[-1]:.3f}" if evals else "no eval")
+            passed &= learned
+        ok &= passed
+        rows.append(f"| {name} on the GPU, tiny Qwen3 | {'; '.join(facts)} | "
+                    f"{'pass' if passed else 'FAIL'} |")
+    return ok
+
+
 def shaped_runs(train, work, rows):
     """A 30-step LoRA job and a 10-step full finetune of the 0.6B-shaped
     model at seq 4096, bf16 on the GPU: every grad_norm finite; tokens/s, MFU
@@ -209,7 +265,7 @@ def main():
         return 0
     rows = ["", "| training check | result | verdict |", "| --- | --- | --- |"]
     ok = True
-    for check in (parity, guard, shaped_runs):
+    for check in (parity, guard, tasks, shaped_runs):
         try:
             ok &= check(args.train, args.work, rows)
         except Exception as e:  # a failed run is a row of the report, not a lost report
