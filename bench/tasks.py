@@ -10,6 +10,10 @@ tokenizer trained there).
    each (block diffusion's rows hold [x_t ; x_0], each document twice) and
    the ratio of step time per document token. Goal: at most 2x, the token
    count's.
+3. Long context: one LoRA step with gradient checkpointing at 32k, 64k and
+   128k tokens in one document, on the one-layer, one-head Qwen3 of
+   tests/parity/test_long_context.py: step time and peak RSS, whose growth
+   should be linear in T (about 4x from 32k to 128k), never quadratic.
 Prints one table row per figure.
 """
 import argparse
@@ -100,6 +104,35 @@ def diffusion_row(binary, root, model, chats):
             f"(goal <= 2x, the token count's)")
 
 
+def long_context_row(binary, root):
+    from test_long_context import make_long_model
+    model = os.path.join(root, "long-model")
+    make_long_model(model)
+    rng = random.Random(9)
+    figures = []
+    for tokens in (32768, 65536, 131072):
+        data = os.path.join(root, f"long-{tokens}.jsonl")
+        with open(data, "w") as f:
+            f.write(json.dumps({"input_ids": [rng.randrange(320) for _ in range(tokens)]}) + "\n")
+        job = write_job(root, f"long-{tokens}", model, data, gradient_checkpointing=True)
+        with open(job) as f:
+            text = f.read().replace("seq_len: 1024", f"seq_len: {tokens}").replace(
+                "micro_batch_size: 2", "micro_batch_size: 1").replace(
+                    f"max_steps: {STEPS}", "max_steps: 1")
+        with open(job, "w") as f:
+            f.write(text)
+        out = os.path.join(root, f"out-long-{tokens}")
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([binary, "--spec", job, "--out", out], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            step = json.loads(f.readline())
+        figures.append((tokens, step["step_time_s"], step["peak_memory_bytes"]))
+    parts = [f"{t // 1024}k {s:.1f} s {m / 2**20:,.0f} MiB" for t, s, m in figures]
+    return (f"long context, one step, 1-layer Qwen3 with checkpointing: {'; '.join(parts)}; "
+            f"peak RSS 128k/32k {figures[-1][2] / figures[0][2]:.2f}x (O(T) would be 4x or less)")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default="build/bin")
@@ -110,6 +143,7 @@ def main():
         model, chats = make_job_inputs(root)
         print(reranker_row(binary, root, model), flush=True)
         print(diffusion_row(binary, root, model, chats), flush=True)
+        print(long_context_row(binary, root), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
