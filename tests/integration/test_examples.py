@@ -155,3 +155,17 @@ def test_long_context_example_runs_at_tiny_scale(cluster, tiny, tmp_path):
     assert len(steps) == 2
     assert all(s["tokens"] > 10000 and math.isfinite(s["loss"]) and
                math.isfinite(s["grad_norm"]) for s in steps), steps
+
+
+def test_block_diffusion_without_a_mask_token_says_where_one_can_come_from(tiny, tmp_path):
+    spec = example("block-diffusion-packed.yaml", tiny)
+    del spec["block_diffusion"]["mask_token_id"]
+    path = str(tmp_path / "job.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(spec, f)
+    r = subprocess.run([os.path.join(os.environ.get("BALLAST_BIN_DIR", "build/bin"),
+                                     "ballast-train"), "--spec", path, "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "needs a mask token: set block_diffusion.mask_token_id" in r.stderr
+    assert "a <|MASK|> token" in r.stderr

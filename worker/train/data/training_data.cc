@@ -96,9 +96,11 @@ absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_l
   return format;
 }
 
-// The block-diffusion noise of a block_diffusion job: the spec's mask token,
-// or config.json's mask_token_id (SDAR's checkpoints carry it).
-absl::StatusOr<DiffusionNoise> DiffusionNoiseOf(const v1::JobSpec& spec, int64_t vocab_size) {
+// The block-diffusion noise of a block_diffusion job. Its mask token: the
+// spec's, else config.json's mask_token_id, else the tokenizer's <|MASK|>
+// (SDAR's tokenizer has it, id 151669, and its config.json does not name it).
+absl::StatusOr<DiffusionNoise> DiffusionNoiseOf(const v1::JobSpec& spec, int64_t vocab_size,
+                                                const Tokenizer* tokenizer) {
   if (spec.task() != "block_diffusion") return DiffusionNoise{};
   const v1::BlockDiffusionSpec& b = spec.block_diffusion();
   DiffusionNoise noise{.block_length = b.block_length(), .eps = b.eps()};
@@ -110,13 +112,16 @@ absl::StatusOr<DiffusionNoise> DiffusionNoiseOf(const v1::JobSpec& spec, int64_t
     if (!text.ok()) return text.status();
     const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
     const auto id = config.is_object() ? config.find("mask_token_id") : config.end();
-    if (id == config.end() || !id->is_number_integer()) {
+    const TokenId from_tokenizer = tokenizer != nullptr ? tokenizer->TokenToId("<|MASK|>") : -1;
+    if (id != config.end() && id->is_number_integer()) {
+      noise.mask_token_id = id->get<int64_t>();
+    } else if (from_tokenizer >= 0) {
+      noise.mask_token_id = from_tokenizer;
+    } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "task block_diffusion needs a mask token: set block_diffusion.mask_token_id, or "
-          "give ",
-          path, " a mask_token_id"));
+          "task block_diffusion needs a mask token: set block_diffusion.mask_token_id, give ", path,
+          " a mask_token_id, or give the tokenizer a <|MASK|> token"));
     }
-    noise.mask_token_id = id->get<int64_t>();
   }
   if (noise.mask_token_id < 0 || noise.mask_token_id >= vocab_size) {
     return absl::InvalidArgumentError(
@@ -200,16 +205,17 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
                                               const TrainingDataOptions& options) {
   const v1::DataSpec& data = spec.data();
   TrainingData result;
-  absl::StatusOr<DiffusionNoise> noise = DiffusionNoiseOf(spec, options.vocab_size);
+  absl::StatusOr<std::unique_ptr<DocumentEncoder>> encoder =
+      OpenDocumentEncoder(spec, options.vocab_size, &result.report);
+  if (!encoder.ok()) return encoder.status();
+  result.encoder = *std::move(encoder);
+  absl::StatusOr<DiffusionNoise> noise =
+      DiffusionNoiseOf(spec, options.vocab_size, result.encoder->tokenizer());
   if (!noise.ok()) return noise.status();
   // A block-diffusion document is packed twice, [x_t ; x_0], so it may have
   // half a row's tokens.
   const int64_t document_limit =
       noise->block_length > 0 ? data.seq_len() / 2 : static_cast<int64_t>(data.seq_len());
-  absl::StatusOr<std::unique_ptr<DocumentEncoder>> encoder =
-      OpenDocumentEncoder(spec, options.vocab_size, &result.report);
-  if (!encoder.ok()) return encoder.status();
-  result.encoder = *std::move(encoder);
 
   TokenCacheOptions cache_options;
   cache_options.data_path = data.path();
