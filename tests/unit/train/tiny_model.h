@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,29 @@ inline std::string WriteTokenData(const std::string& path, int count, uint64_t s
       out << ", \"labels\": [" << absl::StrJoin(std::vector<int64_t>(n, -100), ", ") << "]";
     }
     out << "}\n";
+  }
+  return path;
+}
+
+// Writes `count` short SFT samples to `path`, freshly random on every run:
+// a prompt of [prompt_min, prompt_max] unsupervised tokens, then an answer
+// of [answer_min, answer_max] supervised ones, ids below `vocab`. Short
+// against a row, they are what packing puts several to a row (the setting
+// where SDAR's packed loss read 0).
+inline std::string WriteSftSamples(const std::string& path, int count, int prompt_min,
+                                   int prompt_max, int answer_min, int answer_max, int64_t vocab) {
+  std::mt19937 rng(std::random_device{}());
+  std::ofstream out(path);
+  for (int d = 0; d < count; ++d) {
+    const int prompt = std::uniform_int_distribution<int>(prompt_min, prompt_max)(rng);
+    const int answer = std::uniform_int_distribution<int>(answer_min, answer_max)(rng);
+    std::vector<int64_t> ids, labels;
+    for (int t = 0; t < prompt + answer; ++t) {
+      ids.push_back(static_cast<int64_t>(rng() % vocab));
+      labels.push_back(t < prompt ? -100 : ids.back());
+    }
+    out << "{\"input_ids\": [" << absl::StrJoin(ids, ",") << "], \"labels\": ["
+        << absl::StrJoin(labels, ",") << "]}\n";
   }
   return path;
 }

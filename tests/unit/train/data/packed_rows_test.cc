@@ -7,10 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
-#include <random>
 
-#include "absl/strings/str_join.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "tests/unit/train/tiny_model.h"
 #include "worker/train/data/tokenized_dataset.h"
@@ -35,22 +32,8 @@ class PackedRowsTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
     model_ = WriteTinyQwen3((fs::path(dir_) / "model").string(), /*seed=*/5);
-    // SFT-like samples: a prompt of 3..20 unsupervised tokens, then an
-    // answer of 1..3 supervised ones; short against the rows of 64 they
-    // pack into (the setting where SDAR's packing read a loss of 0).
-    std::mt19937 rng(std::random_device{}());
-    std::ofstream out(data());
-    for (int d = 0; d < 120; ++d) {
-      const int prompt = std::uniform_int_distribution<int>(3, 20)(rng);
-      const int answer = std::uniform_int_distribution<int>(1, 3)(rng);
-      std::vector<int64_t> ids, labels;
-      for (int t = 0; t < prompt + answer; ++t) {
-        ids.push_back(rng() % TinyModel::kVocab);
-        labels.push_back(t < prompt ? -100 : ids.back());
-      }
-      out << "{\"input_ids\": [" << absl::StrJoin(ids, ",") << "], \"labels\": ["
-          << absl::StrJoin(labels, ",") << "]}\n";
-    }
+    // Prompts of 3..20 tokens, answers of 1..3, in rows of 64.
+    WriteSftSamples(data(), 120, 3, 20, 1, 3, TinyModel::kVocab);
   }
   void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 

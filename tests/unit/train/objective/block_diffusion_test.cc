@@ -10,10 +10,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
-#include <random>
 
-#include "absl/strings/str_join.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "tests/unit/train/tiny_model.h"
 #include "worker/train/data/tokenized_dataset.h"
@@ -33,19 +30,8 @@ class BlockDiffusionTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
     model_ = WriteTinyQwen3((fs::path(dir_) / "model").string(), /*seed=*/9);
-    // 50 short SFT samples: a prompt of 2..10 tokens, an answer of 1..6.
-    std::mt19937 rng(std::random_device{}());
-    std::ofstream out(data());
-    for (int d = 0; d < 50; ++d) {
-      const int prompt = 2 + rng() % 9, answer = 1 + rng() % 6;
-      std::vector<int64_t> ids, labels;
-      for (int t = 0; t < prompt + answer; ++t) {
-        ids.push_back(rng() % (TinyModel::kVocab - 1));
-        labels.push_back(t < prompt ? -100 : ids.back());
-      }
-      out << "{\"input_ids\": [" << absl::StrJoin(ids, ",") << "], \"labels\": ["
-          << absl::StrJoin(labels, ",") << "]}\n";
-    }
+    // 50 short samples, never the mask token (the last id).
+    WriteSftSamples(data(), 50, 2, 10, 1, 6, TinyModel::kVocab - 1);
   }
   void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
   std::string data() const { return (fs::path(dir_) / "data.jsonl").string(); }
