@@ -7,14 +7,16 @@
 #include "common/job_spec.h"
 #include "common/model_types.h"
 #include "common/regular_file.h"
+#include "common/sdar_checkpoint.h"
 
 namespace ballast {
 
-absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path config_path = fs::path(spec.model().path()) / "config.json";
-  const std::string config_name = config_path.string();
+namespace {
+
+// The model folder's config.json, parsed; INVALID_ARGUMENT naming model.path
+// when it is missing, unreadable or not a JSON object.
+absl::StatusOr<nlohmann::json> ReadModelConfig(const v1::JobSpec& spec,
+                                               const std::string& config_name) {
   // Read with a bound and without blocking: ballastd reads it at submission,
   // where a FIFO or a 1.5 GB file once held a request (and memory) for long.
   absl::StatusOr<std::string> text = ReadRegularFile(config_name, kMaxConfigJsonBytes);
@@ -27,11 +29,27 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("model.path: ", text.status().message()));
   }
   // Without exceptions, a malformed file parses to a "discarded" value.
-  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.path: ", config_name, " is not valid JSON (expected a JSON object)"));
   }
+  return config;
+}
+
+std::string ConfigName(const v1::JobSpec& spec) {
+  return (std::filesystem::path(spec.model().path()) / "config.json").string();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string config_name = ConfigName(spec);
+  absl::StatusOr<nlohmann::json> read = ReadModelConfig(spec, config_name);
+  if (!read.ok()) return read.status();
+  const nlohmann::json& config = *read;
 
   const auto model_type = config.find("model_type");
   if (model_type == config.end() || !model_type->is_string()) {
@@ -43,6 +61,10 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.path: ", config_name, " has model_type '", model_type->get<std::string>(),
         "', which is not supported; allowed: ", SupportedModelTypesText()));
+  }
+
+  if (model_type->get<std::string>() == kSdarModelType) {
+    if (absl::Status s = CheckSdarConfig(config, spec, config_name); !s.ok()) return s;
   }
 
   // The trainer cannot build rotary embeddings without it, so a config that
@@ -82,6 +104,12 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
 
 absl::Status PrepareJobSpec(v1::JobSpec* spec) {
   ApplyDefaults(spec);
+  // An SDAR checkpoint's config.json supplies block-diffusion defaults; an
+  // unreadable one is reported by ValidateJobSpecFiles, after the ranges.
+  if (spec->task() == "block_diffusion" && !spec->model().path().empty()) {
+    absl::StatusOr<nlohmann::json> config = ReadModelConfig(*spec, ConfigName(*spec));
+    if (config.ok()) ApplySdarDefaults(*config, spec);
+  }
   if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
   return ValidateJobSpecFiles(*spec);
 }

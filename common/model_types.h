@@ -13,13 +13,14 @@
 namespace ballast {
 
 // Every supported model_type, in the order error messages list them.
-inline constexpr std::array<absl::string_view, 3> kSupportedModelTypes = {"llama", "qwen2",
-                                                                          "qwen3"};
+// sdar is Qwen3's decoder under block-diffusion training (common/sdar_checkpoint.h).
+inline constexpr std::array<absl::string_view, 4> kSupportedModelTypes = {"llama", "qwen2", "qwen3",
+                                                                          "sdar"};
 
 // True when `model_type` is one of kSupportedModelTypes (exact, case-sensitive).
 bool IsSupportedModelType(absl::string_view model_type);
 
-// kSupportedModelTypes as "llama, qwen2, qwen3", for error messages.
+// kSupportedModelTypes as "llama, qwen2, qwen3, sdar", for error messages.
 std::string SupportedModelTypesText();
 
 }  // namespace ballast

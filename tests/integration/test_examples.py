@@ -169,3 +169,52 @@ def test_block_diffusion_without_a_mask_token_says_where_one_can_come_from(tiny,
     assert r.returncode == 2
     assert "needs a mask token: set block_diffusion.mask_token_id" in r.stderr
     assert "a <|MASK|> token" in r.stderr
+
+
+def test_an_sdar_checkpoint_trains_as_the_qwen3_it_is(tiny, tmp_path):
+    """The tiny Qwen3 with an SDAR config.json (model_type sdar and SDAR's
+    keys) trains by block diffusion with block_length and mask_token_id
+    taken from config.json, and its losses equal the Qwen3's: the same
+    decoder, weight for weight. A key that Ballast does not know is refused
+    by name (issue 17: "extra config keys are named and either used or
+    refused")."""
+    sdar = str(tmp_path / "sdar")
+    shutil.copytree(os.path.join(tiny, "model"), sdar)
+    with open(os.path.join(sdar, "config.json")) as f:
+        config = json.load(f)
+    config.update(model_type="sdar", architectures=["SDARForCausalLM"], block_size=4,
+                  mask_token_id=319, fuse_cross_entropy=True,
+                  auto_map={"AutoConfig": "configuration_sdar.SDARConfig",
+                            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"})
+    with open(os.path.join(sdar, "config.json"), "w") as f:
+        json.dump(config, f)
+
+    def train(spec, name):
+        spec.update(max_steps=3, checkpoint_every=0)
+        path = str(tmp_path / f"{name}.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(spec, f)
+        out = str(tmp_path / name)
+        r = subprocess.run([os.path.join(os.environ.get("BALLAST_BIN_DIR", "build/bin"),
+                                         "ballast-train"), "--spec", path, "--out", out],
+                           capture_output=True, text=True, timeout=600)
+        losses = []
+        if r.returncode == 0:
+            losses = [json.loads(line)["loss"] for line in open(os.path.join(out, "metrics.jsonl"))]
+        return r, losses
+
+    qwen3, qwen3_losses = train(example("block-diffusion-packed.yaml", tiny), "qwen3")
+    assert qwen3.returncode == 0, qwen3.stderr
+    spec = example("block-diffusion-packed.yaml", tiny)
+    spec["model"]["path"] = sdar
+    del spec["block_diffusion"]
+    r, sdar_losses = train(spec, "sdar")
+    assert r.returncode == 0, r.stderr
+    assert len(sdar_losses) == 3 and sdar_losses == qwen3_losses, (sdar_losses, qwen3_losses)
+
+    config["noise"] = {"type": "uniform"}
+    with open(os.path.join(sdar, "config.json"), "w") as f:
+        json.dump(config, f)
+    r, _ = train(spec, "refused")
+    assert r.returncode == 2
+    assert "key noise is neither Qwen3's nor one of SDAR's" in r.stderr, r.stderr

@@ -76,7 +76,7 @@ def test_unsupported_model_type_is_refused_as_at_submission(tmp_path, model_and_
     r = run(tmp_path, base_spec(str(model), model_and_data[1]))
     assert r.returncode == 2, r.stderr
     assert (f"{model / 'config.json'} has model_type 'qwen3_moe', which is not supported; "
-            "allowed: llama, qwen2, qwen3") in r.stderr
+            "allowed: llama, qwen2, qwen3, sdar") in r.stderr
     assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
 
 

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_types.h"
@@ -86,6 +88,9 @@ TEST_F(JobSpecFilesTest, SeqLenAboveMaxPositionEmbeddingsNamesTheRange) {
 }
 
 TEST_F(JobSpecFilesTest, AcceptsEverySupportedModelType) {
+  // An SDAR checkpoint trains by block diffusion only (SdarCheckpointTest).
+  spec_.set_task("block_diffusion");
+  spec_.mutable_block_diffusion()->set_block_length(4);
   for (absl::string_view model_type : kSupportedModelTypes) {
     WriteConfig(
         absl::StrCat(R"({"model_type": ")", model_type, R"(", "max_position_embeddings": 1024})"));
@@ -100,7 +105,7 @@ TEST_F(JobSpecFilesTest, UnsupportedModelTypeNamesTheFileAndTheAllowedTypes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr((dir_ / "model" / "config.json").string()));
   EXPECT_THAT(s.message(), HasSubstr("model_type 'qwen3_moe'"));
-  EXPECT_THAT(s.message(), HasSubstr("allowed: llama, qwen2, qwen3"));
+  EXPECT_THAT(s.message(), HasSubstr("allowed: llama, qwen2, qwen3, sdar"));
 }
 
 TEST_F(JobSpecFilesTest, MissingModelTypeNamesTheAllowedTypes) {
@@ -108,7 +113,7 @@ TEST_F(JobSpecFilesTest, MissingModelTypeNamesTheAllowedTypes) {
   const absl::Status s = ValidateJobSpecFiles(spec_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("no model_type"));
-  EXPECT_THAT(s.message(), HasSubstr("allowed: llama, qwen2, qwen3"));
+  EXPECT_THAT(s.message(), HasSubstr("allowed: llama, qwen2, qwen3, sdar"));
 }
 
 TEST_F(JobSpecFilesTest, ConfigWithoutMaxPositionEmbeddingsIsRefused) {
@@ -136,6 +141,86 @@ TEST_F(JobSpecFilesTest, PrepareFillsDefaultsThenChecksRangesBeforeFiles) {
 
   spec_.mutable_lora()->set_r(8);
   EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("data.path"));
+}
+
+// An SDAR config.json as JetLM's SDAR checkpoints carry it: Qwen3's keys
+// and SDAR's own.
+constexpr char kSdarConfig[] = R"({
+  "architectures": ["SDARForCausalLM"], "model_type": "sdar",
+  "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig",
+               "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+  "block_size": 4, "mask_token_id": 319, "fuse_cross_entropy": true,
+  "max_position_embeddings": 1024, "rope_theta": 1000000, "use_sliding_window": false,
+  "sliding_window": null, "max_window_layers": 28, "torch_dtype": "bfloat16",
+  "bos_token_id": 151643, "eos_token_id": 151643, "use_cache": true %s})";
+
+class SdarCheckpointTest : public JobSpecFilesTest {
+ protected:
+  void SetUp() override {
+    JobSpecFilesTest::SetUp();
+    WriteSdarConfig("");
+    spec_.set_task("block_diffusion");
+    spec_.mutable_optimizer()->set_lr(1e-4);
+    spec_.set_max_steps(10);
+  }
+  // kSdarConfig with `extra` (", \"key\": value") before its closing brace.
+  void WriteSdarConfig(const std::string& extra) {
+    std::string text = kSdarConfig;
+    text.replace(text.find("%s"), 2, extra);
+    WriteConfig(text);
+  }
+};
+
+TEST_F(SdarCheckpointTest, BlockSizeAndMaskTokenFillTheSpecAndTheOtherKeysAreAccepted) {
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.block_diffusion().block_length(), 4);
+  EXPECT_EQ(spec_.block_diffusion().mask_token_id(), 319);
+
+  // Values that agree with the checkpoint are accepted too.
+  WriteSdarConfig(R"(, "enable_block_generation": true, "use_regular_causal": false)");
+  EXPECT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+}
+
+TEST_F(SdarCheckpointTest, TrainsOnlyByBlockDiffusion) {
+  spec_.set_task("causal_lm");
+  const absl::Status s = PrepareJobSpec(&spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is an SDAR block-diffusion checkpoint (model_type sdar); "
+                                     "it trains with task: block_diffusion, not task: causal_lm"));
+}
+
+TEST_F(SdarCheckpointTest, ASpecThatDisagreesWithTheCheckpointIsRefusedNamingBoth) {
+  spec_.mutable_block_diffusion()->set_block_length(8);
+  absl::Status s = PrepareJobSpec(&spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("block_diffusion.block_length = 8 disagrees with block_size = 4 in"));
+
+  spec_.mutable_block_diffusion()->set_block_length(4);
+  spec_.mutable_block_diffusion()->set_mask_token_id(7);
+  s = PrepareJobSpec(&spec_);
+  EXPECT_THAT(s.message(),
+              HasSubstr("block_diffusion.mask_token_id = 7 disagrees with mask_token_id = 319"));
+}
+
+TEST_F(SdarCheckpointTest, EveryOtherKeyIsRefusedByName) {
+  for (const auto& [extra, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "noise": {"type": "uniform"})", "key noise is neither Qwen3's nor one of SDAR's"},
+           {R"(, "use_regular_causal": true)", "key use_regular_causal must be false or absent"},
+           {R"(, "fuse_cross_entropy": "yes")", "key fuse_cross_entropy must be true or false"},
+           {R"(, "layer_types": ["sliding_attention"])", "key layer_types must list only"},
+       }) {
+    WriteSdarConfig(extra);
+    const absl::Status s = PrepareJobSpec(&spec_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_THAT(s.message(), HasSubstr(message)) << extra;
+  }
+  std::string moe = kSdarConfig;
+  moe.replace(moe.find("SDARForCausalLM\"]"), 15, "SDARMoeForCausalLM");
+  moe.replace(moe.find("%s"), 2, "");
+  WriteConfig(moe);
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(),
+              HasSubstr("key architectures must be [\"SDARForCausalLM\"]"));
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ TEST_F(BallastdTest, SubmitRefusesAnUnsupportedModelTypeWithInvalidArgument) {
   grpc::Status refused = jobs_->SubmitJob(Context().get(), submit, &job);
   EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("model_type 'qwen3_moe'"));
-  EXPECT_THAT(refused.error_message(), HasSubstr("allowed: llama, qwen2, qwen3"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("allowed: llama, qwen2, qwen3, sdar"));
   v1::ListJobsResponse list;
   ASSERT_TRUE(jobs_->ListJobs(Context().get(), v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);

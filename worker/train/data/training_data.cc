@@ -97,8 +97,9 @@ absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_l
 }
 
 // The block-diffusion noise of a block_diffusion job. Its mask token: the
-// spec's, else config.json's mask_token_id, else the tokenizer's <|MASK|>
-// (SDAR's tokenizer has it, id 151669, and its config.json does not name it).
+// spec's (which PrepareJobSpec fills from an SDAR config.json), else
+// config.json's mask_token_id, else the tokenizer's <|MASK|> (SDAR's
+// tokenizer has it, id 151669).
 absl::StatusOr<DiffusionNoise> DiffusionNoiseOf(const v1::JobSpec& spec, int64_t vocab_size,
                                                 const Tokenizer* tokenizer) {
   if (spec.task() != "block_diffusion") return DiffusionNoise{};

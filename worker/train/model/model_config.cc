@@ -305,7 +305,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return Invalid("attention_dropout", absl::StrCat("must be 0, got ", *dropout));
   }
 
-  c.qk_norm = c.model_type == "qwen3";
+  // SDAR's decoder is Qwen3's (common/sdar_checkpoint.h checks its own keys).
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "sdar";
   return c;
 }
 

@@ -1,7 +1,7 @@
 // ModelConfig: the decoder's shape and numerics, read from an HF config.json.
 //
 // Supported model_type: kSupportedModelTypes (common/model_types.h, the list
-// submission checks too: llama, qwen2, qwen3). Anything the decoder does
+// submission checks too: llama, qwen2, qwen3, sdar). Anything the decoder does
 // not implement (an unknown model_type, hidden_act other than silu, a
 // rope_scaling type other than linear/llama3/default, a missing required key,
 // a value of the wrong type or out of range) is an INVALID_ARGUMENT that names
@@ -27,7 +27,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;  // llama | qwen2 | qwen3
+  std::string model_type;  // llama | qwen2 | qwen3 | sdar (Qwen3's decoder)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;

@@ -130,6 +130,17 @@ TEST(ModelConfig, ParsesQwen3WithExplicitHeadDim) {
   EXPECT_TRUE(c->qk_norm);
 }
 
+TEST(ModelConfig, SdarIsQwen3sDecoder) {
+  json j = Qwen3Config();
+  j["model_type"] = "sdar";
+  j["block_size"] = 4;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "sdar");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+}
+
 TEST(ModelConfig, Qwen2AlwaysHasAttentionBias) {
   auto c = Parse(Qwen2Config());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -221,7 +232,7 @@ TEST(ModelConfig, LlamaAttentionBiasFollowsKey) {
 TEST(ModelConfig, RejectsUnknownModelType) {
   json j = Qwen3Config();
   j["model_type"] = "qwen3_moe";
-  ExpectInvalid(j, {"model_type", "qwen3_moe", "llama, qwen2, qwen3"});
+  ExpectInvalid(j, {"model_type", "qwen3_moe", "llama, qwen2, qwen3, sdar"});
 }
 
 TEST(ModelConfig, RejectsMissingRequiredKey) {
