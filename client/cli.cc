@@ -65,6 +65,8 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   bool follow = false;
   logs->add_flag("-f,--follow", follow, "Keep printing until the job ends");
   CLI::App* workers = app.add_subcommand("workers", "List the workers");
+  CLI::App* health = app.add_subcommand(
+      "health", "Check the coordinator's grpc.health.v1 status (exit 0 when SERVING)");
 
   try {
     app.parse(argc, argv);
@@ -92,6 +94,7 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   if (*rollback) return Rollback(session, job_id, to_step);
   if (*logs) return Logs(session, job_id, follow);
   if (*workers) return Workers(session);
+  if (*health) return Health(session);
   return kExitUsage;  // require_subcommand(1) makes this unreachable
 }
 

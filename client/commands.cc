@@ -213,6 +213,20 @@ int Workers(Session& session) {
   return kExitOk;
 }
 
+int Health(Session& session) {
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> health = session.connection->CheckHealth();
+  if (!health.ok()) return Fail(session, health.status());
+  if (session.format == OutputFormat::kJson) {
+    PrintJson(session, *health);
+  } else {
+    *session.io.out << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(health->status())
+                    << "\n"
+                    << std::flush;
+  }
+  return health->status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
+                                                                            : kExitJobFailed;
+}
+
 int Logs(Session& session, const std::string& job_id, bool follow) {
   Connection& c = *session.connection;
   absl::StatusOr<v1::Job> job = c.GetJob(job_id);

@@ -87,6 +87,11 @@ int Rollback(Session& session, const std::string& job_id, int64_t to_step);
 // ListWorkersResponse JSON document.
 int Workers(Session& session);
 
+// Asks the coordinator's grpc.health.v1 service; prints its status
+// (SERVING, NOT_SERVING...; JSON: the HealthCheckResponse). 0 when SERVING,
+// 1 otherwise, 3 when unreachable: a probe for container health checks.
+int Health(Session& session);
+
 // Prints the job's log lines (LogLineText; JSON: the JobEvents), up to the
 // live edge (GetJob's last_seq), or on to the terminal state with `follow`.
 int Logs(Session& session, const std::string& job_id, bool follow);

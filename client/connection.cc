@@ -45,6 +45,7 @@ Connection::Connection(ConnectionOptions options, Interrupt* interrupt)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::JobService::NewStub(channel_);
+  health_stub_ = grpc::health::v1::Health::NewStub(channel_);
 }
 
 namespace {
@@ -83,6 +84,16 @@ absl::StatusOr<v1::Job> Connection::GetJob(const std::string& job_id) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   return Unary(&v1::JobService::Stub::GetJob, request);
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse> Connection::CheckHealth() {
+  std::unique_ptr<grpc::ClientContext> context = UnaryContext();
+  Interrupt::Scope scope(interrupt_, context.get());
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status =
+      health_stub_->Check(context.get(), grpc::health::v1::HealthCheckRequest(), &response);
+  if (!status.ok()) return ToAbsl(status);
+  return response;
 }
 
 }  // namespace ballast::client

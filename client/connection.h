@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "client/interrupt.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace ballast::client {
 
@@ -84,11 +85,15 @@ class Connection {
   // GetJob for `job_id`.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
 
+  // grpc.health.v1.Health/Check for the whole server (service "").
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> CheckHealth();
+
  private:
   ConnectionOptions options_;
   Interrupt* interrupt_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
 };
 
 }  // namespace ballast::client

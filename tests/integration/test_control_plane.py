@@ -165,3 +165,17 @@ def test_unreachable_coordinator_exits_3(tmp_path):
     c.grpc = "127.0.0.1:1"
     r = c.cli("list", timeout=60)
     assert r.returncode == 3, r.stdout + r.stderr
+
+
+def test_health_command_probes_the_coordinator(cluster):
+    """`ballast health`, the images' HEALTHCHECK: SERVING and exit 0 from a
+    live coordinator, exit 3 naming the address from a dead one."""
+    cluster.start_coordinator()
+    r = cluster.cli("health")
+    assert (r.returncode, r.stdout) == (0, "SERVING\n"), r.stderr
+    r = cluster.cli("health", "-o", "json")
+    assert json.loads(r.stdout) == {"status": "SERVING"}
+    address = cluster.grpc
+    cluster.coordinator.stop()
+    r = cluster.cli("--timeout", "1", "health")
+    assert r.returncode == 3 and f"cannot reach the coordinator at {address}" in r.stderr, r.stderr
