@@ -10,7 +10,7 @@ export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
 
-.PHONY: setup configure build test demo bench format format-check clean
+.PHONY: setup configure build test demo bench images demo-containers format format-check clean
 
 setup:
 	@bash scripts/setup
@@ -30,6 +30,15 @@ test: setup
 demo: setup
 	@$(MAKE) --no-print-directory build
 	@bash scripts/demo
+
+# Container images from the binaries of `make build` (docs/deploy.md).
+images: setup
+	@$(MAKE) --no-print-directory build
+	@bash scripts/images
+
+# The demo job on deploy/compose: a containerised coordinator and two workers.
+demo-containers: images
+	@BALLAST_SKIP_IMAGES=1 bash scripts/demo-containers
 
 bench: setup
 	@$(MAKE) --no-print-directory build

@@ -2,7 +2,7 @@
 // coordinator (docs/control-plane.md, "Workers"). It does not link LibTorch.
 //
 //   ballast-worker [--coordinator HOST:PORT] [--cpu-slots N] [--work-dir DIR]
-//                  [--train-binary PATH] [--host NAME]
+//                  [--train-binary PATH] [--host NAME] [--shared-dir DIR]...
 //
 // Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start, 2 on bad
 // flags or when there is nothing to offer (no GPU and no --cpu-slots).
@@ -14,10 +14,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "common/version.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/device_discovery.h"
+#include "worker/agent/shared_storage.h"
 
 namespace {
 
@@ -67,8 +70,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--host", options.host, "The address other nodes reach this one at")
       ->capture_default_str();
+  std::vector<std::string> shared_dirs;
+  app.add_option("--shared-dir", shared_dirs,
+                 "Shared storage this node must see before it runs ranks (models, data, "
+                 "outputs); repeatable")
+      ->allow_extra_args(false);
   CLI11_PARSE(app, argc, argv);
   options.token = EnvOr("BALLAST_TOKEN", "");
+  if (absl::Status s = ballast::agent::CheckSharedStorage(shared_dirs); !s.ok()) {
+    std::cerr << "ballast-worker: " << s.message() << "\n";
+    return 1;
+  }
 
   absl::StatusOr<ballast::agent::Devices> devices = ballast::agent::DiscoverDevices(cpu_slots);
   if (!devices.ok()) {
