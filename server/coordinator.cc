@@ -168,6 +168,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
   std::unique_ptr<Coordinator> c(new Coordinator(store, metrics, std::move(options)));
   metrics->Describe("ballast_events_dropped_total",
                     "Job events deleted by the per-job retention limit.", MetricType::kCounter);
+  // A counter shows 0 from the start, so rate() and alerts see its first drop.
+  metrics->Add("ballast_events_dropped_total", {}, 0);
   metrics->Describe("ballast_scheduler_decision_seconds",
                     "Time of one scheduling pass over the queue.", MetricType::kHistogram,
                     {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
@@ -1105,6 +1107,10 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   const PerJob per_job[] = {
       {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.step()); }},
+      // With ballast_job_step, what a stall alert needs: running, yet no new step.
+      {"ballast_job_running", "1 while the job is RUNNING (its ranks train), else 0.",
+       MetricType::kGauge,
+       [](const JobEntry& j) { return j.record.job.state() == v1::JOB_STATE_RUNNING ? 1.0 : 0.0; }},
       {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
        MetricType::kGauge,
        [](const JobEntry& j) -> std::optional<double> {

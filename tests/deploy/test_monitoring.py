@@ -1,0 +1,116 @@
+"""The monitoring files (issues 18-19): deploy/prometheus's config and alerts
+pass promtool, each alert fires on its fixture series (promtool test rules),
+and every PromQL expression in the alerts and in deploy/grafana/ballast.json
+parses and names only metrics that ballastd exports."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+ROOT = os.environ.get("BALLAST_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("BALLAST_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+PROMETHEUS_DIR = os.path.join(ROOT, "deploy", "prometheus")
+GRAFANA = os.path.join(ROOT, "deploy", "grafana", "ballast.json")
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(not PROMTOOL, reason="promtool not installed (make setup)")
+
+
+def promtool(*args, cwd=PROMETHEUS_DIR):
+    r = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The metric names a fresh ballastd declares on /metrics (every family
+    is declared, with or without samples), with the series names of its
+    histograms."""
+    root = tmp_path_factory.mktemp("ballastd")
+    ready = root / "ready.json"
+    process = subprocess.Popen([os.path.join(BIN, "ballastd"), "--listen", "127.0.0.1:0", "--http",
+                                "127.0.0.1:0", "--state-dir", str(root / "state"),
+                                "--ready-file", str(ready)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not (ready.exists() and ready.stat().st_size > 0):
+            assert time.time() < deadline and process.poll() is None, "ballastd did not start"
+            time.sleep(0.1)
+        http = json.loads(ready.read_text())["http"]
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        names.add(name)
+        if kind == "histogram":
+            names |= {name + "_bucket", name + "_sum", name + "_count"}
+    return names
+
+
+def metric_names(expr):
+    return set(re.findall(r"\bballast_[a-z0-9_]+", expr))
+
+
+def grafana_expressions():
+    dashboard = json.load(open(GRAFANA))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a]
+    # Grafana's variables, as Grafana substitutes them.
+    return [e.replace("$job_id", ".*").replace("$__rate_interval", "5m") for e in exprs]
+
+
+def test_the_prometheus_config_and_alerts_pass_promtool():
+    promtool("check", "config", "prometheus.yml")
+    promtool("check", "rules", "ballast-alerts.yml")
+
+
+def test_each_alert_fires_on_its_fixture_series():
+    out = promtool("test", "rules", "ballast-alerts.test.yml")
+    assert "SUCCESS" in out
+    alerts = {r["alert"] for g in yaml.safe_load(open(os.path.join(PROMETHEUS_DIR,
+                                                                   "ballast-alerts.yml")))["groups"]
+              for r in g["rules"]}
+    assert alerts == {"BallastJobNonFiniteSteps", "BallastJobRolledBack", "BallastJobStalled",
+                      "BallastWorkerLost"}
+    tests = open(os.path.join(PROMETHEUS_DIR, "ballast-alerts.test.yml")).read()
+    for alert in alerts:
+        # Each has a case where it fires (a non-empty exp_alerts).
+        assert re.search(rf"alertname: {alert}\n\s+exp_alerts:\n\s+- exp_labels", tests), alert
+
+
+def test_alerts_name_only_exported_metrics(exported):
+    rules = yaml.safe_load(open(os.path.join(PROMETHEUS_DIR, "ballast-alerts.yml")))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            names = metric_names(rule["expr"])
+            assert names and names <= exported, (rule["alert"], names - exported)
+
+
+def test_the_grafana_dashboard_parses_and_names_only_exported_metrics(exported, tmp_path):
+    dashboard = json.load(open(GRAFANA))
+    assert dashboard["uid"] == "ballast" and dashboard["panels"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    exprs = grafana_expressions()
+    assert len(exprs) >= 15
+    # promtool parses every expression, as recording rules.
+    rules = {"groups": [{"name": "grafana", "rules": [
+        {"record": f"ballast:grafana_expr_{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "grafana-rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    promtool("check", "rules", str(path), cwd=str(tmp_path))
+    for expr in exprs:
+        names = metric_names(expr)
+        assert names and names <= exported, (expr, names - exported)
+    variable = dashboard["templating"]["list"][1]["definition"]
+    assert metric_names(variable) <= exported, variable
