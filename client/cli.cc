@@ -64,6 +64,9 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   CLI::App* logs = add_job_command("logs", "Print a job's log lines");
   bool follow = false;
   logs->add_flag("-f,--follow", follow, "Keep printing until the job ends");
+  CLI::App* plot = add_job_command("plot", "Chart a job's loss and grad_norm as SVG");
+  std::string plot_path;
+  plot->add_option("-o,--out", plot_path, "The SVG file to write")->required();
   CLI::App* workers = app.add_subcommand("workers", "List the workers");
   CLI::App* health = app.add_subcommand(
       "health", "Check the coordinator's grpc.health.v1 status (exit 0 when SERVING)");
@@ -93,6 +96,7 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   if (*cancel) return Cancel(session, job_id);
   if (*rollback) return Rollback(session, job_id, to_step);
   if (*logs) return Logs(session, job_id, follow);
+  if (*plot) return Plot(session, job_id, plot_path);
   if (*workers) return Workers(session);
   if (*health) return Health(session);
   return kExitUsage;  // require_subcommand(1) makes this unreachable

@@ -1,9 +1,15 @@
 #include "client/commands.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/event_stream.h"
 #include "client/job_format.h"
+#include "client/loss_chart.h"
 #include "client/request_id.h"
 #include "client/watch_view.h"
 #include "common/job_spec.h"
@@ -247,6 +253,58 @@ int Logs(Session& session, const std::string& job_id, bool follow) {
       },
       [&](const std::string& notice) { *session.io.err << "ballast: " << notice << "\n"; });
   if (!end.ok()) return Fail(session, end.status());
+  return kExitOk;
+}
+
+int Plot(Session& session, const std::string& job_id, const std::string& path) {
+  if (!absl::EndsWith(path, ".svg")) {
+    *session.io.err << "ballast: plot writes SVG; name the file *.svg, got " << path
+                    << " (rsvg-convert or a browser turns it into a PNG)\n";
+    return kExitUsage;
+  }
+  Connection& c = *session.connection;
+  absl::StatusOr<v1::Job> job = c.GetJob(job_id);
+  if (!job.ok()) return Fail(session, job.status());
+  LossChart chart(absl::StrCat(job_id, job->spec().name().empty() ? "" : " ", job->spec().name(),
+                               ": loss and grad_norm"));
+  int64_t first_seq = 0;
+  if (job->last_seq() > 0) {
+    FollowOptions options{.job_id = job_id,
+                          .stop_at_seq = job->last_seq(),
+                          .reconnect_window = session.tuning.reconnect_window};
+    absl::StatusOr<v1::JobState> end = FollowEvents(
+        c, options,
+        [&](const v1::JobEvent& event) {
+          if (first_seq == 0) first_seq = event.seq();
+          chart.Add(event);
+        },
+        [&](const std::string& notice) { *session.io.err << "ballast: " << notice << "\n"; });
+    if (!end.ok()) return Fail(session, end.status());
+  }
+  // Written beside the target and renamed, so a reader never sees half a file.
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::trunc);
+    out << chart.Svg();
+    out.close();
+    if (!out) {
+      *session.io.err << "ballast: cannot write " << partial << ": " << std::strerror(errno)
+                      << "\n";
+      std::remove(partial.c_str());
+      return kExitJobFailed;
+    }
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    *session.io.err << "ballast: cannot write " << path << ": " << std::strerror(errno) << "\n";
+    std::remove(partial.c_str());
+    return kExitJobFailed;
+  }
+  *session.io.out << "wrote " << path << ": " << chart.steps() << " steps, " << chart.rollbacks()
+                  << " rollbacks\n";
+  if (first_seq > 1) {
+    *session.io.err << "ballast: the coordinator kept events from seq " << first_seq
+                    << " on (--event-retention); the job's metrics.jsonl has every step\n";
+  }
   return kExitOk;
 }
 

@@ -92,6 +92,11 @@ int Workers(Session& session);
 // 1 otherwise, 3 when unreachable: a probe for container health checks.
 int Health(Session& session);
 
+// Writes `path` (*.svg), the chart of the job's loss and grad_norm over the
+// steps with its rollbacks and skipped steps marked (client/loss_chart.h),
+// from the events the coordinator holds; prints the file and what it shows.
+int Plot(Session& session, const std::string& job_id, const std::string& path);
+
 // Prints the job's log lines (LogLineText; JSON: the JobEvents), up to the
 // live edge (GetJob's last_seq), or on to the terminal state with `follow`.
 int Logs(Session& session, const std::string& job_id, bool follow);

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import urllib.request
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -73,6 +74,22 @@ def test_a_nan_on_rank_1_is_skipped_rolled_back_and_the_job_finishes(cluster, in
     assert all(not line["skipped"] and line["grad_norm"] is not None for line in lines)
     adapter = load_file(os.path.join(got["output_dir"], "adapter", "adapter_model.safetensors"))
     assert adapter and all(np.isfinite(t).all() for t in adapter.values())
+
+    # `ballast plot`: the curves for a report, the rollback marked on them.
+    svg_path = os.path.join(cluster.root, "loss.svg")
+    r = cluster.cli("plot", job_id, "-o", svg_path)
+    assert r.returncode == 0, r.stderr
+    # 40 steps, plus the 5 the rollback lost, which were reported too.
+    assert r.stdout == f"wrote {svg_path}: 45 steps, 1 rollbacks\n", r.stdout
+    svg = ElementTree.parse(svg_path).getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    loss_lines = svg.findall("s:polyline[@class='loss']", ns)
+    assert sum(len(line.get("points").split()) for line in loss_lines) == 45 - 3
+    (rollback,) = svg.findall("s:g[@class='rollback']", ns)
+    assert rollback.find("s:text", ns).text == "rollback to 2"
+    assert len(svg.findall("s:circle[@class='skipped']", ns)) == 2 * 3
+    r = cluster.cli("plot", job_id, "-o", os.path.join(cluster.root, "loss.png"))
+    assert r.returncode == 2 and "plot writes SVG" in r.stderr
 
 
 def test_rollback_to_step_zero_starts_over_from_the_initial_weights(cluster, inputs):

@@ -1,5 +1,6 @@
 """ballastd's /metrics read by the real tools: promtool lints the exposition,
 and a Prometheus server scrapes it and answers queries about a finished job."""
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,38 @@ def free_port():
 def get(url, timeout=10):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read().decode()
+
+
+@contextlib.contextmanager
+def prometheus(tmp_path, target, rule_files=()):
+    """A Prometheus server scraping `target` every second (and evaluating
+    `rule_files` as often); yields query(expr): the result list, or None
+    while it is empty or the server is not up yet."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    rules = "".join(f"  - {path}\n" for path in rule_files)
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        + (f"rule_files:\n{rules}" if rules else "")
+        + "scrape_configs:\n"
+        f"  - job_name: ballastd\n    static_configs:\n      - targets: ['{target}']\n")
+    server = Process([PROMETHEUS, f"--config.file={config}",
+                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{port}"],
+                     str(tmp_path / "prometheus.log"))
+
+    def query(expr):
+        try:
+            _, doc = get(f"http://127.0.0.1:{port}/api/v1/query?"
+                         + urllib.parse.urlencode({"query": expr}))
+        except OSError:
+            return None
+        return json.loads(doc)["data"]["result"] or None
+
+    try:
+        yield query
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -53,26 +86,7 @@ def test_prometheus_scrapes_job_metrics(cluster, tmp_path):
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert 'ballast_jobs{state="succeeded"} 1' in text, text[:3000]
 
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n"
-        f"  - job_name: ballastd\n    static_configs:\n      - targets: ['{cluster.http}']\n")
-    server = Process([PROMETHEUS, f"--config.file={config}",
-                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                      f"--web.listen-address=127.0.0.1:{port}"],
-                     str(tmp_path / "prometheus.log"))
-    try:
-        def query(expr):
-            try:
-                _, doc = get(f"http://127.0.0.1:{port}/api/v1/query?"
-                             + urllib.parse.urlencode({"query": expr}))
-            except OSError:
-                return None
-            result = json.loads(doc)["data"]["result"]
-            return result or None
-
+    with prometheus(tmp_path, cluster.http) as query:
         up = wait_for(lambda: query('up{job="ballastd"} == 1'), 60, "Prometheus to scrape")
         assert up[0]["value"][1] == "1"
         done = wait_for(lambda: query('ballast_jobs{state="succeeded"}'), 30, "ballast_jobs")
@@ -80,5 +94,53 @@ def test_prometheus_scrapes_job_metrics(cluster, tmp_path):
         steps = wait_for(lambda: query(f'ballast_job_step{{job_id="{job_id}"}}'), 30,
                          "the job's step series")
         assert steps[0]["value"][1] == "4"
-    finally:
-        server.stop()
+
+
+@pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="prometheus not installed (make setup)")
+def test_prometheus_follows_a_running_job_and_fires_the_shipped_alerts(cluster, tmp_path):
+    """While a job runs with an injected fault, a Prometheus loaded with
+    deploy/prometheus/ballast-alerts.yml answers the job's grad_norm, a
+    per-rank step-time quantile and the rollback counter, and fires the
+    non-finite and rollback alerts for that job (issue 19)."""
+    make_model("qwen3", str(tmp_path / "model"), seed=7)
+    make_dataset(str(tmp_path / "data.jsonl"), n=64, vocab=320, seed=8)
+    cluster.start_coordinator()
+    cluster.start_worker("w1", cpu_slots=2)
+
+    rules = os.path.join(os.environ.get("BALLAST_SOURCE_DIR", "."), "deploy", "prometheus",
+                         "ballast-alerts.yml")
+    job_id = None
+    with prometheus(tmp_path, cluster.http, [rules]) as query:
+        # Scraping first, as in production: increase() needs the counters'
+        # 0 before the fault, and a series first seen at 1 has no increase.
+        wait_for(lambda: query('up{job="ballastd"} == 1'), 60, "Prometheus to scrape")
+        # The tiny model takes about 75 steps a second: the fault at step
+        # 400 comes seconds after the first scrape of the job's series.
+        spec = base_spec(str(tmp_path / "model"), str(tmp_path / "data.jsonl"), max_steps=20000)
+        spec.update(devices=2, checkpoint_every=0,
+                    guard={"snapshot_every": 2, "good_after_steps": 2,
+                           "inject": {"nan_grad_at_step": [400, 401, 402]}})
+        spec["data"]["grad_accum_steps"] = 2
+        job_id = cluster.submit(spec)
+        wait_for(lambda: query(f'ballast_job_rollbacks_total{{job_id="{job_id}"}} == 0'), 60,
+                 "the rollback counter at 0")
+        selector = f'job_id="{job_id}"'
+        grad_norm = wait_for(lambda: query(f"ballast_job_grad_norm{{{selector}}}"), 120,
+                             "the job's grad_norm")
+        assert float(grad_norm[0]["value"][1]) >= 0
+        quantile = wait_for(lambda: query(
+            "histogram_quantile(0.5, sum by (le, rank) "
+            f"(rate(ballast_rank_step_seconds_bucket{{{selector}}}[20s]))) > 0"), 120,
+            "a per-rank step-time quantile")
+        assert {q["metric"]["rank"] for q in quantile} == {"0", "1"}, quantile
+        rollbacks = wait_for(lambda: query(f"ballast_job_rollbacks_total{{{selector}}} >= 1"),
+                             300, "the rollback counter")
+        assert rollbacks[0]["value"][1] == "1"
+        for alert in ("BallastJobRolledBack", "BallastJobNonFiniteSteps"):
+            firing = wait_for(lambda: query(
+                f'ALERTS{{alertname="{alert}",alertstate="firing",{selector}}}'), 60,
+                f"{alert} to fire")
+            assert firing[0]["metric"]["severity"] == "warning"
+        running = query(f"ballast_job_running{{{selector}}}")
+        assert running and running[0]["value"][1] == "1"
+        cluster.cli("cancel", job_id)

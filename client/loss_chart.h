@@ -1,0 +1,61 @@
+// A job's training curves as an SVG chart, for reports: loss and the global
+// grad_norm over the steps, with the guard's rollbacks and skipped steps
+// marked (`ballast plot`). Built from the job's events, so it works for any
+// job the coordinator still holds, from any machine.
+#ifndef BALLAST_CLIENT_LOSS_CHART_H_
+#define BALLAST_CLIENT_LOSS_CHART_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ballast/v1/job.pb.h"
+
+namespace ballast::client {
+
+// The curves of one job, in the order its steps were reported. A rollback
+// re-runs steps, so a step may appear twice: each run after a rollback (or a
+// restart) is its own segment, drawn as its own line.
+class LossChart {
+ public:
+  explicit LossChart(std::string title) : title_(std::move(title)) {}
+
+  // Takes the step metrics and guard events of `event`; ignores the rest.
+  void Add(const v1::JobEvent& event);
+
+  int64_t steps() const { return static_cast<int64_t>(points_.size()); }
+  int64_t rollbacks() const { return static_cast<int64_t>(rollbacks_.size()); }
+
+  // The chart: two panels sharing the step axis, loss above (linear) and
+  // grad_norm below (log10, because one spike would flatten a linear axis).
+  // A step without a loss leaves a gap; a non-finite or skipped step is a
+  // marker at the panel's top; a rollback is a vertical line from the step
+  // it was taken at, labelled with the step it went back to. Deterministic:
+  // the same events give the same bytes.
+  std::string Svg() const;
+
+ private:
+  struct Point {
+    int64_t step;
+    std::optional<double> loss;
+    double grad_norm;
+    bool skipped;
+    int segment;
+  };
+  struct Rollback {
+    int64_t step;
+    int64_t to_step;
+  };
+
+  std::string title_;
+  std::vector<Point> points_;
+  std::vector<Rollback> rollbacks_;
+  int segment_ = 0;
+  int last_attempt_ = -1;
+  int64_t last_step_ = 0;
+};
+
+}  // namespace ballast::client
+
+#endif  // BALLAST_CLIENT_LOSS_CHART_H_
