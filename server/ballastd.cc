@@ -12,23 +12,6 @@
 
 namespace ballast::server {
 
-absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
-                           int* port) {
-  const size_t colon = address.rfind(':');
-  int value = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &value) || value < 0 || value > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, ": '", address, "' is not HOST:PORT with PORT in 0..65535 (0 picks a free port)"));
-  }
-  *host = address.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  *port = value;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions options) {
   std::string grpc_host, http_host;
   int grpc_port = 0, http_port = 0;
@@ -72,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   co.output_root = options.output_root;
   co.lease_ms = options.lease_ms;
   co.event_retention = options.event_retention;
+  co.metrics_retention_ms = options.metrics_retention_ms;
   co.stop_grace_ms = options.stop_grace_ms;
   co.agent_silence_ms = options.agent_silence_ms;
   co.now_ms = options.now_ms;

@@ -14,9 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/http_endpoint.h"
 #include "common/metrics.h"
 #include "server/coordinator.h"
-#include "server/http_endpoint.h"
 #include "server/services.h"
 #include "server/store.h"
 
@@ -34,6 +34,7 @@ struct BallastdOptions {
   std::string output_root;
   int64_t lease_ms = 15000;
   int64_t event_retention = 10000;
+  int64_t metrics_retention_ms = 10 * 60 * 1000;
   int64_t stop_grace_ms = 10000;
   // CoordinatorOptions::agent_silence_ms; 0 picks half the lease.
   int64_t agent_silence_ms = 0;
@@ -42,10 +43,6 @@ struct BallastdOptions {
   // Unix ms; empty means the system clock.
   std::function<int64_t()> now_ms;
 };
-
-// Splits "HOST:PORT" ("[::1]:80" for IPv6). INVALID_ARGUMENT names `flag`.
-absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
-                           int* port);
 
 class Ballastd {
  public:

@@ -23,9 +23,24 @@ namespace {
 constexpr int32_t kLost = -1;
 // A rank exiting with this code says its spec or data is bad: no restart.
 constexpr int32_t kExitBadSpec = 2;
-// Finished jobs whose per-job series stay in /metrics, so a scrape after the
-// end still sees the last values; bounded so cardinality stays bounded.
-constexpr size_t kRecentlyFinished = 50;
+// Finished jobs' per-job series stay on /metrics for metrics_retention_ms,
+// so a scrape after the end still sees the last values; at most this many
+// at once, however recent, so a burst of short jobs cannot blow up a scrape.
+constexpr size_t kMaxFinishedShown = 1000;
+// Histogram bounds, in seconds: time in the queue, and one store write.
+constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600};
+constexpr double kStoreSecondsBounds[] = {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5};
+
+// Runs one store write and observes its time as ballast_store_write_seconds{op}.
+template <typename Write>
+auto TimedStoreWrite(MetricsRegistry* metrics, const char* op, Write&& write) {
+  const absl::Time start = absl::Now();
+  auto result = write();
+  metrics->Observe("ballast_store_write_seconds", {{"op", op}},
+                   absl::ToDoubleSeconds(absl::Now() - start));
+  return result;
+}
+
 // A watcher further behind than this reads from the store instead.
 constexpr size_t kWatchMailbox = 4096;
 // Stored events read per query when replaying.
@@ -170,6 +185,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                     "Job events deleted by the per-job retention limit.", MetricType::kCounter);
   // A counter shows 0 from the start, so rate() and alerts see its first drop.
   metrics->Add("ballast_events_dropped_total", {}, 0);
+  metrics->Describe(
+      "ballast_job_queue_seconds",
+      "Time from entering the queue (submission, requeue, rollback) to being "
+      "placed on workers.",
+      MetricType::kHistogram,
+      std::vector<double>(std::begin(kQueueSecondsBounds), std::end(kQueueSecondsBounds)));
+  metrics->Describe(
+      "ballast_store_write_seconds", "Time of one write to the job store, by op.",
+      MetricType::kHistogram,
+      std::vector<double>(std::begin(kStoreSecondsBounds), std::end(kStoreSecondsBounds)));
   metrics->Describe("ballast_scheduler_decision_seconds",
                     "Time of one scheduling pass over the queue.", MetricType::kHistogram,
                     {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
@@ -214,9 +239,12 @@ absl::Status Coordinator::Load() {
       if (p.has_exit_code()) continue;
       live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
     }
-    if (Terminal(j.state())) recently_finished_.push_back(id);
+    if (Terminal(j.state())) recently_finished_.emplace_back(id, j.updated_ms());
+    if (j.state() == v1::JOB_STATE_QUEUED) job.queued_since_ms = options_.now_ms();
   }
-  while (recently_finished_.size() > kRecentlyFinished) recently_finished_.pop_front();
+  std::sort(recently_finished_.begin(), recently_finished_.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  while (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
 
   // Ranks on workers the store does not know can never report again, and a
   // job that was stopping with no rank left only has to finish stopping.
@@ -305,8 +333,13 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   j.set_state(to);
   if (to == v1::JOB_STATE_QUEUED || Terminal(to)) j.clear_placement();
   if (Terminal(to)) {
-    recently_finished_.push_back(j.id());
-    if (recently_finished_.size() > kRecentlyFinished) recently_finished_.pop_front();
+    recently_finished_.emplace_back(j.id(), options_.now_ms());
+    if (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
+  }
+  if (to == v1::JOB_STATE_QUEUED) job->queued_since_ms = options_.now_ms();
+  if (to == v1::JOB_STATE_SCHEDULED && job->queued_since_ms > 0) {
+    metrics_->Observe("ballast_job_queue_seconds", {},
+                      static_cast<double>(options_.now_ms() - job->queued_since_ms) / 1000.0);
   }
   AddEvent(job, std::move(e));
 }
@@ -316,8 +349,9 @@ void Coordinator::Flush() {
     job->dirty = false;
     std::vector<v1::JobEvent> events = std::move(job->unflushed);
     job->unflushed.clear();
-    absl::StatusOr<int64_t> deleted =
-        store_->UpdateJob(&job->record, events, options_.event_retention);
+    absl::StatusOr<int64_t> deleted = TimedStoreWrite(metrics_, "update_job", [&] {
+      return store_->UpdateJob(&job->record, events, options_.event_retention);
+    });
     if (!deleted.ok()) {
       // The in-memory state stays authoritative for this run; a later write
       // of the same job carries the state again.
@@ -540,7 +574,11 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   j.set_updated_ms(j.created_ms());
   j.set_output_dir((std::filesystem::path(options_.output_root) / id).string());
   j.set_request_id(request_id);
-  if (absl::Status s = store_->InsertJob(record); !s.ok()) return s;
+  if (absl::Status s =
+          TimedStoreWrite(metrics_, "insert_job", [&] { return store_->InsertJob(record); });
+      !s.ok()) {
+    return s;
+  }
   last_order_ = record.order;
   job_order_[record.order] = id;
   if (!request_id.empty()) request_ids_[request_id] = id;
@@ -722,7 +760,9 @@ std::vector<v1::Worker> Coordinator::ListWorkers() {
 // WorkerService
 
 void Coordinator::PutWorker(const WorkerEntry& worker) {
-  if (absl::Status s = store_->PutWorker(worker.record); !s.ok()) {
+  if (absl::Status s =
+          TimedStoreWrite(metrics_, "put_worker", [&] { return store_->PutWorker(worker.record); });
+      !s.ok()) {
     std::fprintf(stderr, "ballastd: store write of worker %s failed: %s\n",
                  worker.record.worker.id().c_str(), s.ToString().c_str());
   }
@@ -1085,7 +1125,13 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   sample(devices, {{"state", "free"}}, scheduler_.free_devices());
 
   // Per-job series: live jobs and the recently finished ones only.
-  std::set<std::string> shown(recently_finished_.begin(), recently_finished_.end());
+  const int64_t now = options_.now_ms();
+  while (!recently_finished_.empty() &&
+         now - recently_finished_.front().second > options_.metrics_retention_ms) {
+    recently_finished_.pop_front();
+  }
+  std::set<std::string> shown;
+  for (const auto& [id, finished_ms] : recently_finished_) shown.insert(id);
   for (const auto& [id, job] : jobs_) {
     if (!Terminal(job.record.job.state())) shown.insert(id);
   }
@@ -1124,6 +1170,14 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
        last_step(&v1::StepMetrics::lr)},
       {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
        last_step(&v1::StepMetrics::tokens_per_s)},
+      {"ballast_job_supervised_tokens",
+       "Supervised tokens (those with a label) in the last step, over all ranks: the loss's "
+       "denominator.",
+       MetricType::kGauge,
+       [](const JobEntry& j) -> std::optional<double> {
+         if (!j.record.job.has_last_step()) return std::nullopt;
+         return static_cast<double>(j.record.job.last_step().supervised_tokens());
+       }},
       {"ballast_job_rollbacks_total",
        "Rollbacks the guard took by itself over the job's life; a user's `ballast rollback` is "
        "not one (it counts in ballast_job_restarts_total).",

@@ -39,6 +39,9 @@ struct CoordinatorOptions {
   int64_t lease_ms = 15000;
   // Events kept per job.
   int64_t event_retention = 10000;
+  // A finished job's series stay on /metrics this long, so that a scrape
+  // sees its end, then leave (at most kMaxFinishedShown of them at once).
+  int64_t metrics_retention_ms = 10 * 60 * 1000;
   // Cancel -> SIGKILL delay sent with stop assignments.
   int64_t stop_grace_ms = 10000;
   // Sent with every start: a rank whose worker sends no keepalive for this
@@ -199,6 +202,8 @@ class Coordinator {
     // Events made since the last Flush.
     std::vector<v1::JobEvent> unflushed;
     bool dirty = false;
+    // When it last entered QUEUED (now_ms() time), for the queue-wait histogram.
+    int64_t queued_since_ms = 0;
   };
   struct WorkerEntry {
     WorkerRecord record;
@@ -298,7 +303,8 @@ class Coordinator {
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   std::vector<JobEntry*> dirty_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose gauges stay exported a while, oldest first.
-  std::deque<std::string> recently_finished_ ABSL_GUARDED_BY(mu_);
+  // (job id, when it finished), oldest first: the finished jobs on /metrics.
+  std::deque<std::pair<std::string, int64_t>> recently_finished_ ABSL_GUARDED_BY(mu_);
   int64_t last_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t port_counter_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--event-retention", options.event_retention,
                  "Events kept per job; older ones are deleted and counted")
       ->capture_default_str();
+  app.add_option("--metrics-retention-ms", options.metrics_retention_ms,
+                 "A finished job's series stay on /metrics this long")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--stop-grace-ms", options.stop_grace_ms,
                  "Cancel -> SIGKILL delay sent with stop assignments")
       ->capture_default_str();

@@ -73,6 +73,11 @@ RpcGate::RpcGate(std::string token, MetricsRegistry* metrics)
     : expected_(token.empty() ? "" : absl::StrCat("Bearer ", token)), metrics_(metrics) {
   metrics_->Describe("ballast_grpc_requests_total", "gRPC calls handled, by method and code.",
                      MetricType::kCounter);
+  metrics_->Describe("ballast_grpc_request_seconds",
+                     "Time from a gRPC call's arrival to its status, by method and code; for the "
+                     "streams (WatchJob, StreamAssignments) the stream's whole life.",
+                     MetricType::kHistogram,
+                     {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300});
 }
 
 grpc::Status RpcGate::Authorize(grpc::ServerContext* context) const {
@@ -86,9 +91,10 @@ grpc::Status RpcGate::Authorize(grpc::ServerContext* context) const {
   return grpc::Status::OK;
 }
 
-void RpcGate::Count(const char* method, const grpc::Status& status) {
-  metrics_->Add("ballast_grpc_requests_total",
-                {{"method", method}, {"code", CodeName(status.error_code())}});
+void RpcGate::Count(const char* method, const grpc::Status& status, absl::Duration elapsed) {
+  const MetricLabels labels = {{"method", method}, {"code", CodeName(status.error_code())}};
+  metrics_->Add("ballast_grpc_requests_total", labels);
+  metrics_->Observe("ballast_grpc_request_seconds", labels, absl::ToDoubleSeconds(elapsed));
 }
 
 // Copies a StatusOr's value into the response, or maps its error.

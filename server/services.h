@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
 #include "common/metrics.h"
@@ -29,15 +30,16 @@ class RpcGate {
   // UNAUTHENTICATED, or the body's status; counted either way.
   template <typename Body>
   grpc::Status Serve(const char* method, grpc::ServerContext* context, Body&& body) {
+    const absl::Time start = absl::Now();
     grpc::Status status = Authorize(context);
     if (status.ok()) status = body();
-    Count(method, status);
+    Count(method, status, absl::Now() - start);
     return status;
   }
 
  private:
   grpc::Status Authorize(grpc::ServerContext* context) const;
-  void Count(const char* method, const grpc::Status& status);
+  void Count(const char* method, const grpc::Status& status, absl::Duration elapsed);
   const std::string expected_;  // "Bearer TOKEN", or empty
   MetricsRegistry* const metrics_;
 };

@@ -141,6 +141,8 @@ def compose_env(tmp_path):
     shared.mkdir()
     return dict(os.environ, BALLAST_BIN_DIR=BIN, BALLAST_SHARED=str(shared),
                 BALLAST_GRPC_PORT=str(free_port()), BALLAST_HTTP_PORT=str(free_port()),
+                BALLAST_WORKER1_HTTP_PORT=str(free_port()),
+                BALLAST_WORKER2_HTTP_PORT=str(free_port()),
                 BALLAST_COMPOSE_PROJECT=f"ballast-test-{os.getpid()}", BALLAST_SKIP_IMAGES="1")
 
 

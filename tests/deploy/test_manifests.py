@@ -129,6 +129,9 @@ def test_args_probes_and_ports_agree_with_the_binaries(rendered):
                 assert values["--host"] == "$(NODE_IP)"
                 assert "NODE_IP" in {e["name"] for e in c["env"]}
                 assert values["--shared-dir"] in {m["mountPath"] for m in c["volumeMounts"]}
+                assert values["--http"] == f"0.0.0.0:{ports['http']}"
+                assert c["readinessProbe"]["httpGet"] == {"path": "/healthz",
+                                                          "port": ports["http"]}
                 gpus = c["resources"].get("limits", {}).get("nvidia.com/gpu")
                 # A worker offers GPUs or CPU slots, never neither.
                 assert ("--cpu-slots" in values) != (gpus is not None), (values, c["resources"])

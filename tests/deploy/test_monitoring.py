@@ -27,28 +27,43 @@ def promtool(*args, cwd=PROMETHEUS_DIR):
     return r.stdout
 
 
+def scrape(address):
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """The metric names a fresh ballastd declares on /metrics (every family
-    is declared, with or without samples), with the series names of its
-    histograms."""
+    """The metric names that a fresh ballastd and a ballast-worker declare on
+    their /metrics (every family is declared, with or without samples), with
+    the series names of their histograms."""
     root = tmp_path_factory.mktemp("ballastd")
     ready = root / "ready.json"
-    process = subprocess.Popen([os.path.join(BIN, "ballastd"), "--listen", "127.0.0.1:0", "--http",
-                                "127.0.0.1:0", "--state-dir", str(root / "state"),
-                                "--ready-file", str(ready)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ballastd = subprocess.Popen([os.path.join(BIN, "ballastd"), "--listen", "127.0.0.1:0", "--http",
+                                 "127.0.0.1:0", "--state-dir", str(root / "state"),
+                                 "--ready-file", str(ready)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
     try:
         deadline = time.time() + 30
         while not (ready.exists() and ready.stat().st_size > 0):
-            assert time.time() < deadline and process.poll() is None, "ballastd did not start"
+            assert time.time() < deadline and ballastd.poll() is None, "ballastd did not start"
             time.sleep(0.1)
-        http = json.loads(ready.read_text())["http"]
-        with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        addresses = json.loads(ready.read_text())
+        text = scrape(addresses["http"])
+        worker = subprocess.Popen([os.path.join(BIN, "ballast-worker"), "--coordinator",
+                                   addresses["grpc"], "--cpu-slots", "1", "--work-dir",
+                                   str(root / "worker"), "--http", "127.0.0.1:0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = worker.stdout.readline()
+        match = re.search(r"metrics on http://(\S+)/metrics", line)
+        assert match, line
+        text += scrape(match.group(1))
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        for process in (worker, ballastd):
+            if process:
+                process.terminate()
+                process.wait(timeout=30)
     names = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
         names.add(name)

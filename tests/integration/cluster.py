@@ -131,12 +131,13 @@ class Cluster:
         return self.start_coordinator(port=int(port), host=host)
 
     # -- workers -----------------------------------------------------------
-    def start_worker(self, name, cpu_slots=1, host="127.0.0.1", prefix=None, env=None):
+    def start_worker(self, name, cpu_slots=1, host="127.0.0.1", prefix=None, env=None,
+                     extra_args=()):
         """A worker advertising `host` to its gangs' other workers, run under
-        `prefix` (default the cluster's)."""
+        `prefix` (default the cluster's), with `extra_args` for its flags."""
         argv = [*(self.prefix if prefix is None else prefix), WORKER, "--coordinator", self.grpc,
                 "--cpu-slots", str(cpu_slots), "--work-dir", os.path.join(self.root, name),
-                "--host", host]
+                "--host", host, *extra_args]
         worker = Process(argv, os.path.join(self.root, f"{name}.log"), env=env)
         self.workers.append(worker)
         expected = len([w for w in self.workers if w.alive()])

@@ -122,7 +122,9 @@ def test_coordinator_kill9_and_restart_keeps_the_job(cluster, inputs):
 def test_worker_kill9_requeues_to_second_worker_from_checkpoint(cluster, inputs):
     cluster.start_coordinator()
     first = cluster.start_worker("w1")
-    job_id = cluster.submit(long_spec(inputs, steps=40, every=4))
+    # Long enough that starting w2 and the kill come well before the end: the
+    # tiny model runs tens of steps a second (40 steps once finished first).
+    job_id = cluster.submit(long_spec(inputs, steps=1000, every=4))
     wait_for(lambda: int(cluster.job(job_id).get("checkpoint_step", 0)) >= 4, 120,
              "the first checkpoint")
     cluster.start_worker("w2")
@@ -136,7 +138,7 @@ def test_worker_kill9_requeues_to_second_worker_from_checkpoint(cluster, inputs)
         log = f.read()
     assert "resum" in log.lower(), log[-2000:]
     with open(os.path.join(job["output_dir"], "metrics.jsonl")) as f:
-        assert [json.loads(line)["step"] for line in f] == list(range(1, 41))
+        assert [json.loads(line)["step"] for line in f] == list(range(1, 1001))
 
 
 def test_bad_specs_get_usage_errors_and_the_coordinator_survives(cluster, inputs, tmp_path):

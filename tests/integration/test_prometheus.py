@@ -29,10 +29,10 @@ def get(url, timeout=10):
 
 
 @contextlib.contextmanager
-def prometheus(tmp_path, target, rule_files=()):
-    """A Prometheus server scraping `target` every second (and evaluating
-    `rule_files` as often); yields query(expr): the result list, or None
-    while it is empty or the server is not up yet."""
+def prometheus(tmp_path, targets, rule_files=()):
+    """A Prometheus server scraping `targets` ({job name: HOST:PORT}) every
+    second (and evaluating `rule_files` as often); yields query(expr): the
+    result list, or None while it is empty or the server is not up yet."""
     port = free_port()
     config = tmp_path / "prometheus.yml"
     rules = "".join(f"  - {path}\n" for path in rule_files)
@@ -40,7 +40,8 @@ def prometheus(tmp_path, target, rule_files=()):
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         + (f"rule_files:\n{rules}" if rules else "")
         + "scrape_configs:\n"
-        f"  - job_name: ballastd\n    static_configs:\n      - targets: ['{target}']\n")
+        + "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['{address}']\n"
+                  for job, address in targets.items()))
     server = Process([PROMETHEUS, f"--config.file={config}",
                       f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                       f"--web.listen-address=127.0.0.1:{port}"],
@@ -86,7 +87,7 @@ def test_prometheus_scrapes_job_metrics(cluster, tmp_path):
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert 'ballast_jobs{state="succeeded"} 1' in text, text[:3000]
 
-    with prometheus(tmp_path, cluster.http) as query:
+    with prometheus(tmp_path, {"ballastd": cluster.http}) as query:
         up = wait_for(lambda: query('up{job="ballastd"} == 1'), 60, "Prometheus to scrape")
         assert up[0]["value"][1] == "1"
         done = wait_for(lambda: query('ballast_jobs{state="succeeded"}'), 30, "ballast_jobs")
@@ -99,18 +100,19 @@ def test_prometheus_scrapes_job_metrics(cluster, tmp_path):
 @pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="prometheus not installed (make setup)")
 def test_prometheus_follows_a_running_job_and_fires_the_shipped_alerts(cluster, tmp_path):
     """While a job runs with an injected fault, a Prometheus loaded with
-    deploy/prometheus/ballast-alerts.yml answers the job's grad_norm, a
-    per-rank step-time quantile and the rollback counter, and fires the
+    deploy/prometheus/ballast-alerts.yml scrapes the coordinator and the
+    worker, answers the job's grad_norm, a per-rank step-time quantile, the
+    rollback counter and the worker's running ranks, and fires the
     non-finite and rollback alerts for that job (issue 19)."""
     make_model("qwen3", str(tmp_path / "model"), seed=7)
     make_dataset(str(tmp_path / "data.jsonl"), n=64, vocab=320, seed=8)
     cluster.start_coordinator()
-    cluster.start_worker("w1", cpu_slots=2)
-
+    worker_http = f"127.0.0.1:{free_port()}"
+    cluster.start_worker("w1", cpu_slots=2, extra_args=["--http", worker_http])
     rules = os.path.join(os.environ.get("BALLAST_SOURCE_DIR", "."), "deploy", "prometheus",
                          "ballast-alerts.yml")
-    job_id = None
-    with prometheus(tmp_path, cluster.http, [rules]) as query:
+    with prometheus(tmp_path, {"ballastd": cluster.http, "worker": worker_http},
+                    [rules]) as query:
         # Scraping first, as in production: increase() needs the counters'
         # 0 before the fault, and a series first seen at 1 has no increase.
         wait_for(lambda: query('up{job="ballastd"} == 1'), 60, "Prometheus to scrape")
@@ -143,4 +145,12 @@ def test_prometheus_follows_a_running_job_and_fires_the_shipped_alerts(cluster, 
             assert firing[0]["metric"]["severity"] == "warning"
         running = query(f"ballast_job_running{{{selector}}}")
         assert running and running[0]["value"][1] == "1"
+        # The worker's own endpoint: its two ranks, both devices busy.
+        ranks = wait_for(lambda: query('ballast_node_ranks_running{job="worker"} == 2'), 30,
+                         "the worker's running ranks")
+        assert ranks[0]["value"][1] == "2"
+        busy = query('ballast_node_devices{job="worker",state="busy"}')
+        assert busy and busy[0]["value"][1] == "2" and busy[0]["metric"]["kind"] == "cpu"
+        status, body = get(f"http://{worker_http}/healthz")
+        assert (status, body) == (200, "ok\n")
         cluster.cli("cancel", job_id)

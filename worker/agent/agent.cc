@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -422,6 +423,34 @@ void Agent::KeepaliveLoop() {
 }
 
 // ---- Assignments -----------------------------------------------------------
+
+void Agent::CollectMetrics(std::vector<MetricFamily>* out) const {
+  absl::MutexLock lock(&mu_);
+  const auto running = static_cast<double>(RunningLocked().size());
+  const auto devices = static_cast<double>(options_.devices.names.size());
+  MetricFamily& ranks = out->emplace_back();
+  ranks.name = "ballast_node_ranks_running";
+  ranks.help = "Ranks this worker runs now.";
+  ranks.type = MetricType::kGauge;
+  ranks.samples.push_back({.labels = {}, .value = running});
+  MetricFamily& states = out->emplace_back();
+  states.name = "ballast_node_devices";
+  states.help = "This worker's devices: busy (a running rank holds it) or free.";
+  states.type = MetricType::kGauge;
+  const std::string& kind = options_.devices.kind;
+  states.samples.push_back({.labels = {{"kind", kind}, {"state", "busy"}}, .value = running});
+  states.samples.push_back(
+      {.labels = {{"kind", kind}, {"state", "free"}}, .value = std::max(0.0, devices - running)});
+}
+
+absl::Status Agent::Health() const {
+  absl::MutexLock lock(&mu_);
+  if (worker_id_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("not registered with the coordinator at ", options_.coordinator, " yet"));
+  }
+  return absl::OkStatus();
+}
 
 std::vector<v1::RankRef> Agent::RunningLocked() const {
   std::vector<v1::RankRef> running;

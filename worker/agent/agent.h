@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "worker/agent/coordinator_connection.h"
 #include "worker/agent/device_discovery.h"
 #include "worker/agent/event_relay.h"
@@ -71,6 +72,15 @@ class Agent {
   // shutdown_grace), delivers what it can within shutdown_flush, and joins
   // every thread. Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The worker's own metrics, for its --http endpoint:
+  // ballast_node_ranks_running and ballast_node_devices{kind, state} with
+  // state busy (a running rank holds it) or free.
+  void CollectMetrics(std::vector<MetricFamily>* out) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK once the coordinator has accepted this worker's registration;
+  // UNAVAILABLE, saying so, before (the worker's /healthz).
+  absl::Status Health() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job, attempt, rank

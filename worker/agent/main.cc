@@ -3,6 +3,7 @@
 //
 //   ballast-worker [--coordinator HOST:PORT] [--cpu-slots N] [--work-dir DIR]
 //                  [--train-binary PATH] [--host NAME] [--shared-dir DIR]...
+//                  [--http HOST:PORT]
 //
 // Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start, 2 on bad
 // flags or when there is nothing to offer (no GPU and no --cpu-slots).
@@ -14,9 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/http_endpoint.h"
+#include "common/metrics.h"
 #include "common/version.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/device_discovery.h"
@@ -75,6 +79,10 @@ int main(int argc, char** argv) {
                  "Shared storage this node must see before it runs ranks (models, data, "
                  "outputs); repeatable")
       ->allow_extra_args(false);
+  std::string http;
+  app.add_option("--http", http,
+                 "Serve /metrics and /healthz on HOST:PORT (port 0: any free port); off when "
+                 "empty");
   CLI11_PARSE(app, argc, argv);
   options.token = EnvOr("BALLAST_TOKEN", "");
   if (absl::Status s = ballast::agent::CheckSharedStorage(shared_dirs); !s.ok()) {
@@ -106,6 +114,27 @@ int main(int argc, char** argv) {
     std::cerr << "ballast-worker: " << s.message() << "\n";
     return 1;
   }
+  ballast::MetricsRegistry metrics;
+  metrics.AddCollector(
+      [&agent](std::vector<ballast::MetricFamily>* out) { agent.CollectMetrics(out); });
+  std::unique_ptr<ballast::HttpEndpoint> endpoint;
+  if (!http.empty()) {
+    std::string host;
+    int port = 0;
+    if (absl::Status s = ballast::SplitHostPort(http, "--http", &host, &port); !s.ok()) {
+      std::cerr << "ballast-worker: " << s.message() << "\n";
+      return 2;
+    }
+    absl::StatusOr<std::unique_ptr<ballast::HttpEndpoint>> started =
+        ballast::HttpEndpoint::Start(host, port, &metrics, [&agent] { return agent.Health(); });
+    if (!started.ok()) {
+      std::cerr << "ballast-worker: " << started.status().message() << "\n";
+      return 1;
+    }
+    endpoint = *std::move(started);
+    std::cout << "ballast-worker: metrics on http://" << http.substr(0, http.rfind(':')) << ":"
+              << endpoint->port() << "/metrics" << std::endl;
+  }
   std::cout << "ballast-worker: " << options.devices.names.size() << " " << options.devices.kind
             << " devices, coordinator " << options.coordinator << ", work dir " << options.work_dir
             << ", trainer " << options.train_binary << std::endl;
@@ -113,6 +142,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &received);
   std::cout << "ballast-worker: " << (received == SIGINT ? "SIGINT" : "SIGTERM")
             << ": stopping ranks" << std::endl;
+  endpoint.reset();
   agent.Shutdown();
   return 0;
 }

@@ -1002,10 +1002,29 @@ TEST_F(CoordinatorTest, RankSeriesLeaveWithTheJobsOtherSeries) {
   ASSERT_TRUE(Report(w1, {Started(a), Step(a, 1), Exited(a, 0)}).ok());
   const std::string label = "ballast_rank_step_seconds_count{job_id=\"" + job.id() + "\"";
   EXPECT_THAT(metrics_->Encode(), HasSubstr(label));
-  // Past the recently-finished window the job's series go, its ranks' too.
-  for (int i = 0; i < 60; ++i) ASSERT_TRUE(c_->CancelJob(Submit().id()).ok());
+  // A finished job's series stay for the retention time (10 minutes by
+  // default), then go, its ranks' too, while a newer job's stay.
+  now_ += 10 * 60 * 1000 - 1;
+  const v1::Job later = Submit();
+  ASSERT_TRUE(c_->CancelJob(later.id()).ok());
+  EXPECT_THAT(metrics_->Encode(), HasSubstr(label));
+  now_ += 2;
   EXPECT_THAT(metrics_->Encode(), Not(HasSubstr(label)));
   EXPECT_THAT(metrics_->Encode(), Not(HasSubstr("ballast_job_step{job_id=\"" + job.id())));
+  EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_job_step{job_id=\"" + later.id()));
+}
+
+TEST_F(CoordinatorTest, ControlPlaneLatenciesAreHistograms) {
+  SubmitGang(1);  // no worker yet: it waits
+  now_ += 1500;
+  Register("node-1", 1);  // placed now, after 1.5 s in the queue
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_queue_seconds_bucket{le=\"1\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_queue_seconds_bucket{le=\"10\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_queue_seconds_count 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_store_write_seconds_count{op=\"insert_job\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_store_write_seconds_count{op=\"update_job\"}"));
+  EXPECT_THAT(text, HasSubstr("ballast_store_write_seconds_count{op=\"put_worker\"}"));
 }
 
 TEST_F(CoordinatorTest, SubmissionRefusesAGangLargerThanTheClusterCanPlace) {

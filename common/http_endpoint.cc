@@ -1,10 +1,28 @@
-#include "server/http_endpoint.h"
+#include "common/http_endpoint.h"
 
 #include <httplib.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace ballast::server {
+namespace ballast {
+
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port) {
+  const size_t colon = address.rfind(':');
+  int value = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &value) || value < 0 || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", address, "' is not HOST:PORT with PORT in 0..65535 (0 picks a free port)"));
+  }
+  *host = address.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = value;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
@@ -41,4 +59,4 @@ HttpEndpoint::~HttpEndpoint() {
   if (thread_.joinable()) thread_.join();
 }
 
-}  // namespace ballast::server
+}  // namespace ballast

@@ -1,8 +1,9 @@
-// The HTTP side of ballastd: GET /metrics (Prometheus text format 0.0.4) and
-// GET /healthz (200 "ok" while the store answers, 503 otherwise). Serves on
-// its own threads from Start until destruction.
-#ifndef BALLAST_SERVER_HTTP_ENDPOINT_H_
-#define BALLAST_SERVER_HTTP_ENDPOINT_H_
+// The HTTP side of ballastd and ballast-worker: GET /metrics (Prometheus
+// text format 0.0.4) and GET /healthz (200 "ok" while the process is
+// healthy by its own measure, 503 with the reason otherwise). Serves on its
+// own threads from Start until destruction.
+#ifndef BALLAST_COMMON_HTTP_ENDPOINT_H_
+#define BALLAST_COMMON_HTTP_ENDPOINT_H_
 
 #include <functional>
 #include <memory>
@@ -17,7 +18,12 @@ namespace httplib {
 class Server;
 }
 
-namespace ballast::server {
+namespace ballast {
+
+// Splits a --listen / --http value, "HOST:PORT" ("[::1]:80" for IPv6).
+// INVALID_ARGUMENT names `flag` and the allowed form.
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port);
 
 class HttpEndpoint {
  public:
@@ -40,6 +46,6 @@ class HttpEndpoint {
   int port_ = 0;
 };
 
-}  // namespace ballast::server
+}  // namespace ballast
 
-#endif  // BALLAST_SERVER_HTTP_ENDPOINT_H_
+#endif  // BALLAST_COMMON_HTTP_ENDPOINT_H_
