@@ -1,7 +1,5 @@
 #include "client/job_format.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -53,16 +51,6 @@ absl::StatusOr<v1::JobState> ParseState(const std::string& text) {
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
-}
-
-std::string ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  // Printing a valid message to a string cannot fail.
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
 }
 
 std::string Printable(absl::string_view text) {

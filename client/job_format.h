@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
+#include "common/proto_json.h"
 
 namespace ballast::client {
 
@@ -24,11 +25,6 @@ absl::StatusOr<v1::JobState> ParseState(const std::string& text);
 
 // True for SUCCEEDED, FAILED and CANCELLED.
 bool IsTerminal(v1::JobState state);
-
-// One line of JSON: protobuf's mapping with the proto field names
-// (snake_case, as in the spec YAML), every scalar printed even when zero,
-// enums by name, 64-bit integers as strings.
-std::string ToJson(const google::protobuf::Message& message);
 
 // `text` with its control characters (C0, DEL, and C1 in UTF-8) written as
 // \xNN or \u00NN, so that printing it cannot move the cursor, change

@@ -26,13 +26,17 @@ absl::Status SplitHostPort(const std::string& address, const std::string& flag, 
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
-    std::function<absl::Status()> healthy) {
+    std::function<absl::Status()> healthy,
+    const std::function<void(httplib::Server*)>& add_routes) {
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
   endpoint->server_ = std::make_unique<httplib::Server>();
   httplib::Server& server = *endpoint->server_;
   // A scraper that stalls must not pin a thread forever.
   server.set_read_timeout(5, 0);
   server.set_write_timeout(5, 0);
+  // Live dashboards hold a thread each for their event streams (capped by
+  // the routes that serve them); scrapes and probes keep the rest.
+  server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
   server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& response) {
     response.set_content(metrics->Encode(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -42,6 +46,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     response.status = s.ok() ? 200 : 503;
     response.set_content(s.ok() ? "ok\n" : absl::StrCat(s.message(), "\n"), "text/plain");
   });
+  if (add_routes) add_routes(&server);
   const int bound = port == 0                         ? server.bind_to_any_port(host)
                     : server.bind_to_port(host, port) ? port
                                                       : -1;

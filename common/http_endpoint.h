@@ -27,12 +27,19 @@ absl::Status SplitHostPort(const std::string& address, const std::string& flag, 
 
 class HttpEndpoint {
  public:
+  // Threads serving requests; a route that holds one for long (an event
+  // stream) must leave some for /metrics and /healthz.
+  static constexpr int kThreads = 16;
+
   // Binds host:port (port 0 picks a free one) and starts serving.
   // UNAVAILABLE when the address cannot be bound. `metrics` must outlive it;
   // `healthy` is called per /healthz request, from the server's threads.
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
-                                                             const MetricsRegistry* metrics,
-                                                             std::function<absl::Status()> healthy);
+  // `add_routes`, when set, adds the caller's routes (ballastd's dashboard
+  // and JSON API) before serving starts.
+  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
+      const std::string& host, int port, const MetricsRegistry* metrics,
+      std::function<absl::Status()> healthy,
+      const std::function<void(httplib::Server*)>& add_routes = nullptr);
   // Stops serving and joins the server thread.
   ~HttpEndpoint();
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/version.h"
+#include "server/http_api.h"
 
 namespace ballast::server {
 
@@ -83,7 +84,10 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   d->grpc_address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", bound);
 
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
-      http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); });
+      http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); },
+      [c = d->coordinator_.get(), token = options.token](httplib::Server* server) {
+        AddHttpApi(server, c, token);
+      });
   if (!http.ok()) return http.status();
   d->http_ = std::move(*http);
   d->http_address_ =

@@ -635,6 +635,22 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   return job->record.job;
 }
 
+absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  JobEntry* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  std::vector<RankStats> stats;
+  for (const auto& [rank, series] : job->ranks) {
+    stats.push_back({.rank = rank,
+                     .steps = series.step_seconds.count,
+                     .step_seconds = series.step_seconds.sum,
+                     .peak_memory_bytes = series.peak_memory_bytes,
+                     .communicated_bytes = series.communicated_bytes});
+  }
+  return stats;
+}
+
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   if (request.page_size() < 0 || request.page_size() > 1000) {
     return absl::InvalidArgumentError(

@@ -134,6 +134,17 @@ class Coordinator {
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Newest first; INVALID_ARGUMENT for a bad page_size or page_token.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // What each rank of a job reported, across attempts (the ballast_rank_*
+  // series): steps timed, their total seconds, peak memory, bytes sent.
+  struct RankStats {
+    int32_t rank = 0;
+    uint64_t steps = 0;
+    double step_seconds = 0;
+    int64_t peak_memory_bytes = 0;
+    double communicated_bytes = 0;
+  };
+  // By rank; NOT_FOUND for an unknown id.
+  absl::StatusOr<std::vector<RankStats>> JobRankStats(const std::string& job_id);
   // QUEUED -> CANCELLED; running -> CANCELLING until its ranks are gone.
   // Terminal or already cancelling: the job unchanged.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);

@@ -1,0 +1,210 @@
+#include "server/http_api.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/proto_json.h"
+#include "server/dashboard_assets.h"
+
+namespace ballast::server {
+namespace {
+
+constexpr char kJson[] = "application/json";
+// A stream ends after this long and the browser reconnects from the last
+// event it saw (EventSource's Last-Event-ID, or ?after=), so a stream never
+// holds a thread for a whole job.
+constexpr absl::Duration kStreamLife = absl::Seconds(25);
+// How long one wait for new events lasts; also the keep-alive period.
+constexpr absl::Duration kStreamPoll = absl::Seconds(1);
+
+void Error(httplib::Response& response, int status, const std::string& message) {
+  response.status = status;
+  response.set_content(nlohmann::json({{"error", message}}).dump() + "\n", kJson);
+}
+
+int HttpStatusOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+// A non-negative integer query parameter, `fallback` when absent; false
+// (with a 400 written) when it is not one or is above `max`.
+bool IntParam(const httplib::Request& request, httplib::Response& response, const char* name,
+              int64_t fallback, int64_t max, int64_t* out) {
+  *out = fallback;
+  if (!request.has_param(name)) return true;
+  const std::string value = request.get_param_value(name);
+  if (!absl::SimpleAtoi(value, out) || *out < 0 || *out > max) {
+    Error(response, 400, absl::StrCat(name, "=", value, " is not an integer in 0..", max));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::string& token) {
+  const std::string expected = token.empty() ? "" : absl::StrCat("Bearer ", token);
+  // The same rule as the gRPC API: without the token, nothing but 401.
+  auto authorized = [expected](const httplib::Request& request, httplib::Response& response) {
+    if (expected.empty() || request.get_header_value("Authorization") == expected) return true;
+    Error(response, 401, "missing or wrong token: send 'Authorization: Bearer $BALLAST_TOKEN'");
+    return false;
+  };
+
+  for (const DashboardAsset& asset : DashboardAssets()) {
+    server->Get(asset.path, [&asset](const httplib::Request&, httplib::Response& response) {
+      response.set_header("Cache-Control", "no-cache");
+      response.set_content(asset.body.data(), asset.body.size(), asset.content_type);
+    });
+  }
+
+  server->Get("/api/v1/jobs", [=](const httplib::Request& request, httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    v1::ListJobsRequest list;
+    int64_t limit = 0;
+    if (!IntParam(request, response, "limit", 100, 1000, &limit)) return;
+    list.set_page_size(static_cast<int32_t>(limit));
+    for (size_t i = 0; i < request.get_param_value_count("state"); ++i) {
+      const std::string name = request.get_param_value("state", i);
+      v1::JobState state;
+      if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)), &state) ||
+          state == v1::JOB_STATE_UNSPECIFIED) {
+        Error(response, 400,
+              absl::StrCat("state=", name,
+                           " is not a job state (queued, "
+                           "scheduled, running, ..., cancelled)"));
+        return;
+      }
+      list.add_states(state);
+    }
+    absl::StatusOr<v1::ListJobsResponse> jobs = coordinator->ListJobs(list);
+    if (!jobs.ok()) return Error(response, HttpStatusOf(jobs.status()), jobs.status().ToString());
+    response.set_content(ToJson(*jobs), kJson);
+  });
+
+  server->Get(
+      R"(/api/v1/jobs/([^/]+))", [=](const httplib::Request& request, httplib::Response& response) {
+        if (!authorized(request, response)) return;
+        absl::StatusOr<v1::Job> job = coordinator->GetJob(request.matches[1]);
+        if (!job.ok()) {
+          return Error(response, HttpStatusOf(job.status()), std::string(job.status().message()));
+        }
+        response.set_content(ToJson(*job), kJson);
+      });
+
+  server->Get(R"(/api/v1/jobs/([^/]+)/ranks)", [=](const httplib::Request& request,
+                                                   httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    absl::StatusOr<std::vector<Coordinator::RankStats>> ranks =
+        coordinator->JobRankStats(request.matches[1]);
+    if (!ranks.ok()) {
+      return Error(response, HttpStatusOf(ranks.status()), std::string(ranks.status().message()));
+    }
+    nlohmann::json out = nlohmann::json::array();
+    for (const Coordinator::RankStats& r : *ranks) {
+      out.push_back({{"rank", r.rank},
+                     {"steps", r.steps},
+                     {"step_seconds_mean", r.steps > 0 ? r.step_seconds / r.steps : 0},
+                     {"peak_memory_bytes", r.peak_memory_bytes},
+                     {"communicated_bytes", r.communicated_bytes}});
+    }
+    response.set_content(nlohmann::json({{"ranks", out}}).dump(), kJson);
+  });
+
+  server->Get(R"(/api/v1/jobs/([^/]+)/events)", [=](const httplib::Request& request,
+                                                    httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    int64_t after = 0;
+    int64_t limit = 0;
+    if (!IntParam(request, response, "after", 0, INT64_MAX, &after) ||
+        !IntParam(request, response, "limit", 1000, 10000, &limit)) {
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<EventWatch>> watch =
+        coordinator->WatchJob(request.matches[1], after);
+    if (!watch.ok()) {
+      return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
+    }
+    // What is there now, without waiting for more.
+    std::vector<v1::JobEvent> events;
+    while (static_cast<int64_t>(events.size()) < limit) {
+      const size_t before = events.size();
+      absl::StatusOr<bool> more = (*watch)->Next(&events, absl::ZeroDuration());
+      if (!more.ok() || !*more || events.size() == before) break;
+    }
+    if (static_cast<int64_t>(events.size()) > limit) events.resize(limit);
+    std::vector<std::string> parts;
+    for (const v1::JobEvent& e : events) parts.push_back(ToJson(e));
+    response.set_content(absl::StrCat("{\"events\":[", absl::StrJoin(parts, ","), "]}"), kJson);
+  });
+
+  auto streams = std::make_shared<std::atomic<int>>(0);
+  server->Get(R"(/api/v1/jobs/([^/]+)/stream)", [=](const httplib::Request& request,
+                                                    httplib::Response& response) {
+    if (!authorized(request, response)) return;
+    int64_t after = 0;
+    if (!IntParam(request, response, "after", 0, INT64_MAX, &after)) return;
+    // EventSource sends the last id it saw when it reconnects.
+    if (const std::string last = request.get_header_value("Last-Event-ID"); !last.empty()) {
+      if (!absl::SimpleAtoi(last, &after) || after < 0) {
+        return Error(response, 400, absl::StrCat("Last-Event-ID: ", last, " is not a seq"));
+      }
+    }
+    absl::StatusOr<std::unique_ptr<EventWatch>> watch =
+        coordinator->WatchJob(request.matches[1], after);
+    if (!watch.ok()) {
+      return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
+    }
+    if (streams->fetch_add(1) >= kMaxEventStreams) {
+      streams->fetch_sub(1);
+      return Error(response, 503,
+                   absl::StrCat(kMaxEventStreams, " event streams are open; retry shortly"));
+    }
+    std::shared_ptr<EventWatch> shared(std::move(*watch));
+    const absl::Time end = absl::Now() + kStreamLife;
+    response.set_header("Cache-Control", "no-cache");
+    response.set_chunked_content_provider(
+        "text/event-stream",
+        [shared, end](size_t, httplib::DataSink& sink) {
+          std::vector<v1::JobEvent> batch;
+          absl::StatusOr<bool> more = shared->Next(&batch, kStreamPoll);
+          std::string chunk;
+          for (const v1::JobEvent& e : batch) {
+            absl::StrAppend(&chunk, "id: ", e.seq(), "\ndata: ", ToJson(e), "\n\n");
+          }
+          // The job ended: say so, so that the page stops reconnecting.
+          if (more.ok() && !*more) chunk += "event: end\ndata: {}\n\n";
+          if (chunk.empty()) chunk = ": keep-alive\n\n";
+          if (!sink.write(chunk.data(), chunk.size())) return false;
+          if (!more.ok() || !*more || absl::Now() >= end) sink.done();
+          return true;
+        },
+        [streams](bool) { streams->fetch_sub(1); });
+  });
+
+  // Anything else under /api/ is a 404 that says so, never an empty page.
+  server->Get(R"(/api/.*)", [](const httplib::Request& request, httplib::Response& response) {
+    Error(response, 404,
+          absl::StrCat("no such API path: ", request.path, " (see docs/http-api.md)"));
+  });
+}
+
+}  // namespace ballast::server

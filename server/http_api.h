@@ -1,0 +1,36 @@
+// ballastd's dashboard and JSON API, on its --http address beside /metrics
+// and /healthz (docs/http-api.md):
+//   GET /                                the dashboard (server/dashboard/)
+//   GET /api/v1/jobs[?state=S&limit=N]   the jobs, newest first
+//   GET /api/v1/jobs/ID                  one job, with its spec
+//   GET /api/v1/jobs/ID/ranks            per-rank step time, memory, bytes
+//   GET /api/v1/jobs/ID/events[?after=SEQ&limit=N]
+//   GET /api/v1/jobs/ID/stream[?after=SEQ]   server-sent events, live
+// Objects are the API's protobuf messages in proto3 JSON (int64 as strings).
+// Errors are {"error": "..."} with 400 (a bad parameter), 401 (no or a wrong
+// token, when ballastd has one: `Authorization: Bearer TOKEN`, as gRPC),
+// 404 (an unknown job or path) or 503 (too many live streams).
+#ifndef BALLAST_SERVER_HTTP_API_H_
+#define BALLAST_SERVER_HTTP_API_H_
+
+#include <string>
+
+#include "server/coordinator.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace ballast::server {
+
+// Event streams served at once; beyond it a stream is refused with 503, so
+// that scrapes and probes keep threads (HttpEndpoint::kThreads).
+inline constexpr int kMaxEventStreams = 10;
+
+// Adds the routes above. `coordinator` must outlive the server; `token`
+// empty lets every request in.
+void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::string& token);
+
+}  // namespace ballast::server
+
+#endif  // BALLAST_SERVER_HTTP_API_H_
