@@ -3,9 +3,12 @@
 //   control_plane/submit     SubmitJob latency, 100 concurrent clients
 //   control_plane/watch      WatchJob fan-out, 100 watchers, 1,000 events/s
 //   control_plane/scheduler  10,000 queued jobs on 1,000 simulated workers
+//   control_plane/scrape     GET /metrics with 1,000 running jobs of 4 ranks
 // Absolute figures (there is no other coordinator to compare with); about
-// 15 s in all.
+// 30 s in all.
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -40,6 +44,9 @@ constexpr int kQueuedJobs = 10000;
 constexpr int kWorkers = 1000;
 constexpr int kDevicesPerWorker = 8;
 constexpr double kSchedulerSeconds = 3;
+constexpr int kScrapeJobs = 1000;
+constexpr int kRanksPerJob = 4;
+constexpr int kScrapes = 50;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -218,6 +225,99 @@ class Bench {
         Quantile(all, 0.5), Quantile(all, 0.99));
   }
 
+  // 1,000 running jobs of 4 ranks, each rank with its step-time histogram,
+  // memory and bytes: the size of /metrics, the latency of a scrape over
+  // HTTP, and the coordinator's CPU time to encode it (thread CPU clock).
+  void Scrape() {
+    auto server = StartServer("scrape");
+    auto channel = grpc::CreateChannel(server->grpc_address(), grpc::InsecureChannelCredentials());
+    auto jobs = JobService::NewStub(channel);
+    auto workers = WorkerService::NewStub(channel);
+    std::vector<std::string> worker_ids;
+    for (int w = 0; w < kScrapeJobs; ++w) {
+      ballast::v1::RegisterWorkerRequest reg;
+      reg.set_host("127.0.0.1");
+      reg.set_device_kind("cpu");
+      reg.set_capacity(kRanksPerJob);
+      ballast::v1::RegisterWorkerResponse registered;
+      workers->RegisterWorker(Context().get(), reg, &registered);
+      worker_ids.push_back(registered.worker_id());
+    }
+    ballast::v1::JobSpec spec = spec_;
+    spec.set_devices(kRanksPerJob);
+    spec.mutable_data()->set_grad_accum_steps(kRanksPerJob);
+    std::map<std::string, int64_t> report_ids;
+    for (int j = 0; j < kScrapeJobs; ++j) {
+      ballast::v1::SubmitJobRequest submit;
+      *submit.mutable_spec() = spec;
+      ballast::v1::Job job;
+      jobs->SubmitJob(Context().get(), submit, &job);
+      ballast::v1::GetJobRequest get;
+      get.set_job_id(job.id());
+      jobs->GetJob(Context().get(), get, &job);
+      for (const ballast::v1::RankPlacement& p : job.placement()) {
+        ballast::v1::ReportEventsRequest report;
+        report.set_worker_id(p.worker_id());
+        report.set_report_id(++report_ids[p.worker_id()]);
+        ballast::v1::RankEvent* started = report.add_events();
+        started->set_job_id(job.id());
+        started->set_attempt(1);
+        started->set_rank(p.rank());
+        started->mutable_started()->set_pid(1000 + p.rank());
+        for (int step = 1; step <= 3; ++step) {
+          ballast::v1::RankEvent* e = report.add_events();
+          e->set_job_id(job.id());
+          e->set_attempt(1);
+          e->set_rank(p.rank());
+          ballast::v1::StepMetrics* m = e->mutable_training()->mutable_step_metrics();
+          m->set_step(step);
+          m->set_max_steps(1000000);
+          m->set_loss(2.5);
+          m->set_grad_norm(1.0);
+          m->set_step_time_s(0.25 * step);
+          m->set_peak_memory_bytes(int64_t{1} << 30);
+          m->set_communicated_bytes(int64_t{1} << 24);
+        }
+        ballast::v1::ReportEventsResponse ack;
+        workers->ReportEvents(Context().get(), report, &ack);
+      }
+    }
+    ballast::v1::ListJobsRequest running;
+    running.add_states(ballast::v1::JOB_STATE_RUNNING);
+    running.set_page_size(1000);
+    ballast::v1::ListJobsResponse listed;
+    jobs->ListJobs(Context().get(), running, &listed);
+
+    const std::string http = server->http_address();
+    httplib::Client client(http.substr(0, http.rfind(':')),
+                           std::stoi(http.substr(http.rfind(':') + 1)));
+    std::vector<double> latency_ms;
+    size_t bytes = 0;
+    for (int i = 0; i < kScrapes; ++i) {
+      const auto start = Clock::now();
+      auto response = client.Get("/metrics");
+      latency_ms.push_back(Ms(Clock::now() - start));
+      if (!response || response->status != 200) {
+        std::fprintf(stderr, "control_plane_bench: scrape failed\n");
+        std::exit(1);
+      }
+      bytes = response->body.size();
+    }
+    std::vector<double> cpu_ms;
+    for (int i = 0; i < kScrapes; ++i) {
+      timespec a{}, b{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+      const std::string text = server->metrics()->Encode();
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+      cpu_ms.push_back((b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
+    }
+    std::printf(
+        "control_plane/scrape: %d running jobs x %d ranks (%d listed running): /metrics %.1f MB, "
+        "p50 %.1fms p99 %.1fms over HTTP, %.1fms coordinator CPU per scrape (%d scrapes)\n",
+        kScrapeJobs, kRanksPerJob, listed.jobs_size(), bytes / 1e6, Quantile(latency_ms, 0.5),
+        Quantile(latency_ms, 0.99), Quantile(cpu_ms, 0.5), kScrapes);
+  }
+
   static void Scheduler() {
     std::mt19937_64 rng(42);
     ballast::server::Scheduler s;
@@ -275,5 +375,6 @@ int main() {
   bench.Submit();
   bench.Watch();
   Bench::Scheduler();
+  bench.Scrape();
   return 0;
 }
