@@ -1195,14 +1195,17 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
          return static_cast<double>(j.record.job.last_step().supervised_tokens());
        }},
       {"ballast_job_rollbacks_total",
-       "Rollbacks the guard took by itself over the job's life; a user's `ballast rollback` is "
-       "not one (it counts in ballast_job_restarts_total).",
+       "Rollbacks the guard took by itself over the job's life. A user's `ballast rollback` "
+       "is not counted, here or in ballast_job_restarts_total.",
        MetricType::kCounter,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.guard_rollbacks()); }},
       {"ballast_job_skipped_steps_total",
        "Optimizer steps the guard kept from the weights over the job's life.", MetricType::kCounter,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.skipped_steps()); }},
-      {"ballast_job_restarts_total", "Restarts after failures.", MetricType::kCounter,
+      {"ballast_job_restarts_total",
+       "Restarts after a failed attempt (a rank's error, a lost worker), counted against "
+       "scheduling.max_restarts. A user's `ballast rollback` is not one.",
+       MetricType::kCounter,
        [](const JobEntry& j) { return static_cast<double>(j.record.job.restarts()); }},
       {"ballast_job_eval_mrr_at_10",
        "A reranker's MRR@10 on its held-out groups (reranker.eval_path), at its last evaluation.",

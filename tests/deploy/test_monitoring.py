@@ -58,7 +58,13 @@ def exported(tmp_path_factory):
         line = worker.stdout.readline()
         match = re.search(r"metrics on http://(\S+)/metrics", line)
         assert match, line
-        text += scrape(match.group(1))
+        worker_text = scrape(match.group(1))
+        # The worker's exposition passes the linter, as ballastd's does in
+        # integration.prometheus.
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=worker_text,
+                              capture_output=True, text=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        text += worker_text
     finally:
         for process in (worker, ballastd):
             if process:
