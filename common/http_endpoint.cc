@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -24,9 +25,13 @@ absl::Status SplitHostPort(const std::string& address, const std::string& flag, 
   return absl::OkStatus();
 }
 
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
-    std::function<absl::Status()> healthy,
+    std::function<absl::Status()> healthy, const std::string& token,
     const std::function<void(httplib::Server*)>& add_routes) {
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
   endpoint->server_ = std::make_unique<httplib::Server>();
@@ -37,7 +42,16 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // Live dashboards hold a thread each for their event streams (capped by
   // the routes that serve them); scrapes and probes keep the rest.
   server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
-  server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& response) {
+  server.Get("/metrics", [metrics, expected = token.empty() ? "" : absl::StrCat("Bearer ", token)](
+                            const httplib::Request& request, httplib::Response& response) {
+    if (!expected.empty() && request.get_header_value("Authorization") != expected) {
+      response.status = 401;
+      response.set_content(
+          "missing or wrong token: send 'Authorization: Bearer $BALLAST_TOKEN' (Prometheus: "
+          "authorization.credentials_file)\n",
+          "text/plain");
+      return;
+    }
     response.set_content(metrics->Encode(), "text/plain; version=0.0.4; charset=utf-8");
   });
   server.Get("/healthz", [healthy = std::move(healthy)](const httplib::Request&,

@@ -25,6 +25,10 @@ namespace ballast {
 absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
                            int* port);
 
+// True for a host only this machine reaches: 127.0.0.0/8, ::1, localhost.
+// An empty host or 0.0.0.0 is every interface.
+bool IsLoopbackHost(const std::string& host);
+
 class HttpEndpoint {
  public:
   // Threads serving requests; a route that holds one for long (an event
@@ -34,11 +38,14 @@ class HttpEndpoint {
   // Binds host:port (port 0 picks a free one) and starts serving.
   // UNAVAILABLE when the address cannot be bound. `metrics` must outlive it;
   // `healthy` is called per /healthz request, from the server's threads.
+  // With a `token`, /metrics answers 401 unless the request carries
+  // "Authorization: Bearer TOKEN" (it names jobs and shows their losses);
+  // /healthz stays open for probes, and says nothing but ok or why not.
   // `add_routes`, when set, adds the caller's routes (ballastd's dashboard
   // and JSON API) before serving starts.
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
       const std::string& host, int port, const MetricsRegistry* metrics,
-      std::function<absl::Status()> healthy,
+      std::function<absl::Status()> healthy, const std::string& token,
       const std::function<void(httplib::Server*)>& add_routes = nullptr);
   // Stops serving and joins the server thread.
   ~HttpEndpoint();

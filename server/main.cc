@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
   }
   std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
             << (*server)->http_address() << ", store " << options.store_url << std::endl;
+  if (options.token.empty()) {
+    std::cerr << "ballastd: no BALLAST_TOKEN: no auth, so on loopback only (set it to listen "
+                 "on other addresses)"
+              << std::endl;
+  }
   if (!ready_file.empty() &&
       !WriteReadyFile(ready_file, (*server)->grpc_address(), (*server)->http_address())) {
     std::cerr << "ballastd: cannot write --ready-file " << ready_file << "\n";

@@ -2,8 +2,12 @@
 # LibTorch. The build context is the staging folder that scripts/images
 # (`make images`) fills from `make build`'s binaries; nothing compiles here.
 #
-#   podman run -d -p 50051:50051 -p 9090:9090 -v ballast-store:/var/lib/ballast \
-#     -v /srv/ballast:/srv/ballast localhost/ballast-coordinator
+#   podman run -d -p 50051:50051 -p 9090:9090 -e BALLAST_TOKEN=... \
+#     -v ballast-store:/var/lib/ballast -v /srv/ballast:/srv/ballast localhost/ballast-coordinator
+#
+# The default command listens on every interface, which ballastd allows
+# only with BALLAST_TOKEN set: without it, anyone who reaches the port could
+# submit and read jobs, so it refuses to start and says so.
 #
 # Ports: 50051 gRPC (JobService, WorkerService, grpc.health.v1), 9090 HTTP
 # (/metrics, /healthz). The SQLite store is on the /var/lib/ballast volume;

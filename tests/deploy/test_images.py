@@ -77,6 +77,13 @@ def test_the_images_report_their_sizes_and_the_coordinator_stays_small(images):
     assert r.stdout.strip() == "0", r.stdout
 
 
+def test_the_coordinator_image_wants_a_token_for_its_default_addresses(images):
+    r = run("podman", "run", "--rm", "--network=host", COORDINATOR)
+    assert r.returncode == 1
+    assert "--listen 0.0.0.0:50051 is reachable from other machines, and no BALLAST_TOKEN" \
+        in r.stderr, r.stderr
+
+
 def test_the_coordinator_container_is_healthy_and_stops_within_5_s(images, container):
     grpc_port, http_port = free_port(), free_port()
     name = container(COORDINATOR, "--listen", f"127.0.0.1:{grpc_port}", "--http",

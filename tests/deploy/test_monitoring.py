@@ -90,8 +90,16 @@ def grafana_expressions():
     return [e.replace("$job_id", ".*").replace("$__rate_interval", "5m") for e in exprs]
 
 
-def test_the_prometheus_config_and_alerts_pass_promtool():
-    promtool("check", "config", "prometheus.yml")
+def test_the_prometheus_config_and_alerts_pass_promtool(tmp_path):
+    # promtool opens the token file the config names: point it at one here.
+    token = tmp_path / "ballast-token"
+    token.write_text("s3cret\n")
+    config = open(os.path.join(PROMETHEUS_DIR, "prometheus.yml")).read()
+    assert config.count("credentials_file: /etc/prometheus/ballast-token") == 2
+    (tmp_path / "prometheus.yml").write_text(
+        config.replace("/etc/prometheus/ballast-token", str(token)))
+    shutil.copy(os.path.join(PROMETHEUS_DIR, "ballast-alerts.yml"), tmp_path)
+    promtool("check", "config", "prometheus.yml", cwd=str(tmp_path))
     promtool("check", "rules", "ballast-alerts.yml")
 
 

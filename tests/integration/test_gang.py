@@ -187,11 +187,13 @@ def two_hosts():
 
 
 def test_c_a_two_rank_job_over_two_hosts_trains_across_the_veth(tmp_path, request, inputs,
-                                                                two_hosts):
+                                                                two_hosts, monkeypatch):
     (ns_a, addr_a, dev_a), (ns_b, addr_b, dev_b) = two_hosts
     cluster = make_cluster(tmp_path, request)
     # The coordinator and the CLI live on host A; host B reaches them over the veth.
     cluster.prefix = ["ip", "netns", "exec", ns_a]
+    # Off loopback, ballastd wants a token; every process here inherits it.
+    monkeypatch.setenv("BALLAST_TOKEN", "gang-test-token")
     cluster.start_coordinator(host=addr_a)
     cluster.start_worker("wa", cpu_slots=1, host=addr_a, env=ONE_THREAD)
     cluster.start_worker("wb", cpu_slots=1, host=addr_b, prefix=["ip", "netns", "exec", ns_b],

@@ -126,7 +126,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     absl::StatusOr<std::unique_ptr<ballast::HttpEndpoint>> started =
-        ballast::HttpEndpoint::Start(host, port, &metrics, [&agent] { return agent.Health(); });
+        ballast::HttpEndpoint::Start(host, port, &metrics, [&agent] { return agent.Health(); },
+                                     options.token);
     if (!started.ok()) {
       std::cerr << "ballast-worker: " << started.status().message() << "\n";
       return 1;

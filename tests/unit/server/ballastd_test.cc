@@ -123,6 +123,42 @@ TEST_F(BallastdTest, TokenIsRequiredWhenSet) {
   EXPECT_TRUE(jobs_->ListJobs(Context("s3cret").get(), v1::ListJobsRequest(), &list).ok());
 }
 
+TEST_F(BallastdTest, WithoutATokenOnlyLoopbackAddressesAreServed) {
+  BallastdOptions o;
+  o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
+  o.output_root = (dir_.path() / "jobs").string();
+  o.listen = "0.0.0.0:0";
+  o.http = "127.0.0.1:0";
+  auto refused = Ballastd::Start(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("--listen 0.0.0.0:0 is reachable from other machines, and no "
+                        "BALLAST_TOKEN is set"));
+  o.listen = "[::1]:0";
+  o.http = "10.1.2.3:0";
+  EXPECT_THAT(Ballastd::Start(o).status().message(), HasSubstr("--http 10.1.2.3:0 is reachable"));
+  o.http = "localhost:0";
+  o.token = "s3cret";
+  o.listen = "0.0.0.0:0";
+  EXPECT_TRUE(Ballastd::Start(o).ok());
+}
+
+TEST_F(BallastdTest, WithATokenMetricsWantItAndHealthzStaysOpen) {
+  Start("s3cret");
+  int status = 0;
+  EXPECT_THAT(HttpGet("/metrics", &status), HasSubstr("missing or wrong token"));
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(HttpGet("/healthz", &status), "ok\n");
+  EXPECT_EQ(status, 200);
+  const size_t colon = server_->http_address().rfind(':');
+  httplib::Client client(server_->http_address().substr(0, colon),
+                         std::stoi(server_->http_address().substr(colon + 1)));
+  auto response = client.Get("/metrics", {{"Authorization", "Bearer s3cret"}});
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 200);
+  EXPECT_THAT(response->body, HasSubstr("ballast_build_info"));
+}
+
 TEST_F(BallastdTest, HealthzAndMetricsOverHttp) {
   Start();
   v1::GetJobRequest get;
