@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // the routes that serve them); scrapes and probes keep the rest.
   server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
   server.Get("/metrics", [metrics, expected = token.empty() ? "" : absl::StrCat("Bearer ", token)](
-                            const httplib::Request& request, httplib::Response& response) {
+                             const httplib::Request& request, httplib::Response& response) {
     if (!expected.empty() && request.get_header_value("Authorization") != expected) {
       response.status = 401;
       response.set_content(

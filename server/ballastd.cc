@@ -26,12 +26,12 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   // Without a token anyone who reaches the port could submit jobs, read
   // every job and pose as a worker: only this machine may then reach it.
   if (options.token.empty()) {
-    for (const auto& [flag, host, address] :
-         {std::tuple{"--listen", grpc_host, options.listen},
-          std::tuple{"--http", http_host, options.http}}) {
+    for (const auto& [flag, host, address] : {std::tuple{"--listen", grpc_host, options.listen},
+                                              std::tuple{"--http", http_host, options.http}}) {
       if (!IsLoopbackHost(host)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            flag, " ", address, " is reachable from other machines, and no BALLAST_TOKEN is "
+            flag, " ", address,
+            " is reachable from other machines, and no BALLAST_TOKEN is "
             "set: anyone could submit and read jobs. Set BALLAST_TOKEN, or listen on 127.0.0.1"));
       }
     }
@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
 
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
       http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); },
-      options.token, [c = d->coordinator_.get(), token = options.token](httplib::Server* server) {
+      options.token,
+      [c = d->coordinator_.get(), token = options.token](httplib::Server* server) {
         AddHttpApi(server, c, token);
       });
   if (!http.ok()) return http.status();

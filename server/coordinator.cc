@@ -174,7 +174,13 @@ void AssignmentFeed::Return(std::vector<v1::Assignment> undelivered) {
 // Set-up
 
 Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options)
-    : store_(store), metrics_(metrics), options_(std::move(options)) {}
+    : store_(store),
+      metrics_(metrics),
+      options_(std::move(options)),
+      // A random start: two coordinators on one host (a test beside another,
+      // or a restart while old ranks still hold ports) rarely hand out the
+      // same rendezvous port at the same time.
+      port_counter_(std::random_device{}() % 1000) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                                                                  MetricsRegistry* metrics,

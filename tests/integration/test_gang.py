@@ -194,10 +194,11 @@ def test_c_a_two_rank_job_over_two_hosts_trains_across_the_veth(tmp_path, reques
     cluster.prefix = ["ip", "netns", "exec", ns_a]
     # Off loopback, ballastd wants a token; every process here inherits it.
     monkeypatch.setenv("BALLAST_TOKEN", "gang-test-token")
+    env = {**ONE_THREAD, "BALLAST_TOKEN": "gang-test-token"}
     cluster.start_coordinator(host=addr_a)
-    cluster.start_worker("wa", cpu_slots=1, host=addr_a, env=ONE_THREAD)
+    cluster.start_worker("wa", cpu_slots=1, host=addr_a, env=env)
     cluster.start_worker("wb", cpu_slots=1, host=addr_b, prefix=["ip", "netns", "exec", ns_b],
-                         env=ONE_THREAD)
+                         env=env)
 
     def veth_bytes():
         counters = []

@@ -125,9 +125,8 @@ int main(int argc, char** argv) {
       std::cerr << "ballast-worker: " << s.message() << "\n";
       return 2;
     }
-    absl::StatusOr<std::unique_ptr<ballast::HttpEndpoint>> started =
-        ballast::HttpEndpoint::Start(host, port, &metrics, [&agent] { return agent.Health(); },
-                                     options.token);
+    absl::StatusOr<std::unique_ptr<ballast::HttpEndpoint>> started = ballast::HttpEndpoint::Start(
+        host, port, &metrics, [&agent] { return agent.Health(); }, options.token);
     if (!started.ok()) {
       std::cerr << "ballast-worker: " << started.status().message() << "\n";
       return 1;
