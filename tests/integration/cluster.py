@@ -165,7 +165,10 @@ class Cluster:
 
     def job(self, job_id):
         r = self.cli("get", job_id, "-o", "json")
-        assert r.returncode == 0, r.stdout + r.stderr
+        if r.returncode != 0:
+            alive = self.coordinator is not None and self.coordinator.alive()
+            raise AssertionError(f"{r.stdout}{r.stderr}(ballastd {'alive' if alive else 'exited'})\n"
+                                 + self.logs())
         return json.loads(r.stdout)
 
     def wait_state(self, job_id, states, timeout):

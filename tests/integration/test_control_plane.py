@@ -3,6 +3,8 @@
 `ballast` CLI. Each test builds its own cluster in a temporary folder."""
 import json
 import os
+import socket
+import threading
 import time
 
 import pytest
@@ -181,3 +183,48 @@ def test_health_command_probes_the_coordinator(cluster):
     cluster.coordinator.stop()
     r = cluster.cli("--timeout", "1", "health")
     assert r.returncode == 3 and f"cannot reach the coordinator at {address}" in r.stderr, r.stderr
+
+
+def test_a_slow_link_to_the_coordinator_still_connects(cluster, tmp_path):
+    """A coordinator that takes 0.5 s to answer a new connection (a loaded
+    machine, a far network) is slow, not gone: the CLI and the worker wait
+    for the handshake instead of failing with "tcp handshaker shutdown"."""
+    cluster.start_coordinator()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    host, port = cluster.grpc.rsplit(":", 1)
+
+    def pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    def relay(client):
+        time.sleep(0.5)
+        upstream = socket.create_connection((host, int(port)))
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        pump(upstream, client)
+
+    def serve():
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        direct = cluster.grpc
+        cluster.grpc = f"127.0.0.1:{listener.getsockname()[1]}"
+        r = cluster.cli("list")
+        assert r.returncode == 0, r.stderr
+        cluster.start_worker("w1", cpu_slots=1)  # waits for its registration
+        cluster.grpc = direct
+    finally:
+        listener.close()
