@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 
+#include "common/tls.h"
 #include "common/version.h"
 
 namespace ballast::client {
@@ -20,6 +21,9 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   app.add_option("-o,--output", output, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
+  TlsFiles tls;
+  app.add_option("--tls-ca", tls.ca, "PEM CA bundle that verifies ballastd's certificate (TLS)")
+      ->envname("BALLAST_TLS_CA");
   app.add_option("--timeout", timeout_s, "Deadline of each call, in seconds")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -71,6 +75,21 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   CLI::App* health = app.add_subcommand(
       "health", "Check the coordinator's grpc.health.v1 status (exit 0 when SERVING)");
 
+  CLI::App* token = app.add_subcommand("token", "Manage API tokens (an admin's token)");
+  token->require_subcommand(1);
+  TokenCreateArgs token_args;
+  CLI::App* token_create = token->add_subcommand("create", "Make a token; prints its secret once");
+  token_create->add_option("--role", token_args.role, "admin, user or worker")->required();
+  token_create->add_option("--tenant", token_args.tenant,
+                           "The tenant of an admin or user token: a-z, 0-9 and '-'");
+  token_create->add_option("--worker-id", token_args.worker_id,
+                           "The worker id a worker token registers as");
+  token_create->add_option("--description", token_args.description, "Who or what it is for");
+  CLI::App* token_list = token->add_subcommand("list", "List the tokens (never their secrets)");
+  std::string token_id;
+  CLI::App* token_revoke = token->add_subcommand("revoke", "Revoke a token at once");
+  token_revoke->add_option("id", token_id, "Token id (tok-...)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,6 +102,13 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   options.address = coordinator;
   if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
   options.unary_timeout = absl::Seconds(timeout_s);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      GrpcChannelCredentials(tls, "--tls-");
+  if (!credentials.ok()) {
+    *io.err << "ballast: " << credentials.status().message() << "\n";
+    return kExitUsage;
+  }
+  options.credentials = *std::move(credentials);
   Connection connection(options, interrupt);
   Session session{.connection = &connection,
                   .format = output == "json" ? OutputFormat::kJson : OutputFormat::kTable,
@@ -99,6 +125,9 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   if (*plot) return Plot(session, job_id, plot_path);
   if (*workers) return Workers(session);
   if (*health) return Health(session);
+  if (*token_create) return TokenCreate(session, token_args);
+  if (*token_list) return TokenList(session);
+  if (*token_revoke) return TokenRevoke(session, token_id);
   return kExitUsage;  // require_subcommand(1) makes this unreachable
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/event_stream.h"
@@ -231,6 +232,61 @@ int Health(Session& session) {
   }
   return health->status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
                                                                             : kExitJobFailed;
+}
+
+int TokenCreate(Session& session, const TokenCreateArgs& args) {
+  v1::CreateTokenRequest request;
+  v1::Role role = v1::ROLE_UNSPECIFIED;
+  if (!v1::Role_Parse(absl::StrCat("ROLE_", absl::AsciiStrToUpper(args.role)), &role) ||
+      role == v1::ROLE_UNSPECIFIED) {
+    return Fail(session, absl::InvalidArgumentError(
+                             absl::StrCat("--role ", args.role, ": one of admin, user or worker")));
+  }
+  request.set_role(role);
+  request.set_tenant(args.tenant);
+  request.set_worker_id(args.worker_id);
+  request.set_description(args.description);
+  absl::StatusOr<v1::CreateTokenResponse> created =
+      session.connection->Unary(&v1::TokenService::Stub::CreateToken, request);
+  if (!created.ok()) return Fail(session, created.status());
+  if (session.format == OutputFormat::kJson) {
+    PrintJson(session, *created);
+    return kExitOk;
+  }
+  const v1::Token& t = created->token();
+  *session.io.err << "ballast: token " << t.id() << " (" << RoleName(t.role())
+                  << (t.role() == v1::ROLE_WORKER ? " of worker " + t.worker_id()
+                                                  : " of tenant " + t.tenant())
+                  << "); its secret is shown only now, as BALLAST_TOKEN:\n";
+  *session.io.out << created->secret() << "\n" << std::flush;
+  return kExitOk;
+}
+
+int TokenList(Session& session) {
+  absl::StatusOr<v1::ListTokensResponse> tokens =
+      session.connection->Unary(&v1::TokenService::Stub::ListTokens, v1::ListTokensRequest());
+  if (!tokens.ok()) return Fail(session, tokens.status());
+  if (session.format == OutputFormat::kJson) {
+    PrintJson(session, *tokens);
+    return kExitOk;
+  }
+  std::vector<v1::Token> list(tokens->tokens().begin(), tokens->tokens().end());
+  *session.io.out << TokenTable(list, NowMs()) << std::flush;
+  return kExitOk;
+}
+
+int TokenRevoke(Session& session, const std::string& id) {
+  v1::RevokeTokenRequest request;
+  request.set_id(id);
+  absl::StatusOr<v1::Token> token =
+      session.connection->Unary(&v1::TokenService::Stub::RevokeToken, request);
+  if (!token.ok()) return Fail(session, token.status());
+  if (session.format == OutputFormat::kJson) {
+    PrintJson(session, *token);
+  } else {
+    *session.io.out << "revoked " << token->id() << "\n" << std::flush;
+  }
+  return kExitOk;
 }
 
 int Logs(Session& session, const std::string& job_id, bool follow) {

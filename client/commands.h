@@ -92,6 +92,22 @@ int Workers(Session& session);
 // 1 otherwise, 3 when unreachable: a probe for container health checks.
 int Health(Session& session);
 
+struct TokenCreateArgs {
+  // "admin", "user" or "worker".
+  std::string role;
+  std::string tenant;
+  std::string worker_id;
+  std::string description;
+};
+
+// `token create`: prints the secret alone on stdout (it is shown this once),
+// and what it is for on stderr; JSON: the CreateTokenResponse.
+int TokenCreate(Session& session, const TokenCreateArgs& args);
+// `token list`: ID ROLE TENANT/WORKER CREATED REVOKED DESCRIPTION.
+int TokenList(Session& session);
+// `token revoke ID`: the token stops working at once.
+int TokenRevoke(Session& session, const std::string& id);
+
 // Writes `path` (*.svg), the chart of the job's loss and grad_norm over the
 // steps with its rollbacks and skipped steps marked (client/loss_chart.h),
 // from the events the coordinator holds; prints the file and what it shows.

@@ -45,8 +45,11 @@ Connection::Connection(ConnectionOptions options, Interrupt* interrupt)
   // handshake failed ("tcp handshaker shutdown") with the coordinator up.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(
+      options_.address,
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
   stub_ = v1::JobService::NewStub(channel_);
+  token_stub_ = v1::TokenService::NewStub(channel_);
   health_stub_ = grpc::health::v1::Health::NewStub(channel_);
 }
 

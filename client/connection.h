@@ -6,14 +6,17 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/security/credentials.h>
 
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ballast/v1/job_service.grpc.pb.h"
+#include "ballast/v1/token_service.grpc.pb.h"
 #include "client/interrupt.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -42,6 +45,8 @@ struct ConnectionOptions {
   std::string address = "localhost:50051";
   // Sent as `authorization: Bearer TOKEN` on every call when not empty.
   std::string token;
+  // TLS or plain; null is plain TCP.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Deadline of each unary call.
   absl::Duration unary_timeout = absl::Seconds(10);
   // Deadline of each event stream; long, because a watch lasts a whole job.
@@ -68,16 +73,22 @@ class Connection {
   // interrupt fires (false). Starts connecting if idle.
   bool WaitForConnected(absl::Time deadline);
 
-  // One unary call with UnaryContext(), cancellable by the interrupt.
-  template <typename Request, typename Response>
-  absl::StatusOr<Response> Unary(grpc::Status (v1::JobService::Stub::*method)(grpc::ClientContext*,
-                                                                              const Request&,
-                                                                              Response*),
+  // One unary call with UnaryContext(), cancellable by the interrupt; of the
+  // JobService or the TokenService.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                              Response*),
                                  const Request& request) {
     std::unique_ptr<grpc::ClientContext> context = UnaryContext();
     Interrupt::Scope scope(interrupt_, context.get());
     Response response;
-    grpc::Status status = (stub_.get()->*method)(context.get(), request, &response);
+    Stub* stub;
+    if constexpr (std::is_same_v<Stub, v1::TokenService::Stub>) {
+      stub = token_stub_.get();
+    } else {
+      stub = stub_.get();
+    }
+    grpc::Status status = (stub->*method)(context.get(), request, &response);
     if (!status.ok()) return ToAbsl(status);
     return response;
   }
@@ -93,6 +104,7 @@ class Connection {
   Interrupt* interrupt_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<v1::TokenService::Stub> token_stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/progress.h"
 
@@ -125,6 +126,22 @@ std::string WorkerTable(const std::vector<v1::Worker>& workers, int64_t now_ms) 
   return RenderTable({"ID", "HOST", "KIND", "BUSY/CAP", "ALIVE", "LAST HEARTBEAT"}, rows);
 }
 
+std::string RoleName(v1::Role role) {
+  return absl::AsciiStrToLower(absl::StripPrefix(v1::Role_Name(role), "ROLE_"));
+}
+
+std::string TokenTable(const std::vector<v1::Token>& tokens, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Token& t : tokens) {
+    rows.push_back({t.id(), RoleName(t.role()),
+                    t.role() == v1::ROLE_WORKER ? t.worker_id() : t.tenant(),
+                    Age(t.created_ms(), now_ms) + " ago",
+                    t.revoked_ms() > 0 ? Age(t.revoked_ms(), now_ms) + " ago" : "-",
+                    t.description().empty() ? "-" : t.description()});
+  }
+  return RenderTable({"ID", "ROLE", "TENANT/WORKER", "CREATED", "REVOKED", "DESCRIPTION"}, rows);
+}
+
 std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   std::vector<std::vector<std::string>> rows;
   auto add = [&](std::string key, std::string value) {
@@ -132,6 +149,7 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   };
   add("STATE", StateName(job.state()));
   if (!job.spec().name().empty()) add("NAME", job.spec().name());
+  if (!job.tenant().empty()) add("TENANT", job.tenant());
   add("STEP", absl::StrCat(job.step(), "/", job.spec().max_steps()));
   add("CHECKPOINT", job.checkpoint_step() > 0 ? absl::StrCat(job.checkpoint_step()) : "-");
   add("RESTARTS", absl::StrCat(job.restarts()));

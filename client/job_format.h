@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
+#include "ballast/v1/token_service.pb.h"
 #include "common/proto_json.h"
 
 namespace ballast::client {
@@ -43,6 +44,12 @@ std::string JobTable(const std::vector<v1::Job>& jobs, int64_t now_ms);
 
 // `workers`: ID HOST KIND BUSY/CAP ALIVE LAST HEARTBEAT ("4s ago").
 std::string WorkerTable(const std::vector<v1::Worker>& workers, int64_t now_ms);
+
+// "worker" for ROLE_WORKER.
+std::string RoleName(v1::Role role);
+
+// `token list`: ID ROLE TENANT/WORKER CREATED REVOKED DESCRIPTION.
+std::string TokenTable(const std::vector<v1::Token>& tokens, int64_t now_ms);
 
 // `get`: one "KEY  value" line per known fact about the job.
 std::string JobDetail(const v1::Job& job, int64_t now_ms);

@@ -29,12 +29,35 @@ bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
+std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
+    const std::string& token) {
+  if (token.empty()) return nullptr;
+  return [expected = absl::StrCat("Bearer ", token)](const std::string& authorization) {
+    if (authorization == expected) return absl::OkStatus();
+    return absl::UnauthenticatedError("missing or wrong token: send 'Authorization: Bearer TOKEN'");
+  };
+}
+
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
-    std::function<absl::Status()> healthy, const std::string& token,
-    const std::function<void(httplib::Server*)>& add_routes) {
+    std::function<absl::Status()> healthy,
+    std::function<absl::Status(const std::string& authorization)> authorize_metrics,
+    const std::function<void(httplib::Server*)>& add_routes, const HttpsFiles& https) {
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
-  endpoint->server_ = std::make_unique<httplib::Server>();
+  if (https.cert.empty() != https.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key: HTTPS needs both, a certificate and its private key");
+  }
+  if (https.cert.empty()) {
+    endpoint->server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto server = std::make_unique<httplib::SSLServer>(https.cert.c_str(), https.key.c_str());
+    if (!server->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", https.cert, " and --tls-key ",
+                                                     https.key, ": cannot load them for HTTPS"));
+    }
+    endpoint->server_ = std::move(server);
+  }
   httplib::Server& server = *endpoint->server_;
   // A scraper that stalls must not pin a thread forever.
   server.set_read_timeout(5, 0);
@@ -42,15 +65,16 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // Live dashboards hold a thread each for their event streams (capped by
   // the routes that serve them); scrapes and probes keep the rest.
   server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
-  server.Get("/metrics", [metrics, expected = token.empty() ? "" : absl::StrCat("Bearer ", token)](
+  server.Get("/metrics", [metrics, authorize = std::move(authorize_metrics)](
                              const httplib::Request& request, httplib::Response& response) {
-    if (!expected.empty() && request.get_header_value("Authorization") != expected) {
-      response.status = 401;
-      response.set_content(
-          "missing or wrong token: send 'Authorization: Bearer $BALLAST_TOKEN' (Prometheus: "
-          "authorization.credentials_file)\n",
-          "text/plain");
-      return;
+    if (authorize) {
+      if (absl::Status s = authorize(request.get_header_value("Authorization")); !s.ok()) {
+        response.status = 401;
+        response.set_content(
+            absl::StrCat(s.message(), " (Prometheus: authorization.credentials_file)\n"),
+            "text/plain");
+        return;
+      }
     }
     response.set_content(metrics->Encode(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -29,6 +29,17 @@ absl::Status SplitHostPort(const std::string& address, const std::string& flag, 
 // An empty host or 0.0.0.0 is every interface.
 bool IsLoopbackHost(const std::string& host);
 
+// An authorize_metrics that admits "Bearer TOKEN" only; nullptr (every
+// request) for an empty token.
+std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
+    const std::string& token);
+
+// PEM files for HTTPS; both empty serves plain HTTP.
+struct HttpsFiles {
+  std::string cert;
+  std::string key;
+};
+
 class HttpEndpoint {
  public:
   // Threads serving requests; a route that holds one for long (an event
@@ -38,15 +49,19 @@ class HttpEndpoint {
   // Binds host:port (port 0 picks a free one) and starts serving.
   // UNAVAILABLE when the address cannot be bound. `metrics` must outlive it;
   // `healthy` is called per /healthz request, from the server's threads.
-  // With a `token`, /metrics answers 401 unless the request carries
-  // "Authorization: Bearer TOKEN" (it names jobs and shows their losses);
-  // /healthz stays open for probes, and says nothing but ok or why not.
-  // `add_routes`, when set, adds the caller's routes (ballastd's dashboard
+  // /metrics names jobs and shows their losses: with `authorize_metrics`,
+  // a request whose Authorization header (empty when absent) it refuses
+  // gets 401 with the refusal's message. /healthz stays open for probes,
+  // and says nothing but ok or why not.
+  // With `https`, HTTPS on the same address (INVALID_ARGUMENT when the
+  // files do not load). `add_routes`, when set, adds the caller's routes (ballastd's dashboard
   // and JSON API) before serving starts.
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
       const std::string& host, int port, const MetricsRegistry* metrics,
-      std::function<absl::Status()> healthy, const std::string& token,
-      const std::function<void(httplib::Server*)>& add_routes = nullptr);
+      std::function<absl::Status()> healthy,
+      std::function<absl::Status(const std::string& authorization)> authorize_metrics,
+      const std::function<void(httplib::Server*)>& add_routes = nullptr,
+      const HttpsFiles& https = {});
   // Stops serving and joins the server thread.
   ~HttpEndpoint();
 

@@ -8,11 +8,42 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/version.h"
 #include "server/http_api.h"
 
 namespace ballast::server {
+
+absl::Status ParseQuotaFlag(absl::string_view flag, std::map<std::string, TenantQuota>* quotas) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quota ", flag, ": ", why,
+        "; write TENANT:max_devices=N,max_queued_jobs=M (TENANT * for every other tenant)"));
+  };
+  const size_t colon = flag.find(':');
+  if (colon == absl::string_view::npos) return bad("no ':' after the tenant");
+  const std::string tenant(flag.substr(0, colon));
+  if (quotas->count(tenant) > 0) return bad(absl::StrCat("tenant ", tenant, " given twice"));
+  TenantQuota quota;
+  for (absl::string_view item : absl::StrSplit(flag.substr(colon + 1), ',')) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(kv.second, &value) || value < 0) {
+      return bad(absl::StrCat("'", item, "' is not KEY=N with N >= 0"));
+    }
+    if (kv.first == "max_devices") {
+      quota.max_devices = value;
+    } else if (kv.first == "max_queued_jobs") {
+      quota.max_queued_jobs = value;
+    } else {
+      return bad(absl::StrCat("unknown key '", kv.first, "'"));
+    }
+  }
+  (*quotas)[tenant] = quota;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions options) {
   std::string grpc_host, http_host;
@@ -74,22 +105,42 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   co.stop_grace_ms = options.stop_grace_ms;
   co.agent_silence_ms = options.agent_silence_ms;
   co.now_ms = options.now_ms;
+  for (const auto& [tenant, quota] : options.quotas) {
+    if (tenant == "*") {
+      co.default_quota = quota;
+    } else if (absl::Status s = CheckTenantName("--quota", tenant); !s.ok()) {
+      return s;
+    } else {
+      co.quotas[tenant] = quota;
+    }
+  }
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(d->store_.get(), &d->metrics_, std::move(co));
   if (!coordinator.ok()) return coordinator.status();
   d->coordinator_ = std::move(*coordinator);
 
-  d->gate_ = std::make_unique<RpcGate>(options.token, &d->metrics_);
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(
+      d->store_.get(), options.token,
+      options.now_ms ? options.now_ms : [] { return absl::ToUnixMillis(absl::Now()); });
+  if (!auth.ok()) return auth.status();
+  d->auth_ = std::move(*auth);
+  d->gate_ = std::make_unique<RpcGate>(d->auth_.get(), &d->metrics_,
+                                       /*worker_certificates=*/!options.tls.ca.empty());
+  d->token_service_ = std::make_unique<TokenServiceImpl>(d->auth_.get(), d->gate_.get());
   d->job_service_ = std::make_unique<JobServiceImpl>(d->coordinator_.get(), d->gate_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->coordinator_.get(), d->gate_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      GrpcServerCredentials(options.tls, "--tls-");
+  if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(options.listen, *credentials, &bound);
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
   builder.RegisterService(d->job_service_.get());
   builder.RegisterService(d->worker_service_.get());
+  builder.RegisterService(d->token_service_.get());
   d->grpc_server_ = builder.BuildAndStart();
   if (d->grpc_server_ == nullptr || bound == 0) {
     return absl::UnavailableError(
@@ -99,10 +150,19 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
 
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
       http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); },
-      options.token,
-      [c = d->coordinator_.get(), token = options.token](httplib::Server* server) {
-        AddHttpApi(server, c, token);
-      });
+      [auth = d->auth_.get()](const std::string& authorization) -> absl::Status {
+        // Every tenant's jobs are on /metrics: admins only.
+        absl::StatusOr<Principal> who = auth->Authenticate(authorization);
+        if (!who.ok()) return who.status();
+        if (who->role != v1::ROLE_ADMIN) {
+          return absl::PermissionDeniedError("/metrics shows every tenant's jobs: an admin token");
+        }
+        return absl::OkStatus();
+      },
+      [c = d->coordinator_.get(), auth = d->auth_.get()](httplib::Server* server) {
+        AddHttpApi(server, c, auth);
+      },
+      HttpsFiles{options.tls.cert, options.tls.key});
   if (!http.ok()) return http.status();
   d->http_ = std::move(*http);
   d->http_address_ =

@@ -1,7 +1,7 @@
 // Ballastd: the whole coordinator process as one object — store, coordinator,
-// gRPC server (JobService, WorkerService, grpc.health.v1, reflection) and the
-// HTTP endpoint. main() parses flags into BallastdOptions; tests and
-// benchmarks start one in-process on ephemeral ports. Thread-safe.
+// authenticator, gRPC server (JobService, WorkerService, TokenService,
+// grpc.health.v1, reflection) and the HTTP endpoint. main() parses flags into BallastdOptions;
+// tests and benchmarks start one in-process on ephemeral ports. Thread-safe.
 #ifndef BALLAST_SERVER_BALLASTD_H_
 #define BALLAST_SERVER_BALLASTD_H_
 
@@ -9,13 +9,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/http_endpoint.h"
 #include "common/metrics.h"
+#include "common/tls.h"
+#include "server/authenticator.h"
 #include "server/coordinator.h"
 #include "server/services.h"
 #include "server/store.h"
@@ -38,11 +42,24 @@ struct BallastdOptions {
   int64_t stop_grace_ms = 10000;
   // CoordinatorOptions::agent_silence_ms; 0 picks half the lease.
   int64_t agent_silence_ms = 0;
-  // When set, RPCs must carry "authorization: Bearer TOKEN".
+  // The bootstrap admin token (BALLAST_TOKEN). Empty: no auth, so loopback
+  // only. Set: every call needs it or a token from TokenService.
   std::string token;
+  // Per-tenant limits (--quota TENANT:max_devices=N,max_queued_jobs=M);
+  // "*" is the default for tenants not named.
+  std::map<std::string, TenantQuota> quotas;
+  // --tls-cert/--tls-key serve gRPC and HTTP over TLS; --tls-client-ca also
+  // verifies client certificates, and a worker token's calls then need one
+  // whose CN is its worker id (mTLS for workers).
+  TlsFiles tls;
   // Unix ms; empty means the system clock.
   std::function<int64_t()> now_ms;
 };
+
+// One --quota flag: "TENANT:max_devices=N,max_queued_jobs=M" (either key
+// may be left out; 0 is no limit), TENANT "*" for every tenant not named.
+// INVALID_ARGUMENT naming what is wrong.
+absl::Status ParseQuotaFlag(absl::string_view flag, std::map<std::string, TenantQuota>* quotas);
 
 class Ballastd {
  public:
@@ -68,9 +85,11 @@ class Ballastd {
   MetricsRegistry metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RpcGate> gate_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<TokenServiceImpl> token_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<HttpEndpoint> http_;
   std::string grpc_address_;

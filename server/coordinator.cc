@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -232,7 +233,11 @@ absl::Status Coordinator::Load() {
     const std::string id = r.job.id();
     last_order_ = std::max(last_order_, r.order);
     job_order_[r.order] = id;
-    if (!r.job.request_id().empty()) request_ids_[r.job.request_id()] = id;
+    // Jobs stored before tenants belong to the default one.
+    if (r.job.tenant().empty()) r.job.set_tenant(kDefaultTenant);
+    if (!r.job.request_id().empty()) {
+      request_ids_[ScopedRequestId(r.job.tenant(), r.job.request_id())] = id;
+    }
     JobEntry& job = jobs_[id];
     job.record = std::move(r);
     const v1::Job& j = job.record.job;
@@ -309,6 +314,17 @@ void Coordinator::LeaseLoop() {
 Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<Coordinator::JobEntry*> Coordinator::VisibleJob(const std::string& job_id,
+                                                               const std::string& scope) {
+  JobEntry* job = FindJob(job_id);
+  // Another tenant's job answers exactly as a job that does not exist.
+  if (job == nullptr || (!scope.empty() && job->record.job.tenant() != scope)) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", absl::CHexEscape(job_id.substr(0, 128)), " not found"));
+  }
+  return job;
 }
 
 void Coordinator::Touch(JobEntry* job) {
@@ -503,7 +519,22 @@ void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
 void Coordinator::RunScheduler() {
   if (scheduler_.queued() == 0) return;
   const auto start = std::chrono::steady_clock::now();
-  std::vector<Decision> decisions = scheduler_.Schedule();
+  // Devices each tenant's live ranks hold, for the device quotas.
+  std::map<std::string, int64_t> tenant_devices;
+  for (const auto& [key, device] : live_ranks_) {
+    if (const JobEntry* job = FindJob(std::get<0>(key))) {
+      ++tenant_devices[job->record.job.tenant()];
+    }
+  }
+  std::vector<Decision> decisions =
+      scheduler_.Schedule([&](const std::string& job_id, int32_t devices) {
+        const std::string& tenant = jobs_.at(job_id).record.job.tenant();
+        const int32_t quota = QuotaOf(tenant).max_devices;
+        int64_t& used = tenant_devices[tenant];
+        if (quota > 0 && used + devices > quota) return false;
+        used += devices;
+        return true;
+      });
   metrics_->Observe(
       "ballast_scheduler_decision_seconds", {},
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -545,14 +576,17 @@ void Coordinator::RunScheduler() {
 // ---------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id) {
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
+                                               const std::string& tenant) {
   if (request_id.size() > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: ", request_id.size(), " characters; allowed at most 128"));
   }
+  // Idempotency keys are per tenant: one tenant's key never returns another's job.
+  const std::string request_key = ScopedRequestId(tenant, request_id);
   auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::Job* {
     if (request_id.empty()) return nullptr;
-    auto it = request_ids_.find(request_id);
+    auto it = request_ids_.find(request_key);
     return it == request_ids_.end() ? nullptr : &jobs_.at(it->second).record.job;
   };
   {
@@ -566,6 +600,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
   if (const v1::Job* j = existing()) return *j;
   if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
+  if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
   std::string id;
   do {
     id = NewId("job-", 12);
@@ -580,6 +615,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   j.set_updated_ms(j.created_ms());
   j.set_output_dir((std::filesystem::path(options_.output_root) / id).string());
   j.set_request_id(request_id);
+  j.set_tenant(tenant);
   if (absl::Status s =
           TimedStoreWrite(metrics_, "insert_job", [&] { return store_->InsertJob(record); });
       !s.ok()) {
@@ -587,7 +623,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   }
   last_order_ = record.order;
   job_order_[record.order] = id;
-  if (!request_id.empty()) request_ids_[request_id] = id;
+  if (!request_id.empty()) request_ids_[request_key] = id;
   JobEntry& job = jobs_[id];
   job.record = std::move(record);
   // The first event: from UNSPECIFIED (nothing) to QUEUED.
@@ -634,18 +670,47 @@ absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind
       workers == 1 ? " worker: " : " workers: ", absl::StrJoin(listed, ", "), ")"));
 }
 
-absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
+const TenantQuota& Coordinator::QuotaOf(const std::string& tenant) const {
+  auto it = options_.quotas.find(tenant);
+  return it == options_.quotas.end() ? options_.default_quota : it->second;
+}
+
+absl::Status Coordinator::CheckQuota(const std::string& tenant, int32_t devices) const {
+  const TenantQuota& quota = QuotaOf(tenant);
+  if (quota.max_devices > 0 && devices > quota.max_devices) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("devices ", devices, ": tenant ", tenant, "'s quota max_devices is ",
+                     quota.max_devices, ", so this job could never start (ballastd --quota)"));
+  }
+  if (quota.max_queued_jobs > 0) {
+    int64_t queued = 0;
+    for (const auto& [id, job] : jobs_) {
+      queued += job.record.job.tenant() == tenant && job.record.job.state() == v1::JOB_STATE_QUEUED;
+    }
+    if (queued >= quota.max_queued_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant ", tenant, " has ", queued,
+                       " queued jobs, its quota max_queued_jobs (ballastd "
+                       "--quota): wait for some to start, or cancel some"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, const std::string& scope) {
   absl::MutexLock lock(&mu_);
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  if (!visible.ok()) return visible.status();
+  JobEntry* job = *visible;
   return job->record.job;
 }
 
 absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
-    const std::string& job_id) {
+    const std::string& job_id, const std::string& scope) {
   absl::MutexLock lock(&mu_);
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  if (!visible.ok()) return visible.status();
+  JobEntry* job = *visible;
   std::vector<RankStats> stats;
   for (const auto& [rank, series] : job->ranks) {
     stats.push_back({.rank = rank,
@@ -657,7 +722,8 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
   return stats;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           const std::string& scope) {
   if (request.page_size() < 0 || request.page_size() > 1000) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size: ", request.page_size(), "; allowed 1..1000, 0 means 100"));
@@ -679,6 +745,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
        it != job_order_.rend(); ++it) {
     const v1::Job& j = jobs_.at(it->second).record.job;
     if (!states.empty() && states.count(j.state()) == 0) continue;
+    if (!scope.empty() && j.tenant() != scope) continue;
     const size_t size = j.ByteSizeLong();
     if (response.jobs_size() == page_size ||
         (response.jobs_size() > 0 && bytes + size > options_.list_page_bytes)) {
@@ -691,10 +758,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
+                                               const std::string& scope) {
   absl::MutexLock lock(&mu_);
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  if (!visible.ok()) return visible.status();
+  JobEntry* job = *visible;
   const v1::JobState state = job->record.job.state();
   if (Terminal(state) || state == v1::JOB_STATE_CANCELLING) return job->record.job;
   if (state == v1::JOB_STATE_QUEUED) {
@@ -710,10 +779,12 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
   return job->record.job;
 }
 
-absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int64_t to_step) {
+absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int64_t to_step,
+                                                 const std::string& scope) {
   absl::MutexLock lock(&mu_);
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  if (!visible.ok()) return visible.status();
+  JobEntry* job = *visible;
   v1::Job& j = job->record.job;
   if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", StateName(j.state()),
@@ -745,11 +816,13 @@ absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int6
 }
 
 absl::StatusOr<std::unique_ptr<EventWatch>> Coordinator::WatchJob(const std::string& job_id,
-                                                                  int64_t after_seq) {
+                                                                  int64_t after_seq,
+                                                                  const std::string& scope) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  if (!visible.ok()) return visible.status();
+  JobEntry* job = *visible;
   auto mailbox = std::make_shared<Mailbox<v1::JobEvent>>(kWatchMailbox);
   job->watchers.push_back(mailbox);
   // Everything up to last_seq is stored already; later events reach the
@@ -829,7 +902,7 @@ bool Coordinator::ReleaseLostRanks(const WorkerEntry& worker, const std::string&
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
+    const v1::RegisterWorkerRequest& request, const std::string& bound_worker_id) {
   if (request.host().empty()) {
     return absl::InvalidArgumentError("host: required, the address other nodes reach this one at");
   }
@@ -846,7 +919,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  std::string id = request.previous_worker_id();
+  // A worker token's id wins over the id the worker remembers: the token is
+  // who it is, and what it remembers is only a hint (ranks of another id it
+  // still runs are stopped below as stale).
+  std::string id = bound_worker_id.empty() ? request.previous_worker_id() : bound_worker_id;
   if (id.empty()) {
     do {
       id = NewId("worker-", 12);
@@ -1070,6 +1146,17 @@ absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
   absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
   if (!live.ok()) return live.status();
   WorkerEntry& w = **live;
+  // A worker numbers its reports from its start time in microseconds, one
+  // by one: a report_id a day past now is no worker's (and would make every
+  // real report after it look seen before).
+  const int64_t horizon = (options_.now_ms() + kReportIdHorizonMs) * 1000;
+  if (request.report_id() <= 0 || request.report_id() > horizon) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("report_id: ", request.report_id(),
+                     "; a worker's report ids count up from its start "
+                     "time in microseconds, so allowed 1..",
+                     horizon));
+  }
   v1::ReportEventsResponse response;
   response.set_acked_report_id(request.report_id());
   // At least once on the wire, at most once here.

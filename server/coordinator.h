@@ -32,6 +32,14 @@
 
 namespace ballast::server {
 
+// Limits on one tenant; 0 is no limit.
+struct TenantQuota {
+  // Devices its running jobs hold at once; a job that would pass it waits.
+  int32_t max_devices = 0;
+  // Jobs it may have QUEUED; one more is refused with RESOURCE_EXHAUSTED.
+  int32_t max_queued_jobs = 0;
+};
+
 struct CoordinatorOptions {
   // A job's output_dir is OUTPUT_ROOT/JOB_ID.
   std::string output_root;
@@ -56,6 +64,9 @@ struct CoordinatorOptions {
   // default 4 MiB message limit, which jobs with large specs once passed,
   // breaking `ballast list` for every user. The client follows the pages.
   size_t list_page_bytes = size_t{2} << 20;
+  // By tenant; a tenant not named gets default_quota.
+  std::map<std::string, TenantQuota> quotas;
+  TenantQuota default_quota;
   // Unix time in ms. Tests pass a fake clock to expire leases on demand.
   std::function<int64_t()> now_ms;
 };
@@ -125,15 +136,22 @@ class Coordinator {
   ~Coordinator();
 
   // --- JobService ---
-  // Validates (ranges and files) and queues a job. With a request_id seen
-  // before, returns that job unchanged. INVALID_ARGUMENT names the field, or
-  // gives the largest gang the live workers can place when `devices` is above
-  // it (with no live worker yet, the job is queued).
-  absl::StatusOr<v1::Job> SubmitJob(v1::JobSpec spec, const std::string& request_id);
+  // Each call on a job takes a `scope`: the tenant whose jobs the caller may
+  // see, or empty for every tenant (an admin). A job outside the scope is
+  // NOT_FOUND, exactly like a job that does not exist.
+  //
+  // Validates (ranges and files) and queues a job of `tenant`. With a
+  // request_id the tenant used before, returns that job unchanged.
+  // INVALID_ARGUMENT names the field, or gives the largest gang the live
+  // workers can place when `devices` is above it (with no live worker yet,
+  // the job is queued). RESOURCE_EXHAUSTED names the tenant's quota.
+  absl::StatusOr<v1::Job> SubmitJob(v1::JobSpec spec, const std::string& request_id,
+                                    const std::string& tenant = kDefaultTenant);
   // NOT_FOUND for an unknown id.
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, const std::string& scope = "");
   // Newest first; INVALID_ARGUMENT for a bad page_size or page_token.
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                const std::string& scope = "");
   // What each rank of a job reported, across attempts (the ballast_rank_*
   // series): steps timed, their total seconds, peak memory, bytes sent.
   struct RankStats {
@@ -144,31 +162,39 @@ class Coordinator {
     double communicated_bytes = 0;
   };
   // By rank; NOT_FOUND for an unknown id.
-  absl::StatusOr<std::vector<RankStats>> JobRankStats(const std::string& job_id);
+  absl::StatusOr<std::vector<RankStats>> JobRankStats(const std::string& job_id,
+                                                      const std::string& scope = "");
   // QUEUED -> CANCELLED; running -> CANCELLING until its ranks are gone.
   // Terminal or already cancelling: the job unchanged.
-  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& scope = "");
   // Stops the ranks and requeues the job to resume at or before to_step.
   // FAILED_PRECONDITION when terminal or cancelling; INVALID_ARGUMENT when
   // to_step is outside 1..step.
-  absl::StatusOr<v1::Job> RollbackJob(const std::string& job_id, int64_t to_step);
+  absl::StatusOr<v1::Job> RollbackJob(const std::string& job_id, int64_t to_step,
+                                      const std::string& scope = "");
   // NOT_FOUND for an unknown id. The watch must be destroyed before the
   // coordinator.
-  absl::StatusOr<std::unique_ptr<EventWatch>> WatchJob(const std::string& job_id,
-                                                       int64_t after_seq);
+  absl::StatusOr<std::unique_ptr<EventWatch>> WatchJob(const std::string& job_id, int64_t after_seq,
+                                                       const std::string& scope = "");
   std::vector<v1::Worker> ListWorkers();
 
   // --- WorkerService ---
-  // INVALID_ARGUMENT for a bad host, device_kind or capacity.
+  // INVALID_ARGUMENT for a bad host, device_kind or capacity. A worker
+  // token's `bound_worker_id` is the id it registers as, whatever the
+  // request's previous_worker_id says; without one, previous_worker_id
+  // re-adopts.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
-      const v1::RegisterWorkerRequest& request);
+      const v1::RegisterWorkerRequest& request, const std::string& bound_worker_id = "");
   // NOT_FOUND when the worker is unknown or its lease ran out: register again.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // NOT_FOUND when the worker is unknown or dead. Replaces the worker's
   // previous stream, which ends.
   absl::StatusOr<std::unique_ptr<AssignmentFeed>> StreamAssignments(const std::string& worker_id);
-  // Applies rank events at most once per (worker, report_id). NOT_FOUND when
-  // the worker is unknown or dead.
+  // Applies rank events at most once per (worker, report_id); only events of
+  // ranks assigned to that worker count. NOT_FOUND when the worker is
+  // unknown or dead; INVALID_ARGUMENT for a report_id beyond what the worker
+  // could have reached (one far ahead would make every later report look
+  // seen before).
   absl::StatusOr<v1::ReportEventsResponse> ReportEvents(const v1::ReportEventsRequest& request);
 
   // Marks workers past their lease dead, and once agent_silence_ms (and the
@@ -180,6 +206,9 @@ class Coordinator {
   // What a dead worker's ranks get beyond agent_silence_ms to notice the
   // silence (they look four times per limit) and exit.
   static constexpr int64_t kFenceMarginMs = 1000;
+  // How far past the coordinator's clock a report_id (in microseconds) may
+  // be: room for clock skew between hosts, not for a forged id.
+  static constexpr int64_t kReportIdHorizonMs = 24 * 3600 * 1000;
 
   // Ends every stream and stops the lease thread. Idempotent.
   void Shutdown();
@@ -231,6 +260,14 @@ class Coordinator {
   void CollectMetrics(std::vector<MetricFamily>* out);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job if `scope` (a tenant, or empty for all) may see it; NOT_FOUND else.
+  absl::StatusOr<JobEntry*> VisibleJob(const std::string& job_id, const std::string& scope)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const TenantQuota& QuotaOf(const std::string& tenant) const;
+  // RESOURCE_EXHAUSTED when a new job of `devices` would pass the tenant's
+  // quota: more devices than it may ever hold, or one queued job too many.
+  absl::Status CheckQuota(const std::string& tenant, int32_t devices) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds an event with the job's next seq, the time and the attempt; Flush
   // stores and publishes it.
   void AddEvent(JobEntry* job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

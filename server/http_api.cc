@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -60,13 +61,21 @@ bool IntParam(const httplib::Request& request, httplib::Response& response, cons
 
 }  // namespace
 
-void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::string& token) {
-  const std::string expected = token.empty() ? "" : absl::StrCat("Bearer ", token);
-  // The same rule as the gRPC API: without the token, nothing but 401.
-  auto authorized = [expected](const httplib::Request& request, httplib::Response& response) {
-    if (expected.empty() || request.get_header_value("Authorization") == expected) return true;
-    Error(response, 401, "missing or wrong token: send 'Authorization: Bearer $BALLAST_TOKEN'");
-    return false;
+void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authenticator* auth) {
+  // The same rule as the gRPC API: who calls, and the jobs of whose tenant
+  // it sees. Workers' tokens read no jobs.
+  auto authorized = [auth](const httplib::Request& request,
+                           httplib::Response& response) -> std::optional<Principal> {
+    absl::StatusOr<Principal> who = auth->Authenticate(request.get_header_value("Authorization"));
+    if (!who.ok()) {
+      Error(response, 401, std::string(who.status().message()));
+      return std::nullopt;
+    }
+    if (who->role == v1::ROLE_WORKER) {
+      Error(response, 403, "a worker token cannot read jobs");
+      return std::nullopt;
+    }
+    return *who;
   };
 
   for (const DashboardAsset& asset : DashboardAssets()) {
@@ -77,7 +86,8 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
   }
 
   server->Get("/api/v1/jobs", [=](const httplib::Request& request, httplib::Response& response) {
-    if (!authorized(request, response)) return;
+    const std::optional<Principal> who = authorized(request, response);
+    if (!who) return;
     v1::ListJobsRequest list;
     int64_t limit = 0;
     if (!IntParam(request, response, "limit", 100, 1000, &limit)) return;
@@ -95,15 +105,16 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
       }
       list.add_states(state);
     }
-    absl::StatusOr<v1::ListJobsResponse> jobs = coordinator->ListJobs(list);
+    absl::StatusOr<v1::ListJobsResponse> jobs = coordinator->ListJobs(list, who->JobScope());
     if (!jobs.ok()) return Error(response, HttpStatusOf(jobs.status()), jobs.status().ToString());
     response.set_content(ToJson(*jobs), kJson);
   });
 
   server->Get(
       R"(/api/v1/jobs/([^/]+))", [=](const httplib::Request& request, httplib::Response& response) {
-        if (!authorized(request, response)) return;
-        absl::StatusOr<v1::Job> job = coordinator->GetJob(request.matches[1]);
+        const std::optional<Principal> who = authorized(request, response);
+        if (!who) return;
+        absl::StatusOr<v1::Job> job = coordinator->GetJob(request.matches[1], who->JobScope());
         if (!job.ok()) {
           return Error(response, HttpStatusOf(job.status()), std::string(job.status().message()));
         }
@@ -112,9 +123,10 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
 
   server->Get(R"(/api/v1/jobs/([^/]+)/ranks)", [=](const httplib::Request& request,
                                                    httplib::Response& response) {
-    if (!authorized(request, response)) return;
+    const std::optional<Principal> who = authorized(request, response);
+    if (!who) return;
     absl::StatusOr<std::vector<Coordinator::RankStats>> ranks =
-        coordinator->JobRankStats(request.matches[1]);
+        coordinator->JobRankStats(request.matches[1], who->JobScope());
     if (!ranks.ok()) {
       return Error(response, HttpStatusOf(ranks.status()), std::string(ranks.status().message()));
     }
@@ -131,7 +143,8 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
 
   server->Get(R"(/api/v1/jobs/([^/]+)/events)", [=](const httplib::Request& request,
                                                     httplib::Response& response) {
-    if (!authorized(request, response)) return;
+    const std::optional<Principal> who = authorized(request, response);
+    if (!who) return;
     int64_t after = 0;
     int64_t limit = 0;
     if (!IntParam(request, response, "after", 0, INT64_MAX, &after) ||
@@ -139,7 +152,7 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
       return;
     }
     absl::StatusOr<std::unique_ptr<EventWatch>> watch =
-        coordinator->WatchJob(request.matches[1], after);
+        coordinator->WatchJob(request.matches[1], after, who->JobScope());
     if (!watch.ok()) {
       return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
     }
@@ -159,7 +172,8 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
   auto streams = std::make_shared<std::atomic<int>>(0);
   server->Get(R"(/api/v1/jobs/([^/]+)/stream)", [=](const httplib::Request& request,
                                                     httplib::Response& response) {
-    if (!authorized(request, response)) return;
+    const std::optional<Principal> who = authorized(request, response);
+    if (!who) return;
     int64_t after = 0;
     if (!IntParam(request, response, "after", 0, INT64_MAX, &after)) return;
     // EventSource sends the last id it saw when it reconnects.
@@ -169,7 +183,7 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::st
       }
     }
     absl::StatusOr<std::unique_ptr<EventWatch>> watch =
-        coordinator->WatchJob(request.matches[1], after);
+        coordinator->WatchJob(request.matches[1], after, who->JobScope());
     if (!watch.ok()) {
       return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
     }

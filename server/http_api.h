@@ -8,13 +8,15 @@
 //   GET /api/v1/jobs/ID/stream[?after=SEQ]   server-sent events, live
 // Objects are the API's protobuf messages in proto3 JSON (int64 as strings).
 // Errors are {"error": "..."} with 400 (a bad parameter), 401 (no or a wrong
-// token, when ballastd has one: `Authorization: Bearer TOKEN`, as gRPC),
-// 404 (an unknown job or path) or 503 (too many live streams).
+// token, when ballastd has auth: `Authorization: Bearer TOKEN`, as gRPC),
+// 403 (a worker's token), 404 (an unknown job or path, or another tenant's
+// job) or 503 (too many live streams).
 #ifndef BALLAST_SERVER_HTTP_API_H_
 #define BALLAST_SERVER_HTTP_API_H_
 
 #include <string>
 
+#include "server/authenticator.h"
 #include "server/coordinator.h"
 
 namespace httplib {
@@ -27,9 +29,8 @@ namespace ballast::server {
 // that scrapes and probes keep threads (HttpEndpoint::kThreads).
 inline constexpr int kMaxEventStreams = 10;
 
-// Adds the routes above. `coordinator` must outlive the server; `token`
-// empty lets every request in.
-void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const std::string& token);
+// Adds the routes above. `coordinator` and `auth` must outlive the server.
+void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authenticator* auth);
 
 }  // namespace ballast::server
 

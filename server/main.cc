@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/version.h"
 #include "server/ballastd.h"
@@ -75,6 +77,17 @@ int main(int argc, char** argv) {
   app.add_option("--agent-silence-ms", options.agent_silence_ms,
                  "A rank whose worker sends no keepalive this long stops by itself; a lost "
                  "worker's jobs wait this long (+1 s) after its lease (default: half the lease)");
+  app.add_option("--tls-cert", options.tls.cert,
+                 "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)");
+  app.add_option("--tls-key", options.tls.key, "The private key of --tls-cert");
+  app.add_option("--tls-client-ca", options.tls.ca,
+                 "PEM CA that signs workers' client certificates: a worker token's calls then "
+                 "need one whose CN is its worker id (mTLS)");
+  std::vector<std::string> quotas;
+  app.add_option("--quota", quotas,
+                 "Per-tenant limit, TENANT:max_devices=N,max_queued_jobs=M (0: none; TENANT * "
+                 "for every tenant not named); repeatable")
+      ->allow_extra_args(false);
   app.add_option("--ready-file", ready_file,
                  "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
   CLI11_PARSE(app, argc, argv);
@@ -95,6 +108,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
+  for (const std::string& quota : quotas) {
+    if (absl::Status s = ballast::server::ParseQuotaFlag(quota, &options.quotas); !s.ok()) {
+      std::cerr << "ballastd: " << s.message() << "\n";
+      return 2;
+    }
+  }
 
   // Every thread started from here on inherits the blocked signals, so only
   // sigwait below receives them.
@@ -113,8 +132,8 @@ int main(int argc, char** argv) {
   std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
             << (*server)->http_address() << ", store " << options.store_url << std::endl;
   if (options.token.empty()) {
-    std::cerr << "ballastd: no BALLAST_TOKEN: no auth, so on loopback only (set it to listen "
-                 "on other addresses)"
+    std::cerr << "ballastd: no BALLAST_TOKEN: no auth (every caller is an admin), so on "
+                 "loopback only; set it to listen on other addresses and to make tokens"
               << std::endl;
   }
   if (!ready_file.empty() &&

@@ -79,7 +79,8 @@ void Scheduler::Take(const std::string& worker_id, Worker* worker, int32_t count
   }
 }
 
-std::vector<Decision> Scheduler::Schedule() {
+std::vector<Decision> Scheduler::Schedule(
+    const std::function<bool(const std::string& job_id, int32_t devices)>& admit) {
   std::vector<std::pair<const std::string*, Worker*>> by_position;
   by_position.reserve(workers_.size());
   std::map<std::string, Pool> pools;
@@ -123,6 +124,10 @@ std::vector<Decision> Scheduler::Schedule() {
         reserved = true;
         Reserve(it->second, capacity, &pools, &usable_free);
       }
+      ++it;
+      continue;
+    }
+    if (admit && !admit(it->first.job_id, need)) {
       ++it;
       continue;
     }

@@ -64,8 +64,11 @@ class Scheduler {
 
   // Starts every queued job that fits now, in order, honouring the head
   // job's reservation. The started jobs leave the queue and their devices
-  // become busy.
-  std::vector<Decision> Schedule();
+  // become busy. `admit`, when given, is asked about each job that fits,
+  // just before it is placed: false leaves it queued without a reservation
+  // (a tenant at its device quota must not hold devices from others).
+  std::vector<Decision> Schedule(
+      const std::function<bool(const std::string& job_id, int32_t devices)>& admit = nullptr);
 
  private:
   struct QueueKey {

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace ballast::server {
@@ -62,6 +63,14 @@ bool WriteAll(grpc::ServerWriter<T>* writer, const std::vector<T>& batch, size_t
 
 const grpc::Status kClientGone(grpc::CANCELLED, "the client went away");
 
+// A worker token speaks for its own worker id only; an admin for any.
+grpc::Status CheckActsAsItself(const Principal& who, const std::string& worker_id) {
+  if (who.role != v1::ROLE_WORKER || worker_id == who.worker_id) return grpc::Status::OK;
+  return grpc::Status(grpc::PERMISSION_DENIED,
+                      absl::StrCat("this worker token belongs to worker ", who.worker_id,
+                                   ", not to ", absl::CHexEscape(worker_id.substr(0, 128))));
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -69,8 +78,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-RpcGate::RpcGate(std::string token, MetricsRegistry* metrics)
-    : expected_(token.empty() ? "" : absl::StrCat("Bearer ", token)), metrics_(metrics) {
+RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates)
+    : auth_(auth), metrics_(metrics), worker_certificates_(worker_certificates) {
   metrics_->Describe("ballast_grpc_requests_total", "gRPC calls handled, by method and code.",
                      MetricType::kCounter);
   metrics_->Describe("ballast_grpc_request_seconds",
@@ -80,15 +89,39 @@ RpcGate::RpcGate(std::string token, MetricsRegistry* metrics)
                      {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300});
 }
 
-grpc::Status RpcGate::Authorize(grpc::ServerContext* context) const {
-  if (expected_.empty()) return grpc::Status::OK;
+grpc::Status RpcGate::Authorize(grpc::ServerContext* context, Audience audience,
+                                Principal* principal) const {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end() || std::string_view(it->second.data(), it->second.size()) != expected_) {
-    return grpc::Status(grpc::UNAUTHENTICATED,
-                        "missing or wrong token: send 'authorization: Bearer $BALLAST_TOKEN'");
+  absl::StatusOr<Principal> who = auth_->Authenticate(
+      it == metadata.end() ? absl::string_view()
+                           : absl::string_view(it->second.data(), it->second.size()));
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  *principal = *std::move(who);
+  if (principal->role == v1::ROLE_ADMIN) return grpc::Status::OK;
+  if (principal->role == v1::ROLE_WORKER && worker_certificates_) {
+    // gRPC verified the chain against --tls-client-ca; the name must be ours.
+    bool matches = false;
+    for (const grpc::string_ref& cn :
+         context->auth_context()->FindPropertyValues("x509_common_name")) {
+      matches |= absl::string_view(cn.data(), cn.size()) == principal->worker_id;
+    }
+    if (!matches) {
+      return grpc::Status(grpc::PERMISSION_DENIED,
+                          absl::StrCat("worker ", principal->worker_id,
+                                       " must present a client certificate (signed by ballastd's "
+                                       "--tls-client-ca) whose CN is ",
+                                       principal->worker_id));
+    }
   }
-  return grpc::Status::OK;
+  const bool allowed = (audience == Audience::kUsers && principal->role == v1::ROLE_USER) ||
+                       (audience == Audience::kWorkers && principal->role == v1::ROLE_WORKER);
+  if (allowed) return grpc::Status::OK;
+  return grpc::Status(grpc::PERMISSION_DENIED,
+                      audience == Audience::kAdmins  ? "only an admin token manages tokens"
+                      : audience == Audience::kUsers ? "a worker token cannot call the job API"
+                                                     : "only a worker token (or an admin's) can "
+                                                       "call the worker API");
 }
 
 void RpcGate::Count(const char* method, const grpc::Status& status, absl::Duration elapsed) {
@@ -110,43 +143,48 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
-  return gate_->Serve("SubmitJob", context, [&] {
-    return Reply(coordinator_->SubmitJob(request->spec(), request->request_id()), response);
+  return gate_->Serve("SubmitJob", Audience::kUsers, context, [&](const Principal& who) {
+    return Reply(coordinator_->SubmitJob(request->spec(), request->request_id(), who.tenant),
+                 response);
   });
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
-  return gate_->Serve("GetJob", context,
-                      [&] { return Reply(coordinator_->GetJob(request->job_id()), response); });
+  return gate_->Serve("GetJob", Audience::kUsers, context, [&](const Principal& who) {
+    return Reply(coordinator_->GetJob(request->job_id(), who.JobScope()), response);
+  });
 }
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  return gate_->Serve("ListJobs", context,
-                      [&] { return Reply(coordinator_->ListJobs(*request), response); });
+  return gate_->Serve("ListJobs", Audience::kUsers, context, [&](const Principal& who) {
+    return Reply(coordinator_->ListJobs(*request, who.JobScope()), response);
+  });
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request, v1::Job* response) {
-  return gate_->Serve("CancelJob", context,
-                      [&] { return Reply(coordinator_->CancelJob(request->job_id()), response); });
+  return gate_->Serve("CancelJob", Audience::kUsers, context, [&](const Principal& who) {
+    return Reply(coordinator_->CancelJob(request->job_id(), who.JobScope()), response);
+  });
 }
 
 grpc::Status JobServiceImpl::RollbackJob(grpc::ServerContext* context,
                                          const v1::RollbackJobRequest* request, v1::Job* response) {
-  return gate_->Serve("RollbackJob", context, [&] {
-    return Reply(coordinator_->RollbackJob(request->job_id(), request->to_step()), response);
+  return gate_->Serve("RollbackJob", Audience::kUsers, context, [&](const Principal& who) {
+    return Reply(coordinator_->RollbackJob(request->job_id(), request->to_step(), who.JobScope()),
+                 response);
   });
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
-  return gate_->Serve("WatchJob", context, [&] {
+  return gate_->Serve("WatchJob", Audience::kUsers, context, [&](const Principal& who) {
     absl::StatusOr<std::unique_ptr<EventWatch>> watch =
-        coordinator_->WatchJob(request->job_id(), request->after_seq());
+        coordinator_->WatchJob(request->job_id(), request->after_seq(), who.JobScope());
     if (!watch.ok()) return ToGrpcStatus(watch.status());
     std::vector<v1::JobEvent> batch;
     while (!context->IsCancelled()) {
@@ -164,7 +202,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
                                          const v1::ListWorkersRequest* /*request*/,
                                          v1::ListWorkersResponse* response) {
-  return gate_->Serve("ListWorkers", context, [&] {
+  return gate_->Serve("ListWorkers", Audience::kUsers, context, [&](const Principal&) {
     for (v1::Worker& w : coordinator_->ListWorkers()) *response->add_workers() = std::move(w);
     return grpc::Status::OK;
   });
@@ -176,21 +214,25 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
 grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
                                                v1::RegisterWorkerResponse* response) {
-  return gate_->Serve("RegisterWorker", context,
-                      [&] { return Reply(coordinator_->RegisterWorker(*request), response); });
+  return gate_->Serve("RegisterWorker", Audience::kWorkers, context, [&](const Principal& who) {
+    return Reply(coordinator_->RegisterWorker(*request, who.worker_id), response);
+  });
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
                                           const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
-  return gate_->Serve("Heartbeat", context,
-                      [&] { return Reply(coordinator_->Heartbeat(*request), response); });
+  return gate_->Serve("Heartbeat", Audience::kWorkers, context, [&](const Principal& who) {
+    if (grpc::Status s = CheckActsAsItself(who, request->worker_id()); !s.ok()) return s;
+    return Reply(coordinator_->Heartbeat(*request), response);
+  });
 }
 
 grpc::Status WorkerServiceImpl::StreamAssignments(grpc::ServerContext* context,
                                                   const v1::StreamAssignmentsRequest* request,
                                                   grpc::ServerWriter<v1::Assignment>* writer) {
-  return gate_->Serve("StreamAssignments", context, [&] {
+  return gate_->Serve("StreamAssignments", Audience::kWorkers, context, [&](const Principal& who) {
+    if (grpc::Status s = CheckActsAsItself(who, request->worker_id()); !s.ok()) return s;
     absl::StatusOr<std::unique_ptr<AssignmentFeed>> feed =
         coordinator_->StreamAssignments(request->worker_id());
     if (!feed.ok()) return ToGrpcStatus(feed.status());
@@ -219,8 +261,38 @@ grpc::Status WorkerServiceImpl::StreamAssignments(grpc::ServerContext* context,
 grpc::Status WorkerServiceImpl::ReportEvents(grpc::ServerContext* context,
                                              const v1::ReportEventsRequest* request,
                                              v1::ReportEventsResponse* response) {
-  return gate_->Serve("ReportEvents", context,
-                      [&] { return Reply(coordinator_->ReportEvents(*request), response); });
+  return gate_->Serve("ReportEvents", Audience::kWorkers, context, [&](const Principal& who) {
+    if (grpc::Status s = CheckActsAsItself(who, request->worker_id()); !s.ok()) return s;
+    return Reply(coordinator_->ReportEvents(*request), response);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// TokenService
+
+grpc::Status TokenServiceImpl::CreateToken(grpc::ServerContext* context,
+                                           const v1::CreateTokenRequest* request,
+                                           v1::CreateTokenResponse* response) {
+  return gate_->Serve("CreateToken", Audience::kAdmins, context, [&](const Principal&) {
+    return Reply(auth_->CreateToken(*request), response);
+  });
+}
+
+grpc::Status TokenServiceImpl::ListTokens(grpc::ServerContext* context,
+                                          const v1::ListTokensRequest* /*request*/,
+                                          v1::ListTokensResponse* response) {
+  return gate_->Serve("ListTokens", Audience::kAdmins, context, [&](const Principal&) {
+    *response = auth_->ListTokens();
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status TokenServiceImpl::RevokeToken(grpc::ServerContext* context,
+                                           const v1::RevokeTokenRequest* request,
+                                           v1::Token* response) {
+  return gate_->Serve("RevokeToken", Audience::kAdmins, context, [&](const Principal&) {
+    return Reply(auth_->RevokeToken(request->id()), response);
+  });
 }
 
 }  // namespace ballast::server

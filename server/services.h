@@ -1,7 +1,9 @@
-// gRPC glue: JobService and WorkerService over the Coordinator (sync API).
-// Each handler checks the token, calls the coordinator, maps absl::Status to
-// grpc::Status with the same code, and counts the call in
-// ballast_grpc_requests_total{method,code}. Thread-safe.
+// gRPC glue: JobService, WorkerService and TokenService over the
+// Coordinator and the Authenticator (sync API). Each handler finds who is
+// calling and whether its role may, calls with the caller's tenant (users
+// see their tenant's jobs only, a worker acts only as its own worker id),
+// maps absl::Status to grpc::Status with the same code, and counts the call
+// in ballast_grpc_requests_total{method,code}. Thread-safe.
 #ifndef BALLAST_SERVER_SERVICES_H_
 #define BALLAST_SERVER_SERVICES_H_
 
@@ -12,8 +14,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "ballast/v1/job_service.grpc.pb.h"
+#include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
 #include "common/metrics.h"
+#include "server/authenticator.h"
 #include "server/coordinator.h"
 
 namespace ballast::server {
@@ -21,27 +25,40 @@ namespace ballast::server {
 // absl::Status -> grpc::Status, code and message unchanged.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// What every handler does around its body: the token and the request count.
+// Which roles a method admits.
+enum class Audience {
+  kUsers,    // users and admins: the JobService
+  kWorkers,  // workers and admins: the WorkerService
+  kAdmins,   // the TokenService
+};
+
+// What every handler does around its body: the caller and the request count.
 class RpcGate {
  public:
-  // An empty token lets every call in; otherwise calls must carry the
-  // metadata "authorization: Bearer TOKEN".
-  RpcGate(std::string token, MetricsRegistry* metrics);
-  // UNAUTHENTICATED, or the body's status; counted either way.
+  // `auth` and `metrics` must outlive the gate. With `worker_certificates`
+  // (mTLS), a worker token's calls must come with a verified client
+  // certificate whose common name is the token's worker id.
+  RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates);
+  // UNAUTHENTICATED or PERMISSION_DENIED, or the status of body(principal);
+  // counted either way.
   template <typename Body>
-  grpc::Status Serve(const char* method, grpc::ServerContext* context, Body&& body) {
+  grpc::Status Serve(const char* method, Audience audience, grpc::ServerContext* context,
+                     Body&& body) {
     const absl::Time start = absl::Now();
-    grpc::Status status = Authorize(context);
-    if (status.ok()) status = body();
+    Principal principal;
+    grpc::Status status = Authorize(context, audience, &principal);
+    if (status.ok()) status = body(principal);
     Count(method, status, absl::Now() - start);
     return status;
   }
 
  private:
-  grpc::Status Authorize(grpc::ServerContext* context) const;
+  grpc::Status Authorize(grpc::ServerContext* context, Audience audience,
+                         Principal* principal) const;
   void Count(const char* method, const grpc::Status& status, absl::Duration elapsed);
-  const std::string expected_;  // "Bearer TOKEN", or empty
+  const Authenticator* const auth_;
   MetricsRegistry* const metrics_;
+  const bool worker_certificates_;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -85,6 +102,21 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   Coordinator* const coordinator_;
+  RpcGate* const gate_;
+};
+
+class TokenServiceImpl final : public v1::TokenService::Service {
+ public:
+  TokenServiceImpl(Authenticator* auth, RpcGate* gate) : auth_(auth), gate_(gate) {}
+  grpc::Status CreateToken(grpc::ServerContext* context, const v1::CreateTokenRequest* request,
+                           v1::CreateTokenResponse* response) override;
+  grpc::Status ListTokens(grpc::ServerContext* context, const v1::ListTokensRequest* request,
+                          v1::ListTokensResponse* response) override;
+  grpc::Status RevokeToken(grpc::ServerContext* context, const v1::RevokeTokenRequest* request,
+                           v1::Token* response) override;
+
+ private:
+  Authenticator* const auth_;
   RpcGate* const gate_;
 };
 

@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS workers (
   id TEXT PRIMARY KEY,
   last_report_id INTEGER NOT NULL,
   worker BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+  id TEXT PRIMARY KEY,
+  created_ms INTEGER NOT NULL,
+  secret_sha256 BLOB NOT NULL,
+  token BLOB NOT NULL);
 )sql";
 
 // Both job statements number their parameters alike, so one function binds them.
@@ -167,7 +172,8 @@ absl::Status Store::WriteJob(const JobRecord& r, sqlite3_stmt* stmt) {
   if (r.job.request_id().empty()) {
     sqlite3_bind_null(stmt, 3);
   } else {
-    BindText(stmt, 3, r.job.request_id());
+    // Unique per tenant: two tenants may use the same idempotency key.
+    BindText(stmt, 3, ScopedRequestId(r.job.tenant(), r.job.request_id()));
   }
   sqlite3_bind_int(stmt, 4, r.job.state());
   sqlite3_bind_int(stmt, 5, r.job.spec().scheduling().priority());
@@ -303,6 +309,50 @@ absl::StatusOr<std::vector<WorkerRecord>> Store::LoadWorkers() {
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) return Error("load workers");
   return workers;
+}
+
+absl::Status Store::PutToken(const TokenRecord& record) {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  // Tokens change by hand, rarely: no statement kept prepared.
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT OR REPLACE INTO tokens (id, created_ms, secret_sha256, token) "
+                         "VALUES (?1, ?2, ?3, ?4)",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return Error("put token");
+  }
+  BindText(stmt, 1, record.token.id());
+  sqlite3_bind_int64(stmt, 2, record.token.created_ms());
+  BindBlob(stmt, 3, record.secret_sha256);
+  BindBlob(stmt, 4, record.token.SerializeAsString());
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return Error("put token");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TokenRecord>> Store::LoadTokens() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT secret_sha256, token FROM tokens ORDER BY created_ms, id", -1,
+                         &stmt, nullptr) != SQLITE_OK) {
+    return Error("load tokens");
+  }
+  std::vector<TokenRecord> tokens;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    TokenRecord r;
+    r.secret_sha256.assign(static_cast<const char*>(sqlite3_column_blob(stmt, 0)),
+                           static_cast<size_t>(sqlite3_column_bytes(stmt, 0)));
+    if (!ParseBlob(stmt, 1, &r.token)) {
+      sqlite3_finalize(stmt);
+      return absl::DataLossError("store: a token row does not parse");
+    }
+    tokens.push_back(std::move(r));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return Error("load tokens");
+  return tokens;
 }
 
 }  // namespace ballast::server

@@ -18,11 +18,22 @@
 #include "absl/synchronization/mutex.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
+#include "ballast/v1/token_service.pb.h"
 
 struct sqlite3;
 struct sqlite3_stmt;
 
 namespace ballast::server {
+
+// The tenant of the bootstrap admin token, of an open ballastd, and of jobs
+// stored before tenants existed.
+inline constexpr char kDefaultTenant[] = "default";
+
+// Idempotency keys are per tenant: the key under which a job's request_id
+// is unique.
+inline std::string ScopedRequestId(const std::string& tenant, const std::string& request_id) {
+  return tenant + "/" + request_id;
+}
 
 // A job as stored: the API's Job plus what the coordinator keeps beside it.
 struct JobRecord {
@@ -42,6 +53,13 @@ struct WorkerRecord {
   v1::Worker worker;
   // Highest ReportEvents report_id accepted from this worker.
   int64_t last_report_id = 0;
+};
+
+// An API token as stored: its public part and the SHA-256 of its secret,
+// never the secret.
+struct TokenRecord {
+  v1::Token token;
+  std::string secret_sha256;
 };
 
 class Store {
@@ -80,6 +98,12 @@ class Store {
 
   // Every worker, by id.
   absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers();
+
+  // Inserts or replaces a token (a revocation rewrites it).
+  absl::Status PutToken(const TokenRecord& record);
+
+  // Every token, oldest first.
+  absl::StatusOr<std::vector<TokenRecord>> LoadTokens();
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

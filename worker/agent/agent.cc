@@ -93,6 +93,9 @@ Agent::Agent(AgentOptions options)
 Agent::~Agent() { Shutdown(); }
 
 absl::Status Agent::Start() {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      GrpcChannelCredentials(options_.tls, "--tls-");
+  if (!credentials.ok()) return credentials.status();
   std::error_code ec;
   fs::create_directories(fs::path(options_.work_dir) / "ranks", ec);
   if (ec) {
@@ -108,7 +111,8 @@ absl::Status Agent::Start() {
   if (mkdir(socket_dir_.c_str(), 0700) != 0) {
     return absl::InternalError(absl::StrCat("cannot create ", socket_dir_));
   }
-  coordinator_ = std::make_unique<CoordinatorConnection>(options_.coordinator, options_.token);
+  coordinator_ = std::make_unique<CoordinatorConnection>(options_.coordinator, options_.token,
+                                                         *std::move(credentials));
   EventRelayOptions relay_options;
   relay_options.rpc_timeout = options_.rpc_timeout;
   relay_ = std::make_unique<EventRelay>(coordinator_.get(), relay_options);

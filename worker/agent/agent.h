@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "worker/agent/coordinator_connection.h"
 #include "worker/agent/device_discovery.h"
 #include "worker/agent/event_relay.h"
@@ -42,7 +43,9 @@ namespace ballast::agent {
 struct AgentOptions {
   std::string coordinator;  // HOST:PORT
   std::string token;        // BALLAST_TOKEN; empty sends none
-  std::string work_dir;     // worker-id file and rank scratch folders
+  // TLS to the coordinator (--tls-ca/--tls-cert/--tls-key); empty is plain.
+  TlsFiles tls;
+  std::string work_dir;  // worker-id file and rank scratch folders
   std::string train_binary;
   std::string host;  // reported to the coordinator for rendezvous
   Devices devices;

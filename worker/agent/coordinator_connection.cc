@@ -4,7 +4,8 @@
 
 namespace ballast::agent {
 
-CoordinatorConnection::CoordinatorConnection(const std::string& address, std::string token)
+CoordinatorConnection::CoordinatorConnection(const std::string& address, std::string token,
+                                             std::shared_ptr<grpc::ChannelCredentials> credentials)
     : address_(address), token_(std::move(token)) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a coordinator restart; the worker's own loops
@@ -14,7 +15,7 @@ CoordinatorConnection::CoordinatorConnection(const std::string& address, std::st
   // shutdown") while the coordinator was up.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(address_, std::move(credentials), args);
   stub_ = v1::WorkerService::NewStub(channel_);
 }
 

@@ -17,9 +17,10 @@ namespace ballast::agent {
 
 class CoordinatorConnection {
  public:
-  // `address` is HOST:PORT (insecure channel); `token`, when not empty, goes
-  // out as `authorization: Bearer TOKEN` on every call.
-  CoordinatorConnection(const std::string& address, std::string token);
+  // `address` is HOST:PORT, reached with `credentials` (TLS or not); `token`,
+  // when not empty, goes out as `authorization: Bearer TOKEN` on every call.
+  CoordinatorConnection(const std::string& address, std::string token,
+                        std::shared_ptr<grpc::ChannelCredentials> credentials);
 
   v1::WorkerService::StubInterface* stub() const { return stub_.get(); }
   const std::string& address() const { return address_; }

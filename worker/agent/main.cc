@@ -79,6 +79,14 @@ int main(int argc, char** argv) {
                  "Shared storage this node must see before it runs ranks (models, data, "
                  "outputs); repeatable")
       ->allow_extra_args(false);
+  app.add_option("--tls-ca", options.tls.ca,
+                 "PEM CA bundle that verifies ballastd's certificate: TLS to the coordinator")
+      ->envname("BALLAST_TLS_CA");
+  app.add_option("--tls-cert", options.tls.cert,
+                 "PEM client certificate (CN = this worker's id) for ballastd's mTLS")
+      ->envname("BALLAST_TLS_CERT");
+  app.add_option("--tls-key", options.tls.key, "The private key of --tls-cert")
+      ->envname("BALLAST_TLS_KEY");
   std::string http;
   app.add_option("--http", http,
                  "Serve /metrics and /healthz on HOST:PORT (port 0: any free port); off when "
@@ -126,7 +134,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     absl::StatusOr<std::unique_ptr<ballast::HttpEndpoint>> started = ballast::HttpEndpoint::Start(
-        host, port, &metrics, [&agent] { return agent.Health(); }, options.token);
+        host, port, &metrics, [&agent] { return agent.Health(); },
+        // A worker token is this node's credential to ballastd; Prometheus
+        // holds another (BALLAST_METRICS_TOKEN) for every worker alike.
+        ballast::BearerTokenCheck(EnvOr("BALLAST_METRICS_TOKEN", options.token)));
     if (!started.ok()) {
       std::cerr << "ballast-worker: " << started.status().message() << "\n";
       return 1;

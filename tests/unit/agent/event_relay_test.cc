@@ -40,7 +40,7 @@ EventRelayOptions FastOptions() {
 
 TEST(EventRelayTest, DeliversEveryEventInOrderInBatchesWithTheToken) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "s3cret");
+  CoordinatorConnection connection(server.address(), "s3cret", grpc::InsecureChannelCredentials());
   EventRelayOptions options = FastOptions();
   options.max_batch = 100;
   EventRelay relay(&connection, options);
@@ -65,7 +65,7 @@ TEST(EventRelayTest, DeliversEveryEventInOrderInBatchesWithTheToken) {
 TEST(EventRelayTest, ResendsTheSameBatchWithTheSameReportIdUntilAcknowledged) {
   TestCoordinator server;
   server.FailNext(3);
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection, FastOptions());
   for (int i = 1; i <= 5; ++i) relay.Add(StepEvent(i));
   relay.SetWorkerId("w-1");
@@ -83,7 +83,7 @@ TEST(EventRelayTest, ResendsTheSameBatchWithTheSameReportIdUntilAcknowledged) {
 
 TEST(EventRelayTest, SendsNothingBeforeRegistrationAndFlushSaysWhatIsLeft) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection, FastOptions());
   relay.Add(StepEvent(1));
   relay.Add(StepEvent(2));
@@ -99,7 +99,7 @@ TEST(EventRelayTest, SendsNothingBeforeRegistrationAndFlushSaysWhatIsLeft) {
 TEST(EventRelayTest, KeepsEventsWhileTheCoordinatorFailsAndDeliversThemLater) {
   TestCoordinator server;
   server.FailNext(1000000);
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection, FastOptions());
   relay.SetWorkerId("w-1");
   for (int i = 1; i <= 20; ++i) relay.Add(StepEvent(i));
@@ -115,7 +115,7 @@ TEST(EventRelayTest, KeepsEventsWhileTheCoordinatorFailsAndDeliversThemLater) {
 
 TEST(EventRelayTest, WhenFullDropsOldestStepMetricsFirstAndSaysSo) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelayOptions options = FastOptions();
   options.max_buffered = 10;
   EventRelay relay(&connection, options);
@@ -139,7 +139,7 @@ TEST(EventRelayTest, WhenFullDropsOldestStepMetricsFirstAndSaysSo) {
 
 TEST(EventRelayTest, WhenFullOfOtherEventsDropsTheOldest) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelayOptions options = FastOptions();
   options.max_buffered = 3;
   EventRelay relay(&connection, options);
@@ -156,7 +156,7 @@ TEST(EventRelayTest, WhenFullOfOtherEventsDropsTheOldest) {
 
 TEST(EventRelayTest, BatchesStayFarBelowTheMessageLimit) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection, FastOptions());
   for (int i = 0; i < 600; ++i) {
     v1::RankEvent e = StepEvent(i);

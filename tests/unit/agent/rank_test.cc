@@ -142,7 +142,7 @@ class RankTest : public ::testing::Test {
 
 TEST_F(RankTest, ReportsStartedThenExitedWithTheLogTail) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection);
   relay.SetWorkerId("w-1");
   absl::Notification finished;
@@ -179,7 +179,7 @@ TEST_F(RankTest, ReportsStartedThenExitedWithTheLogTail) {
 
 TEST_F(RankTest, CudaRankSeesOnlyItsDevice) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection);
   relay.SetWorkerId("w-1");
   env_.device_kind = "cuda";
@@ -193,7 +193,7 @@ TEST_F(RankTest, CudaRankSeesOnlyItsDevice) {
 
 TEST_F(RankTest, StopEndsTheRankAndMarksItStopped) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection);
   relay.SetWorkerId("w-1");
   setenv("FAKE_TRAIN_SLEEP", "1", 1);
@@ -223,7 +223,7 @@ TEST_F(RankTest, StopAsksOverTheSocketFirstAndKillsOnlyAfterTheGrace) {
          "print('control', s.recv(4096), flush=True)\n"
          "time.sleep(60)\n";
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection);
   relay.SetWorkerId("w-1");
   absl::StatusOr<std::unique_ptr<Rank>> rank = Rank::Start(assignment_, env_, &relay, nullptr);
@@ -252,7 +252,7 @@ TEST_F(RankTest, StopAsksOverTheSocketFirstAndKillsOnlyAfterTheGrace) {
 
 TEST_F(RankTest, MissingTrainerFailsToStartAndQueuesNothing) {
   TestCoordinator server;
-  CoordinatorConnection connection(server.address(), "");
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
   EventRelay relay(&connection);
   env_.train_binary = dir_ + "/nothing-here";
   absl::StatusOr<std::unique_ptr<Rank>> rank = Rank::Start(assignment_, env_, &relay, nullptr);

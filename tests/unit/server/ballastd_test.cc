@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "ballast/v1/job_service.grpc.pb.h"
+#include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
 #include "tests/unit/server/test_util.h"
 
@@ -22,8 +23,9 @@ using testing::ValidSpec;
 
 class BallastdTest : public ::testing::Test {
  protected:
-  void Start(const std::string& token = "") {
+  void Start(const std::string& token = "", std::map<std::string, TenantQuota> quotas = {}) {
     BallastdOptions o;
+    o.quotas = std::move(quotas);
     o.listen = "127.0.0.1:0";
     o.http = "127.0.0.1:0";
     o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
@@ -35,6 +37,28 @@ class BallastdTest : public ::testing::Test {
     auto channel = grpc::CreateChannel(server_->grpc_address(), grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel);
     workers_ = v1::WorkerService::NewStub(channel);
+    tokens_ = v1::TokenService::NewStub(channel);
+  }
+
+  // A token's secret, made with the admin token `admin`.
+  std::string MakeToken(const std::string& admin, v1::Role role, const std::string& tenant,
+                        const std::string& worker_id = "") {
+    v1::CreateTokenRequest request;
+    request.set_role(role);
+    request.set_tenant(tenant);
+    request.set_worker_id(worker_id);
+    v1::CreateTokenResponse created;
+    grpc::Status s = tokens_->CreateToken(Context(admin).get(), request, &created);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return created.secret();
+  }
+
+  static v1::RegisterWorkerRequest CpuWorker(int capacity) {
+    v1::RegisterWorkerRequest reg;
+    reg.set_host("127.0.0.1");
+    reg.set_device_kind("cpu");
+    reg.set_capacity(capacity);
+    return reg;
   }
 
   // A context with a deadline, so a broken server fails the test instead of
@@ -59,6 +83,7 @@ class BallastdTest : public ::testing::Test {
   std::unique_ptr<Ballastd> server_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::unique_ptr<v1::TokenService::Stub> tokens_;
 };
 
 TEST_F(BallastdTest, SubmitGetAndBadInputOverGrpc) {
@@ -146,7 +171,7 @@ TEST_F(BallastdTest, WithoutATokenOnlyLoopbackAddressesAreServed) {
 TEST_F(BallastdTest, WithATokenMetricsWantItAndHealthzStaysOpen) {
   Start("s3cret");
   int status = 0;
-  EXPECT_THAT(HttpGet("/metrics", &status), HasSubstr("missing or wrong token"));
+  EXPECT_THAT(HttpGet("/metrics", &status), HasSubstr("no token"));
   EXPECT_EQ(status, 401);
   EXPECT_EQ(HttpGet("/healthz", &status), "ok\n");
   EXPECT_EQ(status, 200);
@@ -278,6 +303,214 @@ TEST_F(BallastdTest, ShutdownEndsOpenStreams) {
   }
   EXPECT_EQ(watch->Finish().error_code(), grpc::UNAVAILABLE);
   EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3));
+}
+
+}  // namespace
+}  // namespace ballast::server
+
+namespace ballast::server {
+namespace {
+
+TEST_F(BallastdTest, ATenantSeesOnlyItsOwnJobsAndAnotherTenantsIsNotFound) {
+  Start("boot");
+  const std::string alice = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string bob = MakeToken("boot", v1::ROLE_USER, "team-b");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  submit.set_request_id("same-key");
+  v1::Job a_job, b_job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context(alice).get(), submit, &a_job).ok());
+  EXPECT_EQ(a_job.tenant(), "team-a");
+  // The same idempotency key in another tenant is another job.
+  ASSERT_TRUE(jobs_->SubmitJob(Context(bob).get(), submit, &b_job).ok());
+  EXPECT_NE(b_job.id(), a_job.id());
+
+  v1::GetJobRequest get;
+  get.set_job_id(a_job.id());
+  v1::Job seen;
+  grpc::Status hidden = jobs_->GetJob(Context(bob).get(), get, &seen);
+  EXPECT_EQ(hidden.error_code(), grpc::NOT_FOUND);
+  EXPECT_EQ(hidden.error_message(), "job " + a_job.id() + " not found");
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(a_job.id());
+  EXPECT_EQ(jobs_->CancelJob(Context(bob).get(), cancel, &seen).error_code(), grpc::NOT_FOUND);
+  v1::RollbackJobRequest rollback;
+  rollback.set_job_id(a_job.id());
+  EXPECT_EQ(jobs_->RollbackJob(Context(bob).get(), rollback, &seen).error_code(), grpc::NOT_FOUND);
+  v1::WatchJobRequest watch;
+  watch.set_job_id(a_job.id());
+  auto watch_context = Context(bob);
+  auto stream = jobs_->WatchJob(watch_context.get(), watch);
+  v1::JobEvent event;
+  EXPECT_FALSE(stream->Read(&event));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::NOT_FOUND);
+
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(jobs_->ListJobs(Context(bob).get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), b_job.id());
+  ASSERT_TRUE(jobs_->ListJobs(Context("boot").get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 2);
+  ASSERT_TRUE(jobs_->GetJob(Context(alice).get(), get, &seen).ok());
+  // The dashboard's API answers alike.
+  const size_t colon = server_->http_address().rfind(':');
+  httplib::Client http(server_->http_address().substr(0, colon),
+                       std::stoi(server_->http_address().substr(colon + 1)));
+  auto response = http.Get("/api/v1/jobs/" + a_job.id(), {{"Authorization", "Bearer " + bob}});
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 404);
+  response = http.Get("/api/v1/jobs", {{"Authorization", "Bearer " + bob}});
+  ASSERT_TRUE(response);
+  EXPECT_THAT(response->body, HasSubstr(b_job.id()));
+  EXPECT_THAT(response->body, ::testing::Not(HasSubstr(a_job.id())));
+  // /metrics names every tenant's jobs: admins only.
+  response = http.Get("/metrics", {{"Authorization", "Bearer " + bob}});
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 401);
+}
+
+TEST_F(BallastdTest, RolesKeepUsersOutOfTheWorkerApiAndWorkersOutOfJobsAndTokens) {
+  Start("boot");
+  const std::string user = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string worker = MakeToken("boot", v1::ROLE_WORKER, "", "node-1");
+  v1::RegisterWorkerResponse registered;
+  EXPECT_EQ(workers_->RegisterWorker(Context(user).get(), CpuWorker(1), &registered).error_code(),
+            grpc::PERMISSION_DENIED);
+  v1::ListJobsResponse list;
+  EXPECT_EQ(jobs_->ListJobs(Context(worker).get(), v1::ListJobsRequest(), &list).error_code(),
+            grpc::PERMISSION_DENIED);
+  v1::ListTokensResponse tokens;
+  EXPECT_EQ(tokens_->ListTokens(Context(user).get(), v1::ListTokensRequest(), &tokens).error_code(),
+            grpc::PERMISSION_DENIED);
+  ASSERT_TRUE(tokens_->ListTokens(Context("boot").get(), v1::ListTokensRequest(), &tokens).ok());
+  EXPECT_EQ(tokens.tokens_size(), 2);
+
+  // Revoked: refused at once.
+  v1::RevokeTokenRequest revoke;
+  revoke.set_id(tokens.tokens(0).id());
+  v1::Token revoked;
+  ASSERT_TRUE(tokens_->RevokeToken(Context("boot").get(), revoke, &revoked).ok());
+  EXPECT_EQ(jobs_->ListJobs(Context(user).get(), v1::ListJobsRequest(), &list).error_code(),
+            grpc::UNAUTHENTICATED);
+}
+
+// The spoofing the hostile sweep found: with only a shared token, anyone
+// could report as a real worker and freeze its job with a huge report_id.
+TEST_F(BallastdTest, AWorkerTokenActsOnlyAsItsOwnWorkerForItsOwnRanks) {
+  Start("boot");
+  const std::string node1 = MakeToken("boot", v1::ROLE_WORKER, "", "node-1");
+  const std::string node2 = MakeToken("boot", v1::ROLE_WORKER, "", "node-2");
+  v1::RegisterWorkerResponse one, two;
+  ASSERT_TRUE(workers_->RegisterWorker(Context(node1).get(), CpuWorker(1), &one).ok());
+  EXPECT_EQ(one.worker_id(), "node-1");
+
+  auto stream_context = Context(node1);
+  v1::StreamAssignmentsRequest stream_request;
+  stream_request.set_worker_id("node-1");
+  auto assignments = workers_->StreamAssignments(stream_context.get(), stream_request);
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context("boot").get(), submit, &job).ok());
+  v1::Assignment start;
+  ASSERT_TRUE(assignments->Read(&start));
+  ASSERT_EQ(start.job_id(), job.id());
+  // Naming node-1 as its previous id does not make node-2 node-1.
+  v1::RegisterWorkerRequest as_other = CpuWorker(1);
+  as_other.set_previous_worker_id("node-1");
+  ASSERT_TRUE(workers_->RegisterWorker(Context(node2).get(), as_other, &two).ok());
+  EXPECT_EQ(two.worker_id(), "node-2");
+
+  // node-2 cannot speak as node-1, in any call.
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("node-1");
+  v1::HeartbeatResponse beat_response;
+  EXPECT_EQ(workers_->Heartbeat(Context(node2).get(), beat, &beat_response).error_code(),
+            grpc::PERMISSION_DENIED);
+  v1::ReportEventsRequest forged;
+  forged.set_worker_id("node-1");
+  forged.set_report_id(int64_t{1} << 62);
+  v1::RankEvent* e = forged.add_events();
+  e->set_job_id(job.id());
+  e->set_attempt(start.attempt());
+  e->mutable_training()->mutable_step_metrics()->set_step(248);
+  v1::ReportEventsResponse ack;
+  grpc::Status denied = workers_->ReportEvents(Context(node2).get(), forged, &ack);
+  EXPECT_EQ(denied.error_code(), grpc::PERMISSION_DENIED);
+  EXPECT_THAT(denied.error_message(), HasSubstr("belongs to worker node-2"));
+  // As itself, node-2's report of node-1's rank changes nothing.
+  forged.set_worker_id("node-2");
+  forged.set_report_id(1);
+  ASSERT_TRUE(workers_->ReportEvents(Context(node2).get(), forged, &ack).ok());
+  // Even node-1 (or an admin) cannot push its report ids a day ahead.
+  forged.set_worker_id("node-1");
+  forged.set_report_id(int64_t{1} << 62);
+  EXPECT_EQ(workers_->ReportEvents(Context(node1).get(), forged, &ack).error_code(),
+            grpc::INVALID_ARGUMENT);
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  v1::Job seen;
+  ASSERT_TRUE(jobs_->GetJob(Context("boot").get(), get, &seen).ok());
+  EXPECT_EQ(seen.step(), 0);
+  // node-1's own report lands.
+  forged.set_report_id(2);
+  forged.mutable_events(0)->mutable_training()->mutable_step_metrics()->set_step(3);
+  ASSERT_TRUE(workers_->ReportEvents(Context(node1).get(), forged, &ack).ok());
+  ASSERT_TRUE(jobs_->GetJob(Context("boot").get(), get, &seen).ok());
+  EXPECT_EQ(seen.step(), 3);
+  stream_context->TryCancel();
+}
+
+TEST_F(BallastdTest, QuotasRefuseWhatCouldNeverRunAndHoldWhatMustWait) {
+  Start("boot", {{"team-a", TenantQuota{.max_devices = 1, .max_queued_jobs = 2}}});
+  const std::string alice = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string bob = MakeToken("boot", v1::ROLE_USER, "team-b");
+  v1::RegisterWorkerResponse registered;
+  ASSERT_TRUE(workers_->RegisterWorker(Context("boot").get(), CpuWorker(4), &registered).ok());
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  submit.mutable_spec()->set_devices(2);
+  submit.mutable_spec()->mutable_data()->set_grad_accum_steps(2);
+  v1::Job job;
+  grpc::Status refused = jobs_->SubmitJob(Context(alice).get(), submit, &job);
+  EXPECT_EQ(refused.error_code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("tenant team-a's quota max_devices is 1"));
+  // team-b has no quota.
+  ASSERT_TRUE(jobs_->SubmitJob(Context(bob).get(), submit, &job).ok());
+
+  // One device at a time: the first runs, the next two wait, a fourth is refused.
+  submit.mutable_spec()->set_devices(1);
+  std::vector<v1::Job> mine(3);
+  for (v1::Job& j : mine) ASSERT_TRUE(jobs_->SubmitJob(Context(alice).get(), submit, &j).ok());
+  v1::GetJobRequest get;
+  std::vector<v1::JobState> states;
+  for (const v1::Job& j : mine) {
+    get.set_job_id(j.id());
+    v1::Job seen;
+    ASSERT_TRUE(jobs_->GetJob(Context(alice).get(), get, &seen).ok());
+    states.push_back(seen.state());
+  }
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_QUEUED,
+                                               v1::JOB_STATE_QUEUED}));
+  refused = jobs_->SubmitJob(Context(alice).get(), submit, &job);
+  EXPECT_EQ(refused.error_code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("tenant team-a has 2 queued jobs"));
+}
+
+TEST(QuotaFlagTest, ParsesTenantsAndTheDefaultAndNamesMistakes) {
+  std::map<std::string, TenantQuota> quotas;
+  ASSERT_TRUE(ParseQuotaFlag("team-a:max_devices=8,max_queued_jobs=100", &quotas).ok());
+  ASSERT_TRUE(ParseQuotaFlag("*:max_queued_jobs=10", &quotas).ok());
+  EXPECT_EQ(quotas["team-a"].max_devices, 8);
+  EXPECT_EQ(quotas["team-a"].max_queued_jobs, 100);
+  EXPECT_EQ(quotas["*"].max_devices, 0);
+  EXPECT_EQ(quotas["*"].max_queued_jobs, 10);
+  EXPECT_THAT(ParseQuotaFlag("team-a:max_devices=1", &quotas).message(), HasSubstr("twice"));
+  EXPECT_THAT(ParseQuotaFlag("team-c", &quotas).message(), HasSubstr("no ':'"));
+  EXPECT_THAT(ParseQuotaFlag("team-c:max_gpus=1", &quotas).message(),
+              HasSubstr("unknown key 'max_gpus'"));
+  EXPECT_THAT(ParseQuotaFlag("team-c:max_devices=-1", &quotas).message(),
+              HasSubstr("'max_devices=-1' is not KEY=N"));
 }
 
 }  // namespace
