@@ -2,8 +2,11 @@
 
 #include <sqlite3.h>
 
+#include <string_view>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ballast::server {
 namespace {
@@ -109,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
   // durable across a crash of ballastd (the WAL is in the OS's hands); only a
   // power loss can take back the last commits, which costs one fsync less per
   // event.
+  if (absl::Status s = store->CheckIntegrity(path); !s.ok()) return s;
   for (const char* pragma :
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA foreign_keys=ON"}) {
     if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
@@ -129,6 +133,30 @@ Store::~Store() {
 
 absl::Status Store::Error(const char* what) {
   return absl::UnavailableError(absl::StrCat("store: ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status Store::CheckIntegrity(const std::string& path) {
+  // A damaged page found now stops ballastd with a message; found later, it
+  // would fail some write in the middle of a job's life.
+  std::vector<std::string> problems;
+  char* message = nullptr;
+  const int rc = sqlite3_exec(
+      db_, "PRAGMA quick_check(8)",
+      [](void* out, int, char** values, char**) {
+        auto* list = static_cast<std::vector<std::string>*>(out);
+        if (values[0] != nullptr && std::string_view(values[0]) != "ok") list->push_back(values[0]);
+        return 0;
+      },
+      &problems, &message);
+  if (rc != SQLITE_OK) {
+    problems.push_back(message != nullptr ? message : sqlite3_errstr(rc));
+    sqlite3_free(message);
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "store ", path, " is damaged (", absl::StrJoin(problems, "; "),
+      "): ballastd will not run on it. Restore the newest backup (docs/deploy.md, Backing up "
+      "the store), or move the file away to start empty"));
 }
 
 absl::Status Store::Exec(const char* sql) {

@@ -109,6 +109,8 @@ class Store {
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
+  absl::Status CheckIntegrity(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteJob(const JobRecord& record, sqlite3_stmt* stmt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
