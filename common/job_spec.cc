@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -22,8 +23,6 @@
 namespace ballast {
 namespace {
 
-// A spec file is a few KiB.
-constexpr int64_t kMaxSpecBytes = int64_t{1} << 20;
 constexpr size_t kMaxKeyParts = 8;
 
 using google::protobuf::FieldDescriptor;
@@ -71,9 +70,23 @@ int64_t InvalidUtf8At(absl::string_view text) {
   return -1;
 }
 
-// An integer as YAML 1.2's core schema reads it: decimal (leading zeros and
-// all: "010" is ten, not eight as yaml-cpp would have it), 0x hexadecimal or
-// 0o octal, with an optional sign.
+// Where `text` stops being UTF-8, as "line L, column C (byte B)" counted
+// from 1, or nullopt when all of it is UTF-8.
+std::optional<std::string> InvalidUtf8Place(absl::string_view text) {
+  const int64_t at = InvalidUtf8At(text);
+  if (at < 0) return std::nullopt;
+  const absl::string_view before = text.substr(0, static_cast<size_t>(at));
+  const size_t line_start = before.rfind('\n');
+  const int64_t line = 1 + std::count(before.begin(), before.end(), '\n');
+  const int64_t column =
+      1 + static_cast<int64_t>(line_start == absl::string_view::npos ? at : at - line_start - 1);
+  return absl::StrCat("line ", line, ", column ", column, " (byte ", at, ")");
+}
+
+// An integer in decimal, 0x hexadecimal or 0o octal, with an optional sign.
+// A decimal with a leading zero is nullopt: YAML 1.1 tools (PyYAML,
+// yaml-cpp) read "010" as eight and YAML 1.2 as ten, so a spec would mean
+// one thing to the script that wrote it and another here.
 std::optional<int64_t> ParseInteger(absl::string_view text) {
   text = absl::StripAsciiWhitespace(text);
   bool negative = false;
@@ -87,7 +100,7 @@ std::optional<int64_t> ParseInteger(absl::string_view text) {
   } else if (absl::ConsumePrefix(&text, "0o")) {
     base = 8;
   }
-  if (text.empty()) return std::nullopt;
+  if (text.empty() || (base == 10 && text.size() > 1 && text[0] == '0')) return std::nullopt;
   uint64_t magnitude = 0;
   for (char c : text) {
     const int digit = absl::ascii_isdigit(c)    ? c - '0'
@@ -102,6 +115,20 @@ std::optional<int64_t> ParseInteger(absl::string_view text) {
   return negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
 }
 
+// The integer `node` holds; INVALID_ARGUMENT naming `path` otherwise.
+absl::StatusOr<int64_t> ReadInteger(const YAML::Node& node, const std::string& path) {
+  if (const std::optional<int64_t> v = ParseInteger(node.Scalar())) return *v;
+  absl::string_view digits = absl::StripAsciiWhitespace(node.Scalar());
+  if (!digits.empty() && (digits[0] == '-' || digits[0] == '+')) digits.remove_prefix(1);
+  if (digits.size() > 1 && digits[0] == '0' && absl::ascii_isdigit(digits[1])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": '", node.Scalar(),
+        "' has a leading zero, which YAML 1.1 reads as octal and YAML 1.2 as decimal; write it "
+        "without the zero, or 0o for octal"));
+  }
+  return TypeError(path, "an integer", node);
+}
+
 // Converts one YAML scalar to the field's type and stores it (appends when repeated).
 absl::Status SetScalar(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
                        Message* msg) {
@@ -114,8 +141,8 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
   try {
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         if (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()) {
           return absl::InvalidArgumentError(
               absl::StrCat(path, ": ", *v, " does not fit in 32 bits"));
@@ -125,14 +152,14 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
         break;
       }
       case FieldDescriptor::CPPTYPE_INT64: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         rep ? r->AddInt64(msg, f, *v) : r->SetInt64(msg, f, *v);
         break;
       }
       case FieldDescriptor::CPPTYPE_UINT64: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         if (*v < 0) {
           return absl::InvalidArgumentError(
               absl::StrCat(path, ": must be >= 0, got ", node.Scalar()));
@@ -187,13 +214,15 @@ absl::Status FillMessage(const YAML::Node& node, const std::string& path, Messag
   const google::protobuf::Descriptor* desc = msg->GetDescriptor();
   if (!node.IsMap()) return TypeError(path.empty() ? "spec" : path, "a mapping", node);
   const Reflection* r = msg->GetReflection();
-  std::set<std::string> seen;
+  std::map<std::string, int> first_line;  // 1-based, as an editor counts
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const std::string field_path = Join(path, key);
+    const int line = kv.first.Mark().line + 1;
     // yaml-cpp would keep the last of them without a word.
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", field_path, "'"));
+    if (const auto [it, added] = first_line.emplace(key, line); !added) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", field_path, "' at line ",
+                                                     line, " (first at line ", it->second, ")"));
     }
     const FieldDescriptor* f = desc->FindFieldByName(key);
     if (f == nullptr) {
@@ -249,6 +278,11 @@ absl::Status CheckOneOf(const std::string& field, const std::string& v,
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
+  // Checked on the whole text, keys and comments too: yaml-cpp passes such
+  // bytes on, and protobuf then fails to send the spec with an empty message.
+  if (const std::optional<std::string> place = InvalidUtf8Place(yaml_text)) {
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid UTF-8 at ", *place));
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
@@ -257,10 +291,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
   }
   std::erase_if(documents, [](const YAML::Node& d) { return d.IsNull(); });
   if (documents.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec holds ", documents.size(),
-                     " YAML documents (separated by ---); a spec is one, the others would be "
-                     "ignored"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec holds ", documents.size(), " YAML documents (the second at line ",
+        documents[1].Mark().line + 1, ", after ---); a spec is one, the others would be ignored"));
   }
   v1::JobSpec spec;
   if (documents.empty()) return absl::InvalidArgumentError("spec is empty");
@@ -280,9 +313,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
-  // A spec is a few KiB; a bound keeps a wrong file (50 MB once took the CLI
-  // 3.9 GB and 33 s) from being parsed at all.
-  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxSpecBytes);
+  // A 50 MB list once took the CLI 3.9 GB and 33 s to parse before ballastd
+  // refused it.
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxJobSpecBytes);
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat("spec file not found: ", path));
   }
@@ -402,6 +435,10 @@ void ApplyDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   std::vector<absl::Status> checks;
+  if (const size_t bytes = spec.ByteSizeLong(); bytes > kMaxJobSpecBytes) {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "spec is ", bytes, " bytes as a proto; at most ", kMaxJobSpecBytes, " are allowed")));
+  }
   // Characters, not bytes: a name in Greek or Chinese may be as long.
   const int64_t name_characters = std::count_if(spec.name().begin(), spec.name().end(),
                                                 [](char c) { return (c & 0xc0) != 0x80; });

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/http_endpoint.h"
+#include "common/job_spec.h"
 #include "common/metrics.h"
 #include "server/coordinator.h"
 #include "server/services.h"
@@ -24,6 +25,8 @@ namespace ballast::server {
 
 // Largest request accepted; bigger ones fail with RESOURCE_EXHAUSTED.
 inline constexpr int kMaxReceiveMessageBytes = 4 << 20;
+static_assert(kMaxReceiveMessageBytes > kMaxJobSpecBytes,
+              "a SubmitJob request must hold the largest spec ValidateJobSpec accepts");
 
 struct BallastdOptions {
   // gRPC and HTTP addresses, HOST:PORT; port 0 picks a free one.
