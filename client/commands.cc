@@ -20,7 +20,8 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// Prints the error and returns its exit code.
+// Prints the error and returns its exit code. The message may quote what
+// other users wrote (a job name, a reason), so it is printed escaped.
 int Fail(Session& session, const absl::Status& status) {
   std::ostream& err = *session.io.err;
   const Connection& c = *session.connection;
@@ -32,13 +33,14 @@ int Fail(Session& session, const absl::Status& status) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       err << "ballast: cannot reach the coordinator at " << c.options().address << ": "
-          << status.message() << "\n";
+          << Printable(status.message()) << "\n";
       break;
     case absl::StatusCode::kUnauthenticated:
-      err << "ballast: " << status.message() << " (the token comes from BALLAST_TOKEN)\n";
+      err << "ballast: " << Printable(status.message())
+          << " (the token comes from BALLAST_TOKEN)\n";
       break;
     default:
-      err << "ballast: " << status.message() << "\n";
+      err << "ballast: " << Printable(status.message()) << "\n";
   }
   return ExitCodeFor(status.code());
 }
@@ -88,7 +90,7 @@ int Submit(Session& session, const SubmitArgs& args) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << "submitted " << job->id() << "\n" << std::flush;
+    *session.io.out << "submitted " << Printable(job->id()) << "\n" << std::flush;
   }
   return args.wait ? Watch(session, job->id()) : kExitOk;
 }
@@ -183,7 +185,7 @@ int Cancel(Session& session, const std::string& job_id) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << job->id() << " " << StateName(job->state()) << "\n" << std::flush;
+    *session.io.out << Printable(job->id()) << " " << StateName(job->state()) << "\n" << std::flush;
   }
   return kExitOk;
 }
@@ -198,7 +200,7 @@ int Rollback(Session& session, const std::string& job_id, int64_t to_step) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << job->id() << " " << StateName(job->state())
+    *session.io.out << Printable(job->id()) << " " << StateName(job->state())
                     << ": restarting from the newest checkpoint at or before step " << to_step
                     << "\n"
                     << std::flush;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/printable.h"
 #include "common/regular_file.h"
 
 namespace ballast {
@@ -445,6 +446,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (name_characters > 128) {
     checks.push_back(
         OutOfRange("name", absl::StrCat(name_characters, " characters"), "at most 128 characters"));
+  }
+  // Other users see the name in `ballast list`, where a newline or an escape
+  // sequence in it could forge rows (the CLI escapes them too).
+  if (const std::optional<size_t> at = FirstControlCharacter(spec.name())) {
+    checks.push_back(absl::InvalidArgumentError(
+        absl::StrCat("name has a control character at byte ", *at, " (", Printable(spec.name()),
+                     "); a name is printable text")));
   }
   if (spec.model().path().empty()) {
     checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));

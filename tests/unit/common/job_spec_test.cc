@@ -148,6 +148,20 @@ TEST(JobSpec, InvalidUtf8IsNamedAndNamesCountCharacters) {
   EXPECT_THAT(ValidateJobSpec(*base).message(), HasSubstr("name = 200 characters"));
 }
 
+TEST(JobSpec, ANameWithControlCharactersIsRefused) {
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const std::string& name :
+       {std::string("x\x1b[2J"), std::string("a\njob-2  SUCCEEDED"), std::string("w-\xc2\x9b")}) {
+    spec->set_name(name);
+    const absl::Status s = ValidateJobSpec(*spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("name has a control character at byte "));
+  }
+  spec->set_name("caf\xc3\xa9 \xe2\x9c\x93");
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok());
+}
+
 TEST(JobSpec, AnOverrideKeyOfManyPartsIsRefusedAtOnce) {
   v1::JobSpec spec;
   std::string key = "a";
