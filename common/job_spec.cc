@@ -554,24 +554,29 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(
       CheckRange<int32_t>("keep_checkpoints", spec.keep_checkpoints(), 0, 10000, "0..10000"));
 
+  // Checked whatever the method: method full ignores them, but a stored spec
+  // that says lora_dropout NaN is wrong the day someone switches it to lora.
   const v1::LoraSpec& lora = spec.lora();
-  if (spec.method() == "lora") {
-    checks.push_back(CheckRange<int32_t>("lora.r", lora.r(), 1, 4096, "1..4096"));
-    checks.push_back(CheckRange<double>("lora.lora_alpha", lora.lora_alpha(),
-                                        std::numeric_limits<double>::min(), 1e6, "(0, 1e6]"));
-    checks.push_back(CheckRange<double>("lora.lora_dropout", lora.lora_dropout(), 0.0,
-                                        std::nextafter(1.0, 0.0), "[0, 1)"));
-    checks.push_back(
-        CheckOneOf("lora.init_lora_weights", lora.init_lora_weights(), {"kaiming", "gaussian"}));
-    const std::set<std::string> linear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                          "gate_proj", "up_proj", "down_proj"};
-    for (const std::string& m : lora.target_modules()) {
-      if (m == "all-linear" && lora.target_modules_size() == 1) continue;
-      checks.push_back(CheckOneOf("lora.target_modules", m, linear));
-    }
-    for (const std::string& m : lora.modules_to_save()) {
-      checks.push_back(CheckOneOf("lora.modules_to_save", m, {"embed_tokens", "lm_head"}));
-    }
+  checks.push_back(CheckRange<int32_t>("lora.r", lora.r(), 1, 4096, "1..4096"));
+  checks.push_back(CheckRange<double>("lora.lora_alpha", lora.lora_alpha(),
+                                      std::numeric_limits<double>::min(), 1e6, "(0, 1e6]"));
+  checks.push_back(CheckRange<double>("lora.lora_dropout", lora.lora_dropout(), 0.0,
+                                      std::nextafter(1.0, 0.0), "[0, 1)"));
+  checks.push_back(
+      CheckOneOf("lora.init_lora_weights", lora.init_lora_weights(), {"kaiming", "gaussian"}));
+  const std::set<std::string> linear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+  for (const std::string& m : lora.target_modules()) {
+    if (m == "all-linear" && lora.target_modules_size() == 1) continue;
+    checks.push_back(CheckOneOf("lora.target_modules", m, linear));
+  }
+  for (const std::string& m : lora.modules_to_save()) {
+    checks.push_back(CheckOneOf("lora.modules_to_save", m, {"embed_tokens", "lm_head"}));
+  }
+  if (spec.method() == "full" && !lora.init_adapter().empty()) {
+    checks.push_back(absl::InvalidArgumentError(
+        "lora.init_adapter is set, but method is full, which would ignore it; an adapter starts "
+        "method lora (ballast-train merge folds one into a model folder for full)"));
   }
 
   const v1::DataSpec& data = spec.data();

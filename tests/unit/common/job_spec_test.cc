@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -160,6 +161,21 @@ TEST(JobSpec, ANameWithControlCharactersIsRefused) {
   }
   spec->set_name("caf\xc3\xa9 \xe2\x9c\x93");
   EXPECT_TRUE(ValidateJobSpec(*spec).ok());
+}
+
+TEST(JobSpec, LoraFieldsAreCheckedWhateverTheMethod) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok());
+  spec->set_method("full");
+  spec->mutable_lora()->set_lora_dropout(std::nan(""));
+  ApplyDefaults(&*spec);
+  EXPECT_THAT(ValidateJobSpec(*spec).message(), HasSubstr("lora.lora_dropout = nan"));
+  spec->mutable_lora()->set_lora_dropout(0.1);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  // An adapter to start from would be ignored by a full finetune.
+  spec->mutable_lora()->set_init_adapter("/adapters/a");
+  EXPECT_THAT(ValidateJobSpec(*spec).message(),
+              HasSubstr("lora.init_adapter is set, but method is full"));
 }
 
 TEST(JobSpec, AnOverrideKeyOfManyPartsIsRefusedAtOnce) {
