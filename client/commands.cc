@@ -13,6 +13,7 @@
 #include "client/request_id.h"
 #include "client/watch_view.h"
 #include "common/job_spec.h"
+#include "common/job_spec_paths.h"
 
 namespace ballast::client {
 
@@ -80,6 +81,11 @@ int Submit(Session& session, const SubmitArgs& args) {
   }
   if (absl::Status s = ApplyOverrides(args.overrides, &*spec); !s.ok()) {
     *session.io.err << "ballast: --set: " << s.message() << "\n";
+    return kExitUsage;
+  }
+  // The user means the folder they typed in; ballastd would read its own.
+  if (absl::Status s = MakeSpecPathsAbsolute(&*spec); !s.ok()) {
+    *session.io.err << "ballast: " << s.message() << "\n";
     return kExitUsage;
   }
   v1::SubmitJobRequest request;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,8 @@ struct BallastdOptions {
   // "sqlite:PATH"; the folder must exist.
   std::string store_url;
   std::string output_root;
+  // --path-root: folders a spec's paths must lie in; empty allows any path.
+  std::vector<std::string> path_roots;
   int64_t lease_ms = 15000;
   int64_t event_retention = 10000;
   int64_t metrics_retention_ms = 10 * 60 * 1000;

@@ -102,13 +102,14 @@ class Cluster:
         os.makedirs(root, exist_ok=True)
 
     # -- coordinator -------------------------------------------------------
-    def start_coordinator(self, port=0, host="127.0.0.1"):
+    def start_coordinator(self, port=0, host="127.0.0.1", extra_args=()):
         ready = os.path.join(self.root, "ready.json")
         if os.path.exists(ready):
             os.remove(ready)
         argv = [*self.prefix, BALLASTD, "--listen", f"{host}:{port}", "--http", "127.0.0.1:0",
                 "--state-dir", os.path.join(self.root, "state"), "--ready-file", ready,
-                "--lease-ms", str(self.lease_ms), "--stop-grace-ms", str(self.stop_grace_ms)]
+                "--lease-ms", str(self.lease_ms), "--stop-grace-ms", str(self.stop_grace_ms),
+                *extra_args]
         self.coordinator = Process(argv, os.path.join(self.root, "ballastd.log"))
         info = wait_for(lambda: self._read_ready(ready), 30, "ballastd's ready file")
         self.grpc, self.http = info["grpc"], info["http"]
@@ -152,9 +153,9 @@ class Cluster:
         return doc.get("workers", []) if isinstance(doc, dict) else doc
 
     # -- CLI ---------------------------------------------------------------
-    def cli(self, *args, timeout=60):
+    def cli(self, *args, timeout=60, cwd=None):
         return subprocess.run([*self.prefix, CLI, "--coordinator", self.grpc, *args],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
     def submit(self, spec, tmp_name="job.yaml", *extra):
         path = os.path.join(self.root, tmp_name)
