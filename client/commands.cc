@@ -14,6 +14,7 @@
 #include "client/request_id.h"
 #include "client/watch_view.h"
 #include "common/job_spec.h"
+#include "common/job_spec_paths.h"
 
 namespace ballast::client {
 
@@ -21,7 +22,8 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// Prints the error and returns its exit code.
+// Prints the error and returns its exit code. The message may quote what
+// other users wrote (a job name, a reason), so it is printed escaped.
 int Fail(Session& session, const absl::Status& status) {
   std::ostream& err = *session.io.err;
   const Connection& c = *session.connection;
@@ -33,13 +35,14 @@ int Fail(Session& session, const absl::Status& status) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       err << "ballast: cannot reach the coordinator at " << c.options().address << ": "
-          << status.message() << "\n";
+          << Printable(status.message()) << "\n";
       break;
     case absl::StatusCode::kUnauthenticated:
-      err << "ballast: " << status.message() << " (the token comes from BALLAST_TOKEN)\n";
+      err << "ballast: " << Printable(status.message())
+          << " (the token comes from BALLAST_TOKEN)\n";
       break;
     default:
-      err << "ballast: " << status.message() << "\n";
+      err << "ballast: " << Printable(status.message()) << "\n";
   }
   return ExitCodeFor(status.code());
 }
@@ -81,6 +84,11 @@ int Submit(Session& session, const SubmitArgs& args) {
     *session.io.err << "ballast: --set: " << s.message() << "\n";
     return kExitUsage;
   }
+  // The user means the folder they typed in; ballastd would read its own.
+  if (absl::Status s = MakeSpecPathsAbsolute(&*spec); !s.ok()) {
+    *session.io.err << "ballast: " << s.message() << "\n";
+    return kExitUsage;
+  }
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *std::move(spec);
   request.set_request_id(args.request_id.empty() ? NewRequestId() : args.request_id);
@@ -89,7 +97,7 @@ int Submit(Session& session, const SubmitArgs& args) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << "submitted " << job->id() << "\n" << std::flush;
+    *session.io.out << "submitted " << Printable(job->id()) << "\n" << std::flush;
   }
   return args.wait ? Watch(session, job->id()) : kExitOk;
 }
@@ -184,7 +192,7 @@ int Cancel(Session& session, const std::string& job_id) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << job->id() << " " << StateName(job->state()) << "\n" << std::flush;
+    *session.io.out << Printable(job->id()) << " " << StateName(job->state()) << "\n" << std::flush;
   }
   return kExitOk;
 }
@@ -199,7 +207,7 @@ int Rollback(Session& session, const std::string& job_id, int64_t to_step) {
   if (session.format == OutputFormat::kJson) {
     PrintJson(session, *job);
   } else {
-    *session.io.out << job->id() << " " << StateName(job->state())
+    *session.io.out << Printable(job->id()) << " " << StateName(job->state())
                     << ": restarting from the newest checkpoint at or before step " << to_step
                     << "\n"
                     << std::flush;

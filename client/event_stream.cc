@@ -87,7 +87,7 @@ absl::StatusOr<v1::JobState> FollowEvents(
       outage_since = now;
       backoff = kMinBackoff;
       on_notice(absl::StrCat("lost the event stream from ", connection.options().address, " (",
-                             status.message(), "); reconnecting for up to ",
+                             Printable(status.message()), "); reconnecting for up to ",
                              absl::FormatDuration(options.reconnect_window)));
     }
     const absl::Time give_up = *outage_since + options.reconnect_window;

@@ -54,26 +54,6 @@ bool IsTerminal(v1::JobState state) {
          state == v1::JOB_STATE_CANCELLED;
 }
 
-std::string Printable(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    if (byte < 0x20 || byte == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
-    } else if (byte == 0xc2 && i + 1 < text.size() &&
-               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
-      // U+0080..U+009F, the C1 controls (CSI among them), in UTF-8.
-      absl::StrAppend(&out, "\\u00",
-                      absl::Hex(static_cast<unsigned char>(text[++i]), absl::kZeroPad2));
-    } else {
-      out.push_back(text[i]);
-    }
-  }
-  return out;
-}
-
 std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& given_rows) {
   // Names and ids come from other users and workers: never let their bytes

@@ -13,6 +13,7 @@
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/token_service.pb.h"
+#include "common/printable.h"
 #include "common/proto_json.h"
 
 namespace ballast::client {
@@ -27,13 +28,8 @@ absl::StatusOr<v1::JobState> ParseState(const std::string& text);
 // True for SUCCEEDED, FAILED and CANCELLED.
 bool IsTerminal(v1::JobState state);
 
-// `text` with its control characters (C0, DEL, and C1 in UTF-8) written as
-// \xNN or \u00NN, so that printing it cannot move the cursor, change
-// colours or start a new line.
-std::string Printable(absl::string_view text);
-
 // Left-aligned columns two spaces apart, header first, one line per row;
-// every cell through Printable.
+// every cell through Printable (common/printable.h).
 std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 

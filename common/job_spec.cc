@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -17,13 +18,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/printable.h"
 #include "common/regular_file.h"
 
 namespace ballast {
 namespace {
 
-// A spec file is a few KiB.
-constexpr int64_t kMaxSpecBytes = int64_t{1} << 20;
 constexpr size_t kMaxKeyParts = 8;
 
 using google::protobuf::FieldDescriptor;
@@ -71,9 +71,23 @@ int64_t InvalidUtf8At(absl::string_view text) {
   return -1;
 }
 
-// An integer as YAML 1.2's core schema reads it: decimal (leading zeros and
-// all: "010" is ten, not eight as yaml-cpp would have it), 0x hexadecimal or
-// 0o octal, with an optional sign.
+// Where `text` stops being UTF-8, as "line L, column C (byte B)" counted
+// from 1, or nullopt when all of it is UTF-8.
+std::optional<std::string> InvalidUtf8Place(absl::string_view text) {
+  const int64_t at = InvalidUtf8At(text);
+  if (at < 0) return std::nullopt;
+  const absl::string_view before = text.substr(0, static_cast<size_t>(at));
+  const size_t line_start = before.rfind('\n');
+  const int64_t line = 1 + std::count(before.begin(), before.end(), '\n');
+  const int64_t column =
+      1 + static_cast<int64_t>(line_start == absl::string_view::npos ? at : at - line_start - 1);
+  return absl::StrCat("line ", line, ", column ", column, " (byte ", at, ")");
+}
+
+// An integer in decimal, 0x hexadecimal or 0o octal, with an optional sign.
+// A decimal with a leading zero is nullopt: YAML 1.1 tools (PyYAML,
+// yaml-cpp) read "010" as eight and YAML 1.2 as ten, so a spec would mean
+// one thing to the script that wrote it and another here.
 std::optional<int64_t> ParseInteger(absl::string_view text) {
   text = absl::StripAsciiWhitespace(text);
   bool negative = false;
@@ -87,7 +101,7 @@ std::optional<int64_t> ParseInteger(absl::string_view text) {
   } else if (absl::ConsumePrefix(&text, "0o")) {
     base = 8;
   }
-  if (text.empty()) return std::nullopt;
+  if (text.empty() || (base == 10 && text.size() > 1 && text[0] == '0')) return std::nullopt;
   uint64_t magnitude = 0;
   for (char c : text) {
     const int digit = absl::ascii_isdigit(c)    ? c - '0'
@@ -102,6 +116,20 @@ std::optional<int64_t> ParseInteger(absl::string_view text) {
   return negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
 }
 
+// The integer `node` holds; INVALID_ARGUMENT naming `path` otherwise.
+absl::StatusOr<int64_t> ReadInteger(const YAML::Node& node, const std::string& path) {
+  if (const std::optional<int64_t> v = ParseInteger(node.Scalar())) return *v;
+  absl::string_view digits = absl::StripAsciiWhitespace(node.Scalar());
+  if (!digits.empty() && (digits[0] == '-' || digits[0] == '+')) digits.remove_prefix(1);
+  if (digits.size() > 1 && digits[0] == '0' && absl::ascii_isdigit(digits[1])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": '", node.Scalar(),
+        "' has a leading zero, which YAML 1.1 reads as octal and YAML 1.2 as decimal; write it "
+        "without the zero, or 0o for octal"));
+  }
+  return TypeError(path, "an integer", node);
+}
+
 // Converts one YAML scalar to the field's type and stores it (appends when repeated).
 absl::Status SetScalar(const YAML::Node& node, const std::string& path, const FieldDescriptor* f,
                        Message* msg) {
@@ -114,8 +142,8 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
   try {
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         if (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()) {
           return absl::InvalidArgumentError(
               absl::StrCat(path, ": ", *v, " does not fit in 32 bits"));
@@ -125,14 +153,14 @@ absl::Status SetScalar(const YAML::Node& node, const std::string& path, const Fi
         break;
       }
       case FieldDescriptor::CPPTYPE_INT64: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         rep ? r->AddInt64(msg, f, *v) : r->SetInt64(msg, f, *v);
         break;
       }
       case FieldDescriptor::CPPTYPE_UINT64: {
-        const std::optional<int64_t> v = ParseInteger(node.Scalar());
-        if (!v) return TypeError(path, "an integer", node);
+        const absl::StatusOr<int64_t> v = ReadInteger(node, path);
+        if (!v.ok()) return v.status();
         if (*v < 0) {
           return absl::InvalidArgumentError(
               absl::StrCat(path, ": must be >= 0, got ", node.Scalar()));
@@ -187,13 +215,15 @@ absl::Status FillMessage(const YAML::Node& node, const std::string& path, Messag
   const google::protobuf::Descriptor* desc = msg->GetDescriptor();
   if (!node.IsMap()) return TypeError(path.empty() ? "spec" : path, "a mapping", node);
   const Reflection* r = msg->GetReflection();
-  std::set<std::string> seen;
+  std::map<std::string, int> first_line;  // 1-based, as an editor counts
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     const std::string field_path = Join(path, key);
+    const int line = kv.first.Mark().line + 1;
     // yaml-cpp would keep the last of them without a word.
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", field_path, "'"));
+    if (const auto [it, added] = first_line.emplace(key, line); !added) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", field_path, "' at line ",
+                                                     line, " (first at line ", it->second, ")"));
     }
     const FieldDescriptor* f = desc->FindFieldByName(key);
     if (f == nullptr) {
@@ -249,6 +279,11 @@ absl::Status CheckOneOf(const std::string& field, const std::string& v,
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
+  // Checked on the whole text, keys and comments too: yaml-cpp passes such
+  // bytes on, and protobuf then fails to send the spec with an empty message.
+  if (const std::optional<std::string> place = InvalidUtf8Place(yaml_text)) {
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid UTF-8 at ", *place));
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
@@ -257,10 +292,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
   }
   std::erase_if(documents, [](const YAML::Node& d) { return d.IsNull(); });
   if (documents.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec holds ", documents.size(),
-                     " YAML documents (separated by ---); a spec is one, the others would be "
-                     "ignored"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec holds ", documents.size(), " YAML documents (the second at line ",
+        documents[1].Mark().line + 1, ", after ---); a spec is one, the others would be ignored"));
   }
   v1::JobSpec spec;
   if (documents.empty()) return absl::InvalidArgumentError("spec is empty");
@@ -280,9 +314,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text) {
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
-  // A spec is a few KiB; a bound keeps a wrong file (50 MB once took the CLI
-  // 3.9 GB and 33 s) from being parsed at all.
-  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxSpecBytes);
+  // A 50 MB list once took the CLI 3.9 GB and 33 s to parse before ballastd
+  // refused it.
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxJobSpecBytes);
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat("spec file not found: ", path));
   }
@@ -402,12 +436,23 @@ void ApplyDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   std::vector<absl::Status> checks;
+  if (const size_t bytes = spec.ByteSizeLong(); bytes > kMaxJobSpecBytes) {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "spec is ", bytes, " bytes as a proto; at most ", kMaxJobSpecBytes, " are allowed")));
+  }
   // Characters, not bytes: a name in Greek or Chinese may be as long.
   const int64_t name_characters = std::count_if(spec.name().begin(), spec.name().end(),
                                                 [](char c) { return (c & 0xc0) != 0x80; });
   if (name_characters > 128) {
     checks.push_back(
         OutOfRange("name", absl::StrCat(name_characters, " characters"), "at most 128 characters"));
+  }
+  // Other users see the name in `ballast list`, where a newline or an escape
+  // sequence in it could forge rows (the CLI escapes them too).
+  if (const std::optional<size_t> at = FirstControlCharacter(spec.name())) {
+    checks.push_back(absl::InvalidArgumentError(
+        absl::StrCat("name has a control character at byte ", *at, " (", Printable(spec.name()),
+                     "); a name is printable text")));
   }
   if (spec.model().path().empty()) {
     checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));
@@ -509,24 +554,29 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   checks.push_back(
       CheckRange<int32_t>("keep_checkpoints", spec.keep_checkpoints(), 0, 10000, "0..10000"));
 
+  // Checked whatever the method: method full ignores them, but a stored spec
+  // that says lora_dropout NaN is wrong the day someone switches it to lora.
   const v1::LoraSpec& lora = spec.lora();
-  if (spec.method() == "lora") {
-    checks.push_back(CheckRange<int32_t>("lora.r", lora.r(), 1, 4096, "1..4096"));
-    checks.push_back(CheckRange<double>("lora.lora_alpha", lora.lora_alpha(),
-                                        std::numeric_limits<double>::min(), 1e6, "(0, 1e6]"));
-    checks.push_back(CheckRange<double>("lora.lora_dropout", lora.lora_dropout(), 0.0,
-                                        std::nextafter(1.0, 0.0), "[0, 1)"));
-    checks.push_back(
-        CheckOneOf("lora.init_lora_weights", lora.init_lora_weights(), {"kaiming", "gaussian"}));
-    const std::set<std::string> linear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                          "gate_proj", "up_proj", "down_proj"};
-    for (const std::string& m : lora.target_modules()) {
-      if (m == "all-linear" && lora.target_modules_size() == 1) continue;
-      checks.push_back(CheckOneOf("lora.target_modules", m, linear));
-    }
-    for (const std::string& m : lora.modules_to_save()) {
-      checks.push_back(CheckOneOf("lora.modules_to_save", m, {"embed_tokens", "lm_head"}));
-    }
+  checks.push_back(CheckRange<int32_t>("lora.r", lora.r(), 1, 4096, "1..4096"));
+  checks.push_back(CheckRange<double>("lora.lora_alpha", lora.lora_alpha(),
+                                      std::numeric_limits<double>::min(), 1e6, "(0, 1e6]"));
+  checks.push_back(CheckRange<double>("lora.lora_dropout", lora.lora_dropout(), 0.0,
+                                      std::nextafter(1.0, 0.0), "[0, 1)"));
+  checks.push_back(
+      CheckOneOf("lora.init_lora_weights", lora.init_lora_weights(), {"kaiming", "gaussian"}));
+  const std::set<std::string> linear = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+  for (const std::string& m : lora.target_modules()) {
+    if (m == "all-linear" && lora.target_modules_size() == 1) continue;
+    checks.push_back(CheckOneOf("lora.target_modules", m, linear));
+  }
+  for (const std::string& m : lora.modules_to_save()) {
+    checks.push_back(CheckOneOf("lora.modules_to_save", m, {"embed_tokens", "lm_head"}));
+  }
+  if (spec.method() == "full" && !lora.init_adapter().empty()) {
+    checks.push_back(absl::InvalidArgumentError(
+        "lora.init_adapter is set, but method is full, which would ignore it; an adapter starts "
+        "method lora (ballast-train merge folds one into a model folder for full)"));
   }
 
   const v1::DataSpec& data = spec.data();

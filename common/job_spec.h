@@ -8,6 +8,7 @@
 #ifndef BALLAST_COMMON_JOB_SPEC_H_
 #define BALLAST_COMMON_JOB_SPEC_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,12 @@
 #include "ballast/v1/job_spec.pb.h"
 
 namespace ballast {
+
+// The largest spec the service takes, in bytes (a real one is a few KiB):
+// LoadJobSpecFile refuses a longer file before it parses it, and
+// ValidateJobSpec a spec whose proto is longer, so that neither the CLI nor
+// ballastd spends memory and time on a wrong file.
+inline constexpr int64_t kMaxJobSpecBytes = int64_t{1} << 20;
 
 // Parses YAML text into a JobSpec. Unknown keys, wrong types and malformed
 // YAML are errors; absent keys keep their proto defaults (see ApplyDefaults).
@@ -28,7 +35,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text);
 
 // Reads and parses a spec file: proto JSON (ParseJobSpecJson) when the name
 // ends in ".json", YAML (ParseJobSpecYaml) otherwise. Errors are prefixed
-// with the path; NOT_FOUND names the path when it is missing.
+// with the path; NOT_FOUND names the path when it is missing;
+// INVALID_ARGUMENT for a file past kMaxJobSpecBytes or not a regular file.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Applies `key=value` overrides (dotted paths, YAML values), as in

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/job_spec_paths.h"
 #include "common/model_types.h"
 #include "common/regular_file.h"
 #include "common/sdar_checkpoint.h"
@@ -41,10 +42,56 @@ std::string ConfigName(const v1::JobSpec& spec) {
   return (std::filesystem::path(spec.model().path()) / "config.json").string();
 }
 
+// OK when every weights file and JSON file of the model folder is a regular
+// file: a rank opens them all, and a FIFO among them once held one in
+// open() for good.
+absl::Status CheckModelFiles(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int entries = 0;
+  for (fs::directory_iterator it(model_path, ec), end; !ec && it != end; it.increment(ec)) {
+    if (++entries > kMaxFolderEntries) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path: ", model_path,
+                                                     " holds more than ", kMaxFolderEntries,
+                                                     " entries; a model folder has a few dozen"));
+    }
+    const std::string ext = it->path().extension().string();
+    if (ext != ".safetensors" && ext != ".json") continue;
+    if (absl::Status s = CheckRegularFile(it->path().string()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OK when `dir` is a PEFT adapter folder: adapter_config.json (a JSON
+// object) and adapter_model.safetensors, both regular files.
+absl::Status CheckPeftAdapter(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_name = (fs::path(dir) / "adapter_config.json").string();
+  absl::StatusOr<std::string> text = ReadRegularFile(config_name, kMaxConfigJsonBytes);
+  const std::string weights_name = (fs::path(dir) / "adapter_model.safetensors").string();
+  absl::Status weights = text.ok() ? CheckRegularFile(weights_name) : text.status();
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.init_adapter: ", dir,
+        " must be a PEFT adapter folder (adapter_config.json and adapter_model.safetensors): ",
+        weights.message()));
+  }
+  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("lora.init_adapter: ", config_name,
+                                                   " is not valid JSON (expected an object)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
+absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
   namespace fs = std::filesystem;
+  // First, so that nothing outside the roots is opened, or its existence told.
+  if (absl::Status s = CheckSpecPaths(spec, roots); !s.ok()) return s;
   std::error_code ec;
   const std::string config_name = ConfigName(spec);
   absl::StatusOr<nlohmann::json> read = ReadModelConfig(spec, config_name);
@@ -83,6 +130,11 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
                      limit, " (max_position_embeddings in ", config_name, ")"));
   }
 
+  if (absl::Status s = CheckModelFiles(spec.model().path()); !s.ok()) return s;
+  if (const std::string& adapter = spec.lora().init_adapter(); !adapter.empty()) {
+    if (absl::Status s = CheckPeftAdapter(adapter); !s.ok()) return s;
+  }
+
   if (!fs::is_regular_file(spec.data().path(), ec)) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: ", spec.data().path(),
                                                    " does not exist or is not a file; expected "
@@ -102,16 +154,18 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status PrepareJobSpec(v1::JobSpec* spec) {
+absl::Status PrepareJobSpec(v1::JobSpec* spec, const std::vector<std::string>& roots) {
   ApplyDefaults(spec);
   // An SDAR checkpoint's config.json supplies block-diffusion defaults; an
-  // unreadable one is reported by ValidateJobSpecFiles, after the ranges.
-  if (spec->task() == "block_diffusion" && !spec->model().path().empty()) {
+  // unreadable one (or one past the roots) is reported by
+  // ValidateJobSpecFiles, after the ranges.
+  if (spec->task() == "block_diffusion" && !spec->model().path().empty() &&
+      CheckSpecPaths(*spec, roots).ok()) {
     absl::StatusOr<nlohmann::json> config = ReadModelConfig(*spec, ConfigName(*spec));
     if (config.ok()) ApplySdarDefaults(*config, spec);
   }
   if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
-  return ValidateJobSpecFiles(*spec);
+  return ValidateJobSpecFiles(*spec, roots);
 }
 
 }  // namespace ballast

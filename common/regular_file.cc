@@ -48,6 +48,13 @@ absl::StatusOr<std::pair<int, int64_t>> OpenRegular(const std::string& path) {
 
 }  // namespace
 
+absl::Status CheckRegularFile(const std::string& path) {
+  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  if (!opened.ok()) return opened.status();
+  close(opened->first);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
   absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
   if (!opened.ok()) return opened.status();

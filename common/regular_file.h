@@ -22,6 +22,10 @@ inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;
 // regular file (saying what it is) or is larger than max_bytes.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
 
+// OK when `path` is a regular file (after symlinks); errors as
+// ReadRegularFile's. Opens it without blocking and reads nothing.
+absl::Status CheckRegularFile(const std::string& path);
+
 // The lines of a regular file, one at a time, each at most max_line_bytes
 // (without its newline). A file whose name ends in ".zst" is decompressed as
 // it is read (zstd frames, as the `zstd` tool writes them). Thread-compatible.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/job_spec_paths.h"
 #include "common/version.h"
 #include "server/http_api.h"
 
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
       }
     }
   }
+  if (absl::Status s = CheckPathRoots(options.path_roots); !s.ok()) return s;
   if (options.lease_ms < 1000 || options.lease_ms > 600000) {
     return absl::InvalidArgumentError(
         absl::StrCat("--lease-ms: ", options.lease_ms, "; allowed 1000..600000"));
@@ -99,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   d->store_ = std::move(*store);
   CoordinatorOptions co;
   co.output_root = options.output_root;
+  co.path_roots = options.path_roots;
   co.lease_ms = options.lease_ms;
   co.event_retention = options.event_retention;
   co.metrics_retention_ms = options.metrics_retention_ms;

@@ -12,11 +12,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/http_endpoint.h"
+#include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "server/authenticator.h"
@@ -28,6 +30,8 @@ namespace ballast::server {
 
 // Largest request accepted; bigger ones fail with RESOURCE_EXHAUSTED.
 inline constexpr int kMaxReceiveMessageBytes = 4 << 20;
+static_assert(kMaxReceiveMessageBytes > kMaxJobSpecBytes,
+              "a SubmitJob request must hold the largest spec ValidateJobSpec accepts");
 
 struct BallastdOptions {
   // gRPC and HTTP addresses, HOST:PORT; port 0 picks a free one.
@@ -36,6 +40,8 @@ struct BallastdOptions {
   // "sqlite:PATH"; the folder must exist.
   std::string store_url;
   std::string output_root;
+  // --path-root: folders a spec's paths must lie in; empty allows any path.
+  std::vector<std::string> path_roots;
   int64_t lease_ms = 15000;
   int64_t event_retention = 10000;
   int64_t metrics_retention_ms = 10 * 60 * 1000;

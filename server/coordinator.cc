@@ -594,7 +594,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     if (const v1::Job* j = existing()) return *j;
   }
   // Validation reads the model's config.json; do it outside the lock.
-  if (absl::Status s = PrepareJobSpec(&spec); !s.ok()) return s;
+  if (absl::Status s = PrepareJobSpec(&spec, options_.path_roots); !s.ok()) return s;
 
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");

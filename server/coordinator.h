@@ -43,6 +43,8 @@ struct TenantQuota {
 struct CoordinatorOptions {
   // A job's output_dir is OUTPUT_ROOT/JOB_ID.
   std::string output_root;
+  // Folders a spec's paths must lie in (common/job_spec_paths.h); empty: any.
+  std::vector<std::string> path_roots;
   // A worker silent this long loses its ranks.
   int64_t lease_ms = 15000;
   // Events kept per job.

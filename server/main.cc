@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
                  "Job store URL (default sqlite:STATE_DIR/ballastd.db)");
   app.add_option("--output-root", options.output_root,
                  "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
+  app.add_option("--path-root", options.path_roots,
+                 "Specs' model, adapter, tokenizer and data paths must lie in this folder "
+                 "(repeatable; symlinks and .. resolved); without it any path is allowed");
   app.add_option("--lease-ms", options.lease_ms, "A worker silent this long loses its ranks")
       ->capture_default_str();
   app.add_option("--event-retention", options.event_retention,

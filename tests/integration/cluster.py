@@ -155,11 +155,11 @@ class Cluster:
         return doc.get("workers", []) if isinstance(doc, dict) else doc
 
     # -- CLI ---------------------------------------------------------------
-    def cli(self, *args, timeout=60, token=None):
-        """The CLI; `token` is its BALLAST_TOKEN (default: this process's)."""
+    def cli(self, *args, timeout=60, token=None, cwd=None):
+        """The CLI, in `cwd`; `token` is its BALLAST_TOKEN (default: this process's)."""
         env = None if token is None else {**os.environ, "BALLAST_TOKEN": token}
         return subprocess.run([*self.prefix, CLI, "--coordinator", self.grpc, *self.cli_args, *args],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
     def submit(self, spec, tmp_name="job.yaml", *extra):
         path = os.path.join(self.root, tmp_name)

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
+#include "common/job_spec_paths.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
@@ -124,6 +125,8 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
+  // A user's relative paths mean this folder, as they would to `ballast submit`.
+  if (absl::Status s = ballast::MakeSpecPathsAbsolute(&*spec); !s.ok()) return s;
   // The same checks as submission, so a standalone run refuses what ballastd would.
   if (absl::Status s = ballast::PrepareJobSpec(&*spec); !s.ok()) return s;
   // Before the rendezvous: a rank that cannot compute where the spec says
@@ -368,6 +371,7 @@ int main(int argc, char** argv) {
       absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(check_spec);
       status = spec.status();
       if (status.ok()) status = ballast::ApplyOverrides(check_overrides, &*spec);
+      if (status.ok()) status = ballast::MakeSpecPathsAbsolute(&*spec);
       if (status.ok()) status = ballast::PrepareJobSpec(&*spec);
       if (status.ok()) status = ballast::train::WriteDataCheck(*spec, check_rows, std::cout);
     } else if (tokenize->parsed()) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "worker/train/rank/agent_channel.h"
 
 namespace ballast::agent {
@@ -49,6 +50,26 @@ class RankSocketTest : public ::testing::Test {
   absl::Mutex mu_;
   std::vector<v1::RankMessage> got_ ABSL_GUARDED_BY(mu_);
 };
+
+TEST_F(RankSocketTest, ALogLinePastTheLimitIsCutAtACharacterAndSaysSo) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // 'x' then two-byte characters: the limit falls inside one of them.
+  std::string text = "x";
+  while (text.size() < 1 << 20) text += "\xce\xb1";
+  (*channel)->OnLog("error", text);
+  ASSERT_TRUE(WaitForMessages(1));
+  absl::MutexLock lock(&mu_);
+  const std::string& got = got_[0].training().log().text();
+  EXPECT_LE(got.size(), train::kMaxLogLineBytes + 64);
+  EXPECT_EQ(got.substr(0, 3), "x\xce\xb1");
+  const std::string tail =
+      absl::StrCat(" ... [", text.size() - train::kMaxLogLineBytes + 1, " more bytes cut]");
+  EXPECT_EQ(got.substr(got.size() - tail.size()), tail);
+  EXPECT_EQ(got.substr(got.size() - tail.size() - 2, 2), "\xce\xb1");
+}
 
 TEST_F(RankSocketTest, RankMessagesGoUpInOrderAndCancelComesDown) {
   absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());

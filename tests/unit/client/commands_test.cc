@@ -692,6 +692,27 @@ TEST_F(CommandsTest, WorkersAsTableAndJson) {
   EXPECT_EQ(doc["workers"][0]["busy"], 0);
 }
 
+TEST_F(CommandsTest, ServerTextIsEscapedInTablesAndErrorsButExactInJson) {
+  const std::string forged = "w-1\x1b[2J\nw-2  node-b";
+  {
+    absl::MutexLock lock(&service_.mu);
+    v1::Worker w;
+    w.set_id(forged);
+    service_.workers.push_back(w);
+    service_.submit_error =
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name 'a\rb\xc2\x9b' is taken");
+  }
+  CliResult table = RunBallast(With({"workers"}));
+  EXPECT_EQ(table.code, 0) << table.err;
+  EXPECT_EQ(Lines(table.out).size(), 2u) << table.out;
+  EXPECT_THAT(table.out, HasSubstr("w-1\\x1b[2J\\x0aw-2  node-b"));
+  CliResult json = RunBallast(With({"workers", "-o", "json"}));
+  EXPECT_EQ(nlohmann::json::parse(json.out)["workers"][0]["id"], forged);
+  CliResult refused = RunBallast(With({"submit", WriteFile("spec.yaml", kSpec)}));
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_EQ(refused.err, "ballast: name 'a\\x0db\\u009b' is taken\n");
+}
+
 TEST_F(CommandsTest, UsageErrorsExit2) {
   EXPECT_EQ(RunBallast({}).code, 2);
   EXPECT_EQ(RunBallast({"get"}).code, 2);

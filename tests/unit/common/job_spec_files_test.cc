@@ -65,6 +65,46 @@ TEST_F(JobSpecFilesTest, AConfigThatIsHugeOrAFifoIsRefusedAtOnce) {
   EXPECT_THAT(s.message(), HasSubstr("config.json is a FIFO"));
 }
 
+TEST_F(JobSpecFilesTest, AWeightsFileThatIsAFifoIsRefusedAtSubmission) {
+  std::ofstream(dir_ / "model" / "model-00001-of-00002.safetensors") << "x";
+  ASSERT_EQ(mkfifo((dir_ / "model" / "model-00002-of-00002.safetensors").c_str(), 0600), 0);
+  const absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.path: "));
+  EXPECT_THAT(s.message(), HasSubstr("model-00002-of-00002.safetensors is a FIFO"));
+}
+
+TEST_F(JobSpecFilesTest, AnInitAdapterMustBeAPeftAdapterFolder) {
+  const fs::path adapter = dir_ / "adapter";
+  fs::create_directories(adapter);
+  spec_.mutable_lora()->set_init_adapter(adapter.string());
+  absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("lora.init_adapter: "));
+  EXPECT_THAT(s.message(), HasSubstr("adapter_config.json does not exist"));
+
+  std::ofstream(adapter / "adapter_config.json") << R"({"r": 8, "lora_alpha": 16})";
+  s = ValidateJobSpecFiles(spec_);
+  EXPECT_THAT(s.message(), HasSubstr("adapter_model.safetensors does not exist"));
+  ASSERT_EQ(mkfifo((adapter / "adapter_model.safetensors").c_str(), 0600), 0);
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
+              HasSubstr("adapter_model.safetensors is a FIFO"));
+  fs::remove(adapter / "adapter_model.safetensors");
+  std::ofstream(adapter / "adapter_model.safetensors") << "x";
+  EXPECT_TRUE(ValidateJobSpecFiles(spec_).ok()) << ValidateJobSpecFiles(spec_);
+
+  std::ofstream(adapter / "adapter_config.json") << "[1, 2]";
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
+              HasSubstr("adapter_config.json is not valid JSON"));
+}
+
+TEST_F(JobSpecFilesTest, RelativePathsAreRefusedNamingTheField) {
+  spec_.mutable_data()->set_path("data.jsonl");
+  const absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("data.path: 'data.jsonl' is relative"));
+}
+
 TEST_F(JobSpecFilesTest, MalformedConfigIsInvalidArgument) {
   WriteConfig("{\"max_position_embeddings\": ");
   const absl::Status s = ValidateJobSpecFiles(spec_);

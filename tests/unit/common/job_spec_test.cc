@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -76,21 +77,35 @@ TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
 }
 
 TEST(JobSpec, DuplicateKeysAndSecondDocumentsAreRefusedNotIgnored) {
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 3\nmax_steps: 5\n");
-  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'max_steps'"));
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 3\nseed: 1\nmax_steps: 5\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("duplicate key 'max_steps' at line 3 (first at line 1)"));
   spec = ParseJobSpecYaml("data: {seq_len: 8, seq_len: 16}\n");
-  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'data.seq_len'"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("duplicate key 'data.seq_len' at line 1"));
   spec = ParseJobSpecYaml("max_steps: 3\n---\nmax_steps: 5\n");
-  EXPECT_THAT(spec.status().message(), HasSubstr("spec holds 2 YAML documents"));
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("spec holds 2 YAML documents (the second at line 3"));
   // A lone document marker is still one document.
   EXPECT_TRUE(ParseJobSpecYaml("---\nmax_steps: 3\n").ok());
 }
 
-TEST(JobSpec, IntegersReadAsYaml12Says) {
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 010\nseed: 0x1f\n");
+TEST(JobSpec, IntegersWithALeadingZeroAreRefusedAsAmbiguous) {
+  // YAML 1.1 (yaml-cpp alone, PyYAML) reads 010 as 8, YAML 1.2 as 10.
+  for (const char* zero_led : {"max_steps: 010\n", "max_steps: -07\n", "max_steps: 00\n"}) {
+    const absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(zero_led);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << zero_led;
+    EXPECT_THAT(spec.status().message(), HasSubstr("max_steps: '"));
+    EXPECT_THAT(spec.status().message(), HasSubstr("has a leading zero")) << zero_led;
+  }
+  v1::JobSpec overridden;
+  EXPECT_THAT(ApplyOverrides({"data.seq_len=0100"}, &overridden).message(),
+              HasSubstr("data.seq_len: '0100' has a leading zero"));
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 10\nseed: 0x1f\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->max_steps(), 10);  // yaml-cpp alone read 8
+  EXPECT_EQ(spec->max_steps(), 10);
   EXPECT_EQ(spec->seed(), 31);
+  EXPECT_EQ(ParseJobSpecYaml("max_steps: 0\n")->max_steps(), 0);
   EXPECT_EQ(ParseJobSpecYaml("max_steps: 0o17\n")->max_steps(), 15);
   EXPECT_EQ(ParseJobSpecYaml("max_steps: -4\n")->max_steps(), -4);
   for (const char* bad : {"max_steps: 1.5\n", "max_steps: 99999999999999999999\n",
@@ -107,7 +122,20 @@ TEST(JobSpec, InvalidUtf8IsNamedAndNamesCountCharacters) {
   spec = ParseJobSpecYaml(std::string("name: ab\xff\n"));
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(spec.status().message(), HasSubstr("name: not valid UTF-8 (at byte 2)"));
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("spec is not valid UTF-8 at line 1, column 9 (byte 8)"));
+  // Anywhere: in a key, a comment, a later line.
+  for (const std::string& bad :
+       {std::string("max_steps: 3\nna\xc3me: x\n"), std::string("max_steps: 3\n# caf\xe9\n"),
+        std::string("max_steps: 3\nname: \xed\xa0\x80\n")}) {
+    spec = ParseJobSpecYaml(bad);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(spec.status().message(), HasSubstr("not valid UTF-8 at line 2, column "));
+  }
+  // And in a --set value, which is no file.
+  v1::JobSpec overridden;
+  EXPECT_THAT(ApplyOverrides({std::string("name=ab\xff")}, &overridden).message(),
+              HasSubstr("name: not valid UTF-8 (at byte 2)"));
   // 100 Greek letters are 200 bytes and a valid name.
   std::string greek;
   for (int i = 0; i < 100; ++i) greek += "\xce\xb1";
@@ -119,6 +147,35 @@ TEST(JobSpec, InvalidUtf8IsNamedAndNamesCountCharacters) {
   EXPECT_TRUE(ValidateJobSpec(*base).ok()) << ValidateJobSpec(*base);
   base->set_name(greek + greek);
   EXPECT_THAT(ValidateJobSpec(*base).message(), HasSubstr("name = 200 characters"));
+}
+
+TEST(JobSpec, ANameWithControlCharactersIsRefused) {
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const std::string& name :
+       {std::string("x\x1b[2J"), std::string("a\njob-2  SUCCEEDED"), std::string("w-\xc2\x9b")}) {
+    spec->set_name(name);
+    const absl::Status s = ValidateJobSpec(*spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("name has a control character at byte "));
+  }
+  spec->set_name("caf\xc3\xa9 \xe2\x9c\x93");
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok());
+}
+
+TEST(JobSpec, LoraFieldsAreCheckedWhateverTheMethod) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok());
+  spec->set_method("full");
+  spec->mutable_lora()->set_lora_dropout(std::nan(""));
+  ApplyDefaults(&*spec);
+  EXPECT_THAT(ValidateJobSpec(*spec).message(), HasSubstr("lora.lora_dropout = nan"));
+  spec->mutable_lora()->set_lora_dropout(0.1);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  // An adapter to start from would be ignored by a full finetune.
+  spec->mutable_lora()->set_init_adapter("/adapters/a");
+  EXPECT_THAT(ValidateJobSpec(*spec).message(),
+              HasSubstr("lora.init_adapter is set, but method is full"));
 }
 
 TEST(JobSpec, AnOverrideKeyOfManyPartsIsRefusedAtOnce) {
@@ -210,6 +267,28 @@ TEST(JobSpec, MalformedYamlAndMissingFileAreClearErrors) {
   absl::StatusOr<v1::JobSpec> missing = LoadJobSpecFile("/nonexistent/job.yaml");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobSpec, ASpecPastTheServicesLimitIsRefusedBeforeItIsParsed) {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                     absl::StrCat("ballast-huge-spec-", getpid(), ".yaml");
+  {
+    std::ofstream out(file);
+    out << "guard:\n  inject:\n    zero_tokens_at_steps:\n";
+    while (out.tellp() <= kMaxJobSpecBytes) out << "      - 1\n";
+  }
+  absl::StatusOr<v1::JobSpec> loaded = LoadJobSpecFile(file.string());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded.status().message(), HasSubstr(absl::StrCat("at most ", kMaxJobSpecBytes)));
+  std::filesystem::remove(file);
+
+  // What reaches ballastd without the CLI is held to the same limit.
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_reranker()->set_instruction(std::string(kMaxJobSpecBytes, 'x'));
+  const absl::Status s = ValidateJobSpec(*spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("at most ", kMaxJobSpecBytes, " are allowed")));
 }
 
 TEST(JobSpec, ParsesProtoJsonAsProtobufWritesIt) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "worker/train/io/safetensors.h"
 
 namespace ballast::train {
@@ -43,6 +44,21 @@ std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string&
 
 std::string SaveTargetName(const std::string& short_name) {
   return short_name == "lm_head" ? "lm_head.weight" : "model.embed_tokens.weight";
+}
+
+// The adapter folder's adapter_config.json as a JSON object. Read without
+// blocking and with a bound, as config.json is (common/regular_file.h).
+absl::StatusOr<nlohmann::json> ReadAdapterConfig(const fs::path& path) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path.string(), kMaxConfigJsonBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat("adapter config not found: ", path.string()));
+  }
+  if (!text.ok()) return text.status();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not valid JSON"));
+  }
+  return j;
 }
 
 }  // namespace
@@ -102,10 +118,10 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
 
 absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
   const fs::path path = fs::path(dir) / "adapter_config.json";
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("adapter config not found: ", path.string()));
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("r") || !j.contains("lora_alpha") ||
+  absl::StatusOr<nlohmann::json> config = ReadAdapterConfig(path);
+  if (!config.ok()) return config.status();
+  nlohmann::json& j = *config;
+  if (!j["r"].is_number_integer() || !j["lora_alpha"].is_number() ||
       !j.contains("target_modules")) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(), " is not JSON with r, lora_alpha and target_modules"));
@@ -132,13 +148,9 @@ absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
 
 absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params) {
   const fs::path config_path = fs::path(dir) / "adapter_config.json";
-  std::ifstream in(config_path);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("adapter config not found: ", config_path.string()));
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path.string(), " is not valid JSON"));
-  }
+  absl::StatusOr<nlohmann::json> config = ReadAdapterConfig(config_path);
+  if (!config.ok()) return config.status();
+  const nlohmann::json& j = *config;
   auto mismatch = [&](const std::string& key, const std::string& theirs, const std::string& ours) {
     return absl::FailedPreconditionError(absl::StrCat(config_path.string(), ": ", key, " is ",
                                                       theirs, " but the job spec says ", ours));

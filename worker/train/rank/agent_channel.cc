@@ -167,7 +167,15 @@ void AgentChannel::OnLog(const std::string& level, const std::string& text) {
   v1::LogLine* log = m.mutable_training()->mutable_log();
   log->set_rank(rank_);
   log->set_level(level);
-  log->set_text(text);
+  if (text.size() <= kMaxLogLineBytes) {
+    log->set_text(text);
+  } else {
+    size_t keep = kMaxLogLineBytes;
+    // Back to the first byte of a UTF-8 character, so the cut stays UTF-8.
+    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80) --keep;
+    log->set_text(absl::StrCat(absl::string_view(text).substr(0, keep), " ... [",
+                               text.size() - keep, " more bytes cut]"));
+  }
   (void)Send(m);
 }
 

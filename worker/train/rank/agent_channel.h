@@ -33,6 +33,11 @@
 
 namespace ballast::train {
 
+// The longest log line sent up, in bytes; a longer one (an error quoting a
+// whole record, say) is cut at a character boundary and says how much went.
+// Each line becomes an event that ballastd stores and every watcher gets.
+inline constexpr size_t kMaxLogLineBytes = 16 << 10;
+
 // When the rank gives up on a silent worker.
 struct SilenceFence {
   // Zero (the default): never; the rank trains on without keepalives.

@@ -1,11 +1,10 @@
 #include "worker/train/text/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "worker/train/text/byte_level.h"
 #include "worker/train/text/utf8.h"
 
@@ -68,15 +67,15 @@ absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& path_or_dir) {
   std::filesystem::path path(path_or_dir);
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) path /= "tokenizer.json";
-  std::ifstream file(path);
-  if (!std::filesystem::is_regular_file(path, error) || !file) {
+  // Without blocking: a FIFO here once held a rank in open() for good.
+  absl::StatusOr<std::string> text = ReadRegularFile(path.string(), kMaxTokenizerJsonBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat(path.string(), ": no such tokenizer file"));
   }
-  std::stringstream text;
-  text << file.rdbuf();
+  if (!text.ok()) return text.status();
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text.str());
+    json = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON: ", e.what()));
   }

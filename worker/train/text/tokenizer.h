@@ -20,6 +20,7 @@
 #ifndef BALLAST_WORKER_TRAIN_TEXT_TOKENIZER_H_
 #define BALLAST_WORKER_TRAIN_TEXT_TOKENIZER_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,9 @@
 #include "worker/train/text/pre_tokenizer.h"
 
 namespace ballast::train {
+
+// The largest tokenizer.json read; real ones are up to about 35 MB (Gemma 3).
+inline constexpr int64_t kMaxTokenizerJsonBytes = int64_t{256} << 20;
 
 class Tokenizer {
  public:
@@ -51,8 +55,8 @@ class Tokenizer {
 
   // Reads `path_or_dir`: a tokenizer.json, or a model folder holding one.
   // NOT_FOUND naming the file when it is missing; INVALID_ARGUMENT naming
-  // the file when it is not JSON, and the component and its type when it is
-  // not supported.
+  // the file when it is not a regular file, is past kMaxTokenizerJsonBytes
+  // or is not JSON, and the component and its type when it is not supported.
   static absl::StatusOr<Tokenizer> Load(const std::string& path_or_dir);
 
   // From the parsed json of a tokenizer.json. INVALID_ARGUMENT as Load.

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -298,6 +299,14 @@ TEST_F(TokenizerFileTest, AMissingFileIsNotFoundByName) {
   const absl::Status status = Tokenizer::Load(dir_.string()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(status.message(), HasSubstr((dir_ / "tokenizer.json").string()));
+}
+
+TEST_F(TokenizerFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  // Opened plainly, a FIFO blocks until a writer comes: a rank held for good.
+  ASSERT_EQ(mkfifo((dir_ / "tokenizer.json").c_str(), 0600), 0);
+  const absl::Status status = Tokenizer::Load(dir_.string()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("tokenizer.json is a FIFO"));
 }
 
 TEST_F(TokenizerFileTest, MalformedJsonAndUnsupportedPartsNameTheFile) {

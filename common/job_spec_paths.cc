@@ -1,0 +1,137 @@
+#include "common/job_spec_paths.h"
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ballast {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PathField {
+  const char* name;
+  const std::string& (*get)(const v1::JobSpec&);
+  void (*set)(v1::JobSpec*, std::string);
+  // A folder whose entries the trainer opens (a tokenizer may be one, or a file).
+  bool folder;
+};
+
+// Every path a spec names. The setters run only on a field that is set, so
+// they never create an empty message (a set reranker is refused for
+// another task).
+constexpr std::array<PathField, 5> kPathFields = {{
+    {"model.path", [](const v1::JobSpec& s) -> const std::string& { return s.model().path(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_model()->set_path(std::move(p)); }, true},
+    {"lora.init_adapter",
+     [](const v1::JobSpec& s) -> const std::string& { return s.lora().init_adapter(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_lora()->set_init_adapter(std::move(p)); },
+     true},
+    {"data.path", [](const v1::JobSpec& s) -> const std::string& { return s.data().path(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_data()->set_path(std::move(p)); }, false},
+    {"data.tokenizer",
+     [](const v1::JobSpec& s) -> const std::string& { return s.data().tokenizer(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_data()->set_tokenizer(std::move(p)); }, true},
+    {"reranker.eval_path",
+     [](const v1::JobSpec& s) -> const std::string& { return s.reranker().eval_path(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_reranker()->set_eval_path(std::move(p)); },
+     false},
+}};
+
+// True when `path`'s components begin with all of `root`'s: /data/a is
+// under /data, /data-b is not.
+bool IsUnder(const fs::path& path, const fs::path& root) {
+  return std::mismatch(root.begin(), root.end(), path.begin(), path.end()).first == root.end();
+}
+
+// `path` with its symlinks and ".." resolved as far as it exists.
+fs::path Resolved(const fs::path& path) {
+  std::error_code ec;
+  fs::path resolved = fs::weakly_canonical(path, ec);
+  return ec ? path.lexically_normal() : resolved;
+}
+
+// OK when `path` resolves under one of `roots` (canonical folders).
+absl::Status CheckUnderRoots(const std::string& field, const fs::path& path,
+                             const std::vector<fs::path>& roots,
+                             const std::vector<std::string>& given_roots) {
+  const fs::path resolved = Resolved(path);
+  for (const fs::path& root : roots) {
+    if (IsUnder(resolved, root)) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", path.string(),
+      resolved == path ? "" : absl::StrCat(" (which resolves to ", resolved.string(), ")"),
+      " is outside the path roots ", absl::StrJoin(given_roots, ", "),
+      "; ballastd --path-root sets them"));
+}
+
+}  // namespace
+
+void MakeSpecPathsAbsolute(const std::string& base, v1::JobSpec* spec) {
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(*spec);
+    if (value.empty() || fs::path(value).is_absolute()) continue;
+    f.set(spec, (fs::path(base) / value).lexically_normal().string());
+  }
+}
+
+absl::Status MakeSpecPathsAbsolute(v1::JobSpec* spec) {
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(
+        "cannot read the working folder to resolve the spec's relative paths: ", ec.message()));
+  }
+  MakeSpecPathsAbsolute(cwd.string(), spec);
+  return absl::OkStatus();
+}
+
+absl::Status CheckPathRoots(const std::vector<std::string>& roots) {
+  for (const std::string& root : roots) {
+    std::error_code ec;
+    if (!fs::path(root).is_absolute() || !fs::is_directory(root, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--path-root ", root, ": not an absolute path to an existing folder"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& given_roots) {
+  std::vector<fs::path> roots;
+  for (const std::string& root : given_roots) roots.push_back(Resolved(root));
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(spec);
+    if (value.empty()) continue;
+    if (!fs::path(value).is_absolute()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.name, ": '", value,
+          "' is relative; ballastd and the ranks run in other folders, so give an absolute path "
+          "(ballast submit makes relative paths absolute against the folder it runs in)"));
+    }
+    if (roots.empty()) continue;
+    if (absl::Status s = CheckUnderRoots(f.name, value, roots, given_roots); !s.ok()) return s;
+    // A folder inside the roots may still link out: config.json -> /etc/...
+    std::error_code ec;
+    if (!f.folder || !fs::is_directory(value, ec)) continue;
+    int entries = 0;
+    for (fs::directory_iterator it(value, ec), end; !ec && it != end; it.increment(ec)) {
+      if (++entries > kMaxFolderEntries) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f.name, ": ", value, " holds more than ", kMaxFolderEntries, " entries"));
+      }
+      const std::string entry_field = absl::StrCat(f.name, " entry");
+      if (absl::Status s = CheckUnderRoots(entry_field, it->path(), roots, given_roots); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ballast

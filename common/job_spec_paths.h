@@ -1,0 +1,48 @@
+// The paths a job spec names (model.path, lora.init_adapter, data.path,
+// data.tokenizer, reranker.eval_path) and where they may point.
+//
+// ballastd checks them at submission and ranks open them later, in other
+// working folders, so a path must be absolute: the CLI and ballast-train
+// make relative ones absolute against the folder they run in, and
+// ValidateJobSpecFiles refuses one that is still relative. A coordinator
+// with path roots (ballastd --path-root DIR, repeatable) also confines them
+// to those folders once symlinks and ".." are resolved, and so the files in
+// the model, adapter and tokenizer folders too. Without roots any path is
+// allowed, as before roots existed. Thread-safe.
+#ifndef BALLAST_COMMON_JOB_SPEC_PATHS_H_
+#define BALLAST_COMMON_JOB_SPEC_PATHS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ballast/v1/job_spec.pb.h"
+
+namespace ballast {
+
+// Most entries a model, adapter or tokenizer folder may hold when roots are
+// set: each is resolved at submission (a model folder has a few dozen).
+inline constexpr int kMaxFolderEntries = 4096;
+
+// Makes each relative path of `spec` absolute against `base`, an absolute
+// folder; absolute and empty paths stay as they are.
+void MakeSpecPathsAbsolute(const std::string& base, v1::JobSpec* spec);
+
+// As above, against the process's working folder. INTERNAL when that
+// cannot be read (it was removed).
+absl::Status MakeSpecPathsAbsolute(v1::JobSpec* spec);
+
+// OK when every root is an absolute path to an existing folder; otherwise
+// INVALID_ARGUMENT naming it. ballastd checks its --path-root flags here.
+absl::Status CheckPathRoots(const std::vector<std::string>& roots);
+
+// OK when every path of `spec` is absolute and, when `roots` is not empty,
+// lies under one of them after symlinks and ".." are resolved, as does each
+// entry of the model, adapter and tokenizer folders. INVALID_ARGUMENT names
+// the field, the path and the roots. Reads only directory entries and
+// symlinks; call before any file is opened.
+absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);
+
+}  // namespace ballast
+
+#endif  // BALLAST_COMMON_JOB_SPEC_PATHS_H_

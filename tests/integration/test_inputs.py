@@ -1,0 +1,119 @@
+"""Hostile and careless input through the real `ballast` CLI and ballastd
+(issue 20): relative paths mean the submitter's folder, --path-root confines
+paths past `..` and symlinks, and what cannot be a spec is refused at once,
+with exit 2 and a message that says why. No worker is needed: every case
+ends at submission. docs/limits.md lists the limits."""
+import json
+import os
+import time
+
+import pytest
+
+from cluster import Cluster
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(str(tmp_path / "cluster"))
+    yield c
+    c.stop()
+
+
+def model_and_data(folder):
+    """The files submission reads: config.json and a data file."""
+    os.makedirs(os.path.join(folder, "model"), exist_ok=True)
+    with open(os.path.join(folder, "model", "config.json"), "w") as f:
+        json.dump({"model_type": "qwen3", "max_position_embeddings": 256}, f)
+    with open(os.path.join(folder, "data.jsonl"), "w") as f:
+        f.write('{"input_ids": [1, 2, 3]}\n')
+
+
+SPEC = "model: {path: %s}\ndata: {path: %s, seq_len: 64}\noptimizer: {lr: 1.0e-3}\nmax_steps: 2\n"
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+def test_relative_paths_mean_the_submitters_folder(cluster, tmp_path):
+    cluster.start_coordinator()
+    mine = tmp_path / "submitter"
+    model_and_data(str(mine))
+    spec = write(mine / "job.yaml", SPEC % ("model", "./data.jsonl"))
+    # ballastd runs elsewhere; before, it looked for ./model in its own folder.
+    assert os.getcwd() != str(mine)
+    r = cluster.cli("submit", "job.yaml", "-o", "json", cwd=str(mine))
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["spec"]["model"]["path"] == str(mine / "model")
+    assert job["spec"]["data"]["path"] == str(mine / "data.jsonl")
+
+    # The folder the CLI runs in, not the spec file's.
+    r = cluster.cli("submit", spec, cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert f"model.path: {tmp_path}/model/config.json does not exist" in r.stderr, r.stderr
+
+
+def test_path_roots_confine_paths_past_dot_dot_and_symlinks(cluster, tmp_path):
+    root, outside = tmp_path / "shared", tmp_path / "private"
+    model_and_data(str(root))
+    model_and_data(str(outside))
+    cluster.start_coordinator(extra_args=["--path-root", str(root)])
+    spec = write(tmp_path / "job.yaml", SPEC % (root / "model", root / "data.jsonl"))
+    r = cluster.cli("submit", spec)
+    assert r.returncode == 0, r.stderr
+
+    os.symlink(outside / "data.jsonl", root / "link.jsonl")
+    os.mkdir(root / "tokenizer")
+    os.symlink(outside / "model" / "config.json", root / "tokenizer" / "tokenizer.json")
+    for override, named in [
+        (f"data.path={outside}/data.jsonl", "data.path: "),
+        (f"data.path={root}/../private/data.jsonl", "data.path: "),
+        (f"data.path={root}/link.jsonl", "data.path: "),
+        (f"data.tokenizer={root}/tokenizer", "data.tokenizer entry: "),
+    ]:
+        r = cluster.cli("submit", spec, "--set", override)
+        assert r.returncode == 2, (override, r.stdout)
+        assert named in r.stderr and f"is outside the path roots {root}" in r.stderr, r.stderr
+    assert cluster.coordinator.alive()
+
+
+def test_a_bad_root_stops_ballastd_at_start(tmp_path):
+    c = Cluster(str(tmp_path / "cluster"))
+    with pytest.raises(AssertionError, match="--path-root relative/root: not an absolute path"):
+        c.start_coordinator(extra_args=["--path-root", "relative/root"])
+    c.stop()
+
+
+def test_what_cannot_be_a_spec_is_refused_at_once(cluster, tmp_path):
+    cluster.start_coordinator()
+    model_and_data(str(tmp_path))
+    spec = write(tmp_path / "job.yaml", SPEC % (tmp_path / "model", tmp_path / "data.jsonl"))
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "w") as f:
+        f.write("guard:\n  inject:\n    zero_tokens_at_steps:\n")
+        f.write("      - 1\n" * (6 << 20))  # 60 MB: once 3.9 GB and 33 s
+    os.mkfifo(tmp_path / "fifo.yaml")
+    started = time.monotonic()
+    cases = [
+        ([str(huge)], "at most 1048576"),
+        ([str(tmp_path / "fifo.yaml")], "is a FIFO"),
+        ([spec, "--set", 'name="a\\e[2J\\nb"'], "name has a control character"),
+        ([spec, "--set", "max_steps=010"], "has a leading zero"),
+        ([spec, "--set", "method=full", "--set", "lora.lora_dropout=.nan"],
+         "lora.lora_dropout = nan"),
+        ([spec, "--set", "lora.init_adapter=" + str(tmp_path)], "lora.init_adapter: "),
+        ([spec, "--set", "a" + ".a" * 16000 + "=1"], "spec keys have at most 8"),
+    ]
+    for args, message in cases:
+        r = cluster.cli("submit", *args)
+        assert r.returncode == 2, (message, r.stdout, r.stderr)
+        assert message in r.stderr, (message, r.stderr)
+    assert time.monotonic() - started < 30
+    os.remove(tmp_path / "model" / "config.json")
+    os.mkfifo(tmp_path / "model" / "config.json")
+    r = cluster.cli("submit", spec)
+    assert r.returncode == 2 and "config.json is a FIFO" in r.stderr, r.stderr
+    assert cluster.coordinator.alive()
