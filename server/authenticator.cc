@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/worker_id.h"
 
 namespace ballast::server {
 namespace {
@@ -41,10 +42,6 @@ absl::Status Unauthenticated(absl::string_view why) {
       absl::StrCat(why,
                    ": send 'authorization: Bearer TOKEN' with a token from `ballast token create` "
                    "(or ballastd's BALLAST_TOKEN)"));
-}
-
-bool IsWorkerIdChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
 }
 
 }  // namespace
@@ -116,7 +113,7 @@ absl::StatusOr<v1::CreateTokenResponse> Authenticator::CreateToken(
       break;
     case v1::ROLE_WORKER: {
       const std::string& id = request.worker_id();
-      if (id.empty() || id.size() > 128 || !std::all_of(id.begin(), id.end(), IsWorkerIdChar)) {
+      if (!IsWorkerId(id)) {
         return absl::InvalidArgumentError(
             "worker_id: a worker token needs the id its worker registers as: 1..128 characters "
             "of A-Z, a-z, 0-9, '.', '_' and '-'");

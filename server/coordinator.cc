@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
+#include "server/worker_id.h"
 
 namespace ballast::server {
 namespace {
@@ -914,8 +915,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::InvalidArgumentError(
         absl::StrCat("capacity: ", request.capacity(), "; allowed 1..4096"));
   }
-  if (request.previous_worker_id().size() > 128) {
-    return absl::InvalidArgumentError("previous_worker_id: at most 128 characters");
+  if (!request.previous_worker_id().empty() && !IsWorkerId(request.previous_worker_id())) {
+    return absl::InvalidArgumentError(
+        "previous_worker_id: 1..128 characters of A-Z, a-z, 0-9, '.', '_' and '-'");
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");

@@ -497,6 +497,20 @@ TEST_F(BallastdTest, QuotasRefuseWhatCouldNeverRunAndHoldWhatMustWait) {
   EXPECT_THAT(refused.error_message(), HasSubstr("tenant team-a has 2 queued jobs"));
 }
 
+// Worker ids are printed in `ballast workers`; one with a terminal escape
+// could forge rows in another user's output.
+TEST_F(BallastdTest, AWorkerIdThatIsNotPrintableIsRefused) {
+  Start();
+  v1::RegisterWorkerRequest reg = CpuWorker(1);
+  reg.set_previous_worker_id("w1\x1b[2J\nforged-row");
+  v1::RegisterWorkerResponse registered;
+  grpc::Status refused = workers_->RegisterWorker(Context().get(), reg, &registered);
+  EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("previous_worker_id"));
+  reg.set_previous_worker_id("node-1.rack_2");
+  EXPECT_TRUE(workers_->RegisterWorker(Context().get(), reg, &registered).ok());
+}
+
 TEST(QuotaFlagTest, ParsesTenantsAndTheDefaultAndNamesMistakes) {
   std::map<std::string, TenantQuota> quotas;
   ASSERT_TRUE(ParseQuotaFlag("team-a:max_devices=8,max_queued_jobs=100", &quotas).ok());

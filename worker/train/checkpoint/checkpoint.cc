@@ -113,20 +113,33 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
   const CheckpointFolder folder = CheckpointFolderFor(checkpoints_dir, position.step);
   if (absl::Status s = BeginCheckpoint(folder); !s.ok()) return s;
   const fs::path tmp(folder.tmp_dir);
-  if (absl::Status s = WriteSafetensors((tmp / "params.safetensors").string(), tensors); !s.ok()) {
+  auto write = [&]() -> absl::Status {
+    if (absl::Status s = WriteSafetensors((tmp / "params.safetensors").string(), tensors);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            WriteSafetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            WriteSafetensors((tmp / "rng.safetensors").string(), GeneratorStates(params.device()));
+        !s.ok()) {
+      return s;
+    }
+    return PublishCheckpoint(folder, position, health);
+  };
+  if (absl::Status s = write(); !s.ok()) {
+    AbandonCheckpoint(folder);
     return s;
   }
-  if (absl::Status s = WriteSafetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          WriteSafetensors((tmp / "rng.safetensors").string(), GeneratorStates(params.device()));
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = PublishCheckpoint(folder, position, health); !s.ok()) return s;
   return folder.final_dir;
+}
+
+void AbandonCheckpoint(const CheckpointFolder& folder) {
+  // Best effort: the write's own error is what the caller reports.
+  RemoveTree(folder.tmp_dir).IgnoreError();
 }
 
 std::optional<int64_t> CheckpointStepOf(const std::string& dir) {

@@ -47,6 +47,9 @@ struct CheckpointFolder {
 };
 CheckpointFolder CheckpointFolderFor(const std::string& checkpoints_dir, int64_t step);
 absl::Status BeginCheckpoint(const CheckpointFolder& folder);
+// After a failed write (a full disk): removes tmp_dir, so the space comes
+// back and nothing half-written is left beside the good checkpoints.
+void AbandonCheckpoint(const CheckpointFolder& folder);
 absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position,
                                CheckpointHealth health);
 

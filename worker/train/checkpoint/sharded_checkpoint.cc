@@ -71,6 +71,8 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
   absl::Status written =
       WriteSafetensors((tmp / absl::StrCat("rank-", rank, ".safetensors")).string(), tensors);
   if (absl::Status s = Agree(written, collectives, "writing a checkpoint shard"); !s.ok()) {
+    // Every rank has stopped writing: rank 0 clears the half-written folder.
+    if (rank == 0) AbandonCheckpoint(folder);
     return s;
   }
   absl::Status published;
@@ -83,6 +85,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
             : absl::InternalError(absl::StrCat("cannot write ", folder.tmp_dir, "/layout.json"));
   }
   if (absl::Status s = Agree(published, collectives, "publishing the checkpoint"); !s.ok()) {
+    if (rank == 0) AbandonCheckpoint(folder);
     return s;
   }
   return folder.final_dir;

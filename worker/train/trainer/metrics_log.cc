@@ -1,7 +1,9 @@
 #include "worker/train/trainer/metrics_log.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -33,9 +35,14 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t ste
 }
 
 absl::Status MetricsLog::Append(const StepRecord& record) {
+  errno = 0;
   out_ << ToJson(record).dump() << "\n";
   out_.flush();
-  return out_ ? absl::OkStatus() : absl::InternalError(absl::StrCat("cannot append to ", path_));
+  if (out_) return absl::OkStatus();
+  // The stream keeps no reason; errno has the one a user acts on (ENOSPC).
+  const int err = errno;
+  return absl::InternalError(
+      absl::StrCat("cannot append to ", path_, err != 0 ? absl::StrCat(": ", strerror(err)) : ""));
 }
 
 absl::Status MetricsLog::TruncateAfter(int64_t step) {
