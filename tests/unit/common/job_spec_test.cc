@@ -86,6 +86,13 @@ TEST(JobSpec, DuplicateKeysAndSecondDocumentsAreRefusedNotIgnored) {
   EXPECT_TRUE(ParseJobSpecYaml("---\nmax_steps: 3\n").ok());
 }
 
+TEST(JobSpec, AKeyThatIsNotAFieldNameIsRefusedWithItsPlace) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("schedule:\n  ? {kind: cosine}\n  : 1\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("schedule.<key>: expected a key that is a field name, got a mapping"));
+}
+
 TEST(JobSpec, IntegersReadAsYaml12Says) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("max_steps: 010\nseed: 0x1f\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -210,6 +217,16 @@ TEST(JobSpec, MalformedYamlAndMissingFileAreClearErrors) {
   absl::StatusOr<v1::JobSpec> missing = LoadJobSpecFile("/nonexistent/job.yaml");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+// yaml-cpp 0.7's LoadAll loops for ever on these, its memory growing; the
+// fuzzer (tests/fuzz/corpus/job_spec) found the first.
+TEST(JobSpec, YamlThatStallsTheParserIsRefusedNotLoopedOn) {
+  for (const char* text : {",", "# comment\n, ,\n", "---\n,", "[a, b],"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(text);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(spec.status().message(), HasSubstr("not valid YAML")) << text;
+  }
 }
 
 TEST(JobSpec, ParsesProtoJsonAsProtobufWritesIt) {
