@@ -5,9 +5,10 @@
 // it. Seeds of the second kind start from a whole, valid tokenizer.json.
 //
 // Invariants beyond not crashing: errors carry the codes tokenizer.h
-// promises; EncodeWithOffsets gives Encode's ids with ends that climb to
-// the end of the normalized text; every id Encode gives decodes; and with
-// the fixed tokenizer, decoding gives the normalized text back.
+// promises; ids are not negative; EncodeWithOffsets gives Encode's ids with
+// ends that climb to the end of the normalized text; every id Encode gives
+// decodes; and with the fixed tokenizer, decoding gives the normalized text
+// back.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -39,6 +40,7 @@ void CheckEncoding(const Tokenizer& tokenizer, std::string_view text, bool allow
     return;
   }
   Require(utf8, "Encode refuses text that is not UTF-8");
+  for (const ballast::train::TokenId id : *ids) Require(id >= 0, "ids are not negative");
   absl::StatusOr<Tokenizer::Encoding> encoding = tokenizer.EncodeWithOffsets(text, allow_special);
   Require(encoding.ok() && encoding->ids == *ids, "EncodeWithOffsets gives Encode's ids");
   Require(encoding->ends.size() == ids->size(), "one end per id");
