@@ -10,7 +10,7 @@ export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
 
-.PHONY: setup configure build test demo bench images demo-containers format format-check clean
+.PHONY: setup configure build test fuzz demo bench images demo-containers format format-check clean
 
 setup:
 	@bash scripts/setup
@@ -26,6 +26,11 @@ build: configure
 test: setup
 	@$(MAKE) --no-print-directory build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer on the parsers of untrusted input (tests/fuzz, scripts/fuzz), in a
+# clang build of its own; FUZZ_SECONDS per target (default 60).
+fuzz: setup
+	@JOBS=$(JOBS) bash scripts/fuzz
 
 demo: setup
 	@$(MAKE) --no-print-directory build

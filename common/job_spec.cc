@@ -3,6 +3,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 #include <google/protobuf/util/json_util.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -217,7 +219,12 @@ absl::Status FillMessage(const YAML::Node& node, const std::string& path, Messag
   const Reflection* r = msg->GetReflection();
   std::map<std::string, int> first_line;  // 1-based, as an editor counts
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    // A complex key ("? {a: 1}") is a mapping or a list; as<std::string>
+    // would throw on it.
+    if (!kv.first.IsScalar()) {
+      return TypeError(Join(path, "<key>"), "a key that is a field name", kv.first);
+    }
+    const std::string key = kv.first.Scalar();
     const std::string field_path = Join(path, key);
     const int line = kv.first.Mark().line + 1;
     // yaml-cpp would keep the last of them without a word.
@@ -255,6 +262,52 @@ absl::Status FillMessage(const YAML::Node& node, const std::string& path, Messag
   return absl::OkStatus();
 }
 
+// yaml-cpp 0.7 (Debian 12's) reports an empty document for ever, without
+// consuming the token it cannot place, on some malformed streams (a lone
+// ","; jbeder/yaml-cpp#1040, fixed upstream by #1319), so YAML::LoadAll
+// loops and its memory grows until the process dies. This event handler
+// drives the parser with no document kept and notes where it stands.
+class StuckParserFinder : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { at_ = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { at_ = mark; }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { at_ = mark; }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    at_ = mark;
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    at_ = mark;
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    at_ = mark;
+  }
+  void OnMapEnd() override {}
+
+  // OK when the parser reaches the end of `text`; every document takes at
+  // least a byte, so more documents than bytes mean it is stuck. The parser
+  // is deterministic: after OK, LoadAll ends too. Throws as LoadAll does.
+  absl::Status Run(const std::string& text) {
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    for (size_t documents = 0; parser.HandleNextDocument(*this); ++documents) {
+      if (documents > text.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec is not valid YAML: the parser is stuck at line ", at_.line + 1,
+                         ", column ", at_.column + 1));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  YAML::Mark at_ = YAML::Mark::null_mark();
+};
+
 absl::Status OutOfRange(const std::string& field, const std::string& value,
                         const std::string& allowed) {
   return absl::InvalidArgumentError(
@@ -286,6 +339,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text) {
   }
   std::vector<YAML::Node> documents;
   try {
+    if (absl::Status s = StuckParserFinder().Run(yaml_text); !s.ok()) return s;
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec is not valid YAML: ", e.what()));

@@ -1,6 +1,5 @@
 #include "worker/agent/rank_socket.h"
 
-#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/delimited_message_util.h>
 #include <poll.h>
@@ -12,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/rank_frames.h"
 
 namespace ballast::agent {
 
@@ -84,13 +84,27 @@ void RankSocket::ReadLoop() {
     }
   }
   if (fd >= 0) {
-    google::protobuf::io::FileInputStream in(fd);
+    RankFrameReader frames;
     v1::RankMessage message;
-    bool clean_eof = false;
-    // A malformed message ends the channel: the stream cannot be resynced.
-    while (google::protobuf::util::ParseDelimitedFromZeroCopyStream(&message, &in, &clean_eof)) {
-      on_message_(message);
-      message.Clear();
+    char buffer[64 * 1024];
+    // A frame that cannot be delimited or parsed ends the channel: the
+    // stream cannot be resynced.
+    bool readable = true;
+    while (readable) {
+      const ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      frames.Append(absl::string_view(buffer, static_cast<size_t>(n)));
+      while (true) {
+        const absl::StatusOr<std::optional<absl::string_view>> frame = frames.Next();
+        if (frame.ok() && !frame->has_value()) break;
+        if (!frame.ok() ||
+            !message.ParseFromArray((*frame)->data(), static_cast<int>((*frame)->size()))) {
+          readable = false;
+          break;
+        }
+        on_message_(message);
+      }
     }
   }
   absl::MutexLock lock(&mu_);

@@ -90,6 +90,13 @@ TEST(JobSpec, DuplicateKeysAndSecondDocumentsAreRefusedNotIgnored) {
   EXPECT_TRUE(ParseJobSpecYaml("---\nmax_steps: 3\n").ok());
 }
 
+TEST(JobSpec, AKeyThatIsNotAFieldNameIsRefusedWithItsPlace) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml("schedule:\n  ? {kind: cosine}\n  : 1\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("schedule.<key>: expected a key that is a field name, got a mapping"));
+}
+
 TEST(JobSpec, IntegersWithALeadingZeroAreRefusedAsAmbiguous) {
   // YAML 1.1 (yaml-cpp alone, PyYAML) reads 010 as 8, YAML 1.2 as 10.
   for (const char* zero_led : {"max_steps: 010\n", "max_steps: -07\n", "max_steps: 00\n"}) {
@@ -289,6 +296,16 @@ TEST(JobSpec, ASpecPastTheServicesLimitIsRefusedBeforeItIsParsed) {
   const absl::Status s = ValidateJobSpec(*spec);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("at most ", kMaxJobSpecBytes, " are allowed")));
+}
+
+// yaml-cpp 0.7's LoadAll loops for ever on these, its memory growing; the
+// fuzzer (tests/fuzz/corpus/job_spec) found the first.
+TEST(JobSpec, YamlThatStallsTheParserIsRefusedNotLoopedOn) {
+  for (const char* text : {",", "# comment\n, ,\n", "---\n,", "[a, b],"}) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(text);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(spec.status().message(), HasSubstr("not valid YAML")) << text;
+  }
 }
 
 TEST(JobSpec, ParsesProtoJsonAsProtobufWritesIt) {

@@ -1,13 +1,9 @@
 // safetensors: read (memory-mapped) and write the HF safetensors format.
 //
-// Format: an 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
-// {"name": {"dtype", "shape", "data_offsets": [begin, end)}, "__metadata__": {str: str}},
-// then the byte buffer the offsets point into. Every file is validated before
-// any tensor is handed out: header size cap (100 MB), JSON shape, known dtype,
-// offsets inside the buffer, no overlaps and no holes, dtype size x shape ==
-// byte length, duplicate names, __metadata__ values are strings. An error
-// names the file and, where it applies, the tensor. Reads never go out of
-// bounds. Thread-compatible; a SafetensorsFile is immutable once opened.
+// Every file is validated before any tensor is handed out, by the header
+// parser of safetensors_header.h (the format and its rules are there). An
+// error names the file and, where it applies, the tensor. Reads never go out
+// of bounds. Thread-compatible; a SafetensorsFile is immutable once opened.
 #ifndef BALLAST_WORKER_TRAIN_IO_SAFETENSORS_H_
 #define BALLAST_WORKER_TRAIN_IO_SAFETENSORS_H_
 

@@ -1,6 +1,5 @@
 #include "worker/train/rank/agent_channel.h"
 
-#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/delimited_message_util.h>
 #include <poll.h>
@@ -89,7 +88,7 @@ absl::Status AgentChannel::Send(const v1::RankMessage& message) {
 void AgentChannel::ReadLoop() {
   const std::chrono::milliseconds period = PollPeriod(fence_.limit);
   Clock::time_point last_keepalive = Clock::now();
-  std::string pending;  // bytes read but not parsed: a message may arrive in pieces
+  RankFrameReader frames;  // a message may arrive in pieces
   bool open = true;
   while (!closing_.load()) {
     // A closed socket polls readable forever; once the worker is gone only
@@ -100,8 +99,9 @@ void AgentChannel::ReadLoop() {
       char buf[4096];
       const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
       if (n > 0) {
-        pending.append(buf, n);
-        ParseControl(&pending, &last_keepalive);
+        frames.Append(absl::string_view(buf, static_cast<size_t>(n)));
+        // A stream that cannot be delimited any more is as good as gone.
+        open = TakeControl(&frames, &last_keepalive);
       } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         open = false;  // the worker is gone: no keepalive will come
       }
@@ -115,20 +115,17 @@ void AgentChannel::ReadLoop() {
   }
 }
 
-void AgentChannel::ParseControl(std::string* pending, Clock::time_point* last_keepalive) {
-  while (!pending->empty()) {
-    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(pending->data()),
-                                              static_cast<int>(pending->size()));
-    uint32_t size = 0;
-    if (!in.ReadVarint32(&size)) break;
-    const size_t header = in.CurrentPosition();
-    if (pending->size() - header < size) break;
+bool AgentChannel::TakeControl(RankFrameReader* frames, Clock::time_point* last_keepalive) {
+  while (true) {
+    const absl::StatusOr<std::optional<absl::string_view>> frame = frames->Next();
+    if (!frame.ok()) return false;
+    if (!frame->has_value()) return true;
+    // A frame that is not a RankControl is skipped; its length still holds.
     v1::RankControl control;
-    if (control.ParseFromArray(pending->data() + header, static_cast<int>(size))) {
+    if (control.ParseFromArray((*frame)->data(), static_cast<int>((*frame)->size()))) {
       if (control.has_cancel()) cancelled_.store(true);
       if (control.has_keepalive()) *last_keepalive = Clock::now();
     }
-    pending->erase(0, header + size);
   }
 }
 

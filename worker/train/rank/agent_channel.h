@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ballast/v1/rank_channel.pb.h"
+#include "common/rank_frames.h"
 #include "worker/train/trainer/training_observer.h"
 
 namespace ballast::train {
@@ -83,8 +84,9 @@ class AgentChannel : public TrainingObserver {
   AgentChannel(int fd, int rank, SilenceFence fence);
   // The reader thread: control messages in, silence watched.
   void ReadLoop();
-  // Parses every complete delimited message in *pending; a partial one stays.
-  void ParseControl(std::string* pending, std::chrono::steady_clock::time_point* last_keepalive);
+  // Acts on every whole control message in `frames`; a partial one stays.
+  // False once the stream cannot be delimited any more (DATA_LOSS there).
+  bool TakeControl(RankFrameReader* frames, std::chrono::steady_clock::time_point* last_keepalive);
 
   const int fd_;
   const int rank_;

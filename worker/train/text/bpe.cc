@@ -1,5 +1,6 @@
 #include "worker/train/text/bpe.h"
 
+#include <limits>
 #include <queue>
 #include <utility>
 
@@ -54,6 +55,20 @@ struct Symbol {
 
 }  // namespace
 
+absl::StatusOr<TokenId> TokenIdFromJson(const nlohmann::json& value, absl::string_view where) {
+  // is_number_integer holds for both signed and unsigned json integers.
+  const bool fits = value.is_number_unsigned()
+                        ? value.get<uint64_t>() <= std::numeric_limits<TokenId>::max()
+                        : value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                              value.get<int64_t>() <= std::numeric_limits<TokenId>::max();
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " = ", value.dump(),
+                                                   " is not a token id (an integer in 0..",
+                                                   std::numeric_limits<TokenId>::max(), ")"));
+  }
+  return static_cast<TokenId>(value.get<int64_t>());
+}
+
 absl::StatusOr<Bpe> Bpe::FromJson(const nlohmann::json& model) {
   const std::string type = model.is_object() ? model.value("type", "") : "";
   if (type != "BPE") {
@@ -78,13 +93,12 @@ absl::StatusOr<Bpe> Bpe::FromJson(const nlohmann::json& model) {
 
   Bpe bpe;
   bpe.ignore_merges_ = model.value("ignore_merges", false);
-  for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.vocab[", nlohmann::json(token).dump(), "] is not an integer id"));
-    }
-    bpe.vocab_[token] = id.get<TokenId>();
-    bpe.tokens_[id.get<TokenId>()] = token;
+  for (const auto& [token, value] : model["vocab"].items()) {
+    absl::StatusOr<TokenId> id =
+        TokenIdFromJson(value, absl::StrCat("model.vocab[", nlohmann::json(token).dump(), "]"));
+    if (!id.ok()) return id.status();
+    bpe.vocab_[token] = *id;
+    bpe.tokens_[*id] = token;
   }
   for (int byte = 0; byte < 256; ++byte) {
     std::string symbol;

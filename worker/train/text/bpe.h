@@ -22,11 +22,17 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace ballast::train {
 
 using TokenId = int32_t;
+
+// `value` as a token id: an integer in 0..2^31-1, which `tokenizers` (u32
+// ids) and the model's embedding both take. INVALID_ARGUMENT naming `where`
+// otherwise; a float or an id out of range is never converted.
+absl::StatusOr<TokenId> TokenIdFromJson(const nlohmann::json& value, absl::string_view where);
 
 class Bpe {
  public:

@@ -46,8 +46,11 @@ absl::Status ReadPostProcessor(const nlohmann::json& post_processor, std::vector
         continue;
       }
       const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
-      for (const nlohmann::json& id : post_processor.at("special_tokens").at(name).at("ids")) {
-        (after_sequence ? suffix : prefix)->push_back(id.get<TokenId>());
+      for (const nlohmann::json& value : post_processor.at("special_tokens").at(name).at("ids")) {
+        absl::StatusOr<TokenId> id =
+            TokenIdFromJson(value, absl::StrCat("post_processor special token ", name));
+        if (!id.ok()) return id.status();
+        (after_sequence ? suffix : prefix)->push_back(*id);
       }
     }
     return absl::OkStatus();
@@ -119,7 +122,9 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(const nlohmann::json& json) try {
   for (const nlohmann::json& entry : json.value("added_tokens", nlohmann::json::array())) {
     AddedToken token;
     token.content = entry.at("content").get<std::string>();
-    token.id = entry.at("id").get<TokenId>();
+    absl::StatusOr<TokenId> id = TokenIdFromJson(entry.at("id"), "added_tokens id");
+    if (!id.ok()) return id.status();
+    token.id = *id;
     token.single_word = entry.value("single_word", false);
     token.lstrip = entry.value("lstrip", false);
     token.rstrip = entry.value("rstrip", false);

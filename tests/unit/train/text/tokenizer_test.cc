@@ -271,7 +271,27 @@ TEST(Tokenizer, RefusesAddedTokenIdsThatTokenizersWouldReassign) {
               HasSubstr("\"<|im_end|>\" has id 5000 but tokenizers would give it 259"));
   json = TestJson();
   json["added_tokens"][0]["id"] = "258";
-  EXPECT_THAT(LoadError(json).message(), HasSubstr("malformed tokenizer.json"));
+  EXPECT_THAT(LoadError(json).message(), HasSubstr("added_tokens id = \"258\" is not a token id"));
+}
+
+// A float id used to be converted to int32 (undefined behaviour for 1e30,
+// which UBSan flags in the tokenizer fuzz target), and a negative
+// vocabulary id went on to index the embedding.
+TEST(Tokenizer, RefusesIdsThatAreNotTokenIdsWithoutConvertingThem) {
+  nlohmann::json json = TestJson();
+  json["added_tokens"][0]["id"] = 1e30;
+  EXPECT_THAT(LoadError(json).message(),
+              HasSubstr("added_tokens id = 1e+30 is not a token id (an integer in 0..2147483647)"));
+  json = TestJson();
+  json["model"]["vocab"]["a"] = -5;
+  EXPECT_THAT(LoadError(json).message(), HasSubstr("model.vocab[\"a\"] = -5 is not a token id"));
+  json = TestJson();
+  json["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<|im_start|>"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"<|im_start|>", {{"id", "<|im_start|>"}, {"ids", {2.5}}}}}}};
+  EXPECT_THAT(LoadError(json).message(),
+              HasSubstr("post_processor special token <|im_start|> = 2.5 is not a token id"));
 }
 
 class TokenizerFileTest : public ::testing::Test {
