@@ -3,6 +3,8 @@
 // writes every change through this store, so a restart loses no job.
 //
 // Thread-safe: one connection behind a mutex; each call is one transaction.
+// Checkpoints (copying the WAL back into the database, with an fsync) run
+// on a thread and connection of their own, so no commit waits for one.
 // Writes come in batches, and one Write takes many (server/commit_queue.h
 // gathers those of concurrent callers).
 #ifndef BALLAST_SERVER_STORE_H_
@@ -12,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -115,6 +118,11 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
+  // Checkpoints `path` whenever a commit has left the WAL long, until
+  // the store closes.
+  void CheckpointLoop(const std::string& path);
+  // SQLite's hook after each commit, with the WAL's length in pages.
+  static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
@@ -132,6 +140,11 @@ class Store {
   sqlite3_stmt* trim_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  absl::Mutex checkpoint_mu_;
+  bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  std::thread checkpointer_;
 };
 
 }  // namespace ballast::server
