@@ -314,6 +314,10 @@ absl::StatusOr<Coordinator::JobEntry*> Coordinator::VisibleJob(const std::string
 
 void Coordinator::Touch(JobEntry* job) {
   job->record.job.set_updated_ms(options_.now_ms());
+  WriteAgain(job);
+}
+
+void Coordinator::WriteAgain(JobEntry* job) {
   if (!job->dirty) {
     job->dirty = true;
     dirty_.push_back(job);
@@ -593,7 +597,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     auto it = request_ids_.find(request_key);
     if (it == request_ids_.end()) return nullptr;
     JobEntry* job = &jobs_.at(it->second);
-    Touch(job);
+    WriteAgain(job);
     return job;
   };
   v1::Job submitted;

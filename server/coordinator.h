@@ -288,6 +288,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the job changed without a new event.
   void Touch(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Has the next Flush write the job as it is, changed or not.
+  void WriteAgain(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues every changed job with its events, and every changed worker, to
   // be stored together; once stored, the events go to the jobs' watchers.
   // Ends each public operation, whose caller then waits for the ticket
