@@ -10,7 +10,7 @@ export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
 
-.PHONY: setup configure build test fuzz demo bench images demo-containers format format-check clean
+.PHONY: setup configure build test fuzz demo bench soak images demo-containers format format-check clean
 
 setup:
 	@bash scripts/setup
@@ -48,6 +48,11 @@ demo-containers: images
 bench: setup
 	@$(MAKE) --no-print-directory build
 	@bash bench/run
+
+# ballastd's memory under 10 minutes of churn (SOAK_SECONDS to change).
+soak: setup
+	@$(MAKE) --no-print-directory build
+	@$(PYTHON) bench/soak --bin $(BUILD_DIR)/bin
 
 format:
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs -r clang-format -i

@@ -370,11 +370,16 @@ class Bench {
 
 }  // namespace
 
-int main() {
+// With names (submit, watch, scheduler, scrape), runs only those.
+int main(int argc, char** argv) {
+  const std::vector<std::string> only(argv + 1, argv + argc);
+  auto wanted = [&](const char* name) {
+    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+  };
   Bench bench;
-  bench.Submit();
-  bench.Watch();
-  Bench::Scheduler();
-  bench.Scrape();
+  if (wanted("submit")) bench.Submit();
+  if (wanted("watch")) bench.Watch();
+  if (wanted("scheduler")) Bench::Scheduler();
+  if (wanted("scrape")) bench.Scrape();
   return 0;
 }

@@ -29,19 +29,8 @@ constexpr int32_t kExitBadSpec = 2;
 // so a scrape after the end still sees the last values; at most this many
 // at once, however recent, so a burst of short jobs cannot blow up a scrape.
 constexpr size_t kMaxFinishedShown = 1000;
-// Histogram bounds, in seconds: time in the queue, and one store write.
+// Histogram bounds, in seconds, of the time in the queue.
 constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600};
-constexpr double kStoreSecondsBounds[] = {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5};
-
-// Runs one store write and observes its time as ballast_store_write_seconds{op}.
-template <typename Write>
-auto TimedStoreWrite(MetricsRegistry* metrics, const char* op, Write&& write) {
-  const absl::Time start = absl::Now();
-  auto result = write();
-  metrics->Observe("ballast_store_write_seconds", {{"op", op}},
-                   absl::ToDoubleSeconds(absl::Now() - start));
-  return result;
-}
 
 // A watcher further behind than this reads from the store instead.
 constexpr size_t kWatchMailbox = 4096;
@@ -92,20 +81,17 @@ int64_t RealNowMs() {
 // ---------------------------------------------------------------------------
 // EventWatch
 
-EventWatch::EventWatch(Coordinator* coordinator, std::string job_id, int64_t after_seq,
-                       int64_t replay_through, bool terminal,
-                       std::shared_ptr<Mailbox<v1::JobEvent>> mailbox)
-    : coordinator_(coordinator),
+EventWatch::EventWatch(Store* store, std::string job_id, int64_t after_seq, bool done,
+                       std::shared_ptr<EventFanout> fanout, EventFanout::Joined joined)
+    : store_(store),
       job_id_(std::move(job_id)),
       last_seq_(after_seq),
-      replay_through_(replay_through),
-      // A terminal job has nothing after its last event.
-      done_(terminal && after_seq >= replay_through),
-      mailbox_(std::move(mailbox)) {}
+      replay_through_(joined.published_seq),
+      done_(done),
+      fanout_(std::move(fanout)),
+      mailbox_(std::move(joined.mailbox)) {}
 
-EventWatch::~EventWatch() {
-  if (mailbox_ != nullptr) coordinator_->Unwatch(job_id_, mailbox_.get());
-}
+EventWatch::~EventWatch() { fanout_->Leave(mailbox_.get()); }
 
 void EventWatch::Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out) {
   for (v1::JobEvent& e : events) {
@@ -119,7 +105,7 @@ void EventWatch::Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEv
 absl::Status EventWatch::ReadStored(int64_t through, std::vector<v1::JobEvent>* out) {
   while (last_seq_ < through && !done_) {
     absl::StatusOr<std::vector<v1::JobEvent>> chunk =
-        coordinator_->store_->ReadEvents(job_id_, last_seq_, kReplayChunk);
+        store_->ReadEvents(job_id_, last_seq_, kReplayChunk);
     if (!chunk.ok()) return chunk.status();
     if (chunk->empty()) break;
     const size_t before = out->size();
@@ -179,6 +165,7 @@ Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOpti
     : store_(store),
       metrics_(metrics),
       options_(std::move(options)),
+      commits_(store, options_.event_retention, metrics),
       // A random start: two coordinators on one host (a test beside another,
       // or a restart while old ranks still hold ports) rarely hand out the
       // same rendezvous port at the same time.
@@ -199,10 +186,6 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
       "placed on workers.",
       MetricType::kHistogram,
       std::vector<double>(std::begin(kQueueSecondsBounds), std::end(kQueueSecondsBounds)));
-  metrics->Describe(
-      "ballast_store_write_seconds", "Time of one write to the job store, by op.",
-      MetricType::kHistogram,
-      std::vector<double>(std::begin(kStoreSecondsBounds), std::end(kStoreSecondsBounds)));
   metrics->Describe("ballast_scheduler_decision_seconds",
                     "Time of one scheduling pass over the queue.", MetricType::kHistogram,
                     {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
@@ -221,63 +204,67 @@ absl::Status Coordinator::Load() {
   absl::StatusOr<std::vector<JobRecord>> jobs = store_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
 
-  absl::MutexLock lock(&mu_);
-  const int64_t now = options_.now_ms();
-  for (WorkerRecord& r : *workers) {
-    WorkerEntry& w = workers_[r.worker.id()];
-    w.record = std::move(r);
-    // Leases start over: a worker that was alive gets one lease to come back.
-    w.deadline_ms = now + options_.lease_ms;
-    w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
-  }
-  for (JobRecord& r : *jobs) {
-    const std::string id = r.job.id();
-    last_order_ = std::max(last_order_, r.order);
-    job_order_[r.order] = id;
-    // Jobs stored before tenants belong to the default one.
-    if (r.job.tenant().empty()) r.job.set_tenant(kDefaultTenant);
-    if (!r.job.request_id().empty()) {
-      request_ids_[ScopedRequestId(r.job.tenant(), r.job.request_id())] = id;
+  CommitQueue::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = options_.now_ms();
+    for (WorkerRecord& r : *workers) {
+      WorkerEntry& w = workers_[r.worker.id()];
+      w.record = std::move(r);
+      // Leases start over: a worker that was alive gets one lease to come back.
+      w.deadline_ms = now + options_.lease_ms;
+      w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
     }
-    JobEntry& job = jobs_[id];
-    job.record = std::move(r);
-    const v1::Job& j = job.record.job;
-    if (j.state() == v1::JOB_STATE_QUEUED) {
-      scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order, j.spec().devices(),
-                         DeviceKindOf(j.spec()));
+    for (JobRecord& r : *jobs) {
+      const std::string id = r.job.id();
+      last_order_ = std::max(last_order_, r.order);
+      job_order_[r.order] = id;
+      // Jobs stored before tenants belong to the default one.
+      if (r.job.tenant().empty()) r.job.set_tenant(kDefaultTenant);
+      if (!r.job.request_id().empty()) {
+        request_ids_[ScopedRequestId(r.job.tenant(), r.job.request_id())] = id;
+      }
+      JobEntry& job = jobs_[id];
+      job.record = std::move(r);
+      job.fanout = std::make_shared<EventFanout>(job.record.job.last_seq());
+      const v1::Job& j = job.record.job;
+      if (j.state() == v1::JOB_STATE_QUEUED) {
+        scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order,
+                           j.spec().devices(), DeviceKindOf(j.spec()));
+      }
+      for (const v1::RankPlacement& p : j.placement()) {
+        // A rank that exited before the restart stays exited.
+        if (p.has_exit_code()) continue;
+        live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
+      }
+      if (Terminal(j.state())) recently_finished_.emplace_back(id, j.updated_ms());
+      if (j.state() == v1::JOB_STATE_QUEUED) job.queued_since_ms = options_.now_ms();
     }
-    for (const v1::RankPlacement& p : j.placement()) {
-      // A rank that exited before the restart stays exited.
-      if (p.has_exit_code()) continue;
-      live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
-    }
-    if (Terminal(j.state())) recently_finished_.emplace_back(id, j.updated_ms());
-    if (j.state() == v1::JOB_STATE_QUEUED) job.queued_since_ms = options_.now_ms();
-  }
-  std::sort(recently_finished_.begin(), recently_finished_.end(),
-            [](const auto& a, const auto& b) { return a.second < b.second; });
-  while (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
+    std::sort(recently_finished_.begin(), recently_finished_.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    while (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
 
-  // Ranks on workers the store does not know can never report again, and a
-  // job that was stopping with no rank left only has to finish stopping.
-  std::vector<RankKey> orphaned;
-  for (const auto& [key, device] : live_ranks_) {
-    if (workers_.count(device.worker_id) == 0) orphaned.push_back(key);
-  }
-  for (const RankKey& key : orphaned) {
-    ReleaseRank(key);
-    OnRankGone(&jobs_.at(std::get<0>(key)), std::get<2>(key), kLost,
-               absl::StrCat("rank ", std::get<2>(key), ": its worker is unknown"));
-  }
-  for (auto& [id, job] : jobs_) {
-    const v1::JobState s = job.record.job.state();
-    if ((s == v1::JOB_STATE_CANCELLING || s == v1::JOB_STATE_ROLLING_BACK) &&
-        LiveRanks(job).empty()) {
-      OnRankGone(&job, -1, kLost, "");
+    // Ranks on workers the store does not know can never report again, and a
+    // job that was stopping with no rank left only has to finish stopping.
+    std::vector<RankKey> orphaned;
+    for (const auto& [key, device] : live_ranks_) {
+      if (workers_.count(device.worker_id) == 0) orphaned.push_back(key);
     }
+    for (const RankKey& key : orphaned) {
+      ReleaseRank(key);
+      OnRankGone(&jobs_.at(std::get<0>(key)), std::get<2>(key), kLost,
+                 absl::StrCat("rank ", std::get<2>(key), ": its worker is unknown"));
+    }
+    for (auto& [id, job] : jobs_) {
+      const v1::JobState s = job.record.job.state();
+      if ((s == v1::JOB_STATE_CANCELLING || s == v1::JOB_STATE_ROLLING_BACK) &&
+          LiveRanks(job).empty()) {
+        OnRankGone(&job, -1, kLost, "");
+      }
+    }
+    ticket = Flush();
   }
-  Flush();
-  return absl::OkStatus();
+  return Commit(ticket);
 }
 
 void Coordinator::Shutdown() {
@@ -286,9 +273,7 @@ void Coordinator::Shutdown() {
     if (shutting_down_) return;
     shutting_down_ = true;
     lease_wake_.SignalAll();
-    for (auto& [id, job] : jobs_) {
-      for (auto& m : job.watchers) m->Close();
-    }
+    for (auto& [id, job] : jobs_) job.fanout->CloseAll();
     for (auto& [id, w] : workers_) w.outbox->Close();
   }
   if (lease_thread_.joinable()) lease_thread_.join();
@@ -330,6 +315,10 @@ absl::StatusOr<Coordinator::JobEntry*> Coordinator::VisibleJob(const std::string
 
 void Coordinator::Touch(JobEntry* job) {
   job->record.job.set_updated_ms(options_.now_ms());
+  WriteAgain(job);
+}
+
+void Coordinator::WriteAgain(JobEntry* job) {
   if (!job->dirty) {
     job->dirty = true;
     dirty_.push_back(job);
@@ -339,6 +328,11 @@ void Coordinator::Touch(JobEntry* job) {
 void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
   v1::Job& j = job->record.job;
   j.set_last_seq(j.last_seq() + 1);
+  // The store keeps the newest event_retention: this one pushes one out.
+  if (j.last_seq() > options_.event_retention) {
+    ++job->record.events_deleted;
+    metrics_->Add("ballast_events_dropped_total", {}, 1);
+  }
   event.set_job_id(j.id());
   event.set_seq(j.last_seq());
   event.set_time_ms(options_.now_ms());
@@ -367,25 +361,31 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   AddEvent(job, std::move(e));
 }
 
-void Coordinator::Flush() {
+CommitQueue::Ticket Coordinator::Flush() {
+  StoreBatch batch;
+  // Beside batch.jobs, index for index.
+  std::vector<std::shared_ptr<EventFanout>> fanouts;
   for (JobEntry* job : dirty_) {
     job->dirty = false;
-    std::vector<v1::JobEvent> events = std::move(job->unflushed);
-    job->unflushed.clear();
-    absl::StatusOr<int64_t> deleted = TimedStoreWrite(metrics_, "update_job", [&] {
-      return store_->UpdateJob(&job->record, events, options_.event_retention);
-    });
-    if (!deleted.ok()) {
-      // The in-memory state stays authoritative for this run; a later write
-      // of the same job carries the state again.
-      std::fprintf(stderr, "ballastd: store write of %s failed: %s\n", job->record.job.id().c_str(),
-                   deleted.status().ToString().c_str());
-    } else if (*deleted > 0) {
-      metrics_->Add("ballast_events_dropped_total", {}, static_cast<double>(*deleted));
-    }
-    for (auto& m : job->watchers) m->Push(events);
+    batch.jobs.push_back({job->record, std::exchange(job->unflushed, {})});
+    fanouts.push_back(job->fanout);
   }
   dirty_.clear();
+  batch.workers = std::exchange(unsaved_workers_, {});
+  // Publishing in the writer, in queue order, keeps each job's events in seq
+  // order across concurrent calls. When a write fails the events go out
+  // anyway: in memory they happened, and a watcher's stream stays whole.
+  return commits_.Queue(std::move(batch),
+                        [fanouts = std::move(fanouts)](const StoreBatch& written) {
+                          for (size_t i = 0; i < fanouts.size(); ++i)
+                            fanouts[i]->Publish(written.jobs[i].events);
+                        });
+}
+
+absl::Status Coordinator::Commit(CommitQueue::Ticket ticket) {
+  absl::Status s = commits_.Wait(ticket);
+  if (!s.ok()) std::fprintf(stderr, "ballastd: store write failed: %s\n", s.ToString().c_str());
+  return s;
 }
 
 // ---------------------------------------------------------------------------
@@ -520,19 +520,24 @@ void Coordinator::OnRankGone(JobEntry* job, int32_t rank, int32_t exit_code,
 void Coordinator::RunScheduler() {
   if (scheduler_.queued() == 0) return;
   const auto start = std::chrono::steady_clock::now();
-  // Devices each tenant's live ranks hold, for the device quotas.
-  std::map<std::string, int64_t> tenant_devices;
-  for (const auto& [key, device] : live_ranks_) {
-    if (const JobEntry* job = FindJob(std::get<0>(key))) {
-      ++tenant_devices[job->record.job.tenant()];
-    }
-  }
+  // Devices each tenant's live ranks hold, for the device quotas: counted
+  // once a job with a quota fits, as most passes place nothing.
+  std::optional<std::map<std::string, int64_t>> tenant_devices;
   std::vector<Decision> decisions =
       scheduler_.Schedule([&](const std::string& job_id, int32_t devices) {
         const std::string& tenant = jobs_.at(job_id).record.job.tenant();
         const int32_t quota = QuotaOf(tenant).max_devices;
-        int64_t& used = tenant_devices[tenant];
-        if (quota > 0 && used + devices > quota) return false;
+        if (quota == 0) return true;
+        if (!tenant_devices) {
+          tenant_devices.emplace();
+          for (const auto& [key, device] : live_ranks_) {
+            if (const JobEntry* job = FindJob(std::get<0>(key))) {
+              ++(*tenant_devices)[job->record.job.tenant()];
+            }
+          }
+        }
+        int64_t& used = (*tenant_devices)[tenant];
+        if (used + devices > quota) return false;
         used += devices;
         return true;
       });
@@ -585,54 +590,67 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   }
   // Idempotency keys are per tenant: one tenant's key never returns another's job.
   const std::string request_key = ScopedRequestId(tenant, request_id);
-  auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const v1::Job* {
+  // A repeated submission returns its job once the job is surely stored: the
+  // first call may still be writing it, or may have failed to. Writing it
+  // again covers both.
+  auto resubmitted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobEntry* {
     if (request_id.empty()) return nullptr;
     auto it = request_ids_.find(request_key);
-    return it == request_ids_.end() ? nullptr : &jobs_.at(it->second).record.job;
+    if (it == request_ids_.end()) return nullptr;
+    JobEntry* job = &jobs_.at(it->second);
+    WriteAgain(job);
+    return job;
   };
+  v1::Job submitted;
+  CommitQueue::Ticket ticket;
+  bool known = false;
   {
     absl::MutexLock lock(&mu_);
-    if (const v1::Job* j = existing()) return *j;
+    if (JobEntry* job = resubmitted()) {
+      known = true;
+      submitted = job->record.job;
+      ticket = Flush();
+    }
   }
+  if (known) return AfterCommit(ticket, std::move(submitted));
   // Validation reads the model's config.json; do it outside the lock.
   if (absl::Status s = PrepareJobSpec(&spec, options_.path_roots); !s.ok()) return s;
 
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  if (const v1::Job* j = existing()) return *j;
-  if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
-  if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
-  std::string id;
-  do {
-    id = NewId("job-", 12);
-  } while (jobs_.count(id) > 0);
-  JobRecord record;
-  record.order = last_order_ + 1;
-  v1::Job& j = record.job;
-  j.set_id(id);
-  *j.mutable_spec() = std::move(spec);
-  j.set_state(v1::JOB_STATE_QUEUED);
-  j.set_created_ms(options_.now_ms());
-  j.set_updated_ms(j.created_ms());
-  j.set_output_dir((std::filesystem::path(options_.output_root) / id).string());
-  j.set_request_id(request_id);
-  j.set_tenant(tenant);
-  if (absl::Status s =
-          TimedStoreWrite(metrics_, "insert_job", [&] { return store_->InsertJob(record); });
-      !s.ok()) {
-    return s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+    if (const JobEntry* earlier = resubmitted()) {
+      submitted = earlier->record.job;
+    } else {
+      if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
+      if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
+      std::string id;
+      do {
+        id = NewId("job-", 12);
+      } while (jobs_.count(id) > 0);
+      JobEntry& job = jobs_[id];
+      job.fanout = std::make_shared<EventFanout>();
+      JobRecord& record = job.record;
+      record.order = ++last_order_;
+      job_order_[record.order] = id;
+      if (!request_id.empty()) request_ids_[request_key] = id;
+      v1::Job& j = record.job;
+      j.set_id(id);
+      *j.mutable_spec() = std::move(spec);
+      // The first event: from UNSPECIFIED (nothing) to QUEUED.
+      j.set_state(v1::JOB_STATE_UNSPECIFIED);
+      j.set_created_ms(options_.now_ms());
+      j.set_output_dir((std::filesystem::path(options_.output_root) / id).string());
+      j.set_request_id(request_id);
+      j.set_tenant(tenant);
+      Requeue(&job, "submitted");
+      RunScheduler();
+      submitted = j;
+    }
+    ticket = Flush();
   }
-  last_order_ = record.order;
-  job_order_[record.order] = id;
-  if (!request_id.empty()) request_ids_[request_key] = id;
-  JobEntry& job = jobs_[id];
-  job.record = std::move(record);
-  // The first event: from UNSPECIFIED (nothing) to QUEUED.
-  job.record.job.set_state(v1::JOB_STATE_UNSPECIFIED);
-  Requeue(&job, "submitted");
-  RunScheduler();
-  Flush();
-  return job.record.job;
+  // Acknowledged only once stored: a crash right after the reply keeps it.
+  return AfterCommit(ticket, std::move(submitted));
 }
 
 absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind) const {
@@ -761,59 +779,69 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
                                                const std::string& scope) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-  if (!visible.ok()) return visible.status();
-  JobEntry* job = *visible;
-  const v1::JobState state = job->record.job.state();
-  if (Terminal(state) || state == v1::JOB_STATE_CANCELLING) return job->record.job;
-  if (state == v1::JOB_STATE_QUEUED) {
-    scheduler_.Dequeue(job_id);
-    Transition(job, v1::JOB_STATE_CANCELLED, "cancelled while queued");
-  } else if (LiveRanks(*job).empty()) {
-    Transition(job, v1::JOB_STATE_CANCELLED, "cancelled; no rank was running");
-  } else {
-    StopRanks(*job);
-    Transition(job, v1::JOB_STATE_CANCELLING, "cancel requested; stopping ranks");
+  CommitQueue::Ticket ticket;
+  v1::Job cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+    if (!visible.ok()) return visible.status();
+    JobEntry* job = *visible;
+    const v1::JobState state = job->record.job.state();
+    if (Terminal(state) || state == v1::JOB_STATE_CANCELLING) return job->record.job;
+    if (state == v1::JOB_STATE_QUEUED) {
+      scheduler_.Dequeue(job_id);
+      Transition(job, v1::JOB_STATE_CANCELLED, "cancelled while queued");
+    } else if (LiveRanks(*job).empty()) {
+      Transition(job, v1::JOB_STATE_CANCELLED, "cancelled; no rank was running");
+    } else {
+      StopRanks(*job);
+      Transition(job, v1::JOB_STATE_CANCELLING, "cancel requested; stopping ranks");
+    }
+    ticket = Flush();
+    cancelled = job->record.job;
   }
-  Flush();
-  return job->record.job;
+  return AfterCommit(ticket, std::move(cancelled));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int64_t to_step,
                                                  const std::string& scope) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-  if (!visible.ok()) return visible.status();
-  JobEntry* job = *visible;
-  v1::Job& j = job->record.job;
-  if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", StateName(j.state()),
-                                                      "; only a live job can roll back"));
+  CommitQueue::Ticket ticket;
+  v1::Job rolling_back;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+    if (!visible.ok()) return visible.status();
+    JobEntry* job = *visible;
+    v1::Job& j = job->record.job;
+    if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " is ", StateName(j.state()), "; only a live job can roll back"));
+    }
+    if (to_step < 0 || to_step > j.step()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("to_step: ", to_step, "; allowed 0..", j.step(),
+                       " (the current step; 0 starts over from the initial weights)"));
+    }
+    job->record.resume_at_or_before = to_step;
+    switch (j.state()) {
+      case v1::JOB_STATE_QUEUED:
+      case v1::JOB_STATE_ROLLING_BACK:
+        Touch(job);  // the next attempt picks up the new step
+        break;
+      default:
+        if (LiveRanks(*job).empty()) {
+          Requeue(job, absl::StrCat("rolling back; resumes at or before step ", to_step));
+        } else {
+          StopRanks(*job);
+          Transition(job, v1::JOB_STATE_ROLLING_BACK,
+                     absl::StrCat("rollback to step ", to_step, " requested; stopping ranks"));
+        }
+    }
+    RunScheduler();
+    ticket = Flush();
+    rolling_back = j;
   }
-  if (to_step < 0 || to_step > j.step()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("to_step: ", to_step, "; allowed 0..", j.step(),
-                     " (the current step; 0 starts over from the initial weights)"));
-  }
-  job->record.resume_at_or_before = to_step;
-  switch (j.state()) {
-    case v1::JOB_STATE_QUEUED:
-    case v1::JOB_STATE_ROLLING_BACK:
-      Touch(job);  // the next attempt picks up the new step
-      break;
-    default:
-      if (LiveRanks(*job).empty()) {
-        Requeue(job, absl::StrCat("rolling back; resumes at or before step ", to_step));
-      } else {
-        StopRanks(*job);
-        Transition(job, v1::JOB_STATE_ROLLING_BACK,
-                   absl::StrCat("rollback to step ", to_step, " requested; stopping ranks"));
-      }
-  }
-  RunScheduler();
-  Flush();
-  return j;
+  return AfterCommit(ticket, std::move(rolling_back));
 }
 
 absl::StatusOr<std::unique_ptr<EventWatch>> Coordinator::WatchJob(const std::string& job_id,
@@ -824,20 +852,12 @@ absl::StatusOr<std::unique_ptr<EventWatch>> Coordinator::WatchJob(const std::str
   absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
   if (!visible.ok()) return visible.status();
   JobEntry* job = *visible;
-  auto mailbox = std::make_shared<Mailbox<v1::JobEvent>>(kWatchMailbox);
-  job->watchers.push_back(mailbox);
-  // Everything up to last_seq is stored already; later events reach the
-  // mailbox, which is registered under the same lock: no gap.
-  return std::unique_ptr<EventWatch>(new EventWatch(this, job_id, std::max<int64_t>(after_seq, 0),
-                                                    job->record.job.last_seq(),
-                                                    Terminal(job->record.job.state()), mailbox));
-}
-
-void Coordinator::Unwatch(const std::string& job_id, const Mailbox<v1::JobEvent>* mailbox) {
-  absl::MutexLock lock(&mu_);
-  JobEntry* job = FindJob(job_id);
-  if (job == nullptr) return;
-  std::erase_if(job->watchers, [&](const auto& m) { return m.get() == mailbox; });
+  after_seq = std::max<int64_t>(after_seq, 0);
+  const v1::Job& j = job->record.job;
+  // A terminal job has nothing after its last event.
+  const bool seen_all = Terminal(j.state()) && after_seq >= j.last_seq();
+  return std::unique_ptr<EventWatch>(new EventWatch(store_, job_id, after_seq, seen_all,
+                                                    job->fanout, job->fanout->Join(kWatchMailbox)));
 }
 
 std::vector<v1::Worker> Coordinator::ListWorkers() {
@@ -856,12 +876,7 @@ std::vector<v1::Worker> Coordinator::ListWorkers() {
 // WorkerService
 
 void Coordinator::PutWorker(const WorkerEntry& worker) {
-  if (absl::Status s =
-          TimedStoreWrite(metrics_, "put_worker", [&] { return store_->PutWorker(worker.record); });
-      !s.ok()) {
-    std::fprintf(stderr, "ballastd: store write of worker %s failed: %s\n",
-                 worker.record.worker.id().c_str(), s.ToString().c_str());
-  }
+  unsaved_workers_.push_back(worker.record);
 }
 
 void Coordinator::MakeSchedulable(WorkerEntry* worker) {
@@ -919,71 +934,74 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::InvalidArgumentError(
         "previous_worker_id: 1..128 characters of A-Z, a-z, 0-9, '.', '_' and '-'");
   }
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  // A worker token's id wins over the id the worker remembers: the token is
-  // who it is, and what it remembers is only a hint (ranks of another id it
-  // still runs are stopped below as stale).
-  std::string id = bound_worker_id.empty() ? request.previous_worker_id() : bound_worker_id;
-  if (id.empty()) {
-    do {
-      id = NewId("worker-", 12);
-    } while (workers_.count(id) > 0);
-  }
-  WorkerEntry& w = workers_[id];
-  if (w.outbox == nullptr) w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
-  v1::Worker& worker = w.record.worker;
-  worker.set_id(id);
-  worker.set_host(request.host());
-  worker.set_device_kind(request.device_kind());
-  worker.set_capacity(request.capacity());
-  *worker.mutable_device_names() = request.device_names();
-  worker.set_last_heartbeat_ms(options_.now_ms());
-  worker.set_alive(true);
-  w.deadline_ms = options_.now_ms() + options_.lease_ms;
-
-  // Re-adoption: the ranks it still runs that are ours stay; ours it no
-  // longer runs are gone; anything else it runs is stale and is stopped.
-  std::set<RankKey> running;
-  for (const v1::RankRef& r : request.running()) {
-    RankKey key{r.job_id(), r.attempt(), r.rank()};
-    auto it = live_ranks_.find(key);
-    if (it == live_ranks_.end() || it->second.worker_id != id) {
-      SendStop(key, id);
-      continue;
-    }
-    running.insert(key);
-    JobEntry* job = FindJob(r.job_id());
-    // A stop sent before the restart may have been lost with the stream.
-    if (job == nullptr || job->record.attempt != r.attempt() ||
-        job->record.job.state() == v1::JOB_STATE_CANCELLING ||
-        job->record.job.state() == v1::JOB_STATE_ROLLING_BACK ||
-        Terminal(job->record.job.state())) {
-      SendStop(key, id);
-    }
-  }
-  std::vector<RankKey> gone;
-  for (const auto& [key, device] : live_ranks_) {
-    if (device.worker_id == id && running.count(key) == 0) gone.push_back(key);
-  }
-  for (const RankKey& key : gone) {
-    ReleaseRank(key);
-    JobEntry* job = FindJob(std::get<0>(key));
-    if (job != nullptr && job->record.attempt == std::get<1>(key)) {
-      OnRankGone(
-          job, std::get<2>(key), kLost,
-          absl::StrCat("rank ", std::get<2>(key), ": worker ", id, " re-registered without it"));
-    }
-  }
-  MakeSchedulable(&w);
-  PutWorker(w);
-  RunScheduler();
-  Flush();
+  CommitQueue::Ticket ticket;
   v1::RegisterWorkerResponse response;
-  response.set_worker_id(id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
+    // A worker token's id wins over the id the worker remembers: the token is
+    // who it is, and what it remembers is only a hint (ranks of another id it
+    // still runs are stopped below as stale).
+    std::string id = bound_worker_id.empty() ? request.previous_worker_id() : bound_worker_id;
+    if (id.empty()) {
+      do {
+        id = NewId("worker-", 12);
+      } while (workers_.count(id) > 0);
+    }
+    WorkerEntry& w = workers_[id];
+    if (w.outbox == nullptr) w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
+    v1::Worker& worker = w.record.worker;
+    worker.set_id(id);
+    worker.set_host(request.host());
+    worker.set_device_kind(request.device_kind());
+    worker.set_capacity(request.capacity());
+    *worker.mutable_device_names() = request.device_names();
+    worker.set_last_heartbeat_ms(options_.now_ms());
+    worker.set_alive(true);
+    w.deadline_ms = options_.now_ms() + options_.lease_ms;
+
+    // Re-adoption: the ranks it still runs that are ours stay; ours it no
+    // longer runs are gone; anything else it runs is stale and is stopped.
+    std::set<RankKey> running;
+    for (const v1::RankRef& r : request.running()) {
+      RankKey key{r.job_id(), r.attempt(), r.rank()};
+      auto it = live_ranks_.find(key);
+      if (it == live_ranks_.end() || it->second.worker_id != id) {
+        SendStop(key, id);
+        continue;
+      }
+      running.insert(key);
+      JobEntry* job = FindJob(r.job_id());
+      // A stop sent before the restart may have been lost with the stream.
+      if (job == nullptr || job->record.attempt != r.attempt() ||
+          job->record.job.state() == v1::JOB_STATE_CANCELLING ||
+          job->record.job.state() == v1::JOB_STATE_ROLLING_BACK ||
+          Terminal(job->record.job.state())) {
+        SendStop(key, id);
+      }
+    }
+    std::vector<RankKey> gone;
+    for (const auto& [key, device] : live_ranks_) {
+      if (device.worker_id == id && running.count(key) == 0) gone.push_back(key);
+    }
+    for (const RankKey& key : gone) {
+      ReleaseRank(key);
+      JobEntry* job = FindJob(std::get<0>(key));
+      if (job != nullptr && job->record.attempt == std::get<1>(key)) {
+        OnRankGone(
+            job, std::get<2>(key), kLost,
+            absl::StrCat("rank ", std::get<2>(key), ": worker ", id, " re-registered without it"));
+      }
+    }
+    MakeSchedulable(&w);
+    PutWorker(w);
+    RunScheduler();
+    ticket = Flush();
+    response.set_worker_id(id);
+  }
   response.set_lease_ms(options_.lease_ms);
   response.set_heartbeat_interval_ms(options_.lease_ms / 3);
-  return response;
+  return AfterCommit(ticket, std::move(response));
 }
 
 absl::StatusOr<Coordinator::WorkerEntry*> Coordinator::LiveWorker(const std::string& worker_id) {
@@ -996,27 +1014,30 @@ absl::StatusOr<Coordinator::WorkerEntry*> Coordinator::LiveWorker(const std::str
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
-  if (!live.ok()) return live.status();
-  WorkerEntry& w = **live;
-  w.record.worker.set_last_heartbeat_ms(options_.now_ms());
-  w.deadline_ms = options_.now_ms() + options_.lease_ms;
-  // After a coordinator restart a worker that just keeps heartbeating has
-  // proven it is alive: its devices count again.
-  if (!w.schedulable) MakeSchedulable(&w);
-  for (const v1::RankRef& r : request.running()) {
-    RankKey key{r.job_id(), r.attempt(), r.rank()};
-    auto live = live_ranks_.find(key);
-    if (live == live_ranks_.end() || live->second.worker_id != request.worker_id()) {
-      SendStop(key, request.worker_id());
+  CommitQueue::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+    if (!live.ok()) return live.status();
+    WorkerEntry& w = **live;
+    w.record.worker.set_last_heartbeat_ms(options_.now_ms());
+    w.deadline_ms = options_.now_ms() + options_.lease_ms;
+    // After a coordinator restart a worker that just keeps heartbeating has
+    // proven it is alive: its devices count again.
+    if (!w.schedulable) MakeSchedulable(&w);
+    for (const v1::RankRef& r : request.running()) {
+      RankKey key{r.job_id(), r.attempt(), r.rank()};
+      auto live = live_ranks_.find(key);
+      if (live == live_ranks_.end() || live->second.worker_id != request.worker_id()) {
+        SendStop(key, request.worker_id());
+      }
     }
+    RunScheduler();
+    ticket = Flush();
   }
-  RunScheduler();
-  Flush();
   v1::HeartbeatResponse response;
   response.set_lease_ms(options_.lease_ms);
-  return response;
+  return AfterCommit(ticket, std::move(response));
 }
 
 absl::StatusOr<std::unique_ptr<AssignmentFeed>> Coordinator::StreamAssignments(
@@ -1144,60 +1165,73 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
 
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
     const v1::ReportEventsRequest& request) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
-  if (!live.ok()) return live.status();
-  WorkerEntry& w = **live;
-  // A worker numbers its reports from its start time in microseconds, one
-  // by one: a report_id a day past now is no worker's (and would make every
-  // real report after it look seen before).
-  const int64_t horizon = (options_.now_ms() + kReportIdHorizonMs) * 1000;
-  if (request.report_id() <= 0 || request.report_id() > horizon) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("report_id: ", request.report_id(),
-                     "; a worker's report ids count up from its start "
-                     "time in microseconds, so allowed 1..",
-                     horizon));
-  }
+  CommitQueue::Ticket ticket;
   v1::ReportEventsResponse response;
-  response.set_acked_report_id(request.report_id());
-  // At least once on the wire, at most once here.
-  if (request.report_id() <= w.record.last_report_id) return response;
-  for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
-  w.record.last_report_id = request.report_id();
-  RunScheduler();
-  Flush();
-  PutWorker(w);
-  return response;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+    if (!live.ok()) return live.status();
+    WorkerEntry& w = **live;
+    // A worker numbers its reports from its start time in microseconds, one
+    // by one: a report_id a day past now is no worker's (and would make every
+    // real report after it look seen before).
+    const int64_t horizon = (options_.now_ms() + kReportIdHorizonMs) * 1000;
+    if (request.report_id() <= 0 || request.report_id() > horizon) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("report_id: ", request.report_id(),
+                       "; a worker's report ids count up from its start "
+                       "time in microseconds, so allowed 1..",
+                       horizon));
+    }
+    response.set_acked_report_id(request.report_id());
+    // At least once on the wire, at most once here. A report seen before may
+    // still be on its way to the store (its first delivery timed out): the
+    // worker's record, written again behind it, is stored only after it.
+    if (request.report_id() > w.record.last_report_id) {
+      for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
+      w.record.last_report_id = request.report_id();
+      RunScheduler();
+    }
+    // In the same transaction as the report's events, so a resent report is
+    // applied exactly once even across a crash.
+    PutWorker(w);
+    ticket = Flush();
+  }
+  // Acknowledged only once stored: the worker forgets what it sent.
+  return AfterCommit(ticket, std::move(response));
 }
 
 void Coordinator::ExpireLeases() {
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return;
-  const int64_t now = options_.now_ms();
-  // A lost worker's ranks may still run (a frozen agent, a cut network) until
-  // they notice their agent's silence and fence themselves.
-  const int64_t fence_ms =
-      options_.agent_silence_ms > 0 ? options_.agent_silence_ms + kFenceMarginMs : 0;
-  std::set<std::string> with_ranks;
-  for (const auto& [key, device] : live_ranks_) with_ranks.insert(device.worker_id);
-  bool changed = false;
-  for (auto& [id, w] : workers_) {
-    if (w.record.worker.alive() && now > w.deadline_ms) {
-      MarkDead(&w);
-      changed = true;
+  CommitQueue::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    const int64_t now = options_.now_ms();
+    // A lost worker's ranks may still run (a frozen agent, a cut network) until
+    // they notice their agent's silence and fence themselves.
+    const int64_t fence_ms =
+        options_.agent_silence_ms > 0 ? options_.agent_silence_ms + kFenceMarginMs : 0;
+    std::set<std::string> with_ranks;
+    for (const auto& [key, device] : live_ranks_) with_ranks.insert(device.worker_id);
+    bool changed = false;
+    for (auto& [id, w] : workers_) {
+      if (w.record.worker.alive() && now > w.deadline_ms) {
+        MarkDead(&w);
+        changed = true;
+      }
+      if (!w.record.worker.alive() && with_ranks.count(id) > 0 && now > w.deadline_ms + fence_ms) {
+        changed |= ReleaseLostRanks(
+            w, absl::StrCat(
+                   "lost its lease (", options_.lease_ms, " ms without a heartbeat",
+                   fence_ms > 0 ? absl::StrCat("; its ranks fenced after ", fence_ms, " ms") : "",
+                   ")"));
+      }
     }
-    if (!w.record.worker.alive() && with_ranks.count(id) > 0 && now > w.deadline_ms + fence_ms) {
-      changed |= ReleaseLostRanks(
-          w,
-          absl::StrCat(
-              "lost its lease (", options_.lease_ms, " ms without a heartbeat",
-              fence_ms > 0 ? absl::StrCat("; its ranks fenced after ", fence_ms, " ms") : "", ")"));
-    }
+    if (!changed) return;
+    RunScheduler();
+    ticket = Flush();
   }
-  if (!changed) return;
-  RunScheduler();
-  Flush();
+  (void)Commit(ticket);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,10 +1,16 @@
 // Coordinator: the job state machine, workers and their leases, scheduling,
 // and event fan-out, behind the JobService and WorkerService RPCs
 // (docs/control-plane.md is the contract). Every change is written through
-// the Store before it is visible, so a restart resumes where it stopped.
+// the Store, so a restart resumes where it stopped: a call that changes
+// something returns only once its change is stored, and a watcher sees an
+// event only once it is stored. Other calls may see a change a moment
+// before the call that made it returns.
 //
 // Thread-safe: one mutex guards the state; nothing under it blocks on a
-// client. Streams read through Mailboxes, so a slow watcher holds up no one.
+// client or on the store. A call changes the state under the mutex, queues
+// the change in a CommitQueue, and waits for the store after letting go, so
+// concurrent calls share one transaction. Streams read through Mailboxes, so
+// a slow watcher holds up no one.
 #ifndef BALLAST_SERVER_COORDINATOR_H_
 #define BALLAST_SERVER_COORDINATOR_H_
 
@@ -26,6 +32,8 @@
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/worker_service.pb.h"
 #include "common/metrics.h"
+#include "server/commit_queue.h"
+#include "server/event_fanout.h"
 #include "server/mailbox.h"
 #include "server/scheduler.h"
 #include "server/store.h"
@@ -91,19 +99,22 @@ class EventWatch {
 
  private:
   friend class Coordinator;
-  EventWatch(Coordinator* coordinator, std::string job_id, int64_t after_seq,
-             int64_t replay_through, bool terminal, std::shared_ptr<Mailbox<v1::JobEvent>> mailbox);
+  // Replays the store up to joined.published_seq, then reads the mailbox.
+  // `done`: the watcher has seen the job's last event already.
+  EventWatch(Store* store, std::string job_id, int64_t after_seq, bool done,
+             std::shared_ptr<EventFanout> fanout, EventFanout::Joined joined);
   // Reads stored events with seq in (last_seq_, through] into *out.
   absl::Status ReadStored(int64_t through, std::vector<v1::JobEvent>* out);
   void Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out);
 
-  Coordinator* const coordinator_;
+  Store* const store_;
   const std::string job_id_;
   int64_t last_seq_;
   // Stored events up to here come from the store, later ones from the mailbox.
   int64_t replay_through_;
   bool replayed_ = false;
   bool done_ = false;
+  std::shared_ptr<EventFanout> fanout_;
   std::shared_ptr<Mailbox<v1::JobEvent>> mailbox_;
 };
 
@@ -219,7 +230,6 @@ class Coordinator {
   absl::Status Healthy() { return store_->Ping(); }
 
  private:
-  friend class EventWatch;
   friend class AssignmentFeed;
 
   // A rank of some attempt, live on a device: (job_id, attempt, rank).
@@ -240,7 +250,7 @@ class Coordinator {
     JobRecord record;
     // By rank number, across attempts.
     std::map<int32_t, RankSeries> ranks;
-    std::vector<std::shared_ptr<Mailbox<v1::JobEvent>>> watchers;
+    std::shared_ptr<EventFanout> fanout;
     // Events made since the last Flush.
     std::vector<v1::JobEvent> unflushed;
     bool dirty = false;
@@ -271,16 +281,30 @@ class Coordinator {
   absl::Status CheckQuota(const std::string& tenant, int32_t devices) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds an event with the job's next seq, the time and the attempt; Flush
-  // stores and publishes it.
+  // queues it to be stored, then published.
   void AddEvent(JobEntry* job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the state and adds its StateChange event.
   void Transition(JobEntry* job, v1::JobState to, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the job changed without a new event.
   void Touch(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes every changed job with its events, then hands the events to
-  // watchers. Ends each public operation.
-  void Flush() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Has the next Flush write the job as it is, changed or not.
+  void WriteAgain(JobEntry* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues every changed job with its events, and every changed worker, to
+  // be stored together; once stored, the events go to the jobs' watchers.
+  // Ends each public operation, whose caller then waits for the ticket
+  // without the lock (Commit).
+  CommitQueue::Ticket Flush() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for `ticket`'s changes to be stored. On an error they stay in
+  // memory, authoritative for this run, and the job's or worker's next write
+  // carries them.
+  absl::Status Commit(CommitQueue::Ticket ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // `result` once `ticket`'s changes are stored, else the store's error.
+  template <typename T>
+  absl::StatusOr<T> AfterCommit(CommitQueue::Ticket ticket, T result) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (absl::Status s = Commit(ticket); !s.ok()) return s;
+    return result;
+  }
 
   // Live ranks of the job's current attempt.
   std::vector<std::pair<RankKey, Device>> LiveRanks(const JobEntry& job) const
@@ -323,6 +347,7 @@ class Coordinator {
   // Gives up a dead worker's ranks; false when it had none.
   bool ReleaseLostRanks(const WorkerEntry& worker, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the worker's record for the next Flush.
   void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NOT_FOUND ("register again") when the worker is unknown or dead.
   absl::StatusOr<WorkerEntry*> LiveWorker(const std::string& worker_id)
@@ -336,11 +361,11 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FeedCurrent(const std::string& worker_id, const Mailbox<v1::Assignment>* mailbox);
   void ReturnAssignments(const std::string& worker_id, std::vector<v1::Assignment> undelivered);
-  void Unwatch(const std::string& job_id, const Mailbox<v1::JobEvent>* mailbox);
 
   Store* const store_;
   MetricsRegistry* const metrics_;
   const CoordinatorOptions options_;
+  CommitQueue commits_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
@@ -352,6 +377,8 @@ class Coordinator {
   std::map<RankKey, Device> live_ranks_ ABSL_GUARDED_BY(mu_);
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   std::vector<JobEntry*> dirty_ ABSL_GUARDED_BY(mu_);
+  // Worker records changed since the last Flush.
+  std::vector<WorkerRecord> unsaved_workers_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose gauges stay exported a while, oldest first.
   // (job id, when it finished), oldest first: the finished jobs on /metrics.
   std::deque<std::pair<std::string, int64_t>> recently_finished_ ABSL_GUARDED_BY(mu_);

@@ -8,28 +8,66 @@ void Scheduler::Enqueue(const std::string& job_id, int32_t priority, int64_t ord
                         const std::string& kind) {
   Dequeue(job_id);
   QueueKey key{priority, order, job_id};
-  queue_.emplace(key, Need{devices, kind});
+  Need need{devices, kind};
+  by_need_[need].insert(key);
+  queue_.emplace(key, std::move(need));
   queued_keys_.emplace(job_id, std::move(key));
 }
 
 bool Scheduler::Dequeue(const std::string& job_id) {
   auto it = queued_keys_.find(job_id);
   if (it == queued_keys_.end()) return false;
-  queue_.erase(it->second);
-  queued_keys_.erase(it);
+  Unqueue(queue_.find(it->second));
   return true;
 }
 
+void Scheduler::Unqueue(Queue::iterator it) {
+  auto bucket = by_need_.find(it->second);
+  bucket->second.erase(it->first);
+  if (bucket->second.empty()) by_need_.erase(bucket);
+  queued_keys_.erase(it->first.job_id);
+  queue_.erase(it);
+}
+
+void Scheduler::AddToPool(std::string_view worker_id, const Worker& worker) {
+  Pool& pool = pools_[worker.kind];
+  pool.index.emplace(worker.free, worker_id);
+  pool.free += worker.free;
+}
+
+void Scheduler::RemoveFromPool(std::string_view worker_id, const Worker& worker) {
+  auto pool = pools_.find(worker.kind);
+  pool->second.index.erase({worker.free, worker_id});
+  pool->second.free -= worker.free;
+  if (pool->second.index.empty()) pools_.erase(pool);
+}
+
+void Scheduler::SetFree(std::string_view worker_id, Worker* worker, int32_t free) {
+  Pool& pool = pools_.find(worker->kind)->second;
+  pool.index.erase({worker->free, worker_id});
+  pool.free += free - worker->free;
+  worker->free = free;
+  pool.index.emplace(free, worker_id);
+}
+
 void Scheduler::AddWorker(const std::string& worker_id, int32_t capacity, const std::string& kind) {
-  Worker& w = workers_[worker_id];
+  auto [it, added] = workers_.try_emplace(worker_id);
+  Worker& w = it->second;
+  if (!added) RemoveFromPool(it->first, w);
   if (static_cast<int32_t>(w.busy.size()) != capacity) {
     w.busy.assign(std::max(capacity, 0), false);
     w.free = std::max(capacity, 0);
   }
   w.kind = kind;
+  AddToPool(it->first, w);
 }
 
-void Scheduler::RemoveWorker(const std::string& worker_id) { workers_.erase(worker_id); }
+void Scheduler::RemoveWorker(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  RemoveFromPool(it->first, it->second);
+  workers_.erase(it);
+}
 
 bool Scheduler::Occupy(const std::string& worker_id, int32_t device) {
   auto it = workers_.find(worker_id);
@@ -38,7 +76,7 @@ bool Scheduler::Occupy(const std::string& worker_id, int32_t device) {
     return false;
   }
   it->second.busy[device] = true;
-  --it->second.free;
+  SetFree(it->first, &it->second, it->second.free - 1);
   return true;
 }
 
@@ -49,7 +87,7 @@ void Scheduler::Release(const std::string& worker_id, int32_t device) {
     return;
   }
   it->second.busy[device] = false;
-  ++it->second.free;
+  SetFree(it->first, &it->second, it->second.free + 1);
 }
 
 int64_t Scheduler::busy_devices() const {
@@ -60,109 +98,104 @@ int64_t Scheduler::busy_devices() const {
 
 int64_t Scheduler::free_devices() const {
   int64_t free = 0;
-  for (const auto& [id, w] : workers_) free += w.free;
+  for (const auto& [kind, pool] : pools_) free += pool.free;
   return free;
 }
 
-void Scheduler::Take(const std::string& worker_id, Worker* worker, int32_t count,
-                     Decision* decision) {
-  Worker& w = *worker;
-  for (int32_t d = 0; d < static_cast<int32_t>(w.busy.size()) && count > 0; ++d) {
+bool Scheduler::Fits(const Need& need) const {
+  if (!need.kind.empty()) {
+    auto pool = pools_.find(need.kind);
+    return pool != pools_.end() && pool->second.free >= need.devices;
+  }
+  return std::any_of(pools_.begin(), pools_.end(),
+                     [&](const auto& pool) { return pool.second.free >= need.devices; });
+}
+
+Scheduler::Queue::iterator Scheduler::NextFitting(const QueueKey& after) {
+  const QueueKey* next = nullptr;
+  for (const auto& [need, keys] : by_need_) {
+    if (!Fits(need)) continue;
+    auto key = keys.upper_bound(after);
+    if (key != keys.end() && (next == nullptr || *key < *next)) next = &*key;
+  }
+  return next == nullptr ? queue_.end() : queue_.find(*next);
+}
+
+void Scheduler::Take(std::string_view worker_id, int32_t count, Decision* decision) {
+  Worker& w = workers_.find(worker_id)->second;
+  int32_t taken = 0;
+  for (int32_t d = 0; d < static_cast<int32_t>(w.busy.size()) && taken < count; ++d) {
     if (w.busy[d]) continue;
     w.busy[d] = true;
-    --w.free;
-    --count;
+    ++taken;
     v1::RankPlacement& p = decision->ranks.emplace_back();
     p.set_rank(static_cast<int32_t>(decision->ranks.size()) - 1);
-    p.set_worker_id(worker_id);
+    p.set_worker_id(std::string(worker_id));
     p.set_device(d);
+  }
+  SetFree(worker_id, &w, w.free - taken);
+}
+
+void Scheduler::Place(const Need& need, Decision* decision) {
+  // On one worker, the one with the fewest free that suffice over every kind
+  // it may use; else spread over the kind with the most free.
+  const Index::value_type* fit = nullptr;
+  Pool* spread = nullptr;
+  for (auto& [kind, pool] : pools_) {
+    if ((!need.kind.empty() && kind != need.kind) || pool.free < need.devices) continue;
+    // The empty id sorts before every worker with the same free count.
+    auto one = pool.index.lower_bound({need.devices, std::string_view()});
+    if (one != pool.index.end() && (fit == nullptr || *one < *fit)) fit = &*one;
+    if (spread == nullptr || pool.free > spread->free) spread = &pool;
+  }
+  if (fit != nullptr) {
+    Take(fit->second, need.devices, decision);
+    return;
+  }
+  for (int32_t left = need.devices; left > 0;) {
+    const auto [free, worker_id] = *spread->index.rbegin();
+    const int32_t count = std::min(left, free);
+    Take(worker_id, count, decision);
+    left -= count;
   }
 }
 
 std::vector<Decision> Scheduler::Schedule(
     const std::function<bool(const std::string& job_id, int32_t devices)>& admit) {
-  std::vector<std::pair<const std::string*, Worker*>> by_position;
-  by_position.reserve(workers_.size());
-  std::map<std::string, Pool> pools;
-  int64_t usable_free = 0;
-  for (auto& [id, w] : workers_) {
-    Pool& pool = pools[w.kind];
-    pool.index.emplace_hint(pool.index.end(), w.free, static_cast<int32_t>(by_position.size()));
-    pool.usable_free += w.free;
-    by_position.emplace_back(&id, &w);
-    usable_free += w.free;
-  }
-  auto capacity = [&](int32_t position) {
-    return static_cast<int32_t>(by_position[position].second->busy.size());
-  };
-  bool reserved = false;
   std::vector<Decision> decisions;
-  for (auto it = queue_.begin(); it != queue_.end() && usable_free > 0;) {
-    const int32_t need = it->second.devices;
-    const std::string& need_kind = it->second.kind;
-    // Where it fits now: on one worker, the one with the fewest free that
-    // suffice over every kind it may use; else spread over the kind with the
-    // most free.
-    Pool* fit_pool = nullptr;
-    Index::iterator fit;
-    Pool* spread_pool = nullptr;
-    for (auto& [kind, pool] : pools) {
-      if (!need_kind.empty() && kind != need_kind) continue;
-      if (pool.usable_free < need) continue;
-      // Position -1 sorts before every worker with the same free count.
-      auto one = pool.index.lower_bound({need, -1});
-      if (one != pool.index.end() && (fit_pool == nullptr || *one < *fit)) {
-        fit_pool = &pool;
-        fit = one;
-      }
-      if (spread_pool == nullptr || pool.usable_free > spread_pool->usable_free) {
-        spread_pool = &pool;
-      }
-    }
-    if (spread_pool == nullptr) {
+  bool reserved = false;
+  Reservation reservation;
+  for (auto it = queue_.begin(); it != queue_.end() && free_devices() > 0;) {
+    const QueueKey key = it->first;
+    const Need need = it->second;
+    if (!Fits(need)) {
+      // The first job in order that does not fit is the head: it reserves.
       if (!reserved) {
         reserved = true;
-        Reserve(it->second, capacity, &pools, &usable_free);
+        reservation = Reserve(need);
       }
-      ++it;
-      continue;
+    } else if (!admit || admit(key.job_id, need.devices)) {
+      Decision& decision = decisions.emplace_back();
+      decision.job_id = key.job_id;
+      Place(need, &decision);
+      Unqueue(it);
     }
-    if (admit && !admit(it->first.job_id, need)) {
-      ++it;
-      continue;
-    }
-    Decision decision;
-    decision.job_id = it->first.job_id;
-    auto take = [&](Pool* pool, Index::iterator entry, int32_t count) {
-      const int32_t position = entry->second;
-      pool->index.erase(entry);
-      auto [id, worker] = by_position[position];
-      Take(*id, worker, count, &decision);
-      pool->index.emplace(worker->free, position);
-      pool->usable_free -= count;
-    };
-    if (fit_pool != nullptr) {
-      take(fit_pool, fit, need);
-    } else {
-      for (int32_t left = need; left > 0;) {
-        auto largest = std::prev(spread_pool->index.end());
-        const int32_t count = std::min(left, largest->first);
-        take(spread_pool, largest, count);
-        left -= count;
-      }
-    }
-    usable_free -= need;
-    queued_keys_.erase(it->first.job_id);
-    it = queue_.erase(it);
-    decisions.push_back(std::move(decision));
+    // Once the head has reserved, only jobs that fit are worth a visit.
+    it = reserved ? NextFitting(key) : queue_.upper_bound(key);
+  }
+  for (const auto& [pool, entry] : reservation) {
+    pool->index.insert(entry);
+    pool->free += entry.first;
   }
   return decisions;
 }
 
-void Scheduler::Reserve(const Need& job, const std::function<int32_t(int32_t)>& capacity,
-                        std::map<std::string, Pool>* pools, int64_t* usable_free) {
+Scheduler::Reservation Scheduler::Reserve(const Need& job) {
   const int32_t need = job.devices;
   auto may_use = [&](const std::string& kind) { return job.kind.empty() || kind == job.kind; };
+  auto capacity = [&](std::string_view worker_id) {
+    return static_cast<int32_t>(workers_.find(worker_id)->second.busy.size());
+  };
   // The head's reservation, within one kind: one worker big enough, the one
   // nearest to free (most free now) over every kind; else, in the first kind
   // whose workers together are big enough, those with the most free until
@@ -170,7 +203,7 @@ void Scheduler::Reserve(const Need& job, const std::function<int32_t(int32_t)>& 
   // kind's live workers together, which would otherwise block everything.
   Pool* pick_pool = nullptr;
   std::vector<Index::iterator> pick;
-  for (auto& [kind, pool] : *pools) {
+  for (auto& [kind, pool] : pools_) {
     if (!may_use(kind)) continue;
     for (auto w = pool.index.rbegin(); w != pool.index.rend(); ++w) {
       if (capacity(w->second) < need) continue;
@@ -181,7 +214,7 @@ void Scheduler::Reserve(const Need& job, const std::function<int32_t(int32_t)>& 
       break;
     }
   }
-  for (auto p = pools->begin(); p != pools->end() && pick_pool == nullptr; ++p) {
+  for (auto p = pools_.begin(); p != pools_.end() && pick_pool == nullptr; ++p) {
     if (!may_use(p->first)) continue;
     Pool& pool = p->second;
     int64_t total = 0;
@@ -192,12 +225,14 @@ void Scheduler::Reserve(const Need& job, const std::function<int32_t(int32_t)>& 
     }
     if (total >= need) pick_pool = &pool;
   }
-  if (pick_pool == nullptr) return;
+  Reservation reservation;
+  if (pick_pool == nullptr) return reservation;
   for (const Index::iterator& w : pick) {
-    pick_pool->usable_free -= w->first;
-    *usable_free -= w->first;
+    pick_pool->free -= w->first;
+    reservation.emplace_back(pick_pool, *w);
     pick_pool->index.erase(w);
   }
+  return reservation;
 }
 
 }  // namespace ballast::server

@@ -16,6 +16,12 @@
 //  - Backfill: when the first job in order does not fit, it reserves the
 //    workers it would take as they free up; later jobs may use only devices
 //    outside that reservation, so it cannot starve.
+//
+// Cost: a pass costs O(log) per decision, per distinct need (devices, kind)
+// in the queue, and per job `admit` refuses; never a walk of the whole queue
+// or of every worker. Workers are kept indexed by free devices, and the
+// queue by need as well as by order, so "the next job in order that fits
+// in what is free" is one lookup per need.
 #ifndef BALLAST_SERVER_SCHEDULER_H_
 #define BALLAST_SERVER_SCHEDULER_H_
 
@@ -24,6 +30,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ballast/v1/job.pb.h"
@@ -84,31 +91,50 @@ class Scheduler {
   struct Need {
     int32_t devices;
     std::string kind;  // empty: any
+    auto operator<=>(const Need&) const = default;
   };
   struct Worker {
     std::vector<bool> busy;
     int32_t free = 0;
     std::string kind;
   };
-  // Live, unreserved workers as (free count, position in id order): ties
-  // break the same way every time, with integer compares only.
-  using Index = std::set<std::pair<int32_t, int32_t>>;
-  // The live, unreserved workers of one device kind during a Schedule pass.
+  // Live workers as (free count, id), so ties break the same way every time.
+  // The ids view the keys of workers_, which stay put.
+  using Index = std::set<std::pair<int32_t, std::string_view>>;
+  // The live workers of one device kind, minus, during a pass, those the
+  // head job reserved.
   struct Pool {
     Index index;
-    int64_t usable_free = 0;
+    int64_t free = 0;
   };
+  using Queue = std::map<QueueKey, Need>;
+  // Workers the head job reserved in this pass, out of their pools until the
+  // pass ends.
+  using Reservation = std::vector<std::pair<Pool*, Index::value_type>>;
 
-  // Takes out of `pools` the workers the head job, which needs `need` and
+  // Whether some pool the need may use has that many free devices.
+  bool Fits(const Need& need) const;
+  // The first queued job after `after` (in order) that fits now.
+  Queue::iterator NextFitting(const QueueKey& after);
+  // Takes out of pools_ the workers the head job, which needs `need` and
   // does not fit now, waits for, if some kind it may run on can ever hold it.
-  static void Reserve(const Need& need, const std::function<int32_t(int32_t)>& capacity,
-                      std::map<std::string, Pool>* pools, int64_t* usable_free);
+  Reservation Reserve(const Need& need);
+  // Takes the devices of a job that fits for `decision`.
+  void Place(const Need& need, Decision* decision);
   // Takes `count` free devices of one worker for `decision`, lowest first.
-  void Take(const std::string& worker_id, Worker* worker, int32_t count, Decision* decision);
+  void Take(std::string_view worker_id, int32_t count, Decision* decision);
+  void AddToPool(std::string_view worker_id, const Worker& worker);
+  void RemoveFromPool(std::string_view worker_id, const Worker& worker);
+  // Moves a worker's index entry to its new free count.
+  void SetFree(std::string_view worker_id, Worker* worker, int32_t free);
+  void Unqueue(Queue::iterator it);
 
-  std::map<QueueKey, Need> queue_;
+  Queue queue_;
   std::map<std::string, QueueKey> queued_keys_;
-  std::map<std::string, Worker> workers_;  // live workers only
+  // The queue again, by what each job needs.
+  std::map<Need, std::set<QueueKey>> by_need_;
+  std::map<std::string, Worker, std::less<>> workers_;  // live workers only
+  std::map<std::string, Pool> pools_;                   // by device kind
 };
 
 }  // namespace ballast::server

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <cstdio>
 #include <string_view>
 
 #include "absl/strings/match.h"
@@ -10,6 +11,9 @@
 
 namespace ballast::server {
 namespace {
+
+// WAL pages after which a checkpoint is due: SQLite's own default.
+constexpr int kCheckpointPages = 1000;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -39,13 +43,14 @@ CREATE TABLE IF NOT EXISTS tokens (
   token BLOB NOT NULL);
 )sql";
 
-// Both job statements number their parameters alike, so one function binds them.
-constexpr char kInsertJob[] =
+// A job's first write inserts it; later ones replace what changes (its
+// submission order and request_id never do).
+constexpr char kPutJob[] =
     "INSERT INTO jobs (ord, id, request_id, state, priority, attempt, resume_at_or_before, "
-    "events_deleted, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
-constexpr char kUpdateJob[] =
-    "UPDATE jobs SET state = ?4, priority = ?5, attempt = ?6, resume_at_or_before = ?7, "
-    "events_deleted = ?8, job = ?9 WHERE id = ?2";
+    "events_deleted, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+    "ON CONFLICT (id) DO UPDATE SET state = excluded.state, priority = excluded.priority, "
+    "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
+    "events_deleted = excluded.events_deleted, job = excluded.job";
 
 // The jobs.resume_at_or_before column: 0 has meant "no rollback pending"
 // since the first schema, so a rollback to step 0 is stored as -1 and older
@@ -119,13 +124,54 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
   }
   if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
   if (absl::Status s = store->Prepare(); !s.ok()) return s;
+  // Replaces SQLite's checkpoint at commit, which made every thousandth
+  // commit wait for two fsyncs.
+  sqlite3_wal_hook(db, &Store::AfterCommit, store.get());
+  store->checkpointer_ = std::thread([raw = store.get(), path] { raw->CheckpointLoop(path); });
   return store;
 }
 
+int Store::AfterCommit(void* store, sqlite3*, const char*, int wal_pages) {
+  if (wal_pages >= kCheckpointPages) {
+    auto* self = static_cast<Store*>(store);
+    absl::MutexLock lock(&self->checkpoint_mu_);
+    self->checkpoint_due_ = true;
+  }
+  return SQLITE_OK;
+}
+
+void Store::CheckpointLoop(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr) !=
+      SQLITE_OK) {
+    std::fprintf(stderr, "ballastd: store %s: no connection for checkpoints: %s\n", path.c_str(),
+                 sqlite3_errmsg(db));
+  }
+  auto due_or_closing = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
+    return checkpoint_due_ || closing_;
+  };
+  while (true) {
+    {
+      absl::MutexLock lock(&checkpoint_mu_);
+      checkpoint_mu_.Await(absl::Condition(&due_or_closing));
+      if (closing_) break;
+      checkpoint_due_ = false;
+    }
+    // Passive: copies what no reader still needs, beside the writer, and
+    // never waits for a lock; the next due checkpoint takes the rest.
+    sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+  }
+  sqlite3_close(db);
+}
+
 Store::~Store() {
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    closing_ = true;
+  }
+  if (checkpointer_.joinable()) checkpointer_.join();
   absl::MutexLock lock(&mu_);
-  for (sqlite3_stmt* stmt :
-       {insert_job_, update_job_, insert_event_, trim_events_, read_events_, put_worker_}) {
+  for (sqlite3_stmt* stmt : {put_job_, insert_event_, trim_events_, read_events_, put_worker_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
@@ -171,8 +217,7 @@ absl::Status Store::Exec(const char* sql) {
 
 absl::Status Store::Prepare() {
   const std::pair<const char*, sqlite3_stmt**> statements[] = {
-      {kInsertJob, &insert_job_},
-      {kUpdateJob, &update_job_},
+      {kPutJob, &put_job_},
       {"INSERT OR REPLACE INTO events (job_id, seq, event) VALUES (?1, ?2, ?3)", &insert_event_},
       {"DELETE FROM events WHERE job_id = ?1 AND seq <= ?2", &trim_events_},
       {"SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
@@ -193,69 +238,71 @@ absl::Status Store::Ping() {
   return Exec("SELECT 1");
 }
 
-absl::Status Store::WriteJob(const JobRecord& r, sqlite3_stmt* stmt) {
-  Reset reset(stmt);
-  sqlite3_bind_int64(stmt, 1, r.order);
-  BindText(stmt, 2, r.job.id());
+absl::Status Store::WriteJob(const StoreBatch::JobChange& change, int64_t retention) {
+  const JobRecord& r = change.record;
+  for (const v1::JobEvent& e : change.events) {
+    Reset reset(insert_event_);
+    BindText(insert_event_, 1, e.job_id());
+    sqlite3_bind_int64(insert_event_, 2, e.seq());
+    BindBlob(insert_event_, 3, e.SerializeAsString());
+    if (sqlite3_step(insert_event_) != SQLITE_DONE) return Error("insert event");
+  }
+  if (!change.events.empty() && r.job.last_seq() > retention) {
+    Reset reset(trim_events_);
+    BindText(trim_events_, 1, r.job.id());
+    sqlite3_bind_int64(trim_events_, 2, r.job.last_seq() - retention);
+    if (sqlite3_step(trim_events_) != SQLITE_DONE) return Error("trim events");
+  }
+  Reset reset(put_job_);
+  sqlite3_bind_int64(put_job_, 1, r.order);
+  BindText(put_job_, 2, r.job.id());
   if (r.job.request_id().empty()) {
-    sqlite3_bind_null(stmt, 3);
+    sqlite3_bind_null(put_job_, 3);
   } else {
     // Unique per tenant: two tenants may use the same idempotency key.
-    BindText(stmt, 3, ScopedRequestId(r.job.tenant(), r.job.request_id()));
+    BindText(put_job_, 3, ScopedRequestId(r.job.tenant(), r.job.request_id()));
   }
-  sqlite3_bind_int(stmt, 4, r.job.state());
-  sqlite3_bind_int(stmt, 5, r.job.spec().scheduling().priority());
-  sqlite3_bind_int(stmt, 6, r.attempt);
-  sqlite3_bind_int64(stmt, 7, ResumeColumn(r.resume_at_or_before));
-  sqlite3_bind_int64(stmt, 8, r.events_deleted);
-  BindBlob(stmt, 9, r.job.SerializeAsString());
-  const int rc = sqlite3_step(stmt);
+  sqlite3_bind_int(put_job_, 4, r.job.state());
+  sqlite3_bind_int(put_job_, 5, r.job.spec().scheduling().priority());
+  sqlite3_bind_int(put_job_, 6, r.attempt);
+  sqlite3_bind_int64(put_job_, 7, ResumeColumn(r.resume_at_or_before));
+  sqlite3_bind_int64(put_job_, 8, r.events_deleted);
+  BindBlob(put_job_, 9, r.job.SerializeAsString());
+  const int rc = sqlite3_step(put_job_);
   if (rc == SQLITE_CONSTRAINT) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("job ", r.job.id(), " or request_id '", r.job.request_id(), "' exists"));
+    return absl::AlreadyExistsError(absl::StrCat("job ", r.job.id(), ": request_id '",
+                                                 r.job.request_id(), "' belongs to another job"));
   }
   if (rc != SQLITE_DONE) return Error("write job");
   return absl::OkStatus();
 }
 
-absl::Status Store::InsertJob(const JobRecord& record) {
-  absl::MutexLock lock(&mu_);
-  return WriteJob(record, insert_job_);
+absl::Status Store::WriteWorker(const WorkerRecord& record) {
+  Reset reset(put_worker_);
+  BindText(put_worker_, 1, record.worker.id());
+  sqlite3_bind_int64(put_worker_, 2, record.last_report_id);
+  BindBlob(put_worker_, 3, record.worker.SerializeAsString());
+  if (sqlite3_step(put_worker_) != SQLITE_DONE) return Error("put worker");
+  return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Store::UpdateJob(JobRecord* record, const std::vector<v1::JobEvent>& events,
-                                         int64_t retention) {
+absl::Status Store::Write(absl::Span<const StoreBatch* const> batches, int64_t retention) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  auto fail = [&](absl::Status s) {
-    (void)Exec("ROLLBACK");
-    return s;
+  auto write = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    for (const StoreBatch* batch : batches) {
+      for (const StoreBatch::JobChange& change : batch->jobs) {
+        if (absl::Status s = WriteJob(change, retention); !s.ok()) return s;
+      }
+      for (const WorkerRecord& worker : batch->workers) {
+        if (absl::Status s = WriteWorker(worker); !s.ok()) return s;
+      }
+    }
+    return Exec("COMMIT");
   };
-  for (const v1::JobEvent& e : events) {
-    Reset reset(insert_event_);
-    BindText(insert_event_, 1, e.job_id());
-    sqlite3_bind_int64(insert_event_, 2, e.seq());
-    BindBlob(insert_event_, 3, e.SerializeAsString());
-    if (sqlite3_step(insert_event_) != SQLITE_DONE) return fail(Error("insert event"));
-  }
-  int64_t deleted = 0;
-  if (!events.empty() && record->job.last_seq() > retention) {
-    Reset reset(trim_events_);
-    BindText(trim_events_, 1, record->job.id());
-    sqlite3_bind_int64(trim_events_, 2, record->job.last_seq() - retention);
-    if (sqlite3_step(trim_events_) != SQLITE_DONE) return fail(Error("trim events"));
-    deleted = sqlite3_changes(db_);
-  }
-  record->events_deleted += deleted;
-  if (absl::Status s = WriteJob(*record, update_job_); !s.ok()) {
-    record->events_deleted -= deleted;
-    return fail(s);
-  }
-  if (absl::Status s = Exec("COMMIT"); !s.ok()) {
-    record->events_deleted -= deleted;
-    return fail(s);
-  }
-  return deleted;
+  absl::Status s = write();
+  if (!s.ok()) (void)Exec("ROLLBACK");
+  return s;
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::LoadJobs() {
@@ -304,16 +351,6 @@ absl::StatusOr<std::vector<v1::JobEvent>> Store::ReadEvents(const std::string& j
   }
   if (rc != SQLITE_DONE) return Error("read events");
   return events;
-}
-
-absl::Status Store::PutWorker(const WorkerRecord& record) {
-  absl::MutexLock lock(&mu_);
-  Reset reset(put_worker_);
-  BindText(put_worker_, 1, record.worker.id());
-  sqlite3_bind_int64(put_worker_, 2, record.last_report_id);
-  BindBlob(put_worker_, 3, record.worker.SerializeAsString());
-  if (sqlite3_step(put_worker_) != SQLITE_DONE) return Error("put worker");
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> Store::LoadWorkers() {

@@ -3,6 +3,10 @@
 // writes every change through this store, so a restart loses no job.
 //
 // Thread-safe: one connection behind a mutex; each call is one transaction.
+// Checkpoints (copying the WAL back into the database, with an fsync) run
+// on a thread and connection of their own, so no commit waits for one.
+// Writes come in batches, and one Write takes many (server/commit_queue.h
+// gathers those of concurrent callers).
 #ifndef BALLAST_SERVER_STORE_H_
 #define BALLAST_SERVER_STORE_H_
 
@@ -10,12 +14,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/token_service.pb.h"
@@ -45,7 +51,8 @@ struct JobRecord {
   // A rollback's target, passed to the next attempt
   // (Assignment.resume_at_or_before), then reset; 0 starts over.
   std::optional<int64_t> resume_at_or_before;
-  // Events removed by retention, for this job.
+  // Events of this job that retention pushed out: the write carrying this
+  // count deletes them.
   int64_t events_deleted = 0;
 };
 
@@ -53,6 +60,17 @@ struct WorkerRecord {
   v1::Worker worker;
   // Highest ReportEvents report_id accepted from this worker.
   int64_t last_report_id = 0;
+};
+
+// Changes that are stored together or not at all.
+struct StoreBatch {
+  // A job's whole record, with the events made since it was last written.
+  struct JobChange {
+    JobRecord record;
+    std::vector<v1::JobEvent> events;
+  };
+  std::vector<JobChange> jobs;
+  std::vector<WorkerRecord> workers;
 };
 
 // An API token as stored: its public part and the SHA-256 of its secret,
@@ -75,16 +93,12 @@ class Store {
   // OK when the database answers a query.
   absl::Status Ping();
 
-  // Inserts a new job. ALREADY_EXISTS when its id or non-empty request_id is
-  // taken.
-  absl::Status InsertJob(const JobRecord& record);
-
-  // Writes a job's new state together with its new events, in one
-  // transaction, then deletes the job's events beyond the newest `retention`
-  // and adds their number to record->events_deleted. Returns how many were
-  // deleted now.
-  absl::StatusOr<int64_t> UpdateJob(JobRecord* record, const std::vector<v1::JobEvent>& events,
-                                    int64_t retention);
+  // Writes `batches` in one transaction, all or nothing: each job inserted or
+  // replaced with its new events, then its events beyond the newest
+  // `retention` deleted; each worker inserted or replaced. ALREADY_EXISTS
+  // when a job's request_id belongs to another job; UNAVAILABLE when the
+  // database fails.
+  absl::Status Write(absl::Span<const StoreBatch* const> batches, int64_t retention);
 
   // Every job, in submission order.
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
@@ -92,9 +106,6 @@ class Store {
   // Up to `limit` events of `job_id` with seq > after_seq, in seq order.
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t after_seq,
                                                        int limit);
-
-  // Inserts or replaces a worker.
-  absl::Status PutWorker(const WorkerRecord& record);
 
   // Every worker, by id.
   absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers();
@@ -107,23 +118,33 @@ class Store {
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
+  // Checkpoints `path` whenever a commit has left the WAL long, until
+  // the store closes.
+  void CheckpointLoop(const std::string& path);
+  // SQLite's hook after each commit, with the WAL's length in pages.
+  static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
   absl::Status CheckIntegrity(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteJob(const JobRecord& record, sqlite3_stmt* stmt)
+  absl::Status WriteJob(const StoreBatch::JobChange& change, int64_t retention)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteWorker(const WorkerRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
   // Prepared once, reset after each use.
-  sqlite3_stmt* insert_job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* update_job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* put_job_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* insert_event_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* trim_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  absl::Mutex checkpoint_mu_;
+  bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  std::thread checkpointer_;
 };
 
 }  // namespace ballast::server

@@ -215,6 +215,32 @@ TEST(Scheduler, AJobThatNamesADeviceKindRunsOnItsWorkersOnly) {
   EXPECT_EQ(Workers(next[0]), (std::vector<std::string>{"gpu-a", "gpu-a", "gpu-b"}));
 }
 
+TEST(Scheduler, BackfillFindsTheFirstJobThatFitsBehindThousandsThatDoNot) {
+  Scheduler s;
+  s.AddWorker("a", 8);
+  s.AddWorker("b", 8);
+  for (int dev = 0; dev < 6; ++dev) ASSERT_TRUE(s.Occupy("a", dev));
+  for (int dev = 0; dev < 5; ++dev) ASSERT_TRUE(s.Occupy("b", dev));
+  // Free: a 2, b 3. The head reserves b (most free), leaving a's 2.
+  s.Enqueue("head", 0, 0, 8);
+  int64_t order = 1;
+  for (; order <= 2000; ++order) s.Enqueue("four-" + std::to_string(order), 0, order, 4);
+  s.Enqueue("one-refused", 0, order++, 1);
+  s.Enqueue("two", 0, order++, 2);
+  s.Enqueue("one", 0, order++, 1);
+  std::vector<std::string> asked;
+  const std::vector<Decision> d = s.Schedule([&](const std::string& job_id, int32_t) {
+    asked.push_back(job_id);
+    return job_id != "one-refused";
+  });
+  EXPECT_EQ(asked, (std::vector<std::string>{"one-refused", "two"}));
+  ASSERT_EQ(Started(d), (std::vector<std::string>{"two"}));
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"a", "a"}));
+  // The reservation lasts one pass: b's free devices count again.
+  EXPECT_EQ(s.free_devices(), 3);
+  EXPECT_EQ(s.queued(), 2003u);
+}
+
 TEST(Scheduler, DequeueRemovesAQueuedJob) {
   Scheduler s;
   s.Enqueue("job", 0, 1, 1);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -31,6 +32,15 @@ v1::JobEvent MakeEvent(const std::string& job_id, int64_t seq) {
   return e;
 }
 
+// Writes one job, with its new events, in a transaction of its own.
+absl::Status Put(Store* store, const JobRecord& job, std::vector<v1::JobEvent> events = {},
+                 int64_t retention = 100) {
+  StoreBatch batch;
+  batch.jobs.push_back({job, std::move(events)});
+  const StoreBatch* batches[] = {&batch};
+  return store->Write(batches, retention);
+}
+
 TEST(Store, JobsWorkersAndEventsSurviveReopen) {
   TempDir dir;
   const std::string url = "sqlite:" + (dir.path() / "b.db").string();
@@ -38,18 +48,21 @@ TEST(Store, JobsWorkersAndEventsSurviveReopen) {
     auto store = Store::Open(url);
     ASSERT_TRUE(store.ok()) << store.status();
     JobRecord a = MakeJob("job-a", 1);
-    ASSERT_TRUE((*store)->InsertJob(a).ok());
-    ASSERT_TRUE((*store)->InsertJob(MakeJob("job-b", 2)).ok());
+    ASSERT_TRUE(Put(store->get(), a).ok());
+    ASSERT_TRUE(Put(store->get(), MakeJob("job-b", 2)).ok());
     a.attempt = 3;
     a.resume_at_or_before = 7;
     a.job.set_state(v1::JOB_STATE_RUNNING);
     a.job.set_last_seq(2);
-    ASSERT_TRUE((*store)->UpdateJob(&a, {MakeEvent("job-a", 1), MakeEvent("job-a", 2)}, 100).ok());
-    WorkerRecord w;
+    // A later write replaces the job and adds its events, beside a worker.
+    StoreBatch batch;
+    batch.jobs.push_back({a, {MakeEvent("job-a", 1), MakeEvent("job-a", 2)}});
+    WorkerRecord& w = batch.workers.emplace_back();
     w.worker.set_id("worker-1");
     w.worker.set_capacity(4);
     w.last_report_id = 42;
-    ASSERT_TRUE((*store)->PutWorker(w).ok());
+    const StoreBatch* batches[] = {&batch};
+    ASSERT_TRUE((*store)->Write(batches, 100).ok());
   }
   auto store = Store::Open(url);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -77,25 +90,43 @@ TEST(Store, SecondJobWithSameRequestIdIsAlreadyExists) {
   TempDir dir;
   auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
   ASSERT_TRUE(store.ok());
-  ASSERT_TRUE((*store)->InsertJob(MakeJob("job-a", 1, "req-1")).ok());
-  EXPECT_EQ((*store)->InsertJob(MakeJob("job-b", 2, "req-1")).code(),
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
+  EXPECT_EQ(Put(store->get(), MakeJob("job-b", 2, "req-1")).code(),
             absl::StatusCode::kAlreadyExists);
   // Jobs without a request id never collide with each other.
-  EXPECT_TRUE((*store)->InsertJob(MakeJob("job-c", 3)).ok());
-  EXPECT_TRUE((*store)->InsertJob(MakeJob("job-d", 4)).ok());
+  EXPECT_TRUE(Put(store->get(), MakeJob("job-c", 3)).ok());
+  EXPECT_TRUE(Put(store->get(), MakeJob("job-d", 4)).ok());
 }
 
-TEST(Store, KeepsNewestEventsPerJobAndCountsTheDeleted) {
+TEST(Store, AWriteOfManyBatchesIsAllOrNothing) {
+  TempDir dir;
+  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
+  StoreBatch good;
+  good.jobs.push_back({MakeJob("job-b", 2), {MakeEvent("job-b", 1)}});
+  StoreBatch bad;
+  bad.jobs.push_back({MakeJob("job-c", 3, "req-1"), {}});
+  const StoreBatch* batches[] = {&good, &bad};
+  EXPECT_EQ((*store)->Write(batches, 100).code(), absl::StatusCode::kAlreadyExists);
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  auto events = (*store)->ReadEvents("job-b", 0, 10);
+  ASSERT_TRUE(events.ok());
+  EXPECT_TRUE(events->empty());
+}
+
+TEST(Store, KeepsTheNewestEventsPerJob) {
   TempDir dir;
   auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
   ASSERT_TRUE(store.ok());
   JobRecord job = MakeJob("job-a", 1);
-  ASSERT_TRUE((*store)->InsertJob(job).ok());
   for (int64_t seq = 1; seq <= 25; ++seq) {
     job.job.set_last_seq(seq);
-    ASSERT_TRUE((*store)->UpdateJob(&job, {MakeEvent("job-a", seq)}, 10).ok());
+    job.events_deleted = std::max<int64_t>(0, seq - 10);
+    ASSERT_TRUE(Put(store->get(), job, {MakeEvent("job-a", seq)}, 10).ok());
   }
-  EXPECT_EQ(job.events_deleted, 15);
   auto events = (*store)->ReadEvents("job-a", 0, 100);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 10u);
@@ -111,11 +142,10 @@ TEST(Store, ReadEventsPagesAfterSeq) {
   auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
   ASSERT_TRUE(store.ok());
   JobRecord job = MakeJob("job-a", 1);
-  ASSERT_TRUE((*store)->InsertJob(job).ok());
   job.job.set_last_seq(5);
   std::vector<v1::JobEvent> events;
   for (int64_t seq = 1; seq <= 5; ++seq) events.push_back(MakeEvent("job-a", seq));
-  ASSERT_TRUE((*store)->UpdateJob(&job, events, 100).ok());
+  ASSERT_TRUE(Put(store->get(), job, events).ok());
   auto page = (*store)->ReadEvents("job-a", 2, 2);
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->size(), 2u);
@@ -140,7 +170,7 @@ TEST(Store, ADamagedPageIsDataLossAtOpen) {
     auto store = Store::Open("sqlite:" + path);
     ASSERT_TRUE(store.ok());
     for (int i = 1; i <= 200; ++i) {
-      ASSERT_TRUE((*store)->InsertJob(MakeJob("job-" + std::to_string(i), i)).ok());
+      ASSERT_TRUE(Put(store->get(), MakeJob("job-" + std::to_string(i), i)).ok());
     }
   }  // closed: the WAL is checkpointed into the file
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The control-plane rows of make bench: control_plane_bench, and with
+--baseline-bin the same benchmark built from another commit, run in
+alternation in one session (the machine is shared and noisy, so only a
+side-by-side ratio means anything). Each figure is the median of --rounds
+runs. The goals (issue 20) are beside the rows: SubmitJob p99 under 20 ms at
+100 clients, WatchJob p99 lag under 100 ms, over 50k decisions/s."""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+FIGURES = {
+    "submit": [("p99", r"p99=([\d.]+)ms"), ("p50", r"p50=([\d.]+)ms"),
+               ("calls/s", r"([\d.]+) calls/s")],
+    "watch": [("p99 lag", r"p99 lag ([\d.]+)ms"), ("p50 lag", r"p50 lag ([\d.]+)ms")],
+    "scheduler": [("decisions/s", r"([\d.]+) decisions/s"),
+                  ("p99 decision", r"p99 decision ([\d.]+)ms")],
+}
+TITLES = {
+    "submit": "SubmitJob, 100 concurrent clients",
+    "watch": "WatchJob, 100 watchers x 1,000 events/s reported",
+    "scheduler": "scheduling, 10,000 queued jobs on 1,000 workers",
+}
+GOALS = {"submit": "goal p99 < 20 ms", "watch": "goal p99 lag < 100 ms",
+         "scheduler": "goal > 50k decisions/s"}
+
+
+def run(bin_dir, names):
+    out = subprocess.run([os.path.join(bin_dir, "control_plane_bench"), *names], check=True,
+                         capture_output=True, text=True).stdout
+    lines = {}
+    for line in out.splitlines():
+        m = re.match(r"control_plane/(\w+): (.*)", line)
+        if m:
+            lines[m.group(1)] = m.group(2)
+    return lines
+
+
+def figures(line, name):
+    return {label: float(re.search(pattern, line).group(1)) for label, pattern in FIGURES[name]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", default="build/bin")
+    parser.add_argument("--baseline-bin", help="bin folder of the baseline's build")
+    parser.add_argument("--baseline", default="baseline", help="its name in the rows")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    if not args.baseline_bin:
+        # Absolute figures, as before there was anything to compare with.
+        for name, line in run(args.bin, []).items():
+            print(f"control_plane/{name}: {line}")
+        return 0
+    names = list(FIGURES)
+    ours, base = {n: [] for n in names}, {n: [] for n in names}
+    for _ in range(args.rounds):
+        for into, bin_dir in ((base, args.baseline_bin), (ours, args.bin)):
+            # A baseline older than the names runs every benchmark; no harm.
+            lines = run(bin_dir, names)
+            for n in names:
+                into[n].append(figures(lines[n], n))
+    for n in names:
+        med = {label: (statistics.median(r[label] for r in ours[n]),
+                       statistics.median(r[label] for r in base[n])) for label, _ in FIGURES[n]}
+        parts = [f"{label} {a:g} vs {b:g}: {a / b:.2f}x" for label, (a, b) in med.items()]
+        print(f"control_plane/{n} ({TITLES[n]}) vs {args.baseline}: " + "; ".join(parts) +
+              f" ({GOALS[n]}; median of {args.rounds} alternating runs)")
+    print(f"control_plane/scrape: {run(args.bin, ['scrape'])['scrape']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

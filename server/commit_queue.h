@@ -1,0 +1,80 @@
+// Group commit: the batches that concurrent callers queue while one
+// transaction is being written go to the store together in the next one, so
+// a hundred callers pay for one transaction (one WAL append of each page they
+// touch), not a hundred, and no caller's lock is held while SQLite writes.
+//
+// A caller queues its batch (cheap, so the coordinator does it under its own
+// lock, which makes the order of batches the order of the changes), lets go
+// of its lock, and waits for its ticket. The first waiter that finds no write
+// under way becomes the writer: it takes every batch queued so far, writes
+// them in one transaction, runs their `then` in queue order, and wakes the
+// waiters. A waiter whose batch came too late for that transaction writes the
+// next one.
+//
+// Thread-safe.
+#ifndef BALLAST_SERVER_COMMIT_QUEUE_H_
+#define BALLAST_SERVER_COMMIT_QUEUE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "server/store.h"
+
+namespace ballast::server {
+
+class CommitQueue {
+ public:
+  // Names a queued batch; 0 names an empty one, which is never written.
+  using Ticket = int64_t;
+  // Runs once its batch's write is over, on the writer's thread, after the
+  // `then` of every batch queued before it. Must not block.
+  using Then = std::function<void(const StoreBatch& written)>;
+
+  // `store` and `metrics` must outlive the queue; `event_retention` is the
+  // events kept per job (Store::Write).
+  CommitQueue(Store* store, int64_t event_retention, MetricsRegistry* metrics);
+
+  // Queues `batch` and returns at once. An empty batch gets ticket 0 and its
+  // `then` never runs.
+  Ticket Queue(StoreBatch batch, Then then);
+
+  // Returns once the batch of `ticket` has been written and its `then` has
+  // run, writing it (with every batch queued by then) when no other caller is
+  // writing. OK, or the store's error for this batch alone: when a
+  // transaction fails, its batches are tried again one by one, so one bad
+  // batch fails no other. `then` runs whatever the outcome.
+  absl::Status Wait(Ticket ticket);
+
+ private:
+  struct Pending {
+    Ticket ticket;
+    StoreBatch batch;
+    Then then;
+  };
+  // Writes `group` and runs its `then`s; returns each batch's status.
+  std::vector<absl::Status> Write(std::vector<Pending>& group);
+
+  Store* const store_;
+  const int64_t event_retention_;
+  MetricsRegistry* const metrics_;
+
+  absl::Mutex mu_;
+  absl::CondVar written_cv_;
+  std::vector<Pending> queued_ ABSL_GUARDED_BY(mu_);
+  Ticket last_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every batch up to this ticket has been written and handed to its `then`.
+  Ticket last_written_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Failed batches, until their waiter learns of it.
+  std::map<Ticket, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ballast::server
+
+#endif  // BALLAST_SERVER_COMMIT_QUEUE_H_
