@@ -134,11 +134,15 @@ absl::StatusOr<v1::CreateTokenResponse> Authenticator::CreateToken(
   }
   t.set_role(request.role());
   t.set_description(request.description());
-  t.set_created_ms(now_ms_());
   const std::string key = RandomHex(32);
   TokenRecord record;
   record.secret_sha256 = Sha256(key);
   absl::MutexLock lock(&mu_);
+  // Creation times are distinct, so that listing by time is listing in the
+  // order of creation, even for tokens made in one millisecond.
+  int64_t newest = 0;
+  for (const auto& [id, r] : tokens_) newest = std::max(newest, r.token.created_ms());
+  t.set_created_ms(std::max(now_ms_(), newest + 1));
   do {
     t.set_id(absl::StrCat("tok-", RandomHex(8)));
   } while (tokens_.count(t.id()) > 0);
