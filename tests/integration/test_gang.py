@@ -55,6 +55,24 @@ def alive(process):
         return False
 
 
+def where_they_are(ranks, out):
+    """The stacks of the ranks still running (gdb, where installed) and every
+    rank's log: what a hang needs to be understood from a CI log alone."""
+    report = []
+    for p in ranks:
+        if not alive(p):
+            continue
+        report.append(f"==== rank {rank_of(p)} (pid {p.pid}) is still running")
+        if shutil.which("gdb"):
+            r = subprocess.run(["gdb", "-batch", "-p", str(p.pid), "-ex", "thread apply all bt"],
+                               capture_output=True, text=True, timeout=120)
+            report.append(r.stdout[-20000:])
+    for name in sorted(os.listdir(out)):
+        if name.startswith("rank-") and name.endswith(".log"):
+            report.append(f"==== {name}\n{read(os.path.join(out, name))[-4000:]}")
+    return "\n".join(report)
+
+
 def rank_of(process):
     cmd = process.cmdline()
     return int(cmd[cmd.index("--rank") + 1])
@@ -120,8 +138,11 @@ def test_b_a_rank_killed_mid_run_ends_its_peers_and_the_job_resumes_and_finishes
     ranks[1].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     peers = [ranks[r] for r in (0, 2, 3)]
-    wait_for(lambda: not any(alive(p) for p in peers), 30,
-             "the peers of the killed rank to exit")
+    try:
+        wait_for(lambda: not any(alive(p) for p in peers), 30,
+                 "the peers of the killed rank to exit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{where_they_are(peers, out)}") from None
     assert time.monotonic() - killed_at < 30
     # Every peer names the killed rank: rank 0 keeps its store up until the
     # others have named it too.

@@ -13,6 +13,7 @@
 //   ballast-train tokenize --tokenizer DIR_OR_JSON [--template T] [--train-on-all]
 //       [--allow-special] < in.jsonl > out.jsonl
 #include <malloc.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -209,6 +210,11 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Gloo writes to its peers with writev(), which has no MSG_NOSIGNAL: a
+  // peer that died would otherwise kill this rank with SIGPIPE (exit 141)
+  // before it can name the lost rank. EPIPE fails the collective instead.
+  // The worker starts ranks with default signal actions, so this is ours.
+  signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ballast-train: run one finetuning job (LoRA or full) on LibTorch"};
   app.set_version_flag("--version", [] {
     return ballast::VersionLine("ballast-train") + "\n" + ballast::train::DescribeBackends();
