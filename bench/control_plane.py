@@ -21,7 +21,7 @@ FIGURES = {
 }
 TITLES = {
     "submit": "SubmitJob, 100 concurrent clients",
-    "watch": "WatchJob, 100 watchers x 1,000 events/s reported",
+    "watch": "WatchJobBatched (WatchJob before it existed), 100 watchers x 1,000 events/s reported",
     "scheduler": "scheduling, 10,000 queued jobs on 1,000 workers",
 }
 GOALS = {"submit": "goal p99 < 20 ms", "watch": "goal p99 lag < 100 ms",

@@ -1,8 +1,8 @@
 // Control-plane benchmarks: ballastd in-process on loopback, real gRPC and a
 // real SQLite store in a temporary folder. Prints one row per benchmark:
 //   control_plane/submit     SubmitJob latency, 100 concurrent clients
-//   control_plane/watch      WatchJob fan-out, 100 watchers, 1,000 events/s
-//   control_plane/scheduler  10,000 queued jobs on 1,000 simulated workers
+//   control_plane/watch      WatchJobBatched fan-out (the CLI's watch), 100 watchers, 1,000
+//   events/s control_plane/scheduler  10,000 queued jobs on 1,000 simulated workers
 //   control_plane/scrape     GET /metrics with 1,000 running jobs of 4 ranks
 // Absolute figures (there is no other coordinator to compare with); about
 // 30 s in all.
@@ -71,7 +71,7 @@ class Bench {
     dir_ = mkdtemp(tmpl.data());
     fs::create_directories(dir_ / "model");
     std::ofstream(dir_ / "model" / "config.json")
-        << R"({"model_type": "qwen3", "max_position_embeddings": 4096})";
+        << R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "model_type": "qwen3", "max_position_embeddings": 4096})";
     std::ofstream(dir_ / "data.jsonl") << "{\"input_ids\": [1, 2]}\n";
     spec_.mutable_model()->set_path((dir_ / "model").string());
     spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());
@@ -167,17 +167,19 @@ class Bench {
         auto context = Context(60);
         ballast::v1::WatchJobRequest request;
         request.set_job_id(job.id());
-        auto stream = jobs->WatchJob(context.get(), request);
-        ballast::v1::JobEvent e;
+        auto stream = jobs->WatchJobBatched(context.get(), request);
+        ballast::v1::WatchJobBatch batch;
         bool counted = false;
-        while (stream->Read(&e)) {
+        while (stream->Read(&batch)) {
           if (!counted) {
             ++ready;  // replay reached us: the watch is registered
             counted = true;
           }
-          if (!e.training().has_step_metrics()) continue;
           const int64_t now = Clock::now().time_since_epoch().count();
-          lags[w].push_back((now - sent_ns[e.training().step_metrics().step()].load()) / 1e6);
+          for (const ballast::v1::JobEvent& e : batch.events()) {
+            if (!e.training().has_step_metrics()) continue;
+            lags[w].push_back((now - sent_ns[e.training().step_metrics().step()].load()) / 1e6);
+          }
         }
         stream->Finish();
       });

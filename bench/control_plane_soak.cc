@@ -184,12 +184,14 @@ void Watch(JobService::Stub* jobs, const std::atomic<bool>& running, std::mutex*
       *context = Context();
       current = context->get();
     }
-    auto stream = jobs->WatchJob(current, request);
-    ballast::v1::JobEvent e;
+    auto stream = jobs->WatchJobBatched(current, request);
+    ballast::v1::WatchJobBatch batch;
     int64_t last = 0;
-    while (stream->Read(&e)) {
-      if (e.seq() != last + 1) ++totals->failures;
-      last = e.seq();
+    while (stream->Read(&batch)) {
+      for (const ballast::v1::JobEvent& e : batch.events()) {
+        if (e.seq() != last + 1) ++totals->failures;
+        last = e.seq();
+      }
     }
     if (stream->Finish().ok()) ++totals->watched;
   }
@@ -212,7 +214,7 @@ int main(int argc, char** argv) {
   const fs::path dir = mkdtemp(tmpl.data());
   fs::create_directories(dir / "model");
   std::ofstream(dir / "model" / "config.json")
-      << R"({"model_type": "qwen3", "max_position_embeddings": 4096})";
+      << R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "model_type": "qwen3", "max_position_embeddings": 4096})";
   std::ofstream(dir / "data.jsonl") << "{\"input_ids\": [1, 2]}\n";
   ballast::v1::JobSpec spec;
   spec.mutable_model()->set_path((dir / "model").string());

@@ -52,18 +52,21 @@ absl::StatusOr<v1::JobState> FollowEvents(
     const absl::Time opened = absl::Now();
     bool got_event = false;
     std::optional<v1::JobState> end;
-    auto reader = connection.stub().WatchJob(context.get(), request);
-    v1::JobEvent event;
-    while (!end && reader->Read(&event)) {
-      // A coordinator may resend what it already sent; each event counts once.
-      if (event.seq() <= last_seq) continue;
-      last_seq = event.seq();
-      got_event = true;
-      on_event(event);
-      if (event.has_state_change() && IsTerminal(event.state_change().to())) {
-        end = event.state_change().to();
-      } else if (options.stop_at_seq > 0 && last_seq >= options.stop_at_seq) {
-        end = v1::JOB_STATE_UNSPECIFIED;
+    auto reader = connection.stub().WatchJobBatched(context.get(), request);
+    v1::WatchJobBatch batch;
+    while (!end && reader->Read(&batch)) {
+      for (const v1::JobEvent& event : batch.events()) {
+        // A coordinator may resend what it already sent; each event counts once.
+        if (event.seq() <= last_seq) continue;
+        last_seq = event.seq();
+        got_event = true;
+        on_event(event);
+        if (event.has_state_change() && IsTerminal(event.state_change().to())) {
+          end = event.state_change().to();
+        } else if (options.stop_at_seq > 0 && last_seq >= options.stop_at_seq) {
+          end = v1::JOB_STATE_UNSPECIFIED;
+        }
+        if (end) break;
       }
     }
     if (end) {

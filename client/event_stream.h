@@ -1,4 +1,4 @@
-// Following a job's event stream (WatchJob) across broken streams: after a
+// Following a job's event stream (WatchJobBatched) across broken streams: after a
 // coordinator restart it reconnects with the last seq seen, so every event
 // reaches the caller exactly once and in order.
 #ifndef BALLAST_CLIENT_EVENT_STREAM_H_

@@ -238,7 +238,10 @@ absl::Status Coordinator::Load() {
         live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
       }
       if (Terminal(j.state())) recently_finished_.emplace_back(id, j.updated_ms());
-      if (j.state() == v1::JOB_STATE_QUEUED) job.queued_since_ms = options_.now_ms();
+      if (j.state() == v1::JOB_STATE_QUEUED) {
+        job.queued_since_ms = options_.now_ms();
+        ++queued_by_tenant_[j.tenant()];
+      }
     }
     std::sort(recently_finished_.begin(), recently_finished_.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -347,6 +350,8 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   e.mutable_state_change()->set_from(j.state());
   e.mutable_state_change()->set_to(to);
   e.mutable_state_change()->set_reason(reason);
+  if (j.state() == v1::JOB_STATE_QUEUED) --queued_by_tenant_[j.tenant()];
+  if (to == v1::JOB_STATE_QUEUED) ++queued_by_tenant_[j.tenant()];
   j.set_state(to);
   if (to == v1::JOB_STATE_QUEUED || Terminal(to)) j.clear_placement();
   if (Terminal(to)) {
@@ -702,10 +707,8 @@ absl::Status Coordinator::CheckQuota(const std::string& tenant, int32_t devices)
                      quota.max_devices, ", so this job could never start (ballastd --quota)"));
   }
   if (quota.max_queued_jobs > 0) {
-    int64_t queued = 0;
-    for (const auto& [id, job] : jobs_) {
-      queued += job.record.job.tenant() == tenant && job.record.job.state() == v1::JOB_STATE_QUEUED;
-    }
+    auto it = queued_by_tenant_.find(tenant);
+    const int64_t queued = it == queued_by_tenant_.end() ? 0 : it->second;
     if (queued >= quota.max_queued_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat("tenant ", tenant, " has ", queued,

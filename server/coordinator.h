@@ -376,6 +376,8 @@ class Coordinator {
   // Every live rank of every attempt, and where it runs.
   std::map<RankKey, Device> live_ranks_ ABSL_GUARDED_BY(mu_);
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  // QUEUED jobs by tenant, for the max_queued_jobs quota; kept by Transition.
+  std::map<std::string, int64_t> queued_by_tenant_ ABSL_GUARDED_BY(mu_);
   std::vector<JobEntry*> dirty_ ABSL_GUARDED_BY(mu_);
   // Worker records changed since the last Flush.
   std::vector<WorkerRecord> unsaved_workers_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,8 @@ namespace {
 
 // How long a stream waits for news before it checks whether its client left.
 constexpr absl::Duration kStreamPoll = absl::Milliseconds(200);
+// Events in one WatchJobBatch message, at most (one larger event goes alone).
+constexpr size_t kMaxBatchBytes = 1 << 20;
 
 const char* CodeName(grpc::StatusCode code) {
   switch (code) {
@@ -179,23 +181,55 @@ grpc::Status JobServiceImpl::RollbackJob(grpc::ServerContext* context,
   });
 }
 
+grpc::Status JobServiceImpl::StreamEvents(
+    grpc::ServerContext* context, const v1::WatchJobRequest& request, const Principal& who,
+    const std::function<bool(const std::vector<v1::JobEvent>&)>& write) {
+  absl::StatusOr<std::unique_ptr<EventWatch>> watch =
+      coordinator_->WatchJob(request.job_id(), request.after_seq(), who.JobScope());
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
+  std::vector<v1::JobEvent> batch;
+  while (!context->IsCancelled()) {
+    batch.clear();
+    absl::StatusOr<bool> more = (*watch)->Next(&batch, kStreamPoll);
+    if (!more.ok()) return ToGrpcStatus(more.status());
+    if (!write(batch)) return kClientGone;
+    if (!*more) return grpc::Status::OK;
+  }
+  return kClientGone;
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   return gate_->Serve("WatchJob", Audience::kUsers, context, [&](const Principal& who) {
-    absl::StatusOr<std::unique_ptr<EventWatch>> watch =
-        coordinator_->WatchJob(request->job_id(), request->after_seq(), who.JobScope());
-    if (!watch.ok()) return ToGrpcStatus(watch.status());
-    std::vector<v1::JobEvent> batch;
-    while (!context->IsCancelled()) {
-      batch.clear();
-      absl::StatusOr<bool> more = (*watch)->Next(&batch, kStreamPoll);
-      if (!more.ok()) return ToGrpcStatus(more.status());
+    return StreamEvents(context, *request, who, [&](const std::vector<v1::JobEvent>& batch) {
       size_t written = 0;
-      if (!WriteAll(writer, batch, &written)) return kClientGone;
-      if (!*more) return grpc::Status::OK;
-    }
-    return kClientGone;
+      return WriteAll(writer, batch, &written);
+    });
+  });
+}
+
+grpc::Status JobServiceImpl::WatchJobBatched(grpc::ServerContext* context,
+                                             const v1::WatchJobRequest* request,
+                                             grpc::ServerWriter<v1::WatchJobBatch>* writer) {
+  return gate_->Serve("WatchJobBatched", Audience::kUsers, context, [&](const Principal& who) {
+    return StreamEvents(context, *request, who, [&](const std::vector<v1::JobEvent>& batch) {
+      // A message ends before the event that would take it past
+      // kMaxBatchBytes, well inside a client's 4 MiB receive limit.
+      v1::WatchJobBatch message;
+      size_t bytes = 0;
+      for (const v1::JobEvent& event : batch) {
+        const size_t size = event.ByteSizeLong();
+        if (message.events_size() > 0 && bytes + size > kMaxBatchBytes) {
+          if (!writer->Write(message)) return false;
+          message.clear_events();
+          bytes = 0;
+        }
+        *message.add_events() = event;
+        bytes += size;
+      }
+      return message.events_size() == 0 || writer->Write(message);
+    });
   });
 }
 

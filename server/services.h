@@ -9,7 +9,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -77,10 +79,18 @@ class JobServiceImpl final : public v1::JobService::Service {
                            v1::Job* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status WatchJobBatched(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                               grpc::ServerWriter<v1::WatchJobBatch>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
 
  private:
+  // Follows the job's events until its terminal one, handing each batch the
+  // watch yields to `write`, which returns false once the client is gone.
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::WatchJobRequest& request,
+                            const Principal& who,
+                            const std::function<bool(const std::vector<v1::JobEvent>&)>& write);
+
   Coordinator* const coordinator_;
   RpcGate* const gate_;
 };

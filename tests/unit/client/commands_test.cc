@@ -36,7 +36,7 @@ class FakeJobService final : public v1::JobService::Service {
   v1::Job job ABSL_GUARDED_BY(mu);
   // The job's events, seq 1..n.
   std::vector<v1::JobEvent> events ABSL_GUARDED_BY(mu);
-  // WatchJob sends events up to this seq, then holds the stream open; -1: all.
+  // WatchJobBatched sends events up to this seq, then holds the stream open; -1: all.
   int64_t hold_after_seq ABSL_GUARDED_BY(mu) = -1;
   // SubmitJob answers UNAVAILABLE this many times, then submit_error or OK.
   int submit_unavailable ABSL_GUARDED_BY(mu) = 0;
@@ -50,7 +50,7 @@ class FakeJobService final : public v1::JobService::Service {
   std::vector<int> list_states ABSL_GUARDED_BY(mu);
   int64_t sent_up_to ABSL_GUARDED_BY(mu) = 0;
 
-  // Blocks until WatchJob has sent the event with `seq`; false after 10 s.
+  // Blocks until WatchJobBatched has sent the event with `seq`; false after 10 s.
   bool AwaitSent(int64_t seq) {
     absl::MutexLock lock(&mu);
     auto sent = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return sent_up_to >= seq; };
@@ -122,8 +122,9 @@ class FakeJobService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+  // Two events to a message, so that the client unpacks batches.
+  grpc::Status WatchJobBatched(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                               grpc::ServerWriter<v1::WatchJobBatch>* writer) override {
     std::vector<v1::JobEvent> to_send;
     {
       absl::MutexLock lock(&mu);
@@ -136,10 +137,12 @@ class FakeJobService final : public v1::JobService::Service {
         to_send.push_back(e);
       }
     }
-    for (const v1::JobEvent& e : to_send) {
-      if (!writer->Write(e)) return grpc::Status::CANCELLED;
+    for (size_t i = 0; i < to_send.size(); i += 2) {
+      v1::WatchJobBatch batch;
+      for (size_t k = i; k < std::min(i + 2, to_send.size()); ++k) *batch.add_events() = to_send[k];
+      if (!writer->Write(batch)) return grpc::Status::CANCELLED;
       absl::MutexLock lock(&mu);
-      sent_up_to = e.seq();
+      sent_up_to = batch.events(batch.events_size() - 1).seq();
     }
     if (!to_send.empty() && to_send.back().has_state_change() &&
         (to_send.back().state_change().to() == v1::JOB_STATE_SUCCEEDED ||

@@ -2,6 +2,7 @@
 #include "server/ballastd.h"
 
 #include <gmock/gmock.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -282,6 +283,25 @@ TEST_F(BallastdTest, WorkerRunsAJobWhileAWatcherSeesItToTheEnd) {
   ASSERT_FALSE(events.empty());
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq(), int64_t(i + 1));
   EXPECT_EQ(events.back().state_change().to(), v1::JOB_STATE_SUCCEEDED);
+
+  // The batched watch replays the same events, in order, several to a
+  // message and none empty.
+  auto batched_context = Context();
+  auto batched = jobs_->WatchJobBatched(batched_context.get(), watch_request);
+  std::vector<v1::JobEvent> replayed;
+  v1::WatchJobBatch batch;
+  int messages = 0;
+  while (batched->Read(&batch)) {
+    ++messages;
+    EXPECT_GT(batch.events_size(), 0);
+    replayed.insert(replayed.end(), batch.events().begin(), batch.events().end());
+  }
+  EXPECT_TRUE(batched->Finish().ok());
+  ASSERT_EQ(replayed.size(), events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(replayed[i], events[i])) << i;
+  }
+  EXPECT_LT(messages, static_cast<int>(events.size()));
   stream_context->TryCancel();
 }
 
@@ -492,6 +512,18 @@ TEST_F(BallastdTest, QuotasRefuseWhatCouldNeverRunAndHoldWhatMustWait) {
   }
   EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_SCHEDULED, v1::JOB_STATE_QUEUED,
                                                v1::JOB_STATE_QUEUED}));
+  refused = jobs_->SubmitJob(Context(alice).get(), submit, &job);
+  EXPECT_EQ(refused.error_code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("tenant team-a has 2 queued jobs"));
+
+  // The count follows the jobs: a cancelled one frees a place, and a
+  // restarted ballastd counts the queued jobs it finds in its store.
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(mine[2].id());
+  ASSERT_TRUE(jobs_->CancelJob(Context(alice).get(), cancel, &job).ok());
+  ASSERT_TRUE(jobs_->SubmitJob(Context(alice).get(), submit, &job).ok());
+  server_.reset();
+  Start("boot", {{"team-a", TenantQuota{.max_devices = 1, .max_queued_jobs = 2}}});
   refused = jobs_->SubmitJob(Context(alice).get(), submit, &job);
   EXPECT_EQ(refused.error_code(), grpc::RESOURCE_EXHAUSTED);
   EXPECT_THAT(refused.error_message(), HasSubstr("tenant team-a has 2 queued jobs"));

@@ -50,12 +50,14 @@ Watched WatchToTheEnd(v1::JobService::Stub* jobs, const std::string& job_id) {
   auto context = Context();
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
-  auto stream = jobs->WatchJob(context.get(), request);
-  v1::JobEvent e;
-  while (stream->Read(&e)) {
-    w.seqs.push_back(e.seq());
-    w.steps += e.training().has_step_metrics() ? 1 : 0;
-    w.succeeded = e.state_change().to() == v1::JOB_STATE_SUCCEEDED;
+  auto stream = jobs->WatchJobBatched(context.get(), request);
+  v1::WatchJobBatch batch;
+  while (stream->Read(&batch)) {
+    for (const v1::JobEvent& e : batch.events()) {
+      w.seqs.push_back(e.seq());
+      w.steps += e.training().has_step_metrics() ? 1 : 0;
+      w.succeeded = e.state_change().to() == v1::JOB_STATE_SUCCEEDED;
+    }
   }
   w.status = stream->Finish();
   return w;
