@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/job_spec_paths.h"
+#include "common/model_config.h"
 #include "common/model_types.h"
 #include "common/regular_file.h"
 #include "common/sdar_checkpoint.h"
@@ -128,6 +129,13 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
     return absl::InvalidArgumentError(
         absl::StrCat("data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
                      limit, " (max_position_embeddings in ", config_name, ")"));
+  }
+  // The trainer's own reading of config.json: a setting the decoder cannot
+  // run (a missing key, a shape out of range, another activation) fails the
+  // submission, not the job after it waited in the queue.
+  if (absl::StatusOr<ModelConfig> parsed = ParseModelConfig(config.dump()); !parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", config_name, ": ", parsed.status().message()));
   }
 
   if (absl::Status s = CheckModelFiles(spec.model().path()); !s.ok()) return s;

@@ -1,4 +1,4 @@
-#include "worker/train/model/model_config.h"
+#include "common/model_config.h"
 
 #include <cmath>
 #include <filesystem>
@@ -12,7 +12,7 @@
 #include "common/model_types.h"
 #include "common/regular_file.h"
 
-namespace ballast::train {
+namespace ballast {
 namespace {
 
 using json = nlohmann::json;
@@ -324,6 +324,4 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
 
 #undef BALLAST_ASSIGN_OR_RETURN
 
-std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
-
-}  // namespace ballast::train
+}  // namespace ballast

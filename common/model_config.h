@@ -5,16 +5,18 @@
 // not implement (an unknown model_type, hidden_act other than silu, a
 // rope_scaling type other than linear/llama3/default, a missing required key,
 // a value of the wrong type or out of range) is an INVALID_ARGUMENT that names
-// the key, so a model never runs with a silently ignored setting.
-#ifndef BALLAST_WORKER_TRAIN_MODEL_MODEL_CONFIG_H_
-#define BALLAST_WORKER_TRAIN_MODEL_MODEL_CONFIG_H_
+// the key, so a model never runs with a silently ignored setting. Submission
+// parses it too (common/job_spec_files.cc), so ballastd refuses what the
+// trainer would.
+#ifndef BALLAST_COMMON_MODEL_CONFIG_H_
+#define BALLAST_COMMON_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 
-namespace ballast::train {
+namespace ballast {
 
 struct RopeScaling {
   // "default" (none), "linear" or "llama3".
@@ -50,10 +52,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 // Reads and parses `dir/config.json`; NOT_FOUND names the file when absent.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 
-// "model.layers.<layer>.": the prefix of a decoder layer's tensors in HF
-// checkpoints, which are the ParamStore's names too.
-std::string LayerPrefix(int64_t layer);
+}  // namespace ballast
 
-}  // namespace ballast::train
-
-#endif  // BALLAST_WORKER_TRAIN_MODEL_MODEL_CONFIG_H_
+#endif  // BALLAST_COMMON_MODEL_CONFIG_H_

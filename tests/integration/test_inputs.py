@@ -23,7 +23,9 @@ def model_and_data(folder):
     """The files submission reads: config.json and a data file."""
     os.makedirs(os.path.join(folder, "model"), exist_ok=True)
     with open(os.path.join(folder, "model", "config.json"), "w") as f:
-        json.dump({"model_type": "qwen3", "max_position_embeddings": 256}, f)
+        json.dump({"model_type": "qwen3", "max_position_embeddings": 256, "vocab_size": 320,
+                   "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                   "num_attention_heads": 4}, f)
     with open(os.path.join(folder, "data.jsonl"), "w") as f:
         f.write('{"input_ids": [1, 2, 3]}\n')
 

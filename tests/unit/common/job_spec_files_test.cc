@@ -19,13 +19,19 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
+// A config.json whose shape the decoder can run: the shape keys, then `rest`.
+std::string ConfigJson(absl::string_view rest) {
+  return absl::StrCat(R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, )",
+                      R"("num_hidden_layers": 2, "num_attention_heads": 4, )", rest, "}");
+}
+
 class JobSpecFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string tmpl = (fs::temp_directory_path() / "ballast-spec-XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
     fs::create_directories(dir_ / "model");
-    WriteConfig(R"({"model_type": "llama", "max_position_embeddings": 1024})");
+    WriteConfig(ConfigJson(R"("model_type": "llama", "max_position_embeddings": 1024)"));
     std::ofstream(dir_ / "data.jsonl") << "{\"input_ids\": [1]}\n";
     spec_.mutable_model()->set_path((dir_ / "model").string());
     spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());
@@ -132,11 +138,28 @@ TEST_F(JobSpecFilesTest, AcceptsEverySupportedModelType) {
   spec_.set_task("block_diffusion");
   spec_.mutable_block_diffusion()->set_block_length(4);
   for (absl::string_view model_type : kSupportedModelTypes) {
-    WriteConfig(
-        absl::StrCat(R"({"model_type": ")", model_type, R"(", "max_position_embeddings": 1024})"));
+    WriteConfig(ConfigJson(
+        absl::StrCat(R"("model_type": ")", model_type, R"(", "max_position_embeddings": 1024)")));
     EXPECT_TRUE(ValidateJobSpecFiles(spec_).ok())
         << model_type << ": " << ValidateJobSpecFiles(spec_);
   }
+}
+
+// The trainer's parse of config.json runs at submission: what the decoder
+// cannot run never waits in the queue.
+TEST_F(JobSpecFilesTest, AConfigTheDecoderCannotRunIsRefusedAtSubmission) {
+  const std::string config_name = (dir_ / "model" / "config.json").string();
+  WriteConfig(ConfigJson(
+      R"("model_type": "llama", "max_position_embeddings": 1024, "num_key_value_heads": 3)"));
+  absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(config_name));
+  EXPECT_THAT(s.message(), HasSubstr("num_key_value_heads must divide num_attention_heads (4)"));
+  WriteConfig(ConfigJson(
+      R"("model_type": "qwen3", "max_position_embeddings": 1024, "hidden_act": "gelu")"));
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("hidden_act must be \"silu\""));
+  WriteConfig(R"({"model_type": "qwen3", "max_position_embeddings": 1024})");
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("vocab_size"));
 }
 
 TEST_F(JobSpecFilesTest, UnsupportedModelTypeNamesTheFileAndTheAllowedTypes) {
@@ -190,7 +213,8 @@ constexpr char kSdarConfig[] = R"({
   "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig",
                "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
   "block_size": 4, "mask_token_id": 319, "fuse_cross_entropy": true,
-  "max_position_embeddings": 1024, "rope_theta": 1000000, "use_sliding_window": false,
+  "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "max_position_embeddings": 1024, "rope_theta": 1000000, "use_sliding_window": false,
   "sliding_window": null, "max_window_layers": 28, "torch_dtype": "bfloat16",
   "bos_token_id": 151643, "eos_token_id": 151643, "use_cache": true %s})";
 

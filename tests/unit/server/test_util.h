@@ -36,7 +36,7 @@ class TempDir {
 inline v1::JobSpec ValidSpec(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir / "model");
   std::ofstream(dir / "model" / "config.json")
-      << R"({"model_type": "qwen3", "max_position_embeddings": 2048})";
+      << R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "model_type": "qwen3", "max_position_embeddings": 2048})";
   std::ofstream(dir / "data.jsonl") << R"({"input_ids": [1, 2, 3]})"
                                     << "\n";
   v1::JobSpec spec;

@@ -14,8 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_config.h"
 #include "worker/train/io/safetensors.h"
-#include "worker/train/model/model_config.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 

@@ -7,8 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/model_config.h"
 #include "worker/train/data/training_data.h"
-#include "worker/train/model/model_config.h"
 
 namespace ballast::train {
 namespace {

@@ -11,6 +11,7 @@
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "worker/train/model/activation_checkpoint.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 namespace {

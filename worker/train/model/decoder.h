@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "common/model_config.h"
 #include "kernels/attention.h"
 #include "worker/train/data/packed_batch.h"
 #include "worker/train/model/lora.h"
-#include "worker/train/model/model_config.h"
 #include "worker/train/model/param_store.h"
 
 namespace ballast::train {

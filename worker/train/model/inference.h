@@ -9,8 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model_config.h"
 #include "worker/train/model/lora.h"
-#include "worker/train/model/model_config.h"
 #include "worker/train/model/param_store.h"
 
 namespace ballast::train {

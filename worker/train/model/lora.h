@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ballast/v1/job_spec.pb.h"
-#include "worker/train/model/model_config.h"
+#include "common/model_config.h"
 #include "worker/train/model/param_store.h"
 
 namespace ballast::train {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/train/model/model_config.h"
+#include "common/model_config.h"
 #include "worker/train/model/param_store.h"
 
 namespace ballast::train {

@@ -6,7 +6,8 @@
 #include <map>
 
 #include "absl/strings/match.h"
-#include "worker/train/model/model_config.h"
+#include "common/model_config.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 namespace {

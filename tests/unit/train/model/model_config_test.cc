@@ -1,4 +1,4 @@
-#include "worker/train/model/model_config.h"
+#include "common/model_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

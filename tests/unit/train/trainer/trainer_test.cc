@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/model_config.h"
 #include "tests/unit/train/tiny_model.h"
 #include "tests/unit/train/trainer_reports.h"
 #include "worker/train/io/file_tree.h"
-#include "worker/train/model/model_config.h"
 #include "worker/train/objective/causal_lm.h"
 
 namespace ballast::train {
