@@ -65,7 +65,7 @@ std::vector<absl::Status> CommitQueue::Write(std::vector<Pending>& group) {
       statuses[i] = store_->Write({&group[i].batch}, event_retention_);
     }
   }
-  for (Pending& p : group) p.then(p.batch);
+  for (size_t i = 0; i < group.size(); ++i) group[i].then(group[i].batch, statuses[i]);
   return statuses;
 }
 

@@ -32,9 +32,9 @@ class CommitQueue {
  public:
   // Names a queued batch; 0 names an empty one, which is never written.
   using Ticket = int64_t;
-  // Runs once its batch's write is over, on the writer's thread, after the
-  // `then` of every batch queued before it. Must not block.
-  using Then = std::function<void(const StoreBatch& written)>;
+  // Runs once its batch's write is over, with its outcome, on the writer's
+  // thread, after the `then` of every batch queued before it. Must not block.
+  using Then = std::function<void(const StoreBatch& written, const absl::Status& status)>;
 
   // `store` and `metrics` must outlive the queue; `event_retention` is the
   // events kept per job (Store::Write).

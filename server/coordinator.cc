@@ -28,7 +28,6 @@ constexpr int32_t kExitBadSpec = 2;
 // Finished jobs' per-job series stay on /metrics for metrics_retention_ms,
 // so a scrape after the end still sees the last values; at most this many
 // at once, however recent, so a burst of short jobs cannot blow up a scrape.
-constexpr size_t kMaxFinishedShown = 1000;
 // Histogram bounds, in seconds, of the time in the queue.
 constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600};
 
@@ -245,7 +244,13 @@ absl::Status Coordinator::Load() {
     }
     std::sort(recently_finished_.begin(), recently_finished_.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
-    while (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
+    while (recently_finished_.size() > options_.finished_jobs_kept) DropOldestFinished();
+    absl::StatusOr<int64_t> last_order = store_->LastJobOrder();
+    if (!last_order.ok()) return last_order.status();
+    last_order_ = std::max(last_order_, *last_order);
+    absl::StatusOr<std::map<int, int64_t>> evicted = store_->CountEvictedJobs();
+    if (!evicted.ok()) return evicted.status();
+    evicted_by_state_ = *std::move(evicted);
 
     // Ranks on workers the store does not know can never report again, and a
     // job that was stopping with no rank left only has to finish stopping.
@@ -305,15 +310,33 @@ Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// Another tenant's job answers exactly as a job that does not exist.
+absl::Status JobNotFound(const std::string& job_id) {
+  return absl::NotFoundError(
+      absl::StrCat("job ", absl::CHexEscape(job_id.substr(0, 128)), " not found"));
+}
+
+}  // namespace
+
 absl::StatusOr<Coordinator::JobEntry*> Coordinator::VisibleJob(const std::string& job_id,
                                                                const std::string& scope) {
   JobEntry* job = FindJob(job_id);
-  // Another tenant's job answers exactly as a job that does not exist.
   if (job == nullptr || (!scope.empty() && job->record.job.tenant() != scope)) {
-    return absl::NotFoundError(
-        absl::StrCat("job ", absl::CHexEscape(job_id.substr(0, 128)), " not found"));
+    return JobNotFound(job_id);
   }
   return job;
+}
+
+absl::StatusOr<JobRecord> Coordinator::EvictedJob(const std::string& job_id,
+                                                  const std::string& scope) {
+  absl::StatusOr<std::optional<JobRecord>> stored = store_->ReadJob(job_id);
+  if (!stored.ok()) return stored.status();
+  if (!stored->has_value() || (!scope.empty() && (*stored)->job.tenant() != scope)) {
+    return JobNotFound(job_id);
+  }
+  return **std::move(stored);
 }
 
 void Coordinator::Touch(JobEntry* job) {
@@ -356,7 +379,7 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   if (to == v1::JOB_STATE_QUEUED || Terminal(to)) j.clear_placement();
   if (Terminal(to)) {
     recently_finished_.emplace_back(j.id(), options_.now_ms());
-    if (recently_finished_.size() > kMaxFinishedShown) recently_finished_.pop_front();
+    if (recently_finished_.size() > options_.finished_jobs_kept) DropOldestFinished();
   }
   if (to == v1::JOB_STATE_QUEUED) job->queued_since_ms = options_.now_ms();
   if (to == v1::JOB_STATE_SCHEDULED && job->queued_since_ms > 0) {
@@ -366,7 +389,51 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   AddEvent(job, std::move(e));
 }
 
+void Coordinator::DropOldestFinished() {
+  to_evict_.push_back(recently_finished_.front().first);
+  recently_finished_.pop_front();
+}
+
+void Coordinator::Evict() {
+  std::vector<std::pair<std::string, bool>> stored;
+  {
+    absl::MutexLock lock(&stored_evictions_mu_);
+    stored.swap(stored_evictions_);
+  }
+  for (const auto& [id, ok] : stored) {
+    JobEntry* job = FindJob(id);
+    if (job == nullptr || !job->record.evicted) continue;
+    if (!ok) {
+      // The store may not say evicted: write it again.
+      job->record.evicted = false;
+      to_evict_.push_back(id);
+      continue;
+    }
+    // A later write of it is still queued; its commit reports it again.
+    if (job->dirty) continue;
+    const v1::Job& j = job->record.job;
+    if (!j.request_id().empty()) request_ids_.erase(ScopedRequestId(j.tenant(), j.request_id()));
+    job_order_.erase(job->record.order);
+    ++evicted_by_state_[j.state()];
+    jobs_.erase(id);
+  }
+  std::vector<std::string> later;
+  for (const std::string& id : std::exchange(to_evict_, {})) {
+    JobEntry* job = FindJob(id);
+    if (job == nullptr || job->record.evicted || !Terminal(job->record.job.state())) continue;
+    // A finished job's ranks may still be stopping; it leaves once they are gone.
+    if (HasLiveRanks(id)) {
+      later.push_back(id);
+      continue;
+    }
+    job->record.evicted = true;
+    WriteAgain(job);
+  }
+  to_evict_ = std::move(later);
+}
+
 CommitQueue::Ticket Coordinator::Flush() {
+  Evict();
   StoreBatch batch;
   // Beside batch.jobs, index for index.
   std::vector<std::shared_ptr<EventFanout>> fanouts;
@@ -380,11 +447,17 @@ CommitQueue::Ticket Coordinator::Flush() {
   // Publishing in the writer, in queue order, keeps each job's events in seq
   // order across concurrent calls. When a write fails the events go out
   // anyway: in memory they happened, and a watcher's stream stays whole.
-  return commits_.Queue(std::move(batch),
-                        [fanouts = std::move(fanouts)](const StoreBatch& written) {
-                          for (size_t i = 0; i < fanouts.size(); ++i)
-                            fanouts[i]->Publish(written.jobs[i].events);
-                        });
+  return commits_.Queue(
+      std::move(batch),
+      [this, fanouts = std::move(fanouts)](const StoreBatch& written, const absl::Status& status) {
+        for (size_t i = 0; i < fanouts.size(); ++i) fanouts[i]->Publish(written.jobs[i].events);
+        // The next Flush takes evicted jobs out of memory once they are stored.
+        for (const StoreBatch::JobChange& change : written.jobs) {
+          if (!change.record.evicted) continue;
+          absl::MutexLock lock(&stored_evictions_mu_);
+          stored_evictions_.emplace_back(change.record.job.id(), status.ok());
+        }
+      });
 }
 
 absl::Status Coordinator::Commit(CommitQueue::Ticket ticket) {
@@ -606,6 +679,16 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     WriteAgain(job);
     return job;
   };
+  // An evicted job was stored long ago; its key is only in the store.
+  auto evicted = [&]() -> absl::StatusOr<std::optional<v1::Job>> {
+    if (request_id.empty()) return std::nullopt;
+    absl::StatusOr<std::optional<std::string>> id = store_->JobOfRequest(request_key);
+    if (!id.ok()) return id.status();
+    if (!id->has_value()) return std::nullopt;
+    absl::StatusOr<JobRecord> stored = EvictedJob(**id, tenant);
+    if (!stored.ok()) return stored.status();
+    return std::optional<v1::Job>(stored->job);
+  };
   v1::Job submitted;
   CommitQueue::Ticket ticket;
   bool known = false;
@@ -618,6 +701,10 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     }
   }
   if (known) return AfterCommit(ticket, std::move(submitted));
+  if (absl::StatusOr<std::optional<v1::Job>> old = evicted(); !old.ok() || old->has_value()) {
+    if (!old.ok()) return old.status();
+    return **old;
+  }
   // Validation reads the model's config.json; do it outside the lock.
   if (absl::Status s = PrepareJobSpec(&spec, options_.path_roots); !s.ok()) return s;
 
@@ -630,9 +717,15 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
       if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
       if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
       std::string id;
-      do {
+      // Evicted jobs keep their ids: a new one must be new to the store too.
+      bool taken = true;
+      while (taken) {
         id = NewId("job-", 12);
-      } while (jobs_.count(id) > 0);
+        if (jobs_.count(id) > 0) continue;
+        absl::StatusOr<std::optional<JobRecord>> stored = store_->ReadJob(id);
+        if (!stored.ok()) return stored.status();
+        taken = stored->has_value();
+      }
       JobEntry& job = jobs_[id];
       job.fanout = std::make_shared<EventFanout>();
       JobRecord& record = job.record;
@@ -720,18 +813,26 @@ absl::Status Coordinator::CheckQuota(const std::string& tenant, int32_t devices)
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, const std::string& scope) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-  if (!visible.ok()) return visible.status();
-  JobEntry* job = *visible;
-  return job->record.job;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+    if (visible.ok()) return (*visible)->record.job;
+  }
+  absl::StatusOr<JobRecord> stored = EvictedJob(job_id, scope);
+  if (!stored.ok()) return stored.status();
+  return stored->job;
 }
 
 absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
     const std::string& job_id, const std::string& scope) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-  if (!visible.ok()) return visible.status();
+  if (!visible.ok()) {
+    // The series of an evicted job left with it (they are since ballastd started).
+    absl::StatusOr<JobRecord> stored = EvictedJob(job_id, scope);
+    if (!stored.ok()) return stored.status();
+    return std::vector<RankStats>();
+  }
   JobEntry* job = *visible;
   std::vector<RankStats> stats;
   for (const auto& [rank, series] : job->ranks) {
@@ -759,23 +860,55 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
                      "' is not a token from ListJobs; pass next_page_token as returned"));
   }
   const std::set<int> states(request.states().begin(), request.states().end());
-  absl::MutexLock lock(&mu_);
+  const size_t candidates = static_cast<size_t>(page_size) + 1;
+  // The newest jobs in memory, up to one past a page: the page takes at most
+  // page_size of them, and the next tells whether more follow.
+  std::vector<std::pair<int64_t, v1::Job>> resident;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = std::make_reverse_iterator(job_order_.lower_bound(before));
+         it != job_order_.rend() && resident.size() < candidates; ++it) {
+      const v1::Job& j = jobs_.at(it->second).record.job;
+      if (!states.empty() && states.count(j.state()) == 0) continue;
+      if (!scope.empty() && j.tenant() != scope) continue;
+      resident.emplace_back(it->first, j);
+    }
+  }
+  // Evicted jobs are finished ones, read from the store without the lock. A
+  // job evicted since the copy above is in both: the memory copy counts.
+  std::vector<JobRecord> evicted;
+  if (states.empty() || std::any_of(states.begin(), states.end(), [](int state) {
+        return Terminal(static_cast<v1::JobState>(state));
+      })) {
+    absl::StatusOr<std::vector<JobRecord>> stored = store_->ListEvictedJobs(
+        before, states, scope, static_cast<int>(candidates + resident.size()));
+    if (!stored.ok()) return stored.status();
+    std::set<std::string> copied;
+    for (const auto& [order, j] : resident) copied.insert(j.id());
+    for (JobRecord& r : *stored) {
+      if (copied.count(r.job.id()) == 0) evicted.push_back(std::move(r));
+    }
+  }
+
   v1::ListJobsResponse response;
   // A page also ends at list_page_bytes (with at least one job in it).
   size_t bytes = 0;
-  for (auto it = std::make_reverse_iterator(job_order_.lower_bound(before));
-       it != job_order_.rend(); ++it) {
-    const v1::Job& j = jobs_.at(it->second).record.job;
-    if (!states.empty() && states.count(j.state()) == 0) continue;
-    if (!scope.empty() && j.tenant() != scope) continue;
+  int64_t last_order = 0;
+  auto next = resident.begin();
+  auto next_evicted = evicted.begin();
+  while (next != resident.end() || next_evicted != evicted.end()) {
+    const bool from_memory = next_evicted == evicted.end() ||
+                             (next != resident.end() && next->first > next_evicted->order);
+    const v1::Job& j = from_memory ? next->second : next_evicted->job;
     const size_t size = j.ByteSizeLong();
     if (response.jobs_size() == page_size ||
         (response.jobs_size() > 0 && bytes + size > options_.list_page_bytes)) {
-      response.set_next_page_token(absl::StrCat(std::prev(it)->first));
+      response.set_next_page_token(absl::StrCat(last_order));
       break;
     }
     bytes += size;
     *response.add_jobs() = j;
+    last_order = from_memory ? (next++)->first : (next_evicted++)->order;
   }
   return response;
 }
@@ -787,7 +920,12 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-    if (!visible.ok()) return visible.status();
+    if (!visible.ok()) {
+      // Only finished jobs leave memory: cancelling one changes nothing.
+      absl::StatusOr<JobRecord> stored = EvictedJob(job_id, scope);
+      if (!stored.ok()) return stored.status();
+      return stored->job;
+    }
     JobEntry* job = *visible;
     const v1::JobState state = job->record.job.state();
     if (Terminal(state) || state == v1::JOB_STATE_CANCELLING) return job->record.job;
@@ -812,14 +950,19 @@ absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int6
   v1::Job rolling_back;
   {
     absl::MutexLock lock(&mu_);
+    auto not_live = [&](v1::JobState state) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ", StateName(state),
+                                                        "; only a live job can roll back"));
+    };
     absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-    if (!visible.ok()) return visible.status();
+    if (!visible.ok()) {
+      absl::StatusOr<JobRecord> stored = EvictedJob(job_id, scope);
+      if (!stored.ok()) return stored.status();
+      return not_live(stored->job.state());
+    }
     JobEntry* job = *visible;
     v1::Job& j = job->record.job;
-    if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " is ", StateName(j.state()), "; only a live job can roll back"));
-    }
+    if (Terminal(j.state()) || j.state() == v1::JOB_STATE_CANCELLING) return not_live(j.state());
     if (to_step < 0 || to_step > j.step()) {
       return absl::InvalidArgumentError(
           absl::StrCat("to_step: ", to_step, "; allowed 0..", j.step(),
@@ -852,15 +995,25 @@ absl::StatusOr<std::unique_ptr<EventWatch>> Coordinator::WatchJob(const std::str
                                                                   const std::string& scope) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
-  if (!visible.ok()) return visible.status();
-  JobEntry* job = *visible;
   after_seq = std::max<int64_t>(after_seq, 0);
-  const v1::Job& j = job->record.job;
+  absl::StatusOr<JobEntry*> visible = VisibleJob(job_id, scope);
+  std::shared_ptr<EventFanout> fanout;
+  v1::Job j;
+  if (visible.ok()) {
+    fanout = (*visible)->fanout;
+    j = (*visible)->record.job;
+  } else {
+    // An evicted job's events are all stored: a fanout of its own that
+    // nothing publishes to replays them and ends at the terminal one.
+    absl::StatusOr<JobRecord> stored = EvictedJob(job_id, scope);
+    if (!stored.ok()) return stored.status();
+    j = std::move(stored->job);
+    fanout = std::make_shared<EventFanout>(j.last_seq());
+  }
   // A terminal job has nothing after its last event.
   const bool seen_all = Terminal(j.state()) && after_seq >= j.last_seq();
-  return std::unique_ptr<EventWatch>(new EventWatch(store_, job_id, after_seq, seen_all,
-                                                    job->fanout, job->fanout->Join(kWatchMailbox)));
+  return std::unique_ptr<EventWatch>(
+      new EventWatch(store_, job_id, after_seq, seen_all, fanout, fanout->Join(kWatchMailbox)));
 }
 
 std::vector<v1::Worker> Coordinator::ListWorkers() {
@@ -1255,8 +1408,13 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   };
   absl::MutexLock lock(&mu_);
   MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::kGauge);
-  std::map<int, int64_t> by_state;
+  std::map<int, int64_t> by_state = evicted_by_state_;
   for (const auto& [id, job] : jobs_) ++by_state[job.record.job.state()];
+  sample(family("ballast_jobs_in_memory",
+                "Jobs whose records ballastd holds in memory: the live ones and the recently "
+                "finished. The others are read from the store.",
+                MetricType::kGauge),
+         {}, static_cast<double>(jobs_.size()));
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     if (!v1::JobState_IsValid(s)) continue;
     sample(jobs, {{"state", StateName(static_cast<v1::JobState>(s))}}, by_state[s]);
@@ -1276,7 +1434,7 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   const int64_t now = options_.now_ms();
   while (!recently_finished_.empty() &&
          now - recently_finished_.front().second > options_.metrics_retention_ms) {
-    recently_finished_.pop_front();
+    DropOldestFinished();
   }
   std::set<std::string> shown;
   for (const auto& [id, finished_ms] : recently_finished_) shown.insert(id);

@@ -58,8 +58,12 @@ struct CoordinatorOptions {
   // Events kept per job.
   int64_t event_retention = 10000;
   // A finished job's series stay on /metrics this long, so that a scrape
-  // sees its end, then leave (at most kMaxFinishedShown of them at once).
+  // sees its end, then leave (at most finished_jobs_kept of them at once).
   int64_t metrics_retention_ms = 10 * 60 * 1000;
+  // The newest finished jobs held in memory (within metrics_retention_ms);
+  // older ones leave it and are read from the store, so that memory holds
+  // the live jobs and these, however long the job history.
+  size_t finished_jobs_kept = 1000;
   // Cancel -> SIGKILL delay sent with stop assignments.
   int64_t stop_grace_ms = 10000;
   // Sent with every start: a rank whose worker sends no keepalive for this
@@ -275,6 +279,14 @@ class Coordinator {
   // The job if `scope` (a tenant, or empty for all) may see it; NOT_FOUND else.
   absl::StatusOr<JobEntry*> VisibleJob(const std::string& job_id, const std::string& scope)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that left memory, from the store; NOT_FOUND as VisibleJob says it.
+  // Only finished jobs leave: one that is found is terminal.
+  absl::StatusOr<JobRecord> EvictedJob(const std::string& job_id, const std::string& scope);
+  // The oldest of recently_finished_ leaves it, and memory after it.
+  void DropOldestFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the jobs whose evicted record is stored out of memory, and marks
+  // those in to_evict_ evicted, for this Flush to write. Called by Flush.
+  void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota& QuotaOf(const std::string& tenant) const;
   // RESOURCE_EXHAUSTED when a new job of `devices` would pass the tenant's
   // quota: more devices than it may ever hold, or one queued job too many.
@@ -384,6 +396,17 @@ class Coordinator {
   // Finished jobs whose gauges stay exported a while, oldest first.
   // (job id, when it finished), oldest first: the finished jobs on /metrics.
   std::deque<std::pair<std::string, int64_t>> recently_finished_ ABSL_GUARDED_BY(mu_);
+  // Finished jobs no longer among the recently finished: each is written with
+  // JobRecord.evicted set, and leaves memory once that is stored (Evict).
+  // Memory then holds the live jobs and the recently finished ones, however
+  // long the job history; the rest are read from the store.
+  std::vector<std::string> to_evict_ ABSL_GUARDED_BY(mu_);
+  // (job id, stored) of each evicted record a commit wrote, from the commit's
+  // thread, which must not take mu_.
+  absl::Mutex stored_evictions_mu_;
+  std::vector<std::pair<std::string, bool>> stored_evictions_ ABSL_GUARDED_BY(stored_evictions_mu_);
+  // Jobs out of memory, by state, for ballast_jobs.
+  std::map<int, int64_t> evicted_by_state_ ABSL_GUARDED_BY(mu_);
   int64_t last_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t port_counter_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

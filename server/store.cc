@@ -3,6 +3,8 @@
 #include <sqlite3.h>
 
 #include <cstdio>
+#include <optional>
+#include <set>
 #include <string_view>
 
 #include "absl/strings/match.h"
@@ -25,7 +27,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   attempt INTEGER NOT NULL,
   resume_at_or_before INTEGER NOT NULL,
   events_deleted INTEGER NOT NULL,
-  job BLOB NOT NULL);
+  job BLOB NOT NULL,
+  tenant TEXT,
+  evicted INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, priority DESC, ord);
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL,
@@ -43,14 +47,31 @@ CREATE TABLE IF NOT EXISTS tokens (
   token BLOB NOT NULL);
 )sql";
 
+// Stores made before jobs could leave ballastd's memory lack the last two
+// columns of jobs; they are added, empty, at open. Every job of such a store
+// is then in memory (evicted = 0), and each gets its tenant when it is
+// written next, at the latest when it is evicted.
+constexpr char kJobColumnsSince08[] =
+    "ALTER TABLE jobs ADD COLUMN tenant TEXT; "
+    "ALTER TABLE jobs ADD COLUMN evicted INTEGER NOT NULL DEFAULT 0";
+
+// ListJobs reads evicted jobs newest first, of one tenant or of all.
+constexpr char kEvictedIndexes[] =
+    "CREATE INDEX IF NOT EXISTS evicted_jobs ON jobs(ord) WHERE evicted = 1; "
+    "CREATE INDEX IF NOT EXISTS evicted_jobs_by_tenant ON jobs(tenant, ord) WHERE evicted = 1";
+
 // A job's first write inserts it; later ones replace what changes (its
 // submission order and request_id never do).
 constexpr char kPutJob[] =
     "INSERT INTO jobs (ord, id, request_id, state, priority, attempt, resume_at_or_before, "
-    "events_deleted, job) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+    "events_deleted, job, tenant, evicted) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
     "ON CONFLICT (id) DO UPDATE SET state = excluded.state, priority = excluded.priority, "
     "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
-    "events_deleted = excluded.events_deleted, job = excluded.job";
+    "events_deleted = excluded.events_deleted, job = excluded.job, tenant = excluded.tenant, "
+    "evicted = excluded.evicted";
+
+// The columns RecordFromRow reads, in its order.
+constexpr char kRecordColumns[] = "ord, attempt, resume_at_or_before, events_deleted, evicted, job";
 
 // The jobs.resume_at_or_before column: 0 has meant "no rollback pending"
 // since the first schema, so a rollback to step 0 is stored as -1 and older
@@ -92,6 +113,20 @@ bool ParseBlob(sqlite3_stmt* stmt, int column, Proto* out) {
   return out->ParseFromArray(data, size);
 }
 
+// The job of a row selected with kRecordColumns; DATA_LOSS when it does not parse.
+absl::StatusOr<JobRecord> RecordFromRow(sqlite3_stmt* stmt) {
+  JobRecord r;
+  r.order = sqlite3_column_int64(stmt, 0);
+  r.attempt = sqlite3_column_int(stmt, 1);
+  r.resume_at_or_before = ResumeFromColumn(sqlite3_column_int64(stmt, 2));
+  r.events_deleted = sqlite3_column_int64(stmt, 3);
+  r.evicted = sqlite3_column_int(stmt, 4) != 0;
+  if (!ParseBlob(stmt, 5, &r.job)) {
+    return absl::DataLossError(absl::StrCat("store: job row ", r.order, " does not parse"));
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
@@ -123,6 +158,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
     if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
   }
   if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  if (absl::Status s = store->AddMissingJobColumns(); !s.ok()) return s;
+  if (absl::Status s = store->Exec(kEvictedIndexes); !s.ok()) return s;
   if (absl::Status s = store->Prepare(); !s.ok()) return s;
   // Replaces SQLite's checkpoint at commit, which made every thousandth
   // commit wait for two fsyncs.
@@ -171,7 +208,8 @@ Store::~Store() {
   }
   if (checkpointer_.joinable()) checkpointer_.join();
   absl::MutexLock lock(&mu_);
-  for (sqlite3_stmt* stmt : {put_job_, insert_event_, trim_events_, read_events_, put_worker_}) {
+  for (sqlite3_stmt* stmt : {put_job_, insert_event_, trim_events_, read_events_, put_worker_,
+                             read_job_, job_of_request_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
@@ -215,7 +253,31 @@ absl::Status Store::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
+absl::Status Store::AddMissingJobColumns() {
+  bool has_evicted = false;
+  char* message = nullptr;
+  const int rc = sqlite3_exec(
+      db_, "PRAGMA table_info(jobs)",
+      [](void* out, int columns, char** values, char** names) {
+        for (int i = 0; i < columns; ++i) {
+          if (std::string_view(names[i]) == "name" && values[i] != nullptr &&
+              std::string_view(values[i]) == "evicted") {
+            *static_cast<bool*>(out) = true;
+          }
+        }
+        return 0;
+      },
+      &has_evicted, &message);
+  if (rc != SQLITE_OK) {
+    absl::Status s = absl::UnavailableError(absl::StrCat("store: table_info(jobs): ", message));
+    sqlite3_free(message);
+    return s;
+  }
+  return has_evicted ? absl::OkStatus() : Exec(kJobColumnsSince08);
+}
+
 absl::Status Store::Prepare() {
+  const std::string read_job = absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE id = ?1");
   const std::pair<const char*, sqlite3_stmt**> statements[] = {
       {kPutJob, &put_job_},
       {"INSERT OR REPLACE INTO events (job_id, seq, event) VALUES (?1, ?2, ?3)", &insert_event_},
@@ -224,6 +286,8 @@ absl::Status Store::Prepare() {
        &read_events_},
       {"INSERT OR REPLACE INTO workers (id, last_report_id, worker) VALUES (?1, ?2, ?3)",
        &put_worker_},
+      {read_job.c_str(), &read_job_},
+      {"SELECT id FROM jobs WHERE request_id = ?1", &job_of_request_},
   };
   for (const auto& [sql, stmt] : statements) {
     if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, stmt, nullptr) != SQLITE_OK) {
@@ -268,6 +332,8 @@ absl::Status Store::WriteJob(const StoreBatch::JobChange& change, int64_t retent
   sqlite3_bind_int64(put_job_, 7, ResumeColumn(r.resume_at_or_before));
   sqlite3_bind_int64(put_job_, 8, r.events_deleted);
   BindBlob(put_job_, 9, r.job.SerializeAsString());
+  BindText(put_job_, 10, r.job.tenant());
+  sqlite3_bind_int(put_job_, 11, r.evicted ? 1 : 0);
   const int rc = sqlite3_step(put_job_);
   if (rc == SQLITE_CONSTRAINT) {
     return absl::AlreadyExistsError(absl::StrCat("job ", r.job.id(), ": request_id '",
@@ -308,29 +374,103 @@ absl::Status Store::Write(absl::Span<const StoreBatch* const> batches, int64_t r
 absl::StatusOr<std::vector<JobRecord>> Store::LoadJobs() {
   absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_,
-                         "SELECT ord, attempt, resume_at_or_before, events_deleted, job FROM jobs "
-                         "ORDER BY ord",
-                         -1, &stmt, nullptr) != SQLITE_OK) {
+  const std::string sql =
+      absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE evicted = 0 ORDER BY ord");
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
     return Error("load jobs");
   }
+  return ReadRecords(stmt, "load jobs");
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::ReadRecords(sqlite3_stmt* stmt, const char* what) {
   std::vector<JobRecord> jobs;
   int rc;
   while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-    JobRecord r;
-    r.order = sqlite3_column_int64(stmt, 0);
-    r.attempt = sqlite3_column_int(stmt, 1);
-    r.resume_at_or_before = ResumeFromColumn(sqlite3_column_int64(stmt, 2));
-    r.events_deleted = sqlite3_column_int64(stmt, 3);
-    if (!ParseBlob(stmt, 4, &r.job)) {
+    absl::StatusOr<JobRecord> r = RecordFromRow(stmt);
+    if (!r.ok()) {
       sqlite3_finalize(stmt);
-      return absl::DataLossError(absl::StrCat("store: job row ", r.order, " does not parse"));
+      return r.status();
     }
-    jobs.push_back(std::move(r));
+    jobs.push_back(*std::move(r));
   }
   sqlite3_finalize(stmt);
-  if (rc != SQLITE_DONE) return Error("load jobs");
+  if (rc != SQLITE_DONE) return Error(what);
   return jobs;
+}
+
+absl::StatusOr<int64_t> Store::LastJobOrder() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(ord), 0) FROM jobs", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return Error("last job order");
+  }
+  const int rc = sqlite3_step(stmt);
+  const int64_t last = rc == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_ROW) return Error("last job order");
+  return last;
+}
+
+absl::StatusOr<std::map<int, int64_t>> Store::CountEvictedJobs() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT state, COUNT(*) FROM jobs WHERE evicted = 1 GROUP BY state",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return Error("count evicted jobs");
+  }
+  std::map<int, int64_t> counts;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    counts[sqlite3_column_int(stmt, 0)] = sqlite3_column_int64(stmt, 1);
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return Error("count evicted jobs");
+  return counts;
+}
+
+absl::StatusOr<std::optional<JobRecord>> Store::ReadJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Reset reset(read_job_);
+  BindText(read_job_, 1, job_id);
+  const int rc = sqlite3_step(read_job_);
+  if (rc == SQLITE_DONE) return std::nullopt;
+  if (rc != SQLITE_ROW) return Error("read job");
+  absl::StatusOr<JobRecord> r = RecordFromRow(read_job_);
+  if (!r.ok()) return r.status();
+  return std::optional<JobRecord>(*std::move(r));
+}
+
+absl::StatusOr<std::optional<std::string>> Store::JobOfRequest(
+    const std::string& scoped_request_id) {
+  absl::MutexLock lock(&mu_);
+  Reset reset(job_of_request_);
+  BindText(job_of_request_, 1, scoped_request_id);
+  const int rc = sqlite3_step(job_of_request_);
+  if (rc == SQLITE_DONE) return std::nullopt;
+  if (rc != SQLITE_ROW) return Error("find request_id");
+  return std::optional<std::string>(
+      reinterpret_cast<const char*>(sqlite3_column_text(job_of_request_, 0)));
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::ListEvictedJobs(int64_t before_order,
+                                                              const std::set<int>& states,
+                                                              const std::string& tenant,
+                                                              int limit) {
+  absl::MutexLock lock(&mu_);
+  std::string sql =
+      absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE evicted = 1 AND ord < ?1");
+  if (!tenant.empty()) absl::StrAppend(&sql, " AND tenant = ?2");
+  if (!states.empty()) absl::StrAppend(&sql, " AND state IN (", absl::StrJoin(states, ", "), ")");
+  absl::StrAppend(&sql, " ORDER BY ord DESC LIMIT ?3");
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    return Error("list evicted jobs");
+  }
+  sqlite3_bind_int64(stmt, 1, before_order);
+  if (!tenant.empty()) BindText(stmt, 2, tenant);
+  sqlite3_bind_int(stmt, 3, limit);
+  return ReadRecords(stmt, "list evicted jobs");
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Store::ReadEvents(const std::string& job_id,

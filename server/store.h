@@ -11,8 +11,10 @@
 #define BALLAST_SERVER_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +56,9 @@ struct JobRecord {
   // Events of this job that retention pushed out: the write carrying this
   // count deletes them.
   int64_t events_deleted = 0;
+  // Out of the coordinator's memory: finished, and no longer among the
+  // recently finished jobs. Reads of it come from the store.
+  bool evicted = false;
 };
 
 struct WorkerRecord {
@@ -100,8 +105,27 @@ class Store {
   // database fails.
   absl::Status Write(absl::Span<const StoreBatch* const> batches, int64_t retention);
 
-  // Every job, in submission order.
+  // Every job not evicted, in submission order.
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
+
+  // The highest submission order of any job, evicted or not; 0 when none.
+  absl::StatusOr<int64_t> LastJobOrder();
+
+  // The job `job_id`, evicted or not; nullopt when there is none.
+  absl::StatusOr<std::optional<JobRecord>> ReadJob(const std::string& job_id);
+
+  // Evicted jobs by state.
+  absl::StatusOr<std::map<int, int64_t>> CountEvictedJobs();
+
+  // The id of the job submitted with ScopedRequestId(tenant, request_id);
+  // nullopt when there is none.
+  absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& scoped_request_id);
+
+  // Up to `limit` evicted jobs with order < before_order, newest first; of
+  // `tenant` alone unless it is empty, and in `states` unless it is empty.
+  absl::StatusOr<std::vector<JobRecord>> ListEvictedJobs(int64_t before_order,
+                                                         const std::set<int>& states,
+                                                         const std::string& tenant, int limit);
 
   // Up to `limit` events of `job_id` with seq > after_seq, in seq order.
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t after_seq,
@@ -124,10 +148,15 @@ class Store {
   // SQLite's hook after each commit, with the WAL's length in pages.
   static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the columns a store from before eviction lacks (kJobColumnsSince08).
+  absl::Status AddMissingJobColumns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
   absl::Status CheckIntegrity(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps `stmt`, a query of kRecordColumns, to its end, then finalizes it.
+  absl::StatusOr<std::vector<JobRecord>> ReadRecords(sqlite3_stmt* stmt, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteJob(const StoreBatch::JobChange& change, int64_t retention)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteWorker(const WorkerRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -140,6 +169,8 @@ class Store {
   sqlite3_stmt* trim_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* read_job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   absl::Mutex checkpoint_mu_;
   bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;

@@ -53,7 +53,9 @@ class CommitQueueTest : public ::testing::Test {
 
 TEST_F(CommitQueueTest, BatchesQueuedTogetherAreOneTransactionAndThenRunsInQueueOrder) {
   std::vector<std::string> then;
-  auto record = [&](const StoreBatch& written) { then.push_back(written.jobs[0].record.job.id()); };
+  auto record = [&](const StoreBatch& written, const absl::Status&) {
+    then.push_back(written.jobs[0].record.job.id());
+  };
   const CommitQueue::Ticket a = queue_->Queue(NewJob("job-a", 1), record);
   const CommitQueue::Ticket b = queue_->Queue(NewJob("job-b", 2), record);
   const CommitQueue::Ticket c = queue_->Queue(NewJob("job-c", 3), record);
@@ -70,10 +72,12 @@ TEST_F(CommitQueueTest, BatchesQueuedTogetherAreOneTransactionAndThenRunsInQueue
 }
 
 TEST_F(CommitQueueTest, ABadBatchFailsAloneAndTheOthersOfItsTransactionAreStored) {
-  ASSERT_TRUE(
-      queue_->Wait(queue_->Queue(NewJob("job-a", 1, "req-1"), [](const StoreBatch&) {})).ok());
+  ASSERT_TRUE(queue_
+                  ->Wait(queue_->Queue(NewJob("job-a", 1, "req-1"),
+                                       [](const StoreBatch&, const absl::Status&) {}))
+                  .ok());
   int then = 0;
-  auto count = [&](const StoreBatch&) { ++then; };
+  auto count = [&](const StoreBatch&, const absl::Status&) { ++then; };
   const CommitQueue::Ticket before = queue_->Queue(NewJob("job-b", 2), count);
   const CommitQueue::Ticket bad = queue_->Queue(NewJob("job-c", 3, "req-1"), count);
   const CommitQueue::Ticket after = queue_->Queue(NewJob("job-d", 4), count);
@@ -92,7 +96,8 @@ TEST_F(CommitQueueTest, ABadBatchFailsAloneAndTheOthersOfItsTransactionAreStored
 
 TEST_F(CommitQueueTest, AnEmptyBatchIsNeverWritten) {
   bool ran = false;
-  const CommitQueue::Ticket t = queue_->Queue(StoreBatch(), [&](const StoreBatch&) { ran = true; });
+  const CommitQueue::Ticket t =
+      queue_->Queue(StoreBatch(), [&](const StoreBatch&, const absl::Status&) { ran = true; });
   EXPECT_EQ(t, 0);
   EXPECT_TRUE(queue_->Wait(t).ok());
   EXPECT_FALSE(ran);
@@ -117,7 +122,10 @@ TEST_F(CommitQueueTest, EveryConcurrentCallerFindsItsBatchStoredWhenWaitReturns)
         v1::JobEvent& e = batch.jobs[0].events.emplace_back();
         e.set_job_id(id);
         e.set_seq(1);
-        ASSERT_TRUE(queue_->Wait(queue_->Queue(std::move(batch), [](const StoreBatch&) {})).ok());
+        ASSERT_TRUE(queue_
+                        ->Wait(queue_->Queue(std::move(batch),
+                                             [](const StoreBatch&, const absl::Status&) {}))
+                        .ok());
         auto events = (*reader)->ReadEvents(id, 0, 10);
         ASSERT_TRUE(events.ok());
         if (events->size() != 1) ++missing;

@@ -32,6 +32,7 @@ class CoordinatorTest : public ::testing::Test {
     o.agent_silence_ms = agent_silence_ms_;
     o.now_ms = [this] { return now_.load(); };
     o.list_page_bytes = list_page_bytes_;
+    o.finished_jobs_kept = finished_jobs_kept_;
     return o;
   }
 
@@ -219,6 +220,7 @@ class CoordinatorTest : public ::testing::Test {
   int64_t retention_ = 10000;
   int64_t agent_silence_ms_ = 0;
   size_t list_page_bytes_ = size_t{2} << 20;
+  size_t finished_jobs_kept_ = 1000;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
@@ -656,6 +658,81 @@ TEST_F(CoordinatorTest, ListJobsFiltersByStateAndPagesNewestFirst) {
   r.set_page_token("");
   r.set_page_size(1001);
   EXPECT_EQ(c_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Memory holds the live jobs and the newest finished ones; every read of
+// an older job comes from the store and answers as it did before.
+TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndEveryReadStillFindsThem) {
+  finished_jobs_kept_ = 2;
+  Reopen();
+  std::vector<v1::Job> done;
+  for (int i = 0; i < 6; ++i) {
+    done.push_back(Submit(3, absl::StrCat("req-", i)));
+    ASSERT_TRUE(c_->CancelJob(done.back().id()).ok());
+  }
+  const v1::Job live = Submit();
+  ASSERT_TRUE(c_->GetJob(live.id()).ok());
+  auto in_memory = [&] {
+    const std::string text = metrics_->Encode();
+    const std::string key = "\nballast_jobs_in_memory ";
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return std::string("none");
+    const size_t from = at + key.size();
+    return text.substr(from, text.find('\n', from) - from);
+  };
+  // Jobs 0..3 left: each was evicted by a later Flush once its record said so.
+  EXPECT_EQ(in_memory(), "3");
+  EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_jobs{state=\"cancelled\"} 6\n"));
+
+  auto check_reads = [&] {
+    absl::StatusOr<v1::Job> old = c_->GetJob(done[0].id());
+    ASSERT_TRUE(old.ok()) << old.status();
+    EXPECT_EQ(old->state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(c_->GetJob(done[0].id(), "another-tenant").status().code(),
+              absl::StatusCode::kNotFound);
+    // Newest first across memory and store, page by page.
+    v1::ListJobsRequest r;
+    r.set_page_size(2);
+    std::vector<std::string> listed;
+    do {
+      auto page = c_->ListJobs(r);
+      ASSERT_TRUE(page.ok()) << page.status();
+      for (const v1::Job& j : page->jobs()) listed.push_back(j.id());
+      r.set_page_token(page->next_page_token());
+    } while (!r.page_token().empty());
+    std::vector<std::string> expected = {live.id()};
+    for (int i = 5; i >= 0; --i) expected.push_back(done[i].id());
+    EXPECT_EQ(listed, expected);
+    v1::ListJobsRequest queued;
+    queued.add_states(v1::JOB_STATE_QUEUED);
+    ASSERT_EQ(c_->ListJobs(queued)->jobs_size(), 1);
+    EXPECT_EQ(c_->ListJobs(v1::ListJobsRequest(), "another-tenant")->jobs_size(), 0);
+    // The same request_id returns the same job, and nothing new is made.
+    absl::StatusOr<v1::Job> again = c_->SubmitJob(ValidSpec(dir_.path()), "req-0");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->id(), done[0].id());
+    EXPECT_EQ(again->state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(c_->CancelJob(done[0].id())->state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(c_->RollbackJob(done[0].id(), 0).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    // Its events replay from the store and end at the terminal one.
+    auto watch = c_->WatchJob(done[0].id(), 0);
+    ASSERT_TRUE(watch.ok()) << watch.status();
+    std::vector<v1::JobEvent> events;
+    absl::StatusOr<bool> more = (*watch)->Next(&events, absl::Seconds(1));
+    ASSERT_TRUE(more.ok());
+    EXPECT_FALSE(*more);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().state_change().to(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(events.back().seq(), old->last_seq());
+  };
+  check_reads();
+  // A restart loads only what was in memory, and counts the rest.
+  Reopen();
+  EXPECT_EQ(in_memory(), "3");
+  EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_jobs{state=\"cancelled\"} 6\n"));
+  check_reads();
+  EXPECT_EQ(in_memory(), "3");
 }
 
 TEST_F(CoordinatorTest, ListJobsPagesByBytesSoThatLargeSpecsNeverOverflowAReply) {
