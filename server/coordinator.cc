@@ -707,6 +707,15 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
   }
   // Validation reads the model's config.json; do it outside the lock.
   if (absl::Status s = PrepareJobSpec(&spec, options_.path_roots); !s.ok()) return s;
+  // Evicted jobs keep their ids, so a new id must be new to the store too;
+  // asked outside the lock as well.
+  std::string id;
+  for (bool stored = true; stored;) {
+    id = NewId("job-", 12);
+    absl::StatusOr<std::optional<JobRecord>> found = store_->ReadJob(id);
+    if (!found.ok()) return found.status();
+    stored = found->has_value();
+  }
 
   {
     absl::MutexLock lock(&mu_);
@@ -716,16 +725,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     } else {
       if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
       if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
-      std::string id;
-      // Evicted jobs keep their ids: a new one must be new to the store too.
-      bool taken = true;
-      while (taken) {
-        id = NewId("job-", 12);
-        if (jobs_.count(id) > 0) continue;
-        absl::StatusOr<std::optional<JobRecord>> stored = store_->ReadJob(id);
-        if (!stored.ok()) return stored.status();
-        taken = stored->has_value();
-      }
+      // One a job in memory holds (submitted meanwhile, not yet stored) is
+      // drawn again.
+      while (jobs_.count(id) > 0) id = NewId("job-", 12);
       JobEntry& job = jobs_[id];
       job.fanout = std::make_shared<EventFanout>();
       JobRecord& record = job.record;

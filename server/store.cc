@@ -113,6 +113,10 @@ bool ParseBlob(sqlite3_stmt* stmt, int column, Proto* out) {
   return out->ParseFromArray(data, size);
 }
 
+absl::Status DbError(sqlite3* db, const char* what) {
+  return absl::UnavailableError(absl::StrCat("store: ", what, ": ", sqlite3_errmsg(db)));
+}
+
 // The job of a row selected with kRecordColumns; DATA_LOSS when it does not parse.
 absl::StatusOr<JobRecord> RecordFromRow(sqlite3_stmt* stmt) {
   JobRecord r;
@@ -125,6 +129,25 @@ absl::StatusOr<JobRecord> RecordFromRow(sqlite3_stmt* stmt) {
     return absl::DataLossError(absl::StrCat("store: job row ", r.order, " does not parse"));
   }
   return r;
+}
+
+// Steps `stmt`, a query of kRecordColumns on `db`, to its end, then
+// finalizes it.
+absl::StatusOr<std::vector<JobRecord>> ReadRecords(sqlite3* db, sqlite3_stmt* stmt,
+                                                   const char* what) {
+  std::vector<JobRecord> jobs;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    absl::StatusOr<JobRecord> r = RecordFromRow(stmt);
+    if (!r.ok()) {
+      sqlite3_finalize(stmt);
+      return r.status();
+    }
+    jobs.push_back(*std::move(r));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return DbError(db, what);
+  return jobs;
 }
 
 }  // namespace
@@ -161,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& url) {
   if (absl::Status s = store->AddMissingJobColumns(); !s.ok()) return s;
   if (absl::Status s = store->Exec(kEvictedIndexes); !s.ok()) return s;
   if (absl::Status s = store->Prepare(); !s.ok()) return s;
+  if (absl::Status s = store->OpenReader(path); !s.ok()) return s;
   // Replaces SQLite's checkpoint at commit, which made every thousandth
   // commit wait for two fsyncs.
   sqlite3_wal_hook(db, &Store::AfterCommit, store.get());
@@ -207,17 +231,19 @@ Store::~Store() {
     closing_ = true;
   }
   if (checkpointer_.joinable()) checkpointer_.join();
+  {
+    absl::MutexLock lock(&read_mu_);
+    for (sqlite3_stmt* stmt : {read_job_, job_of_request_, read_events_}) sqlite3_finalize(stmt);
+    sqlite3_close(reader_);
+  }
   absl::MutexLock lock(&mu_);
-  for (sqlite3_stmt* stmt : {put_job_, insert_event_, trim_events_, read_events_, put_worker_,
-                             read_job_, job_of_request_}) {
+  for (sqlite3_stmt* stmt : {put_job_, insert_event_, trim_events_, put_worker_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
 }
 
-absl::Status Store::Error(const char* what) {
-  return absl::UnavailableError(absl::StrCat("store: ", what, ": ", sqlite3_errmsg(db_)));
-}
+absl::Status Store::Error(const char* what) { return DbError(db_, what); }
 
 absl::Status Store::CheckIntegrity(const std::string& path) {
   // A damaged page found now stops ballastd with a message; found later, it
@@ -277,21 +303,39 @@ absl::Status Store::AddMissingJobColumns() {
 }
 
 absl::Status Store::Prepare() {
-  const std::string read_job = absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE id = ?1");
   const std::pair<const char*, sqlite3_stmt**> statements[] = {
       {kPutJob, &put_job_},
       {"INSERT OR REPLACE INTO events (job_id, seq, event) VALUES (?1, ?2, ?3)", &insert_event_},
       {"DELETE FROM events WHERE job_id = ?1 AND seq <= ?2", &trim_events_},
-      {"SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-       &read_events_},
       {"INSERT OR REPLACE INTO workers (id, last_report_id, worker) VALUES (?1, ?2, ?3)",
        &put_worker_},
-      {read_job.c_str(), &read_job_},
-      {"SELECT id FROM jobs WHERE request_id = ?1", &job_of_request_},
   };
   for (const auto& [sql, stmt] : statements) {
     if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, stmt, nullptr) != SQLITE_OK) {
       return Error(sql);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::OpenReader(const std::string& path) {
+  absl::MutexLock lock(&read_mu_);
+  if (sqlite3_open_v2(path.c_str(), &reader_, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
+                      nullptr) != SQLITE_OK) {
+    return DbError(reader_, "open the read connection");
+  }
+  sqlite3_busy_timeout(reader_, 5000);
+  const std::string read_job = absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE id = ?1");
+  const std::pair<const char*, sqlite3_stmt**> statements[] = {
+      {read_job.c_str(), &read_job_},
+      {"SELECT id FROM jobs WHERE request_id = ?1", &job_of_request_},
+      {"SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+       &read_events_},
+  };
+  for (const auto& [sql, stmt] : statements) {
+    if (sqlite3_prepare_v3(reader_, sql, -1, SQLITE_PREPARE_PERSISTENT, stmt, nullptr) !=
+        SQLITE_OK) {
+      return DbError(reader_, sql);
     }
   }
   return absl::OkStatus();
@@ -379,23 +423,7 @@ absl::StatusOr<std::vector<JobRecord>> Store::LoadJobs() {
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
     return Error("load jobs");
   }
-  return ReadRecords(stmt, "load jobs");
-}
-
-absl::StatusOr<std::vector<JobRecord>> Store::ReadRecords(sqlite3_stmt* stmt, const char* what) {
-  std::vector<JobRecord> jobs;
-  int rc;
-  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-    absl::StatusOr<JobRecord> r = RecordFromRow(stmt);
-    if (!r.ok()) {
-      sqlite3_finalize(stmt);
-      return r.status();
-    }
-    jobs.push_back(*std::move(r));
-  }
-  sqlite3_finalize(stmt);
-  if (rc != SQLITE_DONE) return Error(what);
-  return jobs;
+  return ReadRecords(db_, stmt, "load jobs");
 }
 
 absl::StatusOr<int64_t> Store::LastJobOrder() {
@@ -413,11 +441,12 @@ absl::StatusOr<int64_t> Store::LastJobOrder() {
 }
 
 absl::StatusOr<std::map<int, int64_t>> Store::CountEvictedJobs() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT state, COUNT(*) FROM jobs WHERE evicted = 1 GROUP BY state",
-                         -1, &stmt, nullptr) != SQLITE_OK) {
-    return Error("count evicted jobs");
+  if (sqlite3_prepare_v2(reader_,
+                         "SELECT state, COUNT(*) FROM jobs WHERE evicted = 1 GROUP BY state", -1,
+                         &stmt, nullptr) != SQLITE_OK) {
+    return DbError(reader_, "count evicted jobs");
   }
   std::map<int, int64_t> counts;
   int rc;
@@ -425,17 +454,17 @@ absl::StatusOr<std::map<int, int64_t>> Store::CountEvictedJobs() {
     counts[sqlite3_column_int(stmt, 0)] = sqlite3_column_int64(stmt, 1);
   }
   sqlite3_finalize(stmt);
-  if (rc != SQLITE_DONE) return Error("count evicted jobs");
+  if (rc != SQLITE_DONE) return DbError(reader_, "count evicted jobs");
   return counts;
 }
 
 absl::StatusOr<std::optional<JobRecord>> Store::ReadJob(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   Reset reset(read_job_);
   BindText(read_job_, 1, job_id);
   const int rc = sqlite3_step(read_job_);
   if (rc == SQLITE_DONE) return std::nullopt;
-  if (rc != SQLITE_ROW) return Error("read job");
+  if (rc != SQLITE_ROW) return DbError(reader_, "read job");
   absl::StatusOr<JobRecord> r = RecordFromRow(read_job_);
   if (!r.ok()) return r.status();
   return std::optional<JobRecord>(*std::move(r));
@@ -443,12 +472,12 @@ absl::StatusOr<std::optional<JobRecord>> Store::ReadJob(const std::string& job_i
 
 absl::StatusOr<std::optional<std::string>> Store::JobOfRequest(
     const std::string& scoped_request_id) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   Reset reset(job_of_request_);
   BindText(job_of_request_, 1, scoped_request_id);
   const int rc = sqlite3_step(job_of_request_);
   if (rc == SQLITE_DONE) return std::nullopt;
-  if (rc != SQLITE_ROW) return Error("find request_id");
+  if (rc != SQLITE_ROW) return DbError(reader_, "find request_id");
   return std::optional<std::string>(
       reinterpret_cast<const char*>(sqlite3_column_text(job_of_request_, 0)));
 }
@@ -457,25 +486,25 @@ absl::StatusOr<std::vector<JobRecord>> Store::ListEvictedJobs(int64_t before_ord
                                                               const std::set<int>& states,
                                                               const std::string& tenant,
                                                               int limit) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   std::string sql =
       absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE evicted = 1 AND ord < ?1");
   if (!tenant.empty()) absl::StrAppend(&sql, " AND tenant = ?2");
   if (!states.empty()) absl::StrAppend(&sql, " AND state IN (", absl::StrJoin(states, ", "), ")");
   absl::StrAppend(&sql, " ORDER BY ord DESC LIMIT ?3");
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
-    return Error("list evicted jobs");
+  if (sqlite3_prepare_v2(reader_, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    return DbError(reader_, "list evicted jobs");
   }
   sqlite3_bind_int64(stmt, 1, before_order);
   if (!tenant.empty()) BindText(stmt, 2, tenant);
   sqlite3_bind_int(stmt, 3, limit);
-  return ReadRecords(stmt, "list evicted jobs");
+  return ReadRecords(reader_, stmt, "list evicted jobs");
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Store::ReadEvents(const std::string& job_id,
                                                             int64_t after_seq, int limit) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   Reset reset(read_events_);
   BindText(read_events_, 1, job_id);
   sqlite3_bind_int64(read_events_, 2, after_seq);
@@ -489,7 +518,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Store::ReadEvents(const std::string& j
     }
     events.push_back(std::move(e));
   }
-  if (rc != SQLITE_DONE) return Error("read events");
+  if (rc != SQLITE_DONE) return DbError(reader_, "read events");
   return events;
 }
 

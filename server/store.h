@@ -2,7 +2,8 @@
 // SQLite (WAL mode). The coordinator keeps its working state in memory and
 // writes every change through this store, so a restart loses no job.
 //
-// Thread-safe: one connection behind a mutex; each call is one transaction.
+// Thread-safe: one connection for writes behind a mutex, each call one
+// transaction, and one for reads of what is committed behind another.
 // Checkpoints (copying the WAL back into the database, with an fsync) run
 // on a thread and connection of their own, so no commit waits for one.
 // Writes come in batches, and one Write takes many (server/commit_queue.h
@@ -148,15 +149,14 @@ class Store {
   // SQLite's hook after each commit, with the WAL's length in pages.
   static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the read connection and prepares its statements.
+  absl::Status OpenReader(const std::string& path) ABSL_LOCKS_EXCLUDED(read_mu_);
   // Adds the columns a store from before eviction lacks (kJobColumnsSince08).
   absl::Status AddMissingJobColumns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
   absl::Status CheckIntegrity(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps `stmt`, a query of kRecordColumns, to its end, then finalizes it.
-  absl::StatusOr<std::vector<JobRecord>> ReadRecords(sqlite3_stmt* stmt, const char* what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteJob(const StoreBatch::JobChange& change, int64_t retention)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteWorker(const WorkerRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,10 +167,16 @@ class Store {
   sqlite3_stmt* put_job_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* insert_event_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* trim_events_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* read_job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  // Reads of what is committed (WAL readers never wait for the writer): a
+  // GetJob of an evicted job, a watch's replay or a new job id's check does
+  // not wait for a group commit under way.
+  absl::Mutex read_mu_;
+  sqlite3* reader_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+  sqlite3_stmt* read_job_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+  sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+  sqlite3_stmt* read_events_ ABSL_GUARDED_BY(read_mu_) = nullptr;
 
   absl::Mutex checkpoint_mu_;
   bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
