@@ -61,4 +61,4 @@ format-check:
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs -r clang-format --dry-run -Werror
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-fuzz

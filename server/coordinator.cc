@@ -1412,15 +1412,15 @@ void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
   MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::kGauge);
   std::map<int, int64_t> by_state = evicted_by_state_;
   for (const auto& [id, job] : jobs_) ++by_state[job.record.job.state()];
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    if (!v1::JobState_IsValid(s)) continue;
+    sample(jobs, {{"state", StateName(static_cast<v1::JobState>(s))}}, by_state[s]);
+  }
   sample(family("ballast_jobs_in_memory",
                 "Jobs whose records ballastd holds in memory: the live ones and the recently "
                 "finished. The others are read from the store.",
                 MetricType::kGauge),
          {}, static_cast<double>(jobs_.size()));
-  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
-    if (!v1::JobState_IsValid(s)) continue;
-    sample(jobs, {{"state", StateName(static_cast<v1::JobState>(s))}}, by_state[s]);
-  }
 
   MetricFamily& workers = family("ballast_workers", "Registered workers.", MetricType::kGauge);
   int64_t alive = 0;

@@ -306,9 +306,12 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
     const std::vector<uint8_t> got = store->get("world_size");
     const std::string theirs(got.begin(), got.end());
     if (theirs != std::to_string(r.world_size)) {
-      return absl::FailedPreconditionError(absl::StrCat(who, " was started with world size ",
-                                                        r.world_size, ", but the store at ",
-                                                        Address(r), " (rank 0's) says ", theirs));
+      // The ranks of one job are started with one world size, so the store
+      // is another job's, whose rank 0 took the same port: UNAVAILABLE (exit
+      // 1), and the next attempt gets another port. Not the spec's fault.
+      return absl::UnavailableError(absl::StrCat(who, " was started with world size ", r.world_size,
+                                                 ", but the store at ", Address(r), " says ",
+                                                 theirs, ": another job's rank 0 holds this port"));
     }
     // One backend for the whole group: NCCL on GPUs or Gloo on CPUs, never
     // a mix, which would hang in the first collective.
