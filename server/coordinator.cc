@@ -940,8 +940,9 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
       StopRanks(*job);
       Transition(job, v1::JOB_STATE_CANCELLING, "cancel requested; stopping ranks");
     }
-    ticket = Flush();
+    // Copied first: a Flush may take finished jobs out of memory.
     cancelled = job->record.job;
+    ticket = Flush();
   }
   return AfterCommit(ticket, std::move(cancelled));
 }
@@ -986,8 +987,8 @@ absl::StatusOr<v1::Job> Coordinator::RollbackJob(const std::string& job_id, int6
         }
     }
     RunScheduler();
-    ticket = Flush();
     rolling_back = j;
+    ticket = Flush();
   }
   return AfterCommit(ticket, std::move(rolling_back));
 }

@@ -285,7 +285,8 @@ class Coordinator {
   // The oldest of recently_finished_ leaves it, and memory after it.
   void DropOldestFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the jobs whose evicted record is stored out of memory, and marks
-  // those in to_evict_ evicted, for this Flush to write. Called by Flush.
+  // those in to_evict_ evicted, for this Flush to write. Called by Flush: a
+  // JobEntry* that is not dirty may dangle after a Flush.
   void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota& QuotaOf(const std::string& tenant) const;
   // RESOURCE_EXHAUSTED when a new job of `devices` would pass the tenant's
