@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -267,30 +266,6 @@ def test_nproc_ends_with_the_first_failing_ranks_code_and_names_it(tmp_path, inp
     assert r.returncode == 2, r.stderr
     assert re.search(r"^\[rank [01]\] ballast-train: lora.r = 0 is out of range", r.stderr, re.M)
     assert re.search(r"^ballast-train: rank [01] of 2 exited with code 2", r.stderr, re.M)
-
-
-def test_a_rank_that_meets_another_jobs_store_exits_1_to_be_retried(tmp_path, inputs):
-    # Two jobs' rank 0 on one port: a rank finds a store of another world
-    # size. That is the port's fault, not the spec's, so it is restartable.
-    write_spec(str(tmp_path / "job.yaml"), **gang_spec(inputs, 2, max_steps=4, devices=1))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rank = [TRAIN, "--spec", str(tmp_path / "job.yaml"), "--master-port", str(port),
-            "--rendezvous-timeout", "60"]
-    first = subprocess.Popen(rank + ["--out", str(tmp_path / "a"), "--rank", "0",
-                                     "--world-size", "2"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
-    try:
-        r = subprocess.run(rank + ["--out", str(tmp_path / "b"), "--rank", "1",
-                                   "--world-size", "3"],
-                           capture_output=True, text=True, timeout=120, env=ONE_THREAD)
-    finally:
-        first.kill()
-        first.wait()
-    assert r.returncode == 1, r.stderr
-    assert "rank 1 of 3 was started with world size 3" in r.stderr
-    assert "another job's rank 0 holds this port" in r.stderr
 
 
 def test_nproc_is_refused_with_flags_of_a_rank_under_a_worker(tmp_path, inputs):
