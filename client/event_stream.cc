@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "client/job_format.h"
 
 namespace ballast::client {
@@ -42,6 +43,7 @@ absl::StatusOr<v1::JobState> FollowEvents(
   if (options.stop_at_seq > 0 && last_seq >= options.stop_at_seq) return v1::JOB_STATE_UNSPECIFIED;
   std::optional<absl::Time> outage_since;
   absl::Duration backoff = kMinBackoff;
+  bool batched = true;
 
   while (true) {
     std::unique_ptr<grpc::ClientContext> context = connection.StreamContext();
@@ -52,29 +54,40 @@ absl::StatusOr<v1::JobState> FollowEvents(
     const absl::Time opened = absl::Now();
     bool got_event = false;
     std::optional<v1::JobState> end;
-    auto reader = connection.stub().WatchJobBatched(context.get(), request);
-    v1::WatchJobBatch batch;
-    while (!end && reader->Read(&batch)) {
-      for (const v1::JobEvent& event : batch.events()) {
-        // A coordinator may resend what it already sent; each event counts once.
-        if (event.seq() <= last_seq) continue;
-        last_seq = event.seq();
-        got_event = true;
-        on_event(event);
-        if (event.has_state_change() && IsTerminal(event.state_change().to())) {
-          end = event.state_change().to();
-        } else if (options.stop_at_seq > 0 && last_seq >= options.stop_at_seq) {
-          end = v1::JOB_STATE_UNSPECIFIED;
+    // Reads `reader` to its end or to the job's; `events_of` lists a message's events.
+    auto follow = [&](auto reader, auto message, auto events_of) -> grpc::Status {
+      while (!end && reader->Read(&message)) {
+        for (const v1::JobEvent& event : events_of(message)) {
+          // A coordinator may resend what it already sent; each event counts once.
+          if (event.seq() <= last_seq) continue;
+          last_seq = event.seq();
+          got_event = true;
+          on_event(event);
+          if (event.has_state_change() && IsTerminal(event.state_change().to())) {
+            end = event.state_change().to();
+          } else if (options.stop_at_seq > 0 && last_seq >= options.stop_at_seq) {
+            end = v1::JOB_STATE_UNSPECIFIED;
+          }
+          if (end) break;
         }
-        if (end) break;
       }
+      if (end) context->TryCancel();
+      return reader->Finish();
+    };
+    const grpc::Status finished =
+        batched
+            ? follow(
+                  connection.stub().WatchJobBatched(context.get(), request), v1::WatchJobBatch(),
+                  [](const v1::WatchJobBatch& batch) -> const auto& { return batch.events(); })
+            : follow(connection.stub().WatchJob(context.get(), request), v1::JobEvent(),
+                     [](const v1::JobEvent& event) { return absl::MakeConstSpan(&event, 1); });
+    if (end) return *end;
+    // A coordinator from before WatchJobBatched: its WatchJob, one event to a message.
+    if (batched && finished.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      batched = false;
+      continue;
     }
-    if (end) {
-      context->TryCancel();
-      (void)reader->Finish();
-      return *end;
-    }
-    absl::Status status = ToAbsl(reader->Finish());
+    absl::Status status = ToAbsl(finished);
     if (interrupt->triggered()) return absl::CancelledError("interrupted");
     if (status.ok()) {
       // The stream ended without a terminal event: its events may have been

@@ -1,6 +1,7 @@
-// Following a job's event stream (WatchJobBatched) across broken streams: after a
-// coordinator restart it reconnects with the last seq seen, so every event
-// reaches the caller exactly once and in order.
+// Following a job's event stream (WatchJobBatched, or WatchJob from a
+// coordinator older than it) across broken streams: after a coordinator
+// restart it reconnects with the last seq seen, so every event reaches the
+// caller exactly once and in order.
 #ifndef BALLAST_CLIENT_EVENT_STREAM_H_
 #define BALLAST_CLIENT_EVENT_STREAM_H_
 

@@ -25,9 +25,6 @@ namespace {
 constexpr int32_t kLost = -1;
 // A rank exiting with this code says its spec or data is bad: no restart.
 constexpr int32_t kExitBadSpec = 2;
-// Finished jobs' per-job series stay on /metrics for metrics_retention_ms,
-// so a scrape after the end still sees the last values; at most this many
-// at once, however recent, so a burst of short jobs cannot blow up a scrape.
 // Histogram bounds, in seconds, of the time in the queue.
 constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600};
 

@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 // columns of jobs; they are added, empty, at open. Every job of such a store
 // is then in memory (evicted = 0), and each gets its tenant when it is
 // written next, at the latest when it is evicted.
-constexpr char kJobColumnsSince08[] =
+constexpr char kEvictionColumns[] =
     "ALTER TABLE jobs ADD COLUMN tenant TEXT; "
     "ALTER TABLE jobs ADD COLUMN evicted INTEGER NOT NULL DEFAULT 0";
 
@@ -299,7 +299,13 @@ absl::Status Store::AddMissingJobColumns() {
     sqlite3_free(message);
     return s;
   }
-  return has_evicted ? absl::OkStatus() : Exec(kJobColumnsSince08);
+  if (has_evicted) return absl::OkStatus();
+  // Both columns or neither: a store left with one would not open again.
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status added = Exec(kEvictionColumns);
+  if (added.ok()) added = Exec("COMMIT");
+  if (!added.ok()) (void)Exec("ROLLBACK");
+  return added;
 }
 
 absl::Status Store::Prepare() {

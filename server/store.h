@@ -151,7 +151,7 @@ class Store {
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the read connection and prepares its statements.
   absl::Status OpenReader(const std::string& path) ABSL_LOCKS_EXCLUDED(read_mu_);
-  // Adds the columns a store from before eviction lacks (kJobColumnsSince08).
+  // Adds the columns a store from before eviction lacks (kEvictionColumns).
   absl::Status AddMissingJobColumns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DATA_LOSS naming `path` when SQLite's quick_check finds damage.

@@ -36,7 +36,7 @@ class FakeJobService final : public v1::JobService::Service {
   v1::Job job ABSL_GUARDED_BY(mu);
   // The job's events, seq 1..n.
   std::vector<v1::JobEvent> events ABSL_GUARDED_BY(mu);
-  // WatchJobBatched sends events up to this seq, then holds the stream open; -1: all.
+  // Watches send events up to this seq, then holds the stream open; -1: all.
   int64_t hold_after_seq ABSL_GUARDED_BY(mu) = -1;
   // SubmitJob answers UNAVAILABLE this many times, then submit_error or OK.
   int submit_unavailable ABSL_GUARDED_BY(mu) = 0;
@@ -49,8 +49,9 @@ class FakeJobService final : public v1::JobService::Service {
   std::vector<std::string> authorizations ABSL_GUARDED_BY(mu);
   std::vector<int> list_states ABSL_GUARDED_BY(mu);
   int64_t sent_up_to ABSL_GUARDED_BY(mu) = 0;
+  bool batched_unimplemented ABSL_GUARDED_BY(mu) = false;
 
-  // Blocks until WatchJobBatched has sent the event with `seq`; false after 10 s.
+  // Blocks until a watch has sent the event with `seq`; false after 10 s.
   bool AwaitSent(int64_t seq) {
     absl::MutexLock lock(&mu);
     auto sent = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return sent_up_to >= seq; };
@@ -122,36 +123,24 @@ class FakeJobService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
-  // Two events to a message, so that the client unpacks batches.
+  // Two events to a message, so that the client unpacks batches; or
+  // UNIMPLEMENTED, as from a coordinator older than WatchJobBatched.
   grpc::Status WatchJobBatched(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                grpc::ServerWriter<v1::WatchJobBatch>* writer) override {
-    std::vector<v1::JobEvent> to_send;
-    {
-      absl::MutexLock lock(&mu);
-      Record(context);
-      watch_after_seqs.push_back(request->after_seq());
-      if (request->job_id() != job.id()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job");
-      for (const v1::JobEvent& e : events) {
-        if (e.seq() <= request->after_seq()) continue;
-        if (hold_after_seq >= 0 && e.seq() > hold_after_seq) break;
-        to_send.push_back(e);
-      }
+    if (absl::MutexLock lock(&mu); batched_unimplemented) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method");
     }
-    for (size_t i = 0; i < to_send.size(); i += 2) {
+    return Watch(context, *request, 2, [&](const std::vector<v1::JobEvent>& events) {
       v1::WatchJobBatch batch;
-      for (size_t k = i; k < std::min(i + 2, to_send.size()); ++k) *batch.add_events() = to_send[k];
-      if (!writer->Write(batch)) return grpc::Status::CANCELLED;
-      absl::MutexLock lock(&mu);
-      sent_up_to = batch.events(batch.events_size() - 1).seq();
-    }
-    if (!to_send.empty() && to_send.back().has_state_change() &&
-        (to_send.back().state_change().to() == v1::JOB_STATE_SUCCEEDED ||
-         to_send.back().state_change().to() == v1::JOB_STATE_FAILED)) {
-      return grpc::Status::OK;
-    }
-    // A live job: the stream stays open until the client or a shutdown ends it.
-    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
-    return grpc::Status::CANCELLED;
+      for (const v1::JobEvent& e : events) *batch.add_events() = e;
+      return writer->Write(batch);
+    });
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    return Watch(context, *request, 1,
+                 [&](const std::vector<v1::JobEvent>& events) { return writer->Write(events[0]); });
   }
 
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
@@ -163,6 +152,40 @@ class FakeJobService final : public v1::JobService::Service {
   }
 
  private:
+  // Sends the job's events after request.after_seq, `per_message` to a
+  // message, through `write`.
+  grpc::Status Watch(grpc::ServerContext* context, const v1::WatchJobRequest& request,
+                     size_t per_message,
+                     const std::function<bool(const std::vector<v1::JobEvent>&)>& write) {
+    std::vector<v1::JobEvent> to_send;
+    {
+      absl::MutexLock lock(&mu);
+      Record(context);
+      watch_after_seqs.push_back(request.after_seq());
+      if (request.job_id() != job.id()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job");
+      for (const v1::JobEvent& e : events) {
+        if (e.seq() <= request.after_seq()) continue;
+        if (hold_after_seq >= 0 && e.seq() > hold_after_seq) break;
+        to_send.push_back(e);
+      }
+    }
+    for (size_t i = 0; i < to_send.size(); i += per_message) {
+      const std::vector<v1::JobEvent> message(
+          to_send.begin() + i, to_send.begin() + std::min(i + per_message, to_send.size()));
+      if (!write(message)) return grpc::Status::CANCELLED;
+      absl::MutexLock lock(&mu);
+      sent_up_to = message.back().seq();
+    }
+    if (!to_send.empty() && to_send.back().has_state_change() &&
+        (to_send.back().state_change().to() == v1::JOB_STATE_SUCCEEDED ||
+         to_send.back().state_change().to() == v1::JOB_STATE_FAILED)) {
+      return grpc::Status::OK;
+    }
+    // A live job: the stream stays open until the client or a shutdown ends it.
+    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status::CANCELLED;
+  }
+
   void Record(grpc::ServerContext* context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = context->client_metadata().find("authorization");
     authorizations.push_back(it == context->client_metadata().end()
@@ -423,6 +446,19 @@ TEST_F(CommandsTest, SubmitWaitWatchesTheJobToItsEnd) {
 // ---- watch ----
 
 TEST_F(CommandsTest, WatchPrintsEveryEventAndExits0OnSuccess) {
+  CliResult r = RunBallast(With({"watch", kJobId}));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, kSucceededOutput);
+  absl::MutexLock lock(&service_.mu);
+  EXPECT_THAT(service_.watch_after_seqs, ElementsAre(0));
+}
+
+// A coordinator from before WatchJobBatched: the CLI follows its WatchJob.
+TEST_F(CommandsTest, WatchFollowsAnOlderCoordinatorThroughWatchJob) {
+  {
+    absl::MutexLock lock(&service_.mu);
+    service_.batched_unimplemented = true;
+  }
   CliResult r = RunBallast(With({"watch", kJobId}));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, kSucceededOutput);
