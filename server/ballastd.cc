@@ -142,9 +142,10 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   builder.AddListeningPort(options.listen, *credentials, &bound);
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
   // Up to this many idle threads stay polling, instead of gRPC's default
-  // of 2: a call that waits for its commit holds a thread, and with 100
-  // clients the threads that finished would otherwise exit and be made
-  // again for the next calls (+10% SubmitJob calls/s at 100 clients).
+  // of 2: a sync call that waits for its commit (all but SubmitJob) holds a
+  // thread, and under load the threads that finished would otherwise exit
+  // and be made again for the next calls (+10% calls/s, measured when
+  // SubmitJob was a sync call, at 100 clients).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 128);
   builder.RegisterService(d->job_service_.get());
   builder.RegisterService(d->worker_service_.get());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
 #include "server/worker_id.h"
@@ -161,11 +162,11 @@ Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOpti
     : store_(store),
       metrics_(metrics),
       options_(std::move(options)),
-      commits_(store, options_.event_retention, metrics),
       // A random start: two coordinators on one host (a test beside another,
       // or a restart while old ranks still hold ports) rarely hand out the
       // same rendezvous port at the same time.
-      port_counter_(std::random_device{}() % 1000) {}
+      port_counter_(std::random_device{}() % 1000),
+      commits_(store, options_.event_retention, metrics) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                                                                  MetricsRegistry* metrics,
@@ -659,9 +660,21 @@ void Coordinator::RunScheduler() {
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
                                                const std::string& tenant) {
+  absl::Notification replied;
+  absl::StatusOr<v1::Job> result;
+  SubmitJob(std::move(spec), request_id, tenant, [&](absl::StatusOr<v1::Job> job) {
+    result = std::move(job);
+    replied.Notify();
+  });
+  replied.WaitForNotification();
+  return result;
+}
+
+void Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
+                            const std::string& tenant, JobDone done) {
   if (request_id.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id: ", request_id.size(), " characters; allowed at most 128"));
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("request_id: ", request_id.size(), " characters; allowed at most 128")));
   }
   // Idempotency keys are per tenant: one tenant's key never returns another's job.
   const std::string request_key = ScopedRequestId(tenant, request_id);
@@ -676,18 +689,8 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
     WriteAgain(job);
     return job;
   };
-  // An evicted job was stored long ago; its key is only in the store.
-  auto evicted = [&]() -> absl::StatusOr<std::optional<v1::Job>> {
-    if (request_id.empty()) return std::nullopt;
-    absl::StatusOr<std::optional<std::string>> id = store_->JobOfRequest(request_key);
-    if (!id.ok()) return id.status();
-    if (!id->has_value()) return std::nullopt;
-    absl::StatusOr<JobRecord> stored = EvictedJob(**id, tenant);
-    if (!stored.ok()) return stored.status();
-    return std::optional<v1::Job>(stored->job);
-  };
   v1::Job submitted;
-  CommitQueue::Ticket ticket;
+  CommitQueue::Ticket ticket = 0;
   bool known = false;
   {
     absl::MutexLock lock(&mu_);
@@ -697,31 +700,25 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
       ticket = Flush();
     }
   }
-  if (known) return AfterCommit(ticket, std::move(submitted));
-  if (absl::StatusOr<std::optional<v1::Job>> old = evicted(); !old.ok() || old->has_value()) {
-    if (!old.ok()) return old.status();
-    return **old;
-  }
-  // Validation reads the model's config.json; do it outside the lock.
-  if (absl::Status s = PrepareJobSpec(&spec, options_.path_roots); !s.ok()) return s;
-  // Evicted jobs keep their ids, so a new id must be new to the store too;
-  // asked outside the lock as well.
-  std::string id;
-  for (bool stored = true; stored;) {
-    id = NewId("job-", 12);
-    absl::StatusOr<std::optional<JobRecord>> found = store_->ReadJob(id);
-    if (!found.ok()) return found.status();
-    stored = found->has_value();
-  }
+  if (known) return ReplyAfterCommit(ticket, std::move(submitted), std::move(done));
+  absl::StatusOr<Admission> admitted = Admit(&spec, request_id.empty() ? "" : request_key, tenant);
+  if (!admitted.ok()) return done(admitted.status());
+  if (admitted->evicted) return done(*std::move(admitted->evicted));
 
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-    if (const JobEntry* earlier = resubmitted()) {
+    if (shutting_down_) {
+      refused = absl::UnavailableError("ballastd is shutting down");
+    } else if (const JobEntry* earlier = resubmitted()) {
+      known = true;
       submitted = earlier->record.job;
     } else {
-      if (absl::Status s = CheckGangFits(spec.devices(), DeviceKindOf(spec)); !s.ok()) return s;
-      if (absl::Status s = CheckQuota(tenant, spec.devices()); !s.ok()) return s;
+      refused = CheckGangFits(spec.devices(), DeviceKindOf(spec));
+      if (refused.ok()) refused = CheckQuota(tenant, spec.devices());
+    }
+    if (!known && refused.ok()) {
+      std::string id = std::move(admitted->id);
       // One a job in memory holds (submitted meanwhile, not yet stored) is
       // drawn again.
       while (jobs_.count(id) > 0) id = NewId("job-", 12);
@@ -744,10 +741,49 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::stri
       RunScheduler();
       submitted = j;
     }
-    ticket = Flush();
+    if (refused.ok()) ticket = Flush();
   }
+  if (!refused.ok()) return done(refused);
   // Acknowledged only once stored: a crash right after the reply keeps it.
-  return AfterCommit(ticket, std::move(submitted));
+  ReplyAfterCommit(ticket, std::move(submitted), std::move(done));
+}
+
+absl::StatusOr<Coordinator::Admission> Coordinator::Admit(v1::JobSpec* spec,
+                                                          const std::string& request_key,
+                                                          const std::string& tenant) {
+  Admission admission;
+  // An evicted job was stored long ago; its key is only in the store.
+  if (!request_key.empty()) {
+    absl::StatusOr<std::optional<std::string>> id = store_->JobOfRequest(request_key);
+    if (!id.ok()) return id.status();
+    if (id->has_value()) {
+      absl::StatusOr<JobRecord> stored = EvictedJob(**id, tenant);
+      if (!stored.ok()) return stored.status();
+      admission.evicted = std::move(stored->job);
+      return admission;
+    }
+  }
+  // Validation reads the model's config.json: outside the lock.
+  if (absl::Status s = PrepareJobSpec(spec, options_.path_roots); !s.ok()) return s;
+  // Evicted jobs keep their ids, so a new id must be new to the store too.
+  for (bool stored = true; stored;) {
+    admission.id = NewId("job-", 12);
+    absl::StatusOr<std::optional<JobRecord>> found = store_->ReadJob(admission.id);
+    if (!found.ok()) return found.status();
+    stored = found->has_value();
+  }
+  return admission;
+}
+
+void Coordinator::ReplyAfterCommit(CommitQueue::Ticket ticket, v1::Job result, JobDone done) {
+  commits_.WhenWritten(ticket, [result = std::move(result),
+                                done = std::move(done)](const absl::Status& status) mutable {
+    if (!status.ok()) {
+      std::fprintf(stderr, "ballastd: store write failed: %s\n", status.ToString().c_str());
+      return done(status);
+    }
+    done(std::move(result));
+  });
 }
 
 absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind) const {

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -162,6 +163,14 @@ class Coordinator {
   // INVALID_ARGUMENT names the field, or gives the largest gang the live
   // workers can place when `devices` is above it (with no live worker yet,
   // the job is queued). RESOURCE_EXHAUSTED names the tenant's quota.
+  //
+  // Returns before the job is stored: `done` gets the job once it is (or the
+  // error), on the store's writer thread or on the caller's, so that no
+  // thread waits for the store per call. `done` must not block.
+  using JobDone = std::function<void(absl::StatusOr<v1::Job>)>;
+  void SubmitJob(v1::JobSpec spec, const std::string& request_id, const std::string& tenant,
+                 JobDone done);
+  // The same, returning once `done` would be called.
   absl::StatusOr<v1::Job> SubmitJob(v1::JobSpec spec, const std::string& request_id,
                                     const std::string& tenant = kDefaultTenant);
   // NOT_FOUND for an unknown id.
@@ -318,6 +327,17 @@ class Coordinator {
     if (absl::Status s = Commit(ticket); !s.ok()) return s;
     return result;
   }
+  // AfterCommit without waiting: `done` gets what it would return.
+  void ReplyAfterCommit(CommitQueue::Ticket ticket, v1::Job result, JobDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The part of SubmitJob before the lock: the repeated request_id of an
+  // evicted job (its job), the spec's checks, and a new job id.
+  struct Admission {
+    std::optional<v1::Job> evicted;
+    std::string id;
+  };
+  absl::StatusOr<Admission> Admit(v1::JobSpec* spec, const std::string& request_key,
+                                  const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Live ranks of the job's current attempt.
   std::vector<std::pair<RankKey, Device>> LiveRanks(const JobEntry& job) const
@@ -378,7 +398,6 @@ class Coordinator {
   Store* const store_;
   MetricsRegistry* const metrics_;
   const CoordinatorOptions options_;
-  CommitQueue commits_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
@@ -413,6 +432,9 @@ class Coordinator {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar lease_wake_;
   std::thread lease_thread_;
+  // Last, so destroyed first: its writer thread runs `then`s that use the
+  // members above.
+  CommitQueue commits_;
 };
 
 }  // namespace ballast::server

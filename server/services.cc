@@ -91,7 +91,7 @@ RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worke
                      {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300});
 }
 
-grpc::Status RpcGate::Authorize(grpc::ServerContext* context, Audience audience,
+grpc::Status RpcGate::Authorize(grpc::ServerContextBase* context, Audience audience,
                                 Principal* principal) const {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
@@ -143,12 +143,16 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 // ---------------------------------------------------------------------------
 // JobService
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
-                                       const v1::SubmitJobRequest* request, v1::Job* response) {
-  return gate_->Serve("SubmitJob", Audience::kUsers, context, [&](const Principal& who) {
-    return Reply(coordinator_->SubmitJob(request->spec(), request->request_id(), who.tenant),
-                 response);
-  });
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const v1::SubmitJobRequest* request,
+                                                    v1::Job* response) {
+  return gate_->ServeLater(
+      "SubmitJob", Audience::kUsers, context, [&](const Principal& who, auto finish) {
+        coordinator_->SubmitJob(request->spec(), request->request_id(), who.tenant,
+                                [response, finish](absl::StatusOr<v1::Job> job) {
+                                  finish(Reply(std::move(job), response));
+                                });
+      });
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,

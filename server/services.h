@@ -1,9 +1,10 @@
 // gRPC glue: JobService, WorkerService and TokenService over the
-// Coordinator and the Authenticator (sync API). Each handler finds who is
-// calling and whether its role may, calls with the caller's tenant (users
-// see their tenant's jobs only, a worker acts only as its own worker id),
-// maps absl::Status to grpc::Status with the same code, and counts the call
-// in ballast_grpc_requests_total{method,code}. Thread-safe.
+// Coordinator and the Authenticator (the sync API, but for SubmitJob). Each
+// handler finds who is calling and whether its role may, calls with the
+// caller's tenant (users see their tenant's jobs only, a worker acts only as
+// its own worker id), maps absl::Status to grpc::Status with the same code,
+// and counts the call in ballast_grpc_requests_total{method,code}.
+// Thread-safe.
 #ifndef BALLAST_SERVER_SERVICES_H_
 #define BALLAST_SERVER_SERVICES_H_
 
@@ -44,7 +45,7 @@ class RpcGate {
   // UNAUTHENTICATED or PERMISSION_DENIED, or the status of body(principal);
   // counted either way.
   template <typename Body>
-  grpc::Status Serve(const char* method, Audience audience, grpc::ServerContext* context,
+  grpc::Status Serve(const char* method, Audience audience, grpc::ServerContextBase* context,
                      Body&& body) {
     const absl::Time start = absl::Now();
     Principal principal;
@@ -53,9 +54,29 @@ class RpcGate {
     Count(method, status, absl::Now() - start);
     return status;
   }
+  // Serve for a callback-API unary call, whose body may finish later, from
+  // another thread: body(principal, finish) calls finish(status) once, which
+  // counts the call and finishes it.
+  template <typename Body>
+  grpc::ServerUnaryReactor* ServeLater(const char* method, Audience audience,
+                                       grpc::CallbackServerContext* context, Body&& body) {
+    const absl::Time start = absl::Now();
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    auto finish = [this, method, start, reactor](const grpc::Status& status) {
+      Count(method, status, absl::Now() - start);
+      reactor->Finish(status);
+    };
+    Principal principal;
+    if (grpc::Status status = Authorize(context, audience, &principal); !status.ok()) {
+      finish(status);
+    } else {
+      body(principal, std::move(finish));
+    }
+    return reactor;
+  }
 
  private:
-  grpc::Status Authorize(grpc::ServerContext* context, Audience audience,
+  grpc::Status Authorize(grpc::ServerContextBase* context, Audience audience,
                          Principal* principal) const;
   void Count(const char* method, const grpc::Status& status, absl::Duration elapsed);
   const Authenticator* const auth_;
@@ -63,12 +84,19 @@ class RpcGate {
   const bool worker_certificates_;
 };
 
-class JobServiceImpl final : public v1::JobService::Service {
+// SubmitJob is on the callback API: its reply goes out from the store's
+// writer once the job is stored, so a call waiting for its commit holds no
+// thread (with 100 clients, threads blocked in commits and woken one by one
+// cost more CPU than the calls). Its checks before the commit (config.json,
+// two indexed reads of the store) run on gRPC's thread and are short.
+class JobServiceImpl final
+    : public v1::JobService::WithCallbackMethod_SubmitJob<v1::JobService::Service> {
  public:
   JobServiceImpl(Coordinator* coordinator, RpcGate* gate)
       : coordinator_(coordinator), gate_(gate) {}
-  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
-                         v1::Job* response) override;
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::Job* response) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::Job* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,

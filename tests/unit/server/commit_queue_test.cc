@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
@@ -92,6 +94,84 @@ TEST_F(CommitQueueTest, ABadBatchFailsAloneAndTheOthersOfItsTransactionAreStored
   ASSERT_EQ(jobs->size(), 3u);
   EXPECT_EQ((*jobs)[1].job.id(), "job-b");
   EXPECT_EQ((*jobs)[2].job.id(), "job-d");
+}
+
+TEST_F(CommitQueueTest, WhenWrittenCallsBackFromTheWriterOnceStoredWithEachBatchsOwnOutcome) {
+  ASSERT_TRUE(queue_
+                  ->Wait(queue_->Queue(NewJob("job-a", 1, "req-1"),
+                                       [](const StoreBatch&, const absl::Status&) {}))
+                  .ok());
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, absl::Status>> outcomes;
+  std::vector<std::thread::id> threads;
+  std::string then_order;
+  auto callback = [&](const std::string& id) {
+    return [&, id](const absl::Status& status) {
+      // Stored by now: another connection finds the job (or not, on an error).
+      auto reader = Store::Open(url_);
+      ASSERT_TRUE(reader.ok());
+      auto found = (*reader)->ReadJob(id);
+      ASSERT_TRUE(found.ok());
+      absl::MutexLock lock(&mu);
+      EXPECT_EQ(found->has_value(), status.ok()) << id;
+      outcomes.emplace_back(id, status);
+      threads.push_back(std::this_thread::get_id());
+    };
+  };
+  auto then = [&](const StoreBatch& written, const absl::Status&) {
+    absl::MutexLock lock(&mu);
+    then_order += written.jobs[0].record.job.id().back();
+  };
+  // The writer is held in the `then` of a batch before them, so the
+  // callbacks below are surely registered before their batches are written.
+  absl::Notification registered;
+  queue_->Queue(NewJob("job-gate", 2),
+                [&](const StoreBatch&, const absl::Status&) { registered.WaitForNotification(); });
+  const CommitQueue::Ticket b = queue_->Queue(NewJob("job-b", 3), then);
+  // A request_id already stored: this batch alone fails.
+  const CommitQueue::Ticket bad = queue_->Queue(NewJob("job-c", 4, "req-1"), then);
+  queue_->WhenWritten(b, callback("job-b"));
+  queue_->WhenWritten(bad, callback("job-c"));
+  registered.Notify();
+  // Wait and WhenWritten mix.
+  const CommitQueue::Ticket d = queue_->Queue(NewJob("job-d", 5), then);
+  EXPECT_TRUE(queue_->Wait(d).ok());
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](decltype(outcomes)* o) { return o->size() == 2; }, &outcomes));
+    EXPECT_EQ(then_order, "bcd");
+    ASSERT_EQ(outcomes.size(), 2u);
+    EXPECT_EQ(outcomes[0].first, "job-b");
+    EXPECT_TRUE(outcomes[0].second.ok());
+    EXPECT_EQ(outcomes[1].first, "job-c");
+    EXPECT_EQ(outcomes[1].second.code(), absl::StatusCode::kAlreadyExists);
+    for (const std::thread::id& t : threads) EXPECT_NE(t, std::this_thread::get_id());
+  }
+  // Written already: the callback runs at once, on the caller's thread, and
+  // a failure is still told (once).
+  absl::Status late;
+  bool ran = false;
+  queue_->WhenWritten(b, [&](const absl::Status& s) { ran = s.ok(); });
+  EXPECT_TRUE(ran);
+  queue_->WhenWritten(0, [&](const absl::Status& s) { late = s; });
+  EXPECT_TRUE(late.ok());
+}
+
+TEST_F(CommitQueueTest, AQueueDestroyedWithBatchesQueuedWritesThemFirst) {
+  std::vector<absl::Status> outcomes;
+  for (int i = 0; i < 20; ++i) {
+    const CommitQueue::Ticket t = queue_->Queue(NewJob("job-" + std::to_string(i), i + 1),
+                                                [](const StoreBatch&, const absl::Status&) {});
+    queue_->WhenWritten(t, [&](const absl::Status& s) { outcomes.push_back(s); });
+  }
+  queue_.reset();
+  // The writer thread has been joined: its callbacks are all visible here.
+  EXPECT_EQ(outcomes.size(), 20u);
+  for (const absl::Status& s : outcomes) EXPECT_TRUE(s.ok()) << s;
+  auto jobs = store_->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 20u);
 }
 
 TEST_F(CommitQueueTest, AnEmptyBatchIsNeverWritten) {
