@@ -647,6 +647,7 @@ void Coordinator::RunScheduler() {
       a.set_master_port(port);
       if (r.resume_at_or_before) a.set_resume_at_or_before(*r.resume_at_or_before);
       a.set_agent_silence_ms(options_.agent_silence_ms);
+      for (const std::string& root : options_.path_roots) a.add_path_roots(root);
       Send(p.worker_id(), std::move(a));
     }
     Transition(job, v1::JOB_STATE_SCHEDULED,

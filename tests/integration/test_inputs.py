@@ -1,8 +1,9 @@
 """Hostile and careless input through the real `ballast` CLI and ballastd
 (issue 20): relative paths mean the submitter's folder, --path-root confines
 paths past `..` and symlinks, and what cannot be a spec is refused at once,
-with exit 2 and a message that says why. No worker is needed: every case
-ends at submission. docs/limits.md lists the limits."""
+with exit 2 and a message that says why. Every case but one ends at
+submission, with no worker; a symlink swapped after it is refused by the
+rank. docs/limits.md lists the limits."""
 import json
 import os
 import time
@@ -80,6 +81,30 @@ def test_path_roots_confine_paths_past_dot_dot_and_symlinks(cluster, tmp_path):
         assert r.returncode == 2, (override, r.stdout)
         assert named in r.stderr and f"is outside the path roots {root}" in r.stderr, r.stderr
     assert cluster.coordinator.alive()
+
+
+def test_a_symlink_swapped_after_submission_is_refused_by_the_rank(cluster, tmp_path):
+    """Submission resolved the link inside the root; by the time the job runs
+    it points outside. The rank checks the paths against ballastd's roots
+    again before it opens any, so the job fails, naming the path."""
+    root, outside = tmp_path / "shared", tmp_path / "private"
+    model_and_data(str(root))
+    model_and_data(str(outside))
+    os.symlink(root / "data.jsonl", root / "link.jsonl")
+    cluster.start_coordinator(extra_args=["--path-root", str(root)])
+    spec = write(tmp_path / "job.yaml", SPEC % (root / "model", root / "link.jsonl"))
+    r = cluster.cli("submit", spec, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    # Queued (no worker yet) while the link is swapped.
+    os.remove(root / "link.jsonl")
+    os.symlink(outside / "data.jsonl", root / "link.jsonl")
+    cluster.start_worker("w1")
+    job = cluster.wait_state(job_id, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"), 120)
+    assert job["state"] == "JOB_STATE_FAILED", job
+    reason = job.get("failure_reason", "")
+    assert "data.path: " in reason and f"is outside the path roots {root}" in reason, \
+        reason + "\n" + cluster.logs()
 
 
 def test_a_bad_root_stops_ballastd_at_start(tmp_path):

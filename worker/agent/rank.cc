@@ -38,6 +38,7 @@ std::vector<std::string> TrainArguments(const v1::Assignment& a, const std::stri
   if (a.master_port() > 0) {
     args.insert(args.end(), {"--master-port", absl::StrCat(a.master_port())});
   }
+  for (const std::string& root : a.path_roots()) args.insert(args.end(), {"--path-root", root});
   if (a.has_resume_at_or_before()) {
     args.insert(args.end(), {"--resume-at-or-before", absl::StrCat(a.resume_at_or_before())});
   }

@@ -98,6 +98,8 @@ struct RankFlags {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   double rendezvous_timeout_s = 300;
+  // ballastd's --path-root folders, which the spec's paths must lie in.
+  std::vector<std::string> path_roots;
 };
 
 // A job of several ranks meets at rank 0's store before anything is loaded,
@@ -128,8 +130,9 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
   // A user's relative paths mean this folder, as they would to `ballast submit`.
   if (absl::Status s = ballast::MakeSpecPathsAbsolute(&*spec); !s.ok()) return s;
-  // The same checks as submission, so a standalone run refuses what ballastd would.
-  if (absl::Status s = ballast::PrepareJobSpec(&*spec); !s.ok()) return s;
+  // The same checks as submission, so a standalone run refuses what ballastd
+  // would; with its roots again, since a symlink may point elsewhere by now.
+  if (absl::Status s = ballast::PrepareJobSpec(&*spec, flags.path_roots); !s.ok()) return s;
   // Before the rendezvous: a rank that cannot compute where the spec says
   // fails the job at once, with exit 2 (a restart would find the same).
   absl::StatusOr<c10::Device> device =
@@ -249,6 +252,9 @@ int main(int argc, char** argv) {
   app.add_option("--rendezvous-timeout", flags.rendezvous_timeout_s,
                  "Seconds to wait for the store and every peer, and for any collective")
       ->check(CLI::PositiveNumber);
+  app.add_option("--path-root", flags.path_roots,
+                 "A folder the spec's model, adapter, tokenizer and data paths must lie in, "
+                 "after symlinks (repeatable; ballast-worker passes ballastd's --path-root)");
   int nproc = 0;
   app.add_option("--nproc", nproc,
                  "Run N ranks of the job on this machine (standalone): each is this command "

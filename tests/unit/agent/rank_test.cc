@@ -104,6 +104,21 @@ TEST(TrainArgumentsTest, CarryTheAttemptAndTheSilenceLimitForFencing) {
   EXPECT_EQ(*(silence + 1), "7500");
 }
 
+TEST(TrainArgumentsTest, CarryThePathRootsSoTheRankChecksThePathsAgain) {
+  v1::Assignment a;
+  a.set_output_dir("/jobs/j");
+  a.add_path_roots("/data");
+  a.add_path_roots("/models");
+  const std::vector<std::string> args = TrainArguments(a, "/w/spec.json", "/tmp/s.sock");
+  std::vector<std::string> roots;
+  for (auto it = std::find(args.begin(), args.end(), "--path-root"); it != args.end();
+       it = std::find(it + 2, args.end(), "--path-root")) {
+    ASSERT_NE(it + 1, args.end());
+    roots.push_back(*(it + 1));
+  }
+  EXPECT_THAT(roots, ElementsAre("/data", "/models"));
+}
+
 class RankTest : public ::testing::Test {
  protected:
   void SetUp() override {

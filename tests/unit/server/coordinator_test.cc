@@ -30,6 +30,7 @@ class CoordinatorTest : public ::testing::Test {
     o.event_retention = retention_;
     o.stop_grace_ms = 5;
     o.agent_silence_ms = agent_silence_ms_;
+    o.path_roots = path_roots_;
     o.now_ms = [this] { return now_.load(); };
     o.list_page_bytes = list_page_bytes_;
     o.finished_jobs_kept = finished_jobs_kept_;
@@ -219,6 +220,7 @@ class CoordinatorTest : public ::testing::Test {
   std::atomic<int64_t> now_{1'700'000'000'000};
   int64_t retention_ = 10000;
   int64_t agent_silence_ms_ = 0;
+  std::vector<std::string> path_roots_;
   size_t list_page_bytes_ = size_t{2} << 20;
   size_t finished_jobs_kept_ = 1000;
   std::unique_ptr<MetricsRegistry> metrics_;
@@ -391,6 +393,15 @@ TEST_F(CoordinatorTest, LeaseExpiryRequeuesAndAReturningWorkerStopsItsStaleRank)
   }
   EXPECT_TRUE(stopped_old);
   EXPECT_EQ(StartOf(sent, job.id()).attempt(), 2);
+}
+
+TEST_F(CoordinatorTest, EachRankIsToldThePathRootsToCheckThePathsAgainItself) {
+  path_roots_ = {dir_.path().string()};
+  Reopen();
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit();
+  const v1::Assignment start = StartOf(Drain(w), job.id());
+  EXPECT_THAT(start.path_roots(), ::testing::ElementsAre(dir_.path().string()));
 }
 
 TEST_F(CoordinatorTest, LostWorkersJobWaitsForItsRanksToFenceThemselvesBeforeItRunsElsewhere) {
