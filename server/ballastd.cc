@@ -77,6 +77,10 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
     return absl::InvalidArgumentError(
         absl::StrCat("--event-retention: ", options.event_retention, "; allowed 1 or more"));
   }
+  if (options.job_history < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--job-history: ", options.job_history,
+                                                   "; allowed 0 (keep every job) or more"));
+  }
   if (options.stop_grace_ms < 0 || options.stop_grace_ms > 600000) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stop-grace-ms: ", options.stop_grace_ms, "; allowed 0..600000"));
@@ -104,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   co.path_roots = options.path_roots;
   co.lease_ms = options.lease_ms;
   co.event_retention = options.event_retention;
+  co.job_history = options.job_history;
   co.metrics_retention_ms = options.metrics_retention_ms;
   co.stop_grace_ms = options.stop_grace_ms;
   co.agent_silence_ms = options.agent_silence_ms;

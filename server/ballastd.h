@@ -44,6 +44,8 @@ struct BallastdOptions {
   std::vector<std::string> path_roots;
   int64_t lease_ms = 15000;
   int64_t event_retention = 10000;
+  // CoordinatorOptions::job_history: finished jobs the store keeps; 0 all.
+  int64_t job_history = 0;
   int64_t metrics_retention_ms = 10 * 60 * 1000;
   int64_t stop_grace_ms = 10000;
   // CoordinatorOptions::agent_silence_ms; 0 picks half the lease.

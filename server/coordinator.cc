@@ -177,6 +177,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                     "Job events deleted by the per-job retention limit.", MetricType::kCounter);
   // A counter shows 0 from the start, so rate() and alerts see its first drop.
   metrics->Add("ballast_events_dropped_total", {}, 0);
+  metrics->Describe("ballast_jobs_pruned_total",
+                    "Finished jobs deleted from the store, with their events, beyond the newest "
+                    "--job-history.",
+                    MetricType::kCounter);
+  metrics->Add("ballast_jobs_pruned_total", {}, 0);
   metrics->Describe(
       "ballast_job_queue_seconds",
       "Time from entering the queue (submission, requeue, rollback) to being "
@@ -289,6 +294,7 @@ void Coordinator::LeaseLoop() {
   // Checking four times per lease bounds how late an expiry is noticed.
   const absl::Duration period =
       absl::Milliseconds(std::clamp<int64_t>(options_.lease_ms / 4, 10, 1000));
+  absl::Time pruned = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -297,7 +303,36 @@ void Coordinator::LeaseLoop() {
       if (shutting_down_) return;
     }
     ExpireLeases();
+    if (options_.job_history > 0 && absl::Now() - pruned >= absl::Seconds(1)) {
+      PruneHistory();
+      pruned = absl::Now();
+    }
   }
+}
+
+void Coordinator::PruneHistory() {
+  if (options_.job_history <= 0) return;
+  int64_t keep_evicted;
+  {
+    // The newest finished jobs are in memory; the rest kept are in the store.
+    absl::MutexLock lock(&mu_);
+    keep_evicted = std::max<int64_t>(
+        0, options_.job_history - static_cast<int64_t>(recently_finished_.size()));
+  }
+  absl::StatusOr<std::map<int, int64_t>> pruned =
+      store_->PruneEvictedJobs(keep_evicted, kJobsPrunedPerPass);
+  if (!pruned.ok()) {
+    std::fprintf(stderr, "ballastd: pruning the job history failed: %s\n",
+                 pruned.status().ToString().c_str());
+    return;
+  }
+  int64_t total = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [state, n] : *pruned) {
+    evicted_by_state_[state] -= n;
+    total += n;
+  }
+  if (total > 0) metrics_->Add("ballast_jobs_pruned_total", {}, static_cast<double>(total));
 }
 
 // ---------------------------------------------------------------------------

@@ -49,6 +49,11 @@ struct TenantQuota {
   int32_t max_queued_jobs = 0;
 };
 
+// Finished jobs one PruneHistory deletes from the store at most: one pass a
+// second keeps up with far more jobs than a cluster finishes, and no pass
+// holds the store's writer long.
+inline constexpr int64_t kJobsPrunedPerPass = 500;
+
 struct CoordinatorOptions {
   // A job's output_dir is OUTPUT_ROOT/JOB_ID.
   std::string output_root;
@@ -65,6 +70,10 @@ struct CoordinatorOptions {
   // older ones leave it and are read from the store, so that memory holds
   // the live jobs and these, however long the job history.
   size_t finished_jobs_kept = 1000;
+  // The store keeps at least the newest this many finished jobs, with their
+  // events, and deletes older ones (oldest first, kJobsPrunedPerPass a
+  // pass). 0 keeps every job.
+  int64_t job_history = 0;
   // Cancel -> SIGKILL delay sent with stop assignments.
   int64_t stop_grace_ms = 10000;
   // Sent with every start: a rank whose worker sends no keepalive for this
@@ -228,6 +237,10 @@ class Coordinator {
   // (or failed). Called by the lease thread; tests call it after moving
   // their clock.
   void ExpireLeases();
+  // Deletes from the store finished jobs beyond the newest job_history (a
+  // bounded number a call). Called by the lease thread once a second; tests
+  // call it directly.
+  void PruneHistory() ABSL_LOCKS_EXCLUDED(mu_);
 
   // What a dead worker's ranks get beyond agent_silence_ms to notice the
   // silence (they look four times per limit) and exit.

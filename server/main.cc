@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_option("--event-retention", options.event_retention,
                  "Events kept per job; older ones are deleted and counted")
       ->capture_default_str();
+  app.add_option("--job-history", options.job_history,
+                 "Finished jobs the store keeps, newest first, with their events; older ones "
+                 "are deleted (0 keeps every job)")
+      ->capture_default_str();
   app.add_option("--metrics-retention-ms", options.metrics_retention_ms,
                  "A finished job's series stay on /metrics this long")
       ->check(CLI::NonNegativeNumber)

@@ -208,6 +208,14 @@ void Store::CheckpointLoop(const std::string& path) {
     std::fprintf(stderr, "ballastd: store %s: no connection for checkpoints: %s\n", path.c_str(),
                  sqlite3_errmsg(db));
   }
+  // A connection that has read nothing yet has not opened the WAL, and its
+  // checkpoints do nothing (they report "not in WAL mode"): the WAL grew
+  // without bound, and the database file stayed empty, until this read.
+  if (sqlite3_exec(db, "SELECT COUNT(*) FROM sqlite_master", nullptr, nullptr, nullptr) !=
+      SQLITE_OK) {
+    std::fprintf(stderr, "ballastd: store %s: checkpoints cannot read it: %s\n", path.c_str(),
+                 sqlite3_errmsg(db));
+  }
   auto due_or_closing = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
     return checkpoint_due_ || closing_;
   };
@@ -462,6 +470,52 @@ absl::StatusOr<std::map<int, int64_t>> Store::CountEvictedJobs() {
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) return DbError(reader_, "count evicted jobs");
   return counts;
+}
+
+absl::StatusOr<std::map<int, int64_t>> Store::PruneEvictedJobs(int64_t keep, int64_t limit) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  std::map<int, int64_t> pruned;
+  auto prune = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    // The oldest `limit` evicted jobs older than the newest `keep` ones.
+    sqlite3_stmt* victims = nullptr;
+    if (sqlite3_prepare_v2(db_,
+                           "SELECT id, state FROM jobs WHERE evicted = 1 AND ord <= "
+                           "(SELECT ord FROM jobs WHERE evicted = 1 ORDER BY ord DESC "
+                           "LIMIT 1 OFFSET ?1) ORDER BY ord LIMIT ?2",
+                           -1, &victims, nullptr) != SQLITE_OK) {
+      return Error("choose jobs to prune");
+    }
+    sqlite3_bind_int64(victims, 1, keep);
+    sqlite3_bind_int64(victims, 2, limit);
+    std::vector<std::string> ids;
+    int rc;
+    while ((rc = sqlite3_step(victims)) == SQLITE_ROW) {
+      ids.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(victims, 0)));
+      ++pruned[sqlite3_column_int(victims, 1)];
+    }
+    sqlite3_finalize(victims);
+    if (rc != SQLITE_DONE) return Error("choose jobs to prune");
+    for (const char* sql :
+         {"DELETE FROM events WHERE job_id = ?1", "DELETE FROM jobs WHERE id = ?1"}) {
+      sqlite3_stmt* del = nullptr;
+      if (sqlite3_prepare_v2(db_, sql, -1, &del, nullptr) != SQLITE_OK) return Error("prune jobs");
+      for (const std::string& id : ids) {
+        BindText(del, 1, id);
+        rc = sqlite3_step(del);
+        sqlite3_reset(del);
+        if (rc != SQLITE_DONE) break;
+      }
+      sqlite3_finalize(del);
+      if (rc != SQLITE_DONE) return Error("prune jobs");
+    }
+    return Exec("COMMIT");
+  };
+  if (absl::Status s = prune(); !s.ok()) {
+    (void)Exec("ROLLBACK");
+    return s;
+  }
+  return pruned;
 }
 
 absl::StatusOr<std::optional<JobRecord>> Store::ReadJob(const std::string& job_id) {

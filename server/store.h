@@ -118,6 +118,12 @@ class Store {
   // Evicted jobs by state.
   absl::StatusOr<std::map<int, int64_t>> CountEvictedJobs();
 
+  // Deletes the oldest evicted jobs, with their events, beyond the newest
+  // `keep` evicted ones: at most `limit` of them, in one transaction, so a
+  // long history is pruned a bit at a time between commits. Returns the
+  // deleted jobs by state.
+  absl::StatusOr<std::map<int, int64_t>> PruneEvictedJobs(int64_t keep, int64_t limit);
+
   // The id of the job submitted with ScopedRequestId(tenant, request_id);
   // nullopt when there is none.
   absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& scoped_request_id);

@@ -169,6 +169,24 @@ TEST_F(BallastdTest, WithoutATokenOnlyLoopbackAddressesAreServed) {
   EXPECT_TRUE(Ballastd::Start(o).ok());
 }
 
+TEST_F(BallastdTest, RetentionFlagsOutOfRangeAreRefusedNamingTheFlag) {
+  BallastdOptions o;
+  o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
+  o.output_root = (dir_.path() / "jobs").string();
+  o.listen = "127.0.0.1:0";
+  o.http = "127.0.0.1:0";
+  o.job_history = -1;
+  EXPECT_THAT(Ballastd::Start(o).status().message(),
+              HasSubstr("--job-history: -1; allowed 0 (keep every job) or more"));
+  o.job_history = 0;
+  o.event_retention = 0;
+  EXPECT_THAT(Ballastd::Start(o).status().message(),
+              HasSubstr("--event-retention: 0; allowed 1 or more"));
+  o.event_retention = 10;
+  o.job_history = 5;
+  EXPECT_TRUE(Ballastd::Start(o).ok());
+}
+
 TEST_F(BallastdTest, WithATokenMetricsWantItAndHealthzStaysOpen) {
   Start("s3cret");
   int status = 0;

@@ -34,6 +34,7 @@ class CoordinatorTest : public ::testing::Test {
     o.now_ms = [this] { return now_.load(); };
     o.list_page_bytes = list_page_bytes_;
     o.finished_jobs_kept = finished_jobs_kept_;
+    o.job_history = job_history_;
     return o;
   }
 
@@ -223,6 +224,7 @@ class CoordinatorTest : public ::testing::Test {
   std::vector<std::string> path_roots_;
   size_t list_page_bytes_ = size_t{2} << 20;
   size_t finished_jobs_kept_ = 1000;
+  int64_t job_history_ = 0;
   std::unique_ptr<MetricsRegistry> metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> c_;
@@ -673,6 +675,41 @@ TEST_F(CoordinatorTest, ListJobsFiltersByStateAndPagesNewestFirst) {
 
 // Memory holds the live jobs and the newest finished ones; every read of
 // an older job comes from the store and answers as it did before.
+TEST_F(CoordinatorTest, TheHistoryKeepsTheNewestFinishedJobsAndPrunesTheRest) {
+  finished_jobs_kept_ = 2;
+  job_history_ = 3;
+  Reopen();
+  std::vector<v1::Job> done;
+  for (int i = 0; i < 6; ++i) {
+    done.push_back(Submit(3, absl::StrCat("req-", i)));
+    ASSERT_TRUE(c_->CancelJob(done.back().id()).ok());
+  }
+  const v1::Job live = Submit();
+  // Jobs 4 and 5 are in memory, 0..3 in the store; the history keeps 3 of 4
+  // and 5 in memory, so job 3 stays and 0..2 go.
+  c_->PruneHistory();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c_->GetJob(done[i].id()).status().code(), absl::StatusCode::kNotFound) << i;
+  }
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(c_->GetJob(done[i].id()).ok()) << i;
+  EXPECT_TRUE(c_->GetJob(live.id()).ok());
+  auto listed = c_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->jobs_size(), 4);
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"cancelled\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_jobs_pruned_total 3\n"));
+  // A pruned job's request_id is free again: a new job, not the old one.
+  absl::StatusOr<v1::Job> again = c_->SubmitJob(ValidSpec(dir_.path()), "req-0");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->id(), done[0].id());
+  // Nothing more to prune, also after a restart.
+  Reopen();
+  c_->PruneHistory();
+  EXPECT_TRUE(c_->GetJob(done[3].id()).ok());
+  EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_jobs{state=\"cancelled\"} 3\n"));
+}
+
 TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndEveryReadStillFindsThem) {
   finished_jobs_kept_ = 2;
   Reopen();
