@@ -24,13 +24,19 @@ using testing::ValidSpec;
 
 class BallastdTest : public ::testing::Test {
  protected:
-  void Start(const std::string& token = "", std::map<std::string, TenantQuota> quotas = {}) {
+  // A ballastd on loopback with its store in dir_.
+  BallastdOptions LocalOptions() {
     BallastdOptions o;
-    o.quotas = std::move(quotas);
     o.listen = "127.0.0.1:0";
     o.http = "127.0.0.1:0";
     o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
     o.output_root = (dir_.path() / "jobs").string();
+    return o;
+  }
+
+  void Start(const std::string& token = "", std::map<std::string, TenantQuota> quotas = {}) {
+    BallastdOptions o = LocalOptions();
+    o.quotas = std::move(quotas);
     o.token = token;
     auto d = Ballastd::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -150,11 +156,8 @@ TEST_F(BallastdTest, TokenIsRequiredWhenSet) {
 }
 
 TEST_F(BallastdTest, WithoutATokenOnlyLoopbackAddressesAreServed) {
-  BallastdOptions o;
-  o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
-  o.output_root = (dir_.path() / "jobs").string();
+  BallastdOptions o = LocalOptions();
   o.listen = "0.0.0.0:0";
-  o.http = "127.0.0.1:0";
   auto refused = Ballastd::Start(o);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(),
@@ -170,11 +173,7 @@ TEST_F(BallastdTest, WithoutATokenOnlyLoopbackAddressesAreServed) {
 }
 
 TEST_F(BallastdTest, RetentionFlagsOutOfRangeAreRefusedNamingTheFlag) {
-  BallastdOptions o;
-  o.store_url = "sqlite:" + (dir_.path() / "ballastd.db").string();
-  o.output_root = (dir_.path() / "jobs").string();
-  o.listen = "127.0.0.1:0";
-  o.http = "127.0.0.1:0";
+  BallastdOptions o = LocalOptions();
   o.job_history = -1;
   EXPECT_THAT(Ballastd::Start(o).status().message(),
               HasSubstr("--job-history: -1; allowed 0 (keep every job) or more"));

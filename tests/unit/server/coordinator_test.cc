@@ -66,6 +66,16 @@ class CoordinatorTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // `n` jobs, submitted with request_ids req-0, req-1, ... and cancelled.
+  std::vector<v1::Job> SubmitCancelled(int n) {
+    std::vector<v1::Job> done;
+    for (int i = 0; i < n; ++i) {
+      done.push_back(Submit(3, absl::StrCat("req-", i)));
+      EXPECT_TRUE(c_->CancelJob(done.back().id()).ok());
+    }
+    return done;
+  }
+
   // A job of `devices` ranks.
   v1::Job SubmitGang(int32_t devices, int32_t max_restarts = 3) {
     v1::JobSpec spec = ValidSpec(dir_.path());
@@ -673,17 +683,11 @@ TEST_F(CoordinatorTest, ListJobsFiltersByStateAndPagesNewestFirst) {
   EXPECT_EQ(c_->ListJobs(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Memory holds the live jobs and the newest finished ones; every read of
-// an older job comes from the store and answers as it did before.
 TEST_F(CoordinatorTest, TheHistoryKeepsTheNewestFinishedJobsAndPrunesTheRest) {
   finished_jobs_kept_ = 2;
   job_history_ = 3;
   Reopen();
-  std::vector<v1::Job> done;
-  for (int i = 0; i < 6; ++i) {
-    done.push_back(Submit(3, absl::StrCat("req-", i)));
-    ASSERT_TRUE(c_->CancelJob(done.back().id()).ok());
-  }
+  const std::vector<v1::Job> done = SubmitCancelled(6);
   const v1::Job live = Submit();
   // Jobs 4 and 5 are in memory, 0..3 in the store; the history keeps 3 of 4
   // and 5 in memory, so job 3 stays and 0..2 go.
@@ -710,14 +714,12 @@ TEST_F(CoordinatorTest, TheHistoryKeepsTheNewestFinishedJobsAndPrunesTheRest) {
   EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_jobs{state=\"cancelled\"} 3\n"));
 }
 
+// Memory holds the live jobs and the newest finished ones; every read of
+// an older job comes from the store and answers as it did before.
 TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAndEveryReadStillFindsThem) {
   finished_jobs_kept_ = 2;
   Reopen();
-  std::vector<v1::Job> done;
-  for (int i = 0; i < 6; ++i) {
-    done.push_back(Submit(3, absl::StrCat("req-", i)));
-    ASSERT_TRUE(c_->CancelJob(done.back().id()).ok());
-  }
+  const std::vector<v1::Job> done = SubmitCancelled(6);
   const v1::Job live = Submit();
   ASSERT_TRUE(c_->GetJob(live.id()).ok());
   auto in_memory = [&] {
