@@ -132,6 +132,7 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   if (absl::Status s = ballast::MakeSpecPathsAbsolute(&*spec); !s.ok()) return s;
   // The same checks as submission, so a standalone run refuses what ballastd
   // would; with its roots again, since a symlink may point elsewhere by now.
+  if (absl::Status s = ballast::CheckPathRoots(flags.path_roots); !s.ok()) return s;
   if (absl::Status s = ballast::PrepareJobSpec(&*spec, flags.path_roots); !s.ok()) return s;
   // Before the rendezvous: a rank that cannot compute where the spec says
   // fails the job at once, with exit 2 (a restart would find the same).
