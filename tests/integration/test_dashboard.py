@@ -58,17 +58,34 @@ def chromium(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def loss_points(dom):
+    loss = re.search(r'<svg class="chart" id="chart-loss"[^>]*data-points="(\d+)"', dom)
+    return int(loss.group(1)) if loss else 0
+
+
+def dump_when_drawn(url, drawn):
+    """The DOM once drawn(dom) holds, trying longer virtual-time budgets.
+
+    Virtual time runs ahead of the wall clock while the page waits on the
+    network, so on a busy machine one budget can end before the event stream's
+    first chunk has arrived (it failed so in CI once: the facts and the log
+    were there, the charts not yet). Each try loads the page afresh."""
+    for budget in (6000, 12000, 24000):
+        r = chromium(f"--virtual-time-budget={budget}", "--dump-dom", url)
+        assert r.returncode == 0, r.stderr[-2000:]
+        if drawn(r.stdout):
+            break
+    return r.stdout
+
+
 @pytest.mark.skipif(not CHROMIUM, reason="chromium not installed (make setup)")
 def test_chromium_draws_the_running_job_with_its_rollback(running_job):
     cluster, job_id = running_job
     url = f"http://{cluster.http}/#/jobs/{job_id}"
-    # Virtual time lets the page stream and draw for 6 s, then the DOM is read.
-    r = chromium("--virtual-time-budget=6000", "--dump-dom", url)
-    assert r.returncode == 0, r.stderr[-2000:]
-    dom = r.stdout
+    dom = dump_when_drawn(url, lambda dom: loss_points(dom) >= 40)
     assert 'id="state">RUNNING<' in dom, dom[:3000]
-    loss = re.search(r'<svg class="chart" id="chart-loss"[^>]*data-points="(\d+)"', dom)
-    assert loss and int(loss.group(1)) >= 40, dom[:3000]
+    # The page's whole text past the header: the log shows how far the stream got.
+    assert loss_points(dom) >= 40, dom[dom.find('<main'):][:12000]
     chart = dom[dom.index('id="chart-loss"'):dom.index('id="chart-grad-norm"')]
     assert re.search(r'<polyline points="[\d.]+,[\d.]+ [\d.]+,[\d.]+', chart)
     assert chart.count('class="rollback"') == 1
