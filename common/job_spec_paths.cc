@@ -1,12 +1,12 @@
 #include "common/job_spec_paths.h"
 
-#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/regular_file.h"
 
 namespace ballast {
 namespace {
@@ -42,12 +42,6 @@ constexpr std::array<PathField, 5> kPathFields = {{
      false},
 }};
 
-// True when `path`'s components begin with all of `root`'s: /data/a is
-// under /data, /data-b is not.
-bool IsUnder(const fs::path& path, const fs::path& root) {
-  return std::mismatch(root.begin(), root.end(), path.begin(), path.end()).first == root.end();
-}
-
 // `path` with its symlinks and ".." resolved as far as it exists.
 fs::path Resolved(const fs::path& path) {
   std::error_code ec;
@@ -61,7 +55,7 @@ absl::Status CheckUnderRoots(const std::string& field, const fs::path& path,
                              const std::vector<std::string>& given_roots) {
   const fs::path resolved = Resolved(path);
   for (const fs::path& root : roots) {
-    if (IsUnder(resolved, root)) return absl::OkStatus();
+    if (IsPathUnder(resolved, root)) return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": ", path.string(),
@@ -89,6 +83,13 @@ absl::Status MakeSpecPathsAbsolute(v1::JobSpec* spec) {
   }
   MakeSpecPathsAbsolute(cwd.string(), spec);
   return absl::OkStatus();
+}
+
+void ResolveSpecPaths(v1::JobSpec* spec) {
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(*spec);
+    if (!value.empty()) f.set(spec, Resolved(value).string());
+  }
 }
 
 absl::Status CheckPathRoots(const std::vector<std::string>& roots) {

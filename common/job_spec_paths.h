@@ -32,6 +32,12 @@ void MakeSpecPathsAbsolute(const std::string& base, v1::JobSpec* spec);
 // cannot be read (it was removed).
 absl::Status MakeSpecPathsAbsolute(v1::JobSpec* spec);
 
+// Replaces each path of `spec` with where it leads now, its symlinks and
+// ".." resolved as far as it exists. A rank does this once CheckSpecPaths has
+// passed, so that the paths it opens lie under the roots as written, which
+// is what ConfineOpensBeneath (common/regular_file.h) holds them to.
+void ResolveSpecPaths(v1::JobSpec* spec);
+
 // OK when every root is an absolute path to an existing folder; otherwise
 // INVALID_ARGUMENT naming it. ballastd checks its --path-root flags here.
 absl::Status CheckPathRoots(const std::vector<std::string>& roots);

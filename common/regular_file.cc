@@ -5,11 +5,17 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ballast {
 namespace {
@@ -23,14 +29,80 @@ const char* KindOf(mode_t mode) {
   return "not a regular file";
 }
 
-// An open descriptor of a regular file, and its size.
-absl::StatusOr<std::pair<int, int64_t>> OpenRegular(const std::string& path) {
+namespace fs = std::filesystem;
+
+// The roots of ConfineOpensBeneath, each as given and with its symlinks
+// resolved, and as given for messages.
+struct Confinement {
+  absl::Mutex mu;
+  std::vector<fs::path> roots ABSL_GUARDED_BY(mu);
+  std::vector<std::string> given ABSL_GUARDED_BY(mu);
+};
+
+Confinement& TheConfinement() {
+  static Confinement* const confinement = new Confinement;
+  return *confinement;
+}
+
+bool IsUnderAny(const fs::path& path, const std::vector<fs::path>& roots) {
+  return std::any_of(roots.begin(), roots.end(),
+                     [&](const fs::path& root) { return IsPathUnder(path, root); });
+}
+
+// OK unless `path` is under a root and `fd`, opened from it, is a file
+// outside them.
+absl::Status CheckConfined(const std::string& path, int fd) {
+  Confinement& c = TheConfinement();
+  absl::ReaderMutexLock lock(&c.mu);
+  if (c.roots.empty() || !IsUnderAny(fs::path(path).lexically_normal(), c.roots)) {
+    return absl::OkStatus();
+  }
+  std::error_code ec;
+  const fs::path opened = fs::read_symlink(absl::StrCat("/proc/self/fd/", fd), ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot tell where ", path, " leads, so it is not read (/proc/self/fd: ", ec.message(),
+        "); the path roots need /proc mounted"));
+  }
+  if (IsUnderAny(opened, c.roots)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, " leads to ", opened.string(), ", outside the path roots ",
+      absl::StrJoin(c.given, ", "),
+      ": a symlink on the way points out of them (it may have changed after the job's paths "
+      "were checked)"));
+}
+
+}  // namespace
+
+bool IsPathUnder(const std::filesystem::path& path, const std::filesystem::path& root) {
+  return std::mismatch(root.begin(), root.end(), path.begin(), path.end()).first == root.end();
+}
+
+void ConfineOpensBeneath(const std::vector<std::string>& given) {
+  std::vector<fs::path> roots;
+  for (const std::string& root : given) {
+    roots.push_back(fs::path(root).lexically_normal());
+    std::error_code ec;
+    const fs::path resolved = fs::weakly_canonical(root, ec);
+    if (!ec && resolved != roots.back()) roots.push_back(resolved);
+  }
+  Confinement& c = TheConfinement();
+  absl::MutexLock lock(&c.mu);
+  c.roots = std::move(roots);
+  c.given = given;
+}
+
+absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path) {
   // O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and
   // is refused below; reads of a regular file never block anyway.
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
     return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  }
+  if (absl::Status s = CheckConfined(path, fd); !s.ok()) {
+    close(fd);
+    return s;
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
@@ -43,20 +115,18 @@ absl::StatusOr<std::pair<int, int64_t>> OpenRegular(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is ", KindOf(st.st_mode), "; a regular file is needed"));
   }
-  return std::make_pair(fd, static_cast<int64_t>(st.st_size));
+  return OpenedFile{fd, static_cast<int64_t>(st.st_size)};
 }
 
-}  // namespace
-
 absl::Status CheckRegularFile(const std::string& path) {
-  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
   if (!opened.ok()) return opened.status();
-  close(opened->first);
+  close(opened->fd);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
-  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
   if (!opened.ok()) return opened.status();
   const auto [fd, size] = *opened;
   if (size > max_bytes) {
@@ -88,9 +158,9 @@ struct LineReader::Zstd {
 };
 
 absl::StatusOr<LineReader> LineReader::Open(const std::string& path, int64_t max_line_bytes) {
-  absl::StatusOr<std::pair<int, int64_t>> opened = OpenRegular(path);
+  absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
   if (!opened.ok()) return opened.status();
-  LineReader reader(path, opened->first, max_line_bytes);
+  LineReader reader(path, opened->fd, max_line_bytes);
   if (path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0) {
     reader.zstd_ = std::make_unique<Zstd>();
   }

@@ -7,8 +7,10 @@
 #define BALLAST_COMMON_REGULAR_FILE_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -25,6 +27,33 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 // OK when `path` is a regular file (after symlinks); errors as
 // ReadRegularFile's. Opens it without blocking and reads nothing.
 absl::Status CheckRegularFile(const std::string& path);
+
+// An open descriptor of a regular file, which the caller closes, and its size.
+struct OpenedFile {
+  int fd = -1;
+  int64_t size = 0;
+};
+
+// Opens `path` as ReadRegularFile does (errors as its), for a caller that
+// reads it its own way (a memory map).
+absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path);
+
+// Confines every later open of this file's functions (and of everything that
+// opens through them) in this process: a path under one of `roots`, as
+// written or with the roots' own symlinks resolved, must lead to a file under
+// one of them. The check reads the path of the open descriptor
+// (/proc/self/fd), so it holds for the file actually read: a symlink swapped
+// in after CheckSpecPaths looked cannot lead the read out, as it could
+// between a check of the path and an open of it. INVALID_ARGUMENT names the
+// path, where it led and the roots. Paths outside every root (a job's own
+// output and cache folders) open as before; no roots (the default) confines
+// nothing. ballast-train sets its --path-root here before it reads the spec's
+// files. Thread-safe.
+void ConfineOpensBeneath(const std::vector<std::string>& roots);
+
+// True when `path`'s components begin with all of `root`'s: /data/a is under
+// /data, /data-b is not. Lexical: resolve symlinks and ".." first.
+bool IsPathUnder(const std::filesystem::path& path, const std::filesystem::path& root);
 
 // The lines of a regular file, one at a time, each at most max_line_bytes
 // (without its newline). A file whose name ends in ".zst" is decompressed as

@@ -1,16 +1,17 @@
 """Hostile and careless input through the real `ballast` CLI and ballastd
 (issue 20): relative paths mean the submitter's folder, --path-root confines
 paths past `..` and symlinks, and what cannot be a spec is refused at once,
-with exit 2 and a message that says why. Every case but one ends at
+with exit 2 and a message that says why. Every case but two ends at
 submission, with no worker; a symlink swapped after it is refused by the
-rank. docs/limits.md lists the limits."""
+rank, and a job whose links stay inside the roots trains to the end.
+docs/limits.md lists the limits."""
 import json
 import os
 import time
 
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, base_spec, make_dataset, make_model
 
 
 @pytest.fixture
@@ -105,6 +106,26 @@ def test_a_symlink_swapped_after_submission_is_refused_by_the_rank(cluster, tmp_
     reason = job.get("failure_reason", "")
     assert "data.path: " in reason and f"is outside the path roots {root}" in reason, \
         reason + "\n" + cluster.logs()
+
+
+def test_a_job_under_the_roots_trains_through_links_that_stay_inside(cluster, tmp_path):
+    """The other side of the roots: a model folder of absolute symlinks into
+    the root (as a hub cache's snapshot is) and a linked data file pass the
+    checks at submission and in the rank, which then reads every file
+    confined to the roots, and the job trains to the end."""
+    root = tmp_path / "shared"
+    make_model("qwen3", str(root / "blobs" / "model"), seed=1)
+    make_dataset(str(root / "blobs" / "data.jsonl"), n=16, vocab=320, seed=2)
+    os.makedirs(root / "snapshot")
+    for name in os.listdir(root / "blobs" / "model"):
+        os.symlink(root / "blobs" / "model" / name, root / "snapshot" / name)
+    os.symlink(root / "blobs" / "data.jsonl", root / "data.jsonl")
+    cluster.start_coordinator(extra_args=["--path-root", str(root)])
+    cluster.start_worker("w1")
+    job_id = cluster.submit(base_spec(str(root / "snapshot"), str(root / "data.jsonl"),
+                                      max_steps=4))
+    job = cluster.wait_state(job_id, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"), 120)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job.get("failure_reason", "") + cluster.logs()
 
 
 def test_a_bad_root_stops_ballastd_at_start(tmp_path):

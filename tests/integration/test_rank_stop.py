@@ -93,7 +93,9 @@ def test_worker_frozen_past_its_lease_fences_its_rank_before_the_job_runs_elsewh
     # + 1 s after the lease runs out.
     cluster.start_coordinator()
     first = cluster.start_worker("w1")
-    steps = 150
+    # Enough steps that the frozen worker's rank is still training when its
+    # fence falls: at 150 it once finished them all first (CI, a quiet moment).
+    steps = 600
     job_id = cluster.submit(long_spec(inputs, steps=steps, every=2))
     job = wait_for(lambda: (lambda j: j if int(j.get("checkpoint_step", 0)) >= 2 else None)(
         cluster.job(job_id)), 120, "the first checkpoint")

@@ -27,6 +27,7 @@
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
 #include "common/job_spec_paths.h"
+#include "common/regular_file.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
@@ -133,7 +134,12 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   // The same checks as submission, so a standalone run refuses what ballastd
   // would; with its roots again, since a symlink may point elsewhere by now.
   if (absl::Status s = ballast::CheckPathRoots(flags.path_roots); !s.ok()) return s;
+  // From here every file of the spec is read through a descriptor whose file
+  // is checked to lie under the roots, so a symlink swapped after this check
+  // cannot lead a read out of them either.
+  ballast::ConfineOpensBeneath(flags.path_roots);
   if (absl::Status s = ballast::PrepareJobSpec(&*spec, flags.path_roots); !s.ok()) return s;
+  if (!flags.path_roots.empty()) ballast::ResolveSpecPaths(&*spec);
   // Before the rendezvous: a rank that cannot compute where the spec says
   // fails the job at once, with exit 2 (a restart would find the same).
   absl::StatusOr<c10::Device> device =

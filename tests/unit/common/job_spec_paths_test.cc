@@ -93,6 +93,19 @@ TEST_F(JobSpecPathsTest, RootsConfineEveryPathPastDotDotAndSymlinks) {
   EXPECT_TRUE(CheckSpecPaths(spec_, roots_).ok()) << CheckSpecPaths(spec_, roots_);
 }
 
+TEST_F(JobSpecPathsTest, ResolvingReplacesEachPathWithWhereItLeadsNow) {
+  // A link from outside into the root passes the check, by where it leads;
+  // the rank then opens that, not the link, which may change later.
+  fs::create_symlink(dir_ / "root" / "model", dir_ / "outside" / "model-link");
+  spec_.mutable_model()->set_path((dir_ / "outside" / "model-link").string());
+  spec_.mutable_data()->set_path((dir_ / "root" / "model" / ".." / "data.jsonl").string());
+  ASSERT_TRUE(CheckSpecPaths(spec_, roots_).ok()) << CheckSpecPaths(spec_, roots_);
+  ResolveSpecPaths(&spec_);
+  EXPECT_EQ(spec_.model().path(), (dir_ / "root" / "model").string());
+  EXPECT_EQ(spec_.data().path(), (dir_ / "root" / "data.jsonl").string());
+  EXPECT_TRUE(spec_.lora().init_adapter().empty() && !spec_.has_reranker());
+}
+
 TEST_F(JobSpecPathsTest, ARootMustBeAnAbsoluteExistingFolder) {
   EXPECT_TRUE(CheckPathRoots(roots_).ok());
   EXPECT_TRUE(CheckPathRoots({}).ok());

@@ -24,7 +24,10 @@ class RegularFileTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    ConfineOpensBeneath({});  // a failed assertion may leave the process confined
+    fs::remove_all(dir_);
+  }
 
   std::string Path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
   std::string Write(const std::string& name, const std::string& text) const {
@@ -54,6 +57,47 @@ TEST_F(RegularFileTest, RefusesWhatIsMissingTooLargeOrNotARegularFile) {
               HasSubstr("fifo is a FIFO; a regular file is needed"));
   EXPECT_THAT(LineReader::Open(Path("fifo"), 100).status().message(), HasSubstr("is a FIFO"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_F(RegularFileTest, ConfinedOpensAreJudgedByTheFileOpenedNotByThePath) {
+  const fs::path root = fs::path(dir_) / "root", outside = fs::path(dir_) / "outside";
+  fs::create_directories(root);
+  fs::create_directories(outside);
+  const std::string inside = Write("root/config.json", "{}");
+  const std::string secret = Write("outside/secret.json", "{\"key\": 1}");
+  fs::create_symlink(inside, root / "absolute-link-inside.json");
+  fs::create_symlink(secret, root / "escape.json");
+  fs::create_symlink(outside, root / "escape-folder");
+  fs::create_symlink(root, fs::path(dir_) / "root-alias");
+  // A symlink that pointed inside when the paths were checked, swapped for
+  // one that points out before the file is opened.
+  fs::create_symlink(inside, root / "data.json");
+  fs::create_symlink(secret, root / "data.json.next");
+  fs::rename(root / "data.json.next", root / "data.json");
+
+  ConfineOpensBeneath({root.string()});
+  EXPECT_TRUE(ReadRegularFile(inside, 100).ok());
+  EXPECT_TRUE(ReadRegularFile((root / "absolute-link-inside.json").string(), 100).ok());
+  for (const fs::path& path :
+       {root / "escape.json", root / "escape-folder" / "secret.json", root / "data.json"}) {
+    const absl::Status s = ReadRegularFile(path.string(), 100).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(s.message(), HasSubstr(path.string() + " leads to " + secret +
+                                       ", outside the path roots " + root.string()));
+    EXPECT_FALSE(CheckRegularFile(path.string()).ok()) << path;
+    EXPECT_FALSE(LineReader::Open(path.string(), 100).ok()) << path;
+  }
+  // The job's own folders lie outside every root and open as before.
+  EXPECT_TRUE(ReadRegularFile(secret, 100).ok());
+
+  // A root given through a symlink confines the paths written either way.
+  ConfineOpensBeneath({(fs::path(dir_) / "root-alias").string()});
+  EXPECT_TRUE(ReadRegularFile((fs::path(dir_) / "root-alias" / "config.json").string(), 100).ok());
+  EXPECT_FALSE(ReadRegularFile((fs::path(dir_) / "root-alias" / "escape.json").string(), 100).ok());
+  EXPECT_FALSE(ReadRegularFile((root / "escape.json").string(), 100).ok());
+
+  ConfineOpensBeneath({});
+  EXPECT_TRUE(ReadRegularFile((root / "escape.json").string(), 100).ok());
 }
 
 TEST_F(RegularFileTest, LinesComeOneAtATimeWithTheirNumbers) {

@@ -1,13 +1,12 @@
 #include "worker/train/io/mapped_file.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 
 namespace ballast::train {
 
@@ -16,22 +15,12 @@ MappedFile::~MappedFile() {
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int error = errno;
-    close(fd);
-    return absl::ErrnoToStatus(error, absl::StrCat("stat ", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::FailedPreconditionError(path + " is not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  void* data = size == 0 ? nullptr : mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
+  if (!opened.ok()) return opened.status();
+  const size_t size = static_cast<size_t>(opened->size);
+  void* data = size == 0 ? nullptr : mmap(nullptr, size, PROT_READ, MAP_PRIVATE, opened->fd, 0);
   const int error = errno;
-  close(fd);  // the mapping outlives the descriptor
+  close(opened->fd);  // the mapping outlives the descriptor
   if (data == MAP_FAILED) return absl::ErrnoToStatus(error, absl::StrCat("mmap ", path));
   return std::make_shared<const MappedFile>(static_cast<const uint8_t*>(data), size);
 }

@@ -14,9 +14,10 @@ namespace ballast::train {
 
 class MappedFile {
  public:
-  // Maps `path`. Opens without blocking (a FIFO would otherwise wait for a
-  // writer forever); FAILED_PRECONDITION when it is not a regular file, the
-  // errno's status naming the file when it cannot be opened or mapped.
+  // Maps `path`, opened by OpenRegularFile (common/regular_file.h): without
+  // blocking, so a FIFO is refused instead of waited on, and within the path
+  // roots when the process is confined; errors as its, and the errno's status
+  // naming the file when it cannot be mapped.
   // MAP_PRIVATE keeps the view stable against writers that replace the file
   // by rename; truncating a mapped file in place is outside the contract.
   static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);

@@ -3,20 +3,18 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/regular_file.h"
 #include "worker/train/io/durable_file.h"
 #include "worker/train/io/mapped_file.h"
 #include "worker/train/io/safetensors_header.h"
@@ -25,6 +23,10 @@ namespace ballast::train {
 namespace {
 
 using json = nlohmann::json;
+
+// A model.safetensors.index.json maps each tensor name to its shard: some
+// hundred KiB for the largest models; one past this is corrupt.
+constexpr int64_t kMaxIndexJsonBytes = int64_t{64} << 20;
 
 // The LibTorch type of each safetensors dtype (safetensors_header.h).
 constexpr std::pair<SafetensorsDtype, at::ScalarType> kScalarTypes[] = {
@@ -51,15 +53,6 @@ const SafetensorsDtype* DtypeByScalarType(at::ScalarType t) {
 
 absl::Status DataLoss(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  return std::move(s).str();
 }
 
 }  // namespace
@@ -150,7 +143,7 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
         absl::StrCat("no checkpoint in ", dir, ": neither ", single, " nor ", index, " exists"));
   }
 
-  absl::StatusOr<std::string> text = ReadWholeFile(index);
+  absl::StatusOr<std::string> text = ReadRegularFile(index, kMaxIndexJsonBytes);
   if (!text.ok()) return text.status();
   json parsed;
   try {

@@ -1,13 +1,14 @@
 #include "worker/train/text/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/train/text/chat_render.h"
+#include "worker/train/text/tokenizer.h"
 
 namespace ballast::train {
 namespace {
@@ -21,14 +22,13 @@ constexpr std::string_view kChatmlTokens[] = {"<|im_start|>", "<|im_end|>"};
 constexpr std::string_view kLlama3Tokens[] = {"<|begin_of_text|>", "<|start_header_id|>",
                                               "<|end_header_id|>", "<|eot_id|>"};
 
-std::optional<std::string> ReadFile(const fs::path& path) {
-  std::error_code error;
-  if (!fs::is_regular_file(path, error)) return std::nullopt;
-  std::ifstream file(path);
-  if (!file) return std::nullopt;
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
+// The text of `path`, or nullopt when it does not exist. tokenizer_config.json
+// lists the added tokens, so it gets tokenizer.json's bound.
+absl::StatusOr<std::optional<std::string>> ReadIfPresent(const fs::path& path) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path.string(), kMaxTokenizerJsonBytes);
+  if (absl::IsNotFound(text.status())) return std::nullopt;
+  if (!text.ok()) return text.status();
+  return *std::move(text);
 }
 
 // The chat_template of a parsed tokenizer_config.json: a string, or a list
@@ -92,7 +92,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& model_dir) 
   fs::path path(model_dir);
   std::error_code error;
   if (fs::is_directory(path, error)) path /= "tokenizer_config.json";
-  const std::optional<std::string> text = ReadFile(path);
+  absl::StatusOr<std::optional<std::string>> read = ReadIfPresent(path);
+  if (!read.ok()) return read.status();
+  const std::optional<std::string>& text = *read;
   if (!text.has_value()) return absl::NotFoundError(absl::StrCat(path.string(), ": no such file"));
   nlohmann::json config;
   try {
@@ -102,7 +104,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& model_dir) 
   }
   absl::StatusOr<std::optional<std::string>> jinja = ConfigTemplate(config, path.string());
   if (!jinja.ok()) return jinja.status();
-  if (!jinja->has_value()) *jinja = ReadFile(path.parent_path() / "chat_template.jinja");
+  if (!jinja->has_value()) jinja = ReadIfPresent(path.parent_path() / "chat_template.jinja");
+  if (!jinja.ok()) return jinja.status();
   if (!jinja->has_value()) {
     return absl::NotFoundError(absl::StrCat(
         path.string(), " has no chat_template, and no chat_template.jinja is beside it"));
