@@ -18,14 +18,17 @@ FIGURES = {
     "watch": [("p99 lag", r"p99 lag ([\d.]+)ms"), ("p50 lag", r"p50 lag ([\d.]+)ms")],
     "scheduler": [("decisions/s", r"([\d.]+) decisions/s"),
                   ("p99 decision", r"p99 decision ([\d.]+)ms")],
+    "report": [("p99", r"p99=([\d.]+)ms"), ("p50", r"p50=([\d.]+)ms"),
+               ("calls/s", r"([\d.]+) calls/s")],
 }
 TITLES = {
     "submit": "SubmitJob, 100 concurrent clients",
     "watch": "WatchJobBatched (WatchJob before it existed), 100 watchers x 1,000 events/s reported",
     "scheduler": "scheduling, 10,000 queued jobs on 1,000 workers",
+    "report": "ReportEvents, 100 workers at once, 5 steps a report",
 }
 GOALS = {"submit": "goal p99 < 20 ms", "watch": "goal p99 lag < 100 ms",
-         "scheduler": "goal > 50k decisions/s"}
+         "scheduler": "goal > 50k decisions/s", "report": "no goal set"}
 
 
 def run(bin_dir, names):
@@ -60,11 +63,19 @@ def main():
     ours, base = {n: [] for n in names}, {n: [] for n in names}
     for _ in range(args.rounds):
         for into, bin_dir in ((base, args.baseline_bin), (ours, args.bin)):
-            # A baseline older than the names runs every benchmark; no harm.
+            # A baseline older than the names runs every benchmark it has;
+            # one it lacks has no ratio.
             lines = run(bin_dir, names)
             for n in names:
-                into[n].append(figures(lines[n], n))
+                if n in lines:
+                    into[n].append(figures(lines[n], n))
     for n in names:
+        if not base[n]:
+            med = {label: statistics.median(r[label] for r in ours[n]) for label, _ in FIGURES[n]}
+            print(f"control_plane/{n} ({TITLES[n]}): " +
+                  "; ".join(f"{label} {v:g}" for label, v in med.items()) +
+                  f" ({args.baseline} has no such benchmark; median of {args.rounds} runs)")
+            continue
         med = {label: (statistics.median(r[label] for r in ours[n]),
                        statistics.median(r[label] for r in base[n])) for label, _ in FIGURES[n]}
         parts = [f"{label} {a:g} vs {b:g}: {a / b:.2f}x" for label, (a, b) in med.items()]

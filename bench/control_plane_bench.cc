@@ -4,6 +4,7 @@
 //   control_plane/watch      WatchJobBatched fan-out (the CLI's watch), 100 watchers, 1,000
 //   events/s control_plane/scheduler  10,000 queued jobs on 1,000 simulated workers
 //   control_plane/scrape     GET /metrics with 1,000 running jobs of 4 ranks
+//   control_plane/report     ReportEvents latency, 100 workers reporting at once
 // Absolute figures (there is no other coordinator to compare with); about
 // 30 s in all.
 #include <grpcpp/grpcpp.h>
@@ -48,6 +49,9 @@ constexpr double kSchedulerSeconds = 3;
 constexpr int kScrapeJobs = 1000;
 constexpr int kRanksPerJob = 4;
 constexpr int kScrapes = 50;
+constexpr int kReportWorkers = 100;
+constexpr int kReportsPerWorker = 50;
+constexpr int kStepsPerReport = 5;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -239,6 +243,101 @@ class Bench {
         Quantile(all, 0.5), Quantile(all, 0.99));
   }
 
+  // ReportEvents from 100 workers at once, each on its own connection with
+  // one running rank, closed loop, each report carrying kStepsPerReport
+  // steps as an agent batches them: the busiest writer of a cluster's
+  // coordinator. Timed once every worker is connected, as Submit is.
+  void Report() {
+    auto server = StartServer("report");
+    auto channel = grpc::CreateChannel(server->grpc_address(), grpc::InsecureChannelCredentials());
+    auto jobs = JobService::NewStub(channel);
+    auto workers = WorkerService::NewStub(channel);
+    for (int w = 0; w < kReportWorkers; ++w) {
+      ballast::v1::RegisterWorkerRequest reg;
+      reg.set_host("127.0.0.1");
+      reg.set_device_kind("cpu");
+      reg.set_capacity(1);
+      ballast::v1::RegisterWorkerResponse registered;
+      workers->RegisterWorker(Context().get(), reg, &registered);
+    }
+    // Each job lands on a worker of its own; its rank is reported started.
+    std::vector<std::pair<std::string, std::string>> ranks;  // (worker id, job id)
+    for (int j = 0; j < kReportWorkers; ++j) {
+      ballast::v1::SubmitJobRequest submit;
+      *submit.mutable_spec() = spec_;
+      ballast::v1::Job job;
+      jobs->SubmitJob(Context().get(), submit, &job);
+      ballast::v1::GetJobRequest get;
+      get.set_job_id(job.id());
+      jobs->GetJob(Context().get(), get, &job);
+      if (job.placement_size() != 1) {
+        std::fprintf(stderr, "control_plane_bench: job %s was not placed\n", job.id().c_str());
+        std::exit(1);
+      }
+      ranks.emplace_back(job.placement(0).worker_id(), job.id());
+      ballast::v1::ReportEventsRequest report;
+      report.set_worker_id(ranks.back().first);
+      report.set_report_id(1);
+      ballast::v1::RankEvent* started = report.add_events();
+      started->set_job_id(job.id());
+      started->set_attempt(1);
+      started->mutable_started()->set_pid(1000 + j);
+      ballast::v1::ReportEventsResponse ack;
+      workers->ReportEvents(Context().get(), report, &ack);
+    }
+
+    std::vector<std::vector<double>> latencies(kReportWorkers);
+    std::atomic<int> failures{0};
+    std::latch connected(kReportWorkers + 1);
+    std::vector<std::thread> agents;
+    for (int w = 0; w < kReportWorkers; ++w) {
+      agents.emplace_back([&, w] {
+        grpc::ChannelArguments args;
+        args.SetInt("grpc.channel_id", w);
+        auto own = grpc::CreateCustomChannel(server->grpc_address(),
+                                             grpc::InsecureChannelCredentials(), args);
+        auto stub = WorkerService::NewStub(own);
+        if (!own->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
+          ++failures;
+        }
+        connected.arrive_and_wait();
+        const auto& [worker_id, job_id] = ranks[w];
+        int64_t step = 0;
+        for (int i = 0; i < kReportsPerWorker; ++i) {
+          ballast::v1::ReportEventsRequest report;
+          report.set_worker_id(worker_id);
+          report.set_report_id(i + 2);
+          for (int k = 0; k < kStepsPerReport; ++k) {
+            ballast::v1::RankEvent* e = report.add_events();
+            e->set_job_id(job_id);
+            e->set_attempt(1);
+            ballast::v1::StepMetrics* m = e->mutable_training()->mutable_step_metrics();
+            m->set_step(++step);
+            m->set_max_steps(1000000);
+            m->set_loss(2.5);
+            m->set_grad_norm(1.0);
+            m->set_step_time_s(0.25);
+          }
+          ballast::v1::ReportEventsResponse ack;
+          const auto start = Clock::now();
+          if (!stub->ReportEvents(Context().get(), report, &ack).ok()) ++failures;
+          latencies[w].push_back(Ms(Clock::now() - start));
+        }
+      });
+    }
+    connected.arrive_and_wait();
+    const auto begin = Clock::now();
+    for (auto& t : agents) t.join();
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    std::vector<double> all;
+    for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+    std::printf(
+        "control_plane/report: p50=%.2fms p99=%.2fms with %d workers reporting at once, %d steps "
+        "a report (%zu calls, %.0f calls/s, %.0f events/s, %d failed)\n",
+        Quantile(all, 0.5), Quantile(all, 0.99), kReportWorkers, kStepsPerReport, all.size(),
+        all.size() / seconds, all.size() * kStepsPerReport / seconds, failures.load());
+  }
+
   // 1,000 running jobs of 4 ranks, each rank with its step-time histogram,
   // memory and bytes: the size of /metrics, the latency of a scrape over
   // HTTP, and the coordinator's CPU time to encode it (thread CPU clock).
@@ -384,7 +483,7 @@ class Bench {
 
 }  // namespace
 
-// With names (submit, watch, scheduler, scrape), runs only those.
+// With names (submit, watch, scheduler, scrape, report), runs only those.
 int main(int argc, char** argv) {
   const std::vector<std::string> only(argv + 1, argv + argc);
   auto wanted = [&](const char* name) {
@@ -395,5 +494,6 @@ int main(int argc, char** argv) {
   if (wanted("watch")) bench.Watch();
   if (wanted("scheduler")) Bench::Scheduler();
   if (wanted("scrape")) bench.Scrape();
+  if (wanted("report")) bench.Report();
   return 0;
 }
