@@ -52,6 +52,8 @@ def main():
     parser.add_argument("--baseline-bin", help="bin folder of the baseline's build")
     parser.add_argument("--baseline", default="baseline", help="its name in the rows")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", action="append", choices=list(FIGURES),
+                        help="run only this benchmark (repeatable); all by default")
     args = parser.parse_args()
 
     if not args.baseline_bin:
@@ -59,7 +61,7 @@ def main():
         for name, line in run(args.bin, []).items():
             print(f"control_plane/{name}: {line}")
         return 0
-    names = list(FIGURES)
+    names = args.only or list(FIGURES)
     ours, base = {n: [] for n in names}, {n: [] for n in names}
     for _ in range(args.rounds):
         for into, bin_dir in ((base, args.baseline_bin), (ours, args.bin)):
@@ -81,7 +83,8 @@ def main():
         parts = [f"{label} {a:g} vs {b:g}: {a / b:.2f}x" for label, (a, b) in med.items()]
         print(f"control_plane/{n} ({TITLES[n]}) vs {args.baseline}: " + "; ".join(parts) +
               f" ({GOALS[n]}; median of {args.rounds} alternating runs)")
-    print(f"control_plane/scrape: {run(args.bin, ['scrape'])['scrape']}")
+    if not args.only:
+        print(f"control_plane/scrape: {run(args.bin, ['scrape'])['scrape']}")
     return 0
 
 

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/notification.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
 #include "server/worker_id.h"
@@ -696,14 +695,8 @@ void Coordinator::RunScheduler() {
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
                                                const std::string& tenant) {
-  absl::Notification replied;
-  absl::StatusOr<v1::Job> result;
-  SubmitJob(std::move(spec), request_id, tenant, [&](absl::StatusOr<v1::Job> job) {
-    result = std::move(job);
-    replied.Notify();
-  });
-  replied.WaitForNotification();
-  return result;
+  return WaitForReply<v1::Job>(
+      [&](JobDone done) { SubmitJob(std::move(spec), request_id, tenant, std::move(done)); });
 }
 
 void Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
@@ -811,15 +804,8 @@ absl::StatusOr<Coordinator::Admission> Coordinator::Admit(v1::JobSpec* spec,
   return admission;
 }
 
-void Coordinator::ReplyAfterCommit(CommitQueue::Ticket ticket, v1::Job result, JobDone done) {
-  commits_.WhenWritten(ticket, [result = std::move(result),
-                                done = std::move(done)](const absl::Status& status) mutable {
-    if (!status.ok()) {
-      std::fprintf(stderr, "ballastd: store write failed: %s\n", status.ToString().c_str());
-      return done(status);
-    }
-    done(std::move(result));
-  });
+void Coordinator::LogStoreWriteFailure(const absl::Status& status) {
+  std::fprintf(stderr, "ballastd: store write failed: %s\n", status.ToString().c_str());
 }
 
 absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind) const {
@@ -1393,40 +1379,56 @@ bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::Trai
 
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
     const v1::ReportEventsRequest& request) {
-  CommitQueue::Ticket ticket;
+  return WaitForReply<v1::ReportEventsResponse>(
+      [&](ReportDone done) { ReportEvents(request, std::move(done)); });
+}
+
+void Coordinator::ReportEvents(const v1::ReportEventsRequest& request, ReportDone done) {
+  CommitQueue::Ticket ticket = 0;
   v1::ReportEventsResponse response;
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
-    if (!live.ok()) return live.status();
-    WorkerEntry& w = **live;
-    // A worker numbers its reports from its start time in microseconds, one
-    // by one: a report_id a day past now is no worker's (and would make every
-    // real report after it look seen before).
-    const int64_t horizon = (options_.now_ms() + kReportIdHorizonMs) * 1000;
-    if (request.report_id() <= 0 || request.report_id() > horizon) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("report_id: ", request.report_id(),
-                       "; a worker's report ids count up from its start "
-                       "time in microseconds, so allowed 1..",
-                       horizon));
-    }
-    response.set_acked_report_id(request.report_id());
-    // At least once on the wire, at most once here. A report seen before may
-    // still be on its way to the store (its first delivery timed out): the
-    // worker's record, written again behind it, is stored only after it.
-    if (request.report_id() > w.record.last_report_id) {
-      for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
-      w.record.last_report_id = request.report_id();
-      RunScheduler();
-    }
-    // In the same transaction as the report's events, so a resent report is
-    // applied exactly once even across a crash.
-    PutWorker(w);
-    ticket = Flush();
+    refused = ApplyReport(request, &response, &ticket);
   }
+  // Without the lock: `done` finishes the RPC, which counts it in the
+  // metrics, whose collection takes the lock.
+  if (!refused.ok()) return done(refused);
   // Acknowledged only once stored: the worker forgets what it sent.
-  return AfterCommit(ticket, std::move(response));
+  ReplyAfterCommit<v1::ReportEventsResponse>(ticket, std::move(response), std::move(done));
+}
+
+absl::Status Coordinator::ApplyReport(const v1::ReportEventsRequest& request,
+                                      v1::ReportEventsResponse* response,
+                                      CommitQueue::Ticket* ticket) {
+  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+  if (!live.ok()) return live.status();
+  WorkerEntry& w = **live;
+  // A worker numbers its reports from its start time in microseconds, one
+  // by one: a report_id a day past now is no worker's (and would make every
+  // real report after it look seen before).
+  const int64_t horizon = (options_.now_ms() + kReportIdHorizonMs) * 1000;
+  if (request.report_id() <= 0 || request.report_id() > horizon) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("report_id: ", request.report_id(),
+                     "; a worker's report ids count up from its start "
+                     "time in microseconds, so allowed 1..",
+                     horizon));
+  }
+  response->set_acked_report_id(request.report_id());
+  // At least once on the wire, at most once here. A report seen before may
+  // still be on its way to the store (its first delivery timed out): the
+  // worker's record, written again behind it, is stored only after it.
+  if (request.report_id() > w.record.last_report_id) {
+    for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
+    w.record.last_report_id = request.report_id();
+    RunScheduler();
+  }
+  // In the same transaction as the report's events, so a resent report is
+  // applied exactly once even across a crash.
+  PutWorker(w);
+  *ticket = Flush();
+  return absl::OkStatus();
 }
 
 void Coordinator::ExpireLeases() {

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/worker_service.pb.h"
@@ -230,6 +231,14 @@ class Coordinator {
   // unknown or dead; INVALID_ARGUMENT for a report_id beyond what the worker
   // could have reached (one far ahead would make every later report look
   // seen before).
+  //
+  // The acknowledgement waits for the store, as SubmitJob's reply does, and
+  // goes to `done` on the store's writer thread (or on the caller's): the
+  // workers' reports are the busiest writes, and a thread per report waiting
+  // for its commit cost more than the reports. `done` must not block.
+  using ReportDone = std::function<void(absl::StatusOr<v1::ReportEventsResponse>)>;
+  void ReportEvents(const v1::ReportEventsRequest& request, ReportDone done);
+  // The same, returning once `done` would be called.
   absl::StatusOr<v1::ReportEventsResponse> ReportEvents(const v1::ReportEventsRequest& request);
 
   // Marks workers past their lease dead, and once agent_silence_ms (and the
@@ -340,9 +349,38 @@ class Coordinator {
     if (absl::Status s = Commit(ticket); !s.ok()) return s;
     return result;
   }
+  // ReportEvents up to its commit: applies the report (once) and queues the
+  // worker's record and the events; *ticket is the commit to wait for.
+  absl::Status ApplyReport(const v1::ReportEventsRequest& request,
+                           v1::ReportEventsResponse* response, CommitQueue::Ticket* ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // AfterCommit without waiting: `done` gets what it would return.
-  void ReplyAfterCommit(CommitQueue::Ticket ticket, v1::Job result, JobDone done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  template <typename T>
+  void ReplyAfterCommit(CommitQueue::Ticket ticket, T result,
+                        std::function<void(absl::StatusOr<T>)> done) ABSL_LOCKS_EXCLUDED(mu_) {
+    commits_.WhenWritten(ticket, [result = std::move(result),
+                                  done = std::move(done)](const absl::Status& status) mutable {
+      if (!status.ok()) {
+        LogStoreWriteFailure(status);
+        return done(status);
+      }
+      done(std::move(result));
+    });
+  }
+  static void LogStoreWriteFailure(const absl::Status& status);
+  // What a call on the callback form of `start` gives, waited for: the sync
+  // forms of SubmitJob and ReportEvents (tests, in-process callers).
+  template <typename T, typename Start>
+  static absl::StatusOr<T> WaitForReply(Start start) {
+    absl::Notification replied;
+    absl::StatusOr<T> result;
+    start([&](absl::StatusOr<T> reply) {
+      result = std::move(reply);
+      replied.Notify();
+    });
+    replied.WaitForNotification();
+    return result;
+  }
   // The part of SubmitJob before the lock: the repeated request_id of an
   // evicted job (its job), the spec's checks, and a new job id.
   struct Admission {

@@ -296,13 +296,19 @@ grpc::Status WorkerServiceImpl::StreamAssignments(grpc::ServerContext* context,
   });
 }
 
-grpc::Status WorkerServiceImpl::ReportEvents(grpc::ServerContext* context,
-                                             const v1::ReportEventsRequest* request,
-                                             v1::ReportEventsResponse* response) {
-  return gate_->Serve("ReportEvents", Audience::kWorkers, context, [&](const Principal& who) {
-    if (grpc::Status s = CheckActsAsItself(who, request->worker_id()); !s.ok()) return s;
-    return Reply(coordinator_->ReportEvents(*request), response);
-  });
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEvents(grpc::CallbackServerContext* context,
+                                                          const v1::ReportEventsRequest* request,
+                                                          v1::ReportEventsResponse* response) {
+  return gate_->ServeLater(
+      "ReportEvents", Audience::kWorkers, context, [&](const Principal& who, auto finish) {
+        if (grpc::Status s = CheckActsAsItself(who, request->worker_id()); !s.ok()) {
+          return finish(s);
+        }
+        coordinator_->ReportEvents(
+            *request, [response, finish](absl::StatusOr<v1::ReportEventsResponse> ack) {
+              finish(Reply(std::move(ack), response));
+            });
+      });
 }
 
 // ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // gRPC glue: JobService, WorkerService and TokenService over the
-// Coordinator and the Authenticator (the sync API, but for SubmitJob). Each
+// Coordinator and the Authenticator (the sync API, but for SubmitJob and ReportEvents). Each
 // handler finds who is calling and whether its role may, calls with the
 // caller's tenant (users see their tenant's jobs only, a worker acts only as
 // its own worker id), maps absl::Status to grpc::Status with the same code,
@@ -123,7 +123,11 @@ class JobServiceImpl final
   RpcGate* const gate_;
 };
 
-class WorkerServiceImpl final : public v1::WorkerService::Service {
+// ReportEvents is on the callback API, as SubmitJob is: a worker's report is
+// acknowledged from the store's writer once stored, so the reports of many
+// workers waiting for one commit hold no thread each.
+class WorkerServiceImpl final
+    : public v1::WorkerService::WithCallbackMethod_ReportEvents<v1::WorkerService::Service> {
  public:
   WorkerServiceImpl(Coordinator* coordinator, RpcGate* gate)
       : coordinator_(coordinator), gate_(gate) {}
@@ -135,8 +139,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status StreamAssignments(grpc::ServerContext* context,
                                  const v1::StreamAssignmentsRequest* request,
                                  grpc::ServerWriter<v1::Assignment>* writer) override;
-  grpc::Status ReportEvents(grpc::ServerContext* context, const v1::ReportEventsRequest* request,
-                            v1::ReportEventsResponse* response) override;
+  grpc::ServerUnaryReactor* ReportEvents(grpc::CallbackServerContext* context,
+                                         const v1::ReportEventsRequest* request,
+                                         v1::ReportEventsResponse* response) override;
 
  private:
   Coordinator* const coordinator_;
