@@ -1,5 +1,6 @@
 """Chaos with real processes (issue 20): what a kill -9, a SIGTERM, a full
-disk, a truncated checkpoint shard and a corrupted store page do to Ballast.
+disk, a truncated checkpoint shard, a corrupted store page and a network
+cut (of one worker, or of every worker at once) do to Ballast.
 Nothing acknowledged is lost, no watcher misses an event, a damaged
 checkpoint or store is detected and named, never loaded."""
 import concurrent.futures
@@ -207,3 +208,50 @@ def test_a_worker_cut_off_by_the_network_is_requeued_once_and_never_runs_twice(
     with open(os.path.join(job["output_dir"], "metrics.jsonl")) as f:
         steps = [json.loads(line)["step"] for line in f]
     assert steps == list(range(1, 601)), "a step was trained twice, or lost"
+
+
+def test_every_worker_cut_off_at_once_requeues_each_job_once_and_resumes_when_back(
+        tmp_path, request, inputs, two_hosts, monkeypatch):
+    """Both workers live on host B, each running a job; B's link goes down,
+    so the coordinator loses every worker at once. Both leases run out, both
+    ranks fence themselves, and both jobs wait in the queue with no worker
+    to run them. The link comes back: the workers register again, each job
+    resumes from its last checkpoint, once, and no step is trained twice."""
+    (ns_a, addr_a, _), (ns_b, addr_b, dev_b) = two_hosts
+    cluster = make_cluster(tmp_path, request)
+    cluster.prefix = ["ip", "netns", "exec", ns_a]
+    monkeypatch.setenv("BALLAST_TOKEN", "chaos-token")
+    env = {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
+    cluster.start_coordinator(host=addr_a)
+    on_b = ["ip", "netns", "exec", ns_b]
+    workers = [cluster.start_worker(name, cpu_slots=1, host=addr_b, prefix=on_b, env=env)
+               for name in ("wb1", "wb2")]
+    # Enough that neither rank can finish its job between the cut and its
+    # fence (a few seconds; about 30 ms a step here).
+    steps = 600
+    jobs = [cluster.submit(long_spec(inputs, steps=steps, every=5), f"job{i}.yaml")
+            for i in range(2)]
+    wait_for(lambda: all(int(cluster.job(j).get("checkpoint_step", 0)) >= 5 for j in jobs), 120,
+             "a checkpoint of each job")
+    ranks = [p for w in workers for p in w.descendants()
+             if "ballast-train" in " ".join(p.cmdline())]
+    assert len(ranks) == 2, ranks
+    assert ip("-n", ns_b, "link", "set", dev_b, "down").returncode == 0
+
+    # Both jobs go back to the queue, with no live worker left to take them,
+    # and only after their ranks ended.
+    wait_for(lambda: all(int(cluster.job(j).get("restarts", 0)) >= 1 for j in jobs), 60,
+             "both requeues")
+    assert all(not p.is_running() or p.status() == "zombie" for p in ranks), \
+        "a rank still ran when its job was requeued"
+    assert not [w for w in cluster.list_workers() if w.get("alive")]
+    assert {cluster.job(j)["state"] for j in jobs} == {"JOB_STATE_QUEUED"}
+    assert ip("-n", ns_b, "link", "set", dev_b, "up").returncode == 0
+
+    for job_id in jobs:
+        job = cluster.wait_state(job_id, ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"), 600)
+        assert job["state"] == "JOB_STATE_SUCCEEDED", job.get("failure_reason")
+        assert int(job["restarts"]) == 1
+        with open(os.path.join(job["output_dir"], "metrics.jsonl")) as f:
+            trained = [json.loads(line)["step"] for line in f]
+        assert trained == list(range(1, steps + 1)), "a step was trained twice, or lost"
