@@ -42,8 +42,8 @@
 //
 // Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
 // sum and exp runs in fp32 (fp64 for fp64 inputs, so that finite differences
-// can check the gradients). The fp32 exp is vectorised (kernels/cpu/vec.h)
-// and cloned for AVX-512 and AVX2 where the CPU has them.
+// can check the gradients). The fp32 exp is vectorised (kernels/cpu/vec8.h)
+// and cloned for AVX2 where the CPU has it.
 //
 // Threads. Work items run on at::parallel_for's OpenMP threads, longest
 // first; this file is built with OpenMP for that (kernels/CMakeLists.txt).
@@ -63,7 +63,7 @@
 #include <vector>
 
 #include "kernels/cpu/tile_product.h"
-#include "kernels/cpu/vec.h"
+#include "kernels/cpu/vec8.h"
 
 namespace ballast::kernels {
 namespace {
@@ -75,7 +75,7 @@ constexpr int64_t kBlockN = kAttnBlockN;
 // the same L1 set, so that a product's 64-column panel of Q^T would thrash a
 // quarter of the sets; 1088 bytes (17 lines) spreads the rows over all of them.
 constexpr int64_t kLdT = kBlockM + 16;
-// The column kernels work on kVec queries at a time (kernels/cpu/vec.h); a
+// The column kernels work on kVec queries at a time (kernels/cpu/vec8.h); a
 // tile's queries are padded to a multiple of kVec with zero rows of Q^T and
 // dO^T, whose columns are computed and never read back.
 static_assert(kBlockM > 0 && kBlockN > 0, "tiles must be non-empty");
@@ -92,13 +92,13 @@ int64_t PaddedWidth(int64_t queries) { return (queries + kVec - 1) / kVec * kVec
 // max_j t[j][i] into out[i].
 BALLAST_ROW_KERNEL void ColumnMax(const float* t, int64_t n, int64_t width, float* out) {
   for (int64_t i = 0; i < width; i += kVec) {
-    StoreVec(out + i, VecF{} - std::numeric_limits<float>::infinity());
+    Store8(out + i, Vec8f{} - std::numeric_limits<float>::infinity());
   }
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < width; i += kVec) {
-      const VecF x = LoadVec(t + j * kLdT + i);
-      const VecF best = LoadVec(out + i);
-      StoreVec(out + i, x > best ? x : best);
+      const Vec8f x = Load8(t + j * kLdT + i);
+      const Vec8f best = Load8(out + i);
+      Store8(out + i, x > best ? x : best);
     }
   }
 }
@@ -111,15 +111,15 @@ void ColumnMax(const double* t, int64_t n, int64_t width, double* out) {
 }
 
 // t[j][i] = exp(t[j][i] - shift[i]), and sum[i] = sum_j of the new t[j][i].
-// -inf gives exactly 0 and NaN stays NaN (see ExpVec).
+// -inf gives exactly 0 and NaN stays NaN (see Exp8).
 BALLAST_ROW_KERNEL void ExpColumns(float* t, int64_t n, int64_t width, const float* shift,
                                    float* sum) {
-  for (int64_t i = 0; i < width; i += kVec) StoreVec(sum + i, VecF{});
+  for (int64_t i = 0; i < width; i += kVec) Store8(sum + i, Vec8f{});
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < width; i += kVec) {
-      const VecF y = ExpVec(LoadVec(t + j * kLdT + i) - LoadVec(shift + i));
-      StoreVec(t + j * kLdT + i, y);
-      StoreVec(sum + i, LoadVec(sum + i) + y);
+      const Vec8f y = Exp8(Load8(t + j * kLdT + i) - Load8(shift + i));
+      Store8(t + j * kLdT + i, y);
+      Store8(sum + i, Load8(sum + i) + y);
     }
   }
 }
@@ -140,7 +140,7 @@ BALLAST_ROW_KERNEL void SoftmaxGradColumns(float* dp, const float* p, int64_t n,
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < width; i += kVec) {
       const int64_t at = j * kLdT + i;
-      StoreVec(dp + at, LoadVec(p + at) * (LoadVec(dp + at) - LoadVec(delta + i)));
+      Store8(dp + at, Load8(p + at) * (Load8(dp + at) - Load8(delta + i)));
     }
   }
 }
@@ -158,12 +158,12 @@ void SoftmaxGradColumns(double* dp, const double* p, int64_t n, int64_t width,
 // [lo1, hi1).
 BALLAST_ROW_KERNEL void HideKeyFromQueries(float* row, float j, const float* lo0, const float* hi0,
                                            const float* lo1, const float* hi1, int64_t width) {
-  const VecF key = VecF{} + j;
-  const VecF hidden = VecF{} - std::numeric_limits<float>::infinity();
+  const Vec8f key = Vec8f{} + j;
+  const Vec8f hidden = Vec8f{} - std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < width; i += kVec) {
-    const VecI seen = ((LoadVec(lo0 + i) <= key) & (key < LoadVec(hi0 + i))) |
-                      ((LoadVec(lo1 + i) <= key) & (key < LoadVec(hi1 + i)));
-    StoreVec(row + i, seen ? LoadVec(row + i) : hidden);
+    const Vec8i seen = ((Load8(lo0 + i) <= key) & (key < Load8(hi0 + i))) |
+                       ((Load8(lo1 + i) <= key) & (key < Load8(hi1 + i)));
+    Store8(row + i, seen ? Load8(row + i) : hidden);
   }
 }
 
@@ -178,7 +178,7 @@ void HideKeyFromQueries(double* row, double j, const double* lo0, const double* 
 // x[0, n) *= a, for rows of any length (n = D).
 BALLAST_ROW_KERNEL void ScaleRow(float* x, float a, int64_t n) {
   int64_t j = 0;
-  for (; j + kVec <= n; j += kVec) StoreVec(x + j, LoadVec(x + j) * a);
+  for (; j + kVec <= n; j += kVec) Store8(x + j, Load8(x + j) * a);
   for (; j < n; ++j) x[j] *= a;
 }
 

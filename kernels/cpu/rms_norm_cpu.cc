@@ -15,12 +15,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/vec.h"
+#include "kernels/cpu/vec8.h"
 
 namespace ballast::kernels {
 namespace {
 
-BALLAST_VEC_INLINE float HorizontalSum(VecF v) {
+BALLAST_VEC_INLINE float HorizontalSum(Vec8f v) {
   float total = 0.0f;
   for (int64_t t = 0; t < kVec; ++t) total += v[t];
   return total;
@@ -29,29 +29,29 @@ BALLAST_VEC_INLINE float HorizontalSum(VecF v) {
 // Returns r and writes y.
 BALLAST_ROW_KERNEL float ForwardRow(const float* x, const float* w, float* y, int64_t n,
                                     float eps) {
-  VecF squares{};
+  Vec8f squares{};
   int64_t j = 0;
   for (; j + kVec <= n; j += kVec) {
-    const VecF v = LoadVec(x + j);
+    const Vec8f v = Load8(x + j);
     squares += v * v;
   }
   const int64_t rest = n - j;
   if (rest > 0) {
-    const VecF v = LoadPartialVec(x + j, rest, 0.0f);
+    const Vec8f v = LoadPartial8(x + j, rest, 0.0f);
     squares += v * v;
   }
   const float r = 1.0f / std::sqrt(HorizontalSum(squares) / static_cast<float>(n) + eps);
-  for (j = 0; j + kVec <= n; j += kVec) StoreVec(y + j, LoadVec(w + j) * (LoadVec(x + j) * r));
+  for (j = 0; j + kVec <= n; j += kVec) Store8(y + j, Load8(w + j) * (Load8(x + j) * r));
   if (rest > 0) {
-    StorePartialVec(
-        y + j, LoadPartialVec(w + j, rest, 0.0f) * (LoadPartialVec(x + j, rest, 0.0f) * r), rest);
+    StorePartial8(y + j, LoadPartial8(w + j, rest, 0.0f) * (LoadPartial8(x + j, rest, 0.0f) * r),
+                  rest);
   }
   return r;
 }
 
-BALLAST_VEC_INLINE void BackwardLanes(VecF x, VecF w, VecF dy, float r, float c, VecF* dx,
-                                      VecF* dw) {
-  const VecF n = x * r;
+BALLAST_VEC_INLINE void BackwardLanes(Vec8f x, Vec8f w, Vec8f dy, float r, float c, Vec8f* dx,
+                                      Vec8f* dw) {
+  const Vec8f n = x * r;
   *dx = r * (dy * w - n * c);
   *dw = dy * n;
 }
@@ -60,26 +60,25 @@ BALLAST_VEC_INLINE void BackwardLanes(VecF x, VecF w, VecF dy, float r, float c,
 BALLAST_ROW_KERNEL void BackwardRow(const float* x, const float* w, const float* dy, float r,
                                     float* dx, float* dw, int64_t n) {
   const int64_t whole = n - n % kVec, rest = n - whole;
-  VecF dots{};
+  Vec8f dots{};
   for (int64_t j = 0; j < whole; j += kVec)
-    dots += (LoadVec(dy + j) * LoadVec(w + j)) * (LoadVec(x + j) * r);
+    dots += (Load8(dy + j) * Load8(w + j)) * (Load8(x + j) * r);
   if (rest > 0) {
-    dots += (LoadPartialVec(dy + whole, rest, 0.0f) * LoadPartialVec(w + whole, rest, 0.0f)) *
-            (LoadPartialVec(x + whole, rest, 0.0f) * r);
+    dots += (LoadPartial8(dy + whole, rest, 0.0f) * LoadPartial8(w + whole, rest, 0.0f)) *
+            (LoadPartial8(x + whole, rest, 0.0f) * r);
   }
   const float c = HorizontalSum(dots) / static_cast<float>(n);
-  VecF dxv, dwv;
+  Vec8f dxv, dwv;
   for (int64_t j = 0; j < whole; j += kVec) {
-    BackwardLanes(LoadVec(x + j), LoadVec(w + j), LoadVec(dy + j), r, c, &dxv, &dwv);
-    StoreVec(dx + j, dxv);
-    if (dw != nullptr) StoreVec(dw + j, LoadVec(dw + j) + dwv);
+    BackwardLanes(Load8(x + j), Load8(w + j), Load8(dy + j), r, c, &dxv, &dwv);
+    Store8(dx + j, dxv);
+    if (dw != nullptr) Store8(dw + j, Load8(dw + j) + dwv);
   }
   if (rest > 0) {
-    BackwardLanes(LoadPartialVec(x + whole, rest, 0.0f), LoadPartialVec(w + whole, rest, 0.0f),
-                  LoadPartialVec(dy + whole, rest, 0.0f), r, c, &dxv, &dwv);
-    StorePartialVec(dx + whole, dxv, rest);
-    if (dw != nullptr)
-      StorePartialVec(dw + whole, LoadPartialVec(dw + whole, rest, 0.0f) + dwv, rest);
+    BackwardLanes(LoadPartial8(x + whole, rest, 0.0f), LoadPartial8(w + whole, rest, 0.0f),
+                  LoadPartial8(dy + whole, rest, 0.0f), r, c, &dxv, &dwv);
+    StorePartial8(dx + whole, dxv, rest);
+    if (dw != nullptr) StorePartial8(dw + whole, LoadPartial8(dw + whole, rest, 0.0f) + dwv, rest);
   }
 }
 

@@ -15,27 +15,26 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/vec.h"
+#include "kernels/cpu/vec8.h"
 
 namespace ballast::kernels {
 namespace {
 
-BALLAST_VEC_INLINE VecF SiluVec(VecF g) { return g / (1.0f + ExpVec(-g)); }
+BALLAST_VEC_INLINE Vec8f Silu8(Vec8f g) { return g / (1.0f + Exp8(-g)); }
 
 BALLAST_ROW_KERNEL void ForwardRow(const float* g, const float* u, float* out, int64_t n) {
   int64_t j = 0;
-  for (; j + kVec <= n; j += kVec) StoreVec(out + j, SiluVec(LoadVec(g + j)) * LoadVec(u + j));
+  for (; j + kVec <= n; j += kVec) Store8(out + j, Silu8(Load8(g + j)) * Load8(u + j));
   if (j < n) {
     const int64_t rest = n - j;
-    StorePartialVec(out + j,
-                    SiluVec(LoadPartialVec(g + j, rest, 0.0f)) * LoadPartialVec(u + j, rest, 0.0f),
-                    rest);
+    StorePartial8(out + j, Silu8(LoadPartial8(g + j, rest, 0.0f)) * LoadPartial8(u + j, rest, 0.0f),
+                  rest);
   }
 }
 
-BALLAST_VEC_INLINE void BackwardVec(VecF g, VecF u, VecF dy, VecF* dg, VecF* du) {
-  const VecF one_plus_e = 1.0f + ExpVec(-g);
-  const VecF s = 1.0f / one_plus_e;
+BALLAST_VEC_INLINE void Backward8(Vec8f g, Vec8f u, Vec8f dy, Vec8f* dg, Vec8f* du) {
+  const Vec8f one_plus_e = 1.0f + Exp8(-g);
+  const Vec8f s = 1.0f / one_plus_e;
   *du = dy * (g / one_plus_e);
   *dg = ((dy * u) * s) * (1.0f + g * (1.0f - s));
 }
@@ -43,18 +42,18 @@ BALLAST_VEC_INLINE void BackwardVec(VecF g, VecF u, VecF dy, VecF* dg, VecF* du)
 BALLAST_ROW_KERNEL void BackwardRow(const float* g, const float* u, const float* dy, float* dg,
                                     float* du, int64_t n) {
   int64_t j = 0;
-  VecF dgv, duv;
+  Vec8f dgv, duv;
   for (; j + kVec <= n; j += kVec) {
-    BackwardVec(LoadVec(g + j), LoadVec(u + j), LoadVec(dy + j), &dgv, &duv);
-    StoreVec(dg + j, dgv);
-    StoreVec(du + j, duv);
+    Backward8(Load8(g + j), Load8(u + j), Load8(dy + j), &dgv, &duv);
+    Store8(dg + j, dgv);
+    Store8(du + j, duv);
   }
   if (j < n) {
     const int64_t rest = n - j;
-    BackwardVec(LoadPartialVec(g + j, rest, 0.0f), LoadPartialVec(u + j, rest, 0.0f),
-                LoadPartialVec(dy + j, rest, 0.0f), &dgv, &duv);
-    StorePartialVec(dg + j, dgv, rest);
-    StorePartialVec(du + j, duv, rest);
+    Backward8(LoadPartial8(g + j, rest, 0.0f), LoadPartial8(u + j, rest, 0.0f),
+              LoadPartial8(dy + j, rest, 0.0f), &dgv, &duv);
+    StorePartial8(dg + j, dgv, rest);
+    StorePartial8(du + j, duv, rest);
   }
 }
 
