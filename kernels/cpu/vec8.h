@@ -54,7 +54,12 @@ BALLAST_VEC_INLINE void StorePartial8(float* p, Vec8f x, int64_t n) {
 // (2^127.5, where 2^r would no longer fit the exponent field) it is +inf,
 // slightly before expf overflows at 88.72; -inf gives exactly 0 and NaN stays
 // NaN, so a poisoned input reaches the output.
-BALLAST_VEC_INLINE Vec8f Exp8(Vec8f x) {
+//
+// For any width: V a float vector and I its int32 twin (Vec8f and Vec8i here;
+// the attention softmax also runs it on 16 floats, in a function built for
+// AVX-512).
+template <typename V, typename I>
+BALLAST_VEC_INLINE V ExpLanes(V x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
@@ -62,11 +67,11 @@ BALLAST_VEC_INLINE Vec8f Exp8(Vec8f x) {
   constexpr float kRound = 12582912.0f;
   constexpr float kMinArg = -87.33f;
   constexpr float kMaxArg = 88.37f;
-  Vec8f xc = x < kMinArg ? Vec8f{} + kMinArg : x;
-  xc = xc > kMaxArg ? Vec8f{} + kMaxArg : xc;
-  const Vec8f r = (xc * kLog2e + kRound) - kRound;
-  const Vec8f f = (xc - r * kLn2Hi) - r * kLn2Lo;
-  Vec8f p = Vec8f{} + 1.9875691500e-4f;
+  V xc = x < kMinArg ? V{} + kMinArg : x;
+  xc = xc > kMaxArg ? V{} + kMaxArg : xc;
+  const V r = (xc * kLog2e + kRound) - kRound;
+  const V f = (xc - r * kLn2Hi) - r * kLn2Lo;
+  V p = V{} + 1.9875691500e-4f;
   p = p * f + 1.3981999507e-3f;
   p = p * f + 8.3334519073e-3f;
   p = p * f + 4.1665795894e-2f;
@@ -75,12 +80,14 @@ BALLAST_VEC_INLINE Vec8f Exp8(Vec8f x) {
   p = p * f * f + f + 1.0f;
   // Multiply by 2^r by adding r to the exponent bits (GCC's reinterpret_cast
   // of a vector keeps its bits).
-  const Vec8i bits = reinterpret_cast<Vec8i>(p) + (__builtin_convertvector(r, Vec8i) << 23);
-  Vec8f y = reinterpret_cast<Vec8f>(bits);
-  y = x < kMinArg ? Vec8f{} : y;
-  y = x > kMaxArg ? Vec8f{} + __builtin_inff() : y;
+  const I bits = reinterpret_cast<I>(p) + (__builtin_convertvector(r, I) << 23);
+  V y = reinterpret_cast<V>(bits);
+  y = x < kMinArg ? V{} : y;
+  y = x > kMaxArg ? V{} + __builtin_inff() : y;
   return x != x ? x : y;
 }
+
+BALLAST_VEC_INLINE Vec8f Exp8(Vec8f x) { return ExpLanes<Vec8f, Vec8i>(x); }
 
 }  // namespace ballast::kernels
 
