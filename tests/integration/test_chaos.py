@@ -170,6 +170,16 @@ def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_previous_one(inputs
     assert steps[-2:] == [step + 1, step + 2]
 
 
+def coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a):
+    """A cluster whose coordinator and CLI run on host A with a token; also
+    the environment for workers (one thread each, the same token)."""
+    cluster = make_cluster(tmp_path, request)
+    cluster.prefix = ["ip", "netns", "exec", ns_a]
+    monkeypatch.setenv("BALLAST_TOKEN", "chaos-token")
+    cluster.start_coordinator(host=addr_a)
+    return cluster, {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
+
+
 def test_a_worker_cut_off_by_the_network_is_requeued_once_and_never_runs_twice(
         tmp_path, request, inputs, two_hosts, monkeypatch):
     """Worker B's veth goes down mid-job. Its lease runs out; its agent stops
@@ -177,11 +187,7 @@ def test_a_worker_cut_off_by_the_network_is_requeued_once_and_never_runs_twice(
     start again on A, from B's last checkpoint. The link comes back: B's
     stale reports change nothing. One requeue, no step trained twice."""
     (ns_a, addr_a, _), (ns_b, addr_b, dev_b) = two_hosts
-    cluster = make_cluster(tmp_path, request)
-    cluster.prefix = ["ip", "netns", "exec", ns_a]
-    monkeypatch.setenv("BALLAST_TOKEN", "chaos-token")
-    env = {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
-    cluster.start_coordinator(host=addr_a)
+    cluster, env = coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a)
     b = cluster.start_worker("wb", cpu_slots=1, host=addr_b, prefix=["ip", "netns", "exec", ns_b],
                              env=env)
     job_id = cluster.submit(long_spec(inputs, steps=600, every=5))
@@ -218,11 +224,7 @@ def test_every_worker_cut_off_at_once_requeues_each_job_once_and_resumes_when_ba
     to run them. The link comes back: the workers register again, each job
     resumes from its last checkpoint, once, and no step is trained twice."""
     (ns_a, addr_a, _), (ns_b, addr_b, dev_b) = two_hosts
-    cluster = make_cluster(tmp_path, request)
-    cluster.prefix = ["ip", "netns", "exec", ns_a]
-    monkeypatch.setenv("BALLAST_TOKEN", "chaos-token")
-    env = {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
-    cluster.start_coordinator(host=addr_a)
+    cluster, env = coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a)
     on_b = ["ip", "netns", "exec", ns_b]
     workers = [cluster.start_worker(name, cpu_slots=1, host=addr_b, prefix=on_b, env=env)
                for name in ("wb1", "wb2")]
