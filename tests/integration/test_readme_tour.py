@@ -16,7 +16,11 @@ shared test machine makes that impossible. These are all the substitutions:
 as it does for a user; it writes the same files every time.
 
 Everything started here is stopped when the test ends, on failure too.
+
+Beside the tour: every relative link of README.md and docs/*.md leads to a
+file inside the repository.
 """
+import glob
 import json
 import os
 import re
@@ -125,3 +129,28 @@ def test_readme_tour_runs_as_written(tmp_path, monkeypatch):
     finally:
         for process in reversed(background):
             process.stop()
+
+
+def relative_links(path):
+    """The targets of path's markdown links that are not URLs or anchors, with
+    any #anchor cut off; code blocks and `code spans` are not links."""
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [t.split("#", 1)[0] for t in targets
+            if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def test_relative_links_of_the_readme_and_docs_resolve_inside_the_repository():
+    root = os.path.realpath(ROOT)
+    pages = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    broken = []
+    # The README links docs/: a pattern that found no link would pass anything.
+    assert "docs/design.md" in relative_links(pages[0])
+    for page in pages:
+        for target in relative_links(page):
+            resolved = os.path.realpath(os.path.join(os.path.dirname(page), target))
+            if not resolved.startswith(root + os.sep) or not os.path.exists(resolved):
+                broken.append(f"{os.path.relpath(page, ROOT)}: {target}")
+    assert not broken, "links that leave the repository or lead nowhere:\n" + "\n".join(broken)
