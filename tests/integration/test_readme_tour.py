@@ -144,7 +144,8 @@ def relative_links(path):
 
 def test_relative_links_of_the_readme_and_docs_resolve_inside_the_repository():
     root = os.path.realpath(ROOT)
-    pages = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    pages = [os.path.join(ROOT, "README.md"),
+             *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
     broken = []
     # The README links docs/: a pattern that found no link would pass anything.
     assert "docs/design.md" in relative_links(pages[0])
