@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
+#include "prometheus/family.h"
 
 namespace ballast::server {
 namespace {
@@ -65,8 +66,34 @@ void AssignmentFeed::Return(std::vector<v1::Assignment> undelivered) {
 
 Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options)
     : store_(store),
-      metrics_(metrics),
       options_(std::move(options)),
+      // A counter shows 0 from the start, so rate() and alerts see its first
+      // drop.
+      events_dropped_(prometheus::BuildCounter()
+                          .Name("ballast_events_dropped_total")
+                          .Help("Job events deleted by the per-job retention limit.")
+                          .Register(metrics->registry())
+                          .Add({})),
+      jobs_pruned_(prometheus::BuildCounter()
+                       .Name("ballast_jobs_pruned_total")
+                       .Help("Finished jobs deleted from the store, with their events, beyond the "
+                             "newest --job-history.")
+                       .Register(metrics->registry())
+                       .Add({})),
+      queue_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_job_queue_seconds")
+              .Help("Time from entering the queue (submission, requeue, rollback) to being "
+                    "placed on workers.")
+              .Register(metrics->registry())
+              .Add({}, std::vector<double>(std::begin(kQueueSecondsBounds),
+                                           std::end(kQueueSecondsBounds)))),
+      scheduler_decision_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_scheduler_decision_seconds")
+              .Help("Time of one scheduling pass over the queue.")
+              .Register(metrics->registry())
+              .Add({}, std::vector<double>{1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1})),
       workers_(options_.lease_ms),
       history_(options_.finished_jobs_kept, options_.metrics_retention_ms),
       job_metrics_(&mu_, &jobs_, &workers_, &scheduler_, &history_, options_.now_ms),
@@ -81,27 +108,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                                                                  CoordinatorOptions options) {
   if (!options.now_ms) options.now_ms = RealNowMs;
   std::unique_ptr<Coordinator> c(new Coordinator(store, metrics, std::move(options)));
-  metrics->Describe("ballast_events_dropped_total",
-                    "Job events deleted by the per-job retention limit.", MetricType::kCounter);
-  // A counter shows 0 from the start, so rate() and alerts see its first drop.
-  metrics->Add("ballast_events_dropped_total", {}, 0);
-  metrics->Describe("ballast_jobs_pruned_total",
-                    "Finished jobs deleted from the store, with their events, beyond the newest "
-                    "--job-history.",
-                    MetricType::kCounter);
-  metrics->Add("ballast_jobs_pruned_total", {}, 0);
-  metrics->Describe(
-      "ballast_job_queue_seconds",
-      "Time from entering the queue (submission, requeue, rollback) to being "
-      "placed on workers.",
-      MetricType::kHistogram,
-      std::vector<double>(std::begin(kQueueSecondsBounds), std::end(kQueueSecondsBounds)));
-  metrics->Describe("ballast_scheduler_decision_seconds",
-                    "Time of one scheduling pass over the queue.", MetricType::kHistogram,
-                    {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
   if (absl::Status s = c->Load(); !s.ok()) return s;
-  metrics->AddCollector(
-      [raw = c.get()](std::vector<MetricFamily>* out) { raw->job_metrics_.Collect(out); });
+  metrics->AddCollectable(&c->job_metrics_);
   c->lease_thread_ = std::thread([raw = c.get()] { raw->LeaseLoop(); });
   return c;
 }
@@ -218,7 +226,7 @@ void Coordinator::PruneHistory() {
                  pruned.status().ToString().c_str());
     return;
   }
-  if (*pruned > 0) metrics_->Add("ballast_jobs_pruned_total", {}, static_cast<double>(*pruned));
+  if (*pruned > 0) jobs_pruned_.Increment(static_cast<double>(*pruned));
 }
 
 void Coordinator::RetireFinishedJobs() {
@@ -290,7 +298,7 @@ void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
   // The store keeps the newest event_retention: this one pushes one out.
   if (j.last_seq() > options_.event_retention) {
     ++job->record.events_deleted;
-    metrics_->Add("ballast_events_dropped_total", {}, 1);
+    events_dropped_.Increment();
   }
   event.set_job_id(j.id());
   event.set_seq(j.last_seq());
@@ -313,8 +321,7 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   if (Terminal(to)) history_.Finished(j.id(), options_.now_ms());
   if (to == v1::JOB_STATE_QUEUED) job->queued_since_ms = options_.now_ms();
   if (to == v1::JOB_STATE_SCHEDULED && job->queued_since_ms > 0) {
-    metrics_->Observe("ballast_job_queue_seconds", {},
-                      static_cast<double>(options_.now_ms() - job->queued_since_ms) / 1000.0);
+    queue_seconds_.Observe(static_cast<double>(options_.now_ms() - job->queued_since_ms) / 1000.0);
   }
   AddEvent(job, std::move(e));
 }
@@ -533,8 +540,7 @@ void Coordinator::RunScheduler() {
         used += devices;
         return true;
       });
-  metrics_->Observe(
-      "ballast_scheduler_decision_seconds", {},
+  scheduler_decision_seconds_.Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   for (Decision& d : decisions) {
     JobEntry* job = FindJob(d.job_id);
@@ -739,9 +745,10 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
   JobEntry* job = *visible;
   std::vector<RankStats> stats;
   for (const auto& [rank, series] : job->ranks) {
+    const prometheus::ClientMetric::Histogram steps = series.step_seconds.Collect().histogram;
     stats.push_back({.rank = rank,
-                     .steps = series.step_seconds.count,
-                     .step_seconds = series.step_seconds.sum,
+                     .steps = steps.sample_count,
+                     .step_seconds = steps.sample_sum,
                      .peak_memory_bytes = series.peak_memory_bytes,
                      .communicated_bytes = series.communicated_bytes});
   }

@@ -39,6 +39,8 @@
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/worker_service.pb.h"
 #include "common/metrics.h"
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
 #include "server/commit_queue.h"
 #include "server/event_fanout.h"
 #include "server/event_watch.h"
@@ -133,7 +135,9 @@ class AssignmentFeed {
 class Coordinator {
  public:
   // Loads jobs and workers from `store`, gives every known worker a fresh
-  // lease, and queues what was queued. `store` and `metrics` must outlive it.
+  // lease, and queues what was queued. `store` and `metrics` must outlive it,
+  // and `metrics` must not be scraped once it is gone: its per-job series
+  // come from a Collectable of its own that it adds to `metrics`.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Store* store, MetricsRegistry* metrics,
                                                              CoordinatorOptions options);
   ~Coordinator();
@@ -382,8 +386,12 @@ class Coordinator {
   void ReturnAssignments(const std::string& worker_id, std::vector<v1::Assignment> undelivered);
 
   Store* const store_;
-  MetricsRegistry* const metrics_;
   const CoordinatorOptions options_;
+  // In the MetricsRegistry given to Create; thread-safe.
+  prometheus::Counter& events_dropped_;
+  prometheus::Counter& jobs_pruned_;
+  prometheus::Histogram& queue_seconds_;
+  prometheus::Histogram& scheduler_decision_seconds_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
@@ -402,7 +410,8 @@ class Coordinator {
   // The finished jobs in memory and those leaving it. Its own mutex, taken
   // after mu_ (the store's writer thread reports evictions without mu_).
   JobHistory history_;
-  // The scrape's view of the state above, under mu_.
+  // The scrape's view of the state above, under mu_: the Collectable that
+  // Create adds to the MetricsRegistry.
   const JobMetrics job_metrics_;
   int64_t last_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t port_counter_ ABSL_GUARDED_BY(mu_) = 0;

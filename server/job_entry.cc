@@ -25,7 +25,7 @@ bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e)
     case v1::TrainingEvent::kStepMetrics: {
       const v1::StepMetrics& m = e.step_metrics();
       RankSeries& series = job->ranks[rank];
-      ObserveInto(StepSecondsBounds(), m.step_time_s(), &series.step_seconds);
+      series.step_seconds.Observe(m.step_time_s());
       series.peak_memory_bytes = m.peak_memory_bytes();
       series.communicated_bytes += static_cast<double>(m.communicated_bytes());
       // Every rank reports the same global step; rank 0 speaks for the job,

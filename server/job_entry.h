@@ -1,7 +1,8 @@
 // JobEntry: what the coordinator holds in memory for one job, and the words
 // shared by the classes that read it (the coordinator, JobHistory,
 // JobMetrics, EventWatch). Plain data: whoever holds a JobEntry guards it
-// (the Coordinator, with its mutex).
+// (the Coordinator, with its mutex). A JobEntry is neither copied nor moved
+// (its histograms cannot be): the coordinator keeps each where it made it.
 #ifndef BALLAST_SERVER_JOB_ENTRY_H_
 #define BALLAST_SERVER_JOB_ENTRY_H_
 
@@ -12,7 +13,7 @@
 #include <vector>
 
 #include "ballast/v1/job.pb.h"
-#include "common/metrics.h"
+#include "prometheus/histogram.h"
 #include "server/event_fanout.h"
 #include "server/store.h"
 
@@ -31,7 +32,7 @@ const std::vector<double>& StepSecondsBounds();
 // What one rank of a job reported for itself, for the ballast_rank_*
 // series; since ballastd started, like the guard counters.
 struct RankSeries {
-  HistogramValue step_seconds;
+  prometheus::Histogram step_seconds{StepSecondsBounds()};
   // The newest report; 0 when the rank does not measure it.
   int64_t peak_memory_bytes = 0;
   double communicated_bytes = 0;

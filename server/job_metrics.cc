@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 
 namespace ballast::server {
 namespace {
@@ -49,26 +50,27 @@ JobMetrics::Snapshot JobMetrics::Read() const {
       auto n = j.anomalies().find(kind);
       s.anomalies.push_back(n == j.anomalies().end() ? 0.0 : static_cast<double>(n->second));
     }
-    s.ranks = entry.ranks;
+    for (const auto& [rank, series] : entry.ranks) {
+      s.ranks[rank] = {.step_seconds = series.step_seconds.Collect(),
+                       .peak_memory_bytes = series.peak_memory_bytes,
+                       .communicated_bytes = series.communicated_bytes};
+    }
   }
   return snap;
 }
 
-void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
+std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
+  using prometheus::MetricFamily;
+  using prometheus::MetricType;
   const Snapshot snap = Read();
+  std::vector<MetricFamily> families;
+  // Families are filled one at a time, each before the next is added.
   auto family = [&](const char* name, const char* help, MetricType type) -> MetricFamily& {
-    MetricFamily& f = out->emplace_back();
-    f.name = name;
-    f.help = help;
-    f.type = type;
-    return f;
+    return families.emplace_back(MetricFamily{name, help, type, {}});
   };
-  auto sample = [](MetricFamily& f, MetricLabels labels, double value) {
-    MetricSample& s = f.samples.emplace_back();
-    s.labels = std::move(labels);
-    s.value = value;
-  };
-  MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::kGauge);
+  auto sample = [](MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
+                   double value) { AddSample(&f, std::move(labels), value); };
+  MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::Gauge);
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     if (!v1::JobState_IsValid(s)) continue;
     auto n = snap.jobs_by_state.find(s);
@@ -78,14 +80,14 @@ void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
   sample(family("ballast_jobs_in_memory",
                 "Jobs whose records ballastd holds in memory: the live ones and the recently "
                 "finished. The others are read from the store.",
-                MetricType::kGauge),
+                MetricType::Gauge),
          {}, static_cast<double>(snap.jobs_in_memory));
 
-  MetricFamily& workers = family("ballast_workers", "Registered workers.", MetricType::kGauge);
+  MetricFamily& workers = family("ballast_workers", "Registered workers.", MetricType::Gauge);
   sample(workers, {{"state", "alive"}}, static_cast<double>(snap.workers_alive));
   sample(workers, {{"state", "dead"}}, static_cast<double>(snap.workers_dead));
   MetricFamily& devices =
-      family("ballast_worker_devices", "Devices of live workers.", MetricType::kGauge);
+      family("ballast_worker_devices", "Devices of live workers.", MetricType::Gauge);
   sample(devices, {{"state", "busy"}}, static_cast<double>(snap.devices_busy));
   sample(devices, {{"state", "free"}}, static_cast<double>(snap.devices_free));
 
@@ -105,28 +107,28 @@ void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
     };
   };
   const PerJob per_job[] = {
-      {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
+      {"ballast_job_step", "Last optimizer step reported.", MetricType::Gauge,
        [](const JobSample& j) { return static_cast<double>(j.step); }},
       // With ballast_job_step, what a stall alert needs: running, yet no new step.
       {"ballast_job_running", "1 while the job is RUNNING (its ranks train), else 0.",
-       MetricType::kGauge,
+       MetricType::Gauge,
        [](const JobSample& j) { return j.state == v1::JOB_STATE_RUNNING ? 1.0 : 0.0; }},
       {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
-       MetricType::kGauge,
+       MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
          if (!j.last_step || !j.last_step->has_loss()) return std::nullopt;
          return j.last_step->loss();
        }},
-      {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
+      {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::Gauge,
        last_step(&v1::StepMetrics::grad_norm)},
-      {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
+      {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::Gauge,
        last_step(&v1::StepMetrics::lr)},
-      {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
+      {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::Gauge,
        last_step(&v1::StepMetrics::tokens_per_s)},
       {"ballast_job_supervised_tokens",
        "Supervised tokens (those with a label) in the last step, over all ranks: the loss's "
        "denominator.",
-       MetricType::kGauge,
+       MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
          if (!j.last_step) return std::nullopt;
          return static_cast<double>(j.last_step->supervised_tokens());
@@ -134,24 +136,24 @@ void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
       {"ballast_job_rollbacks_total",
        "Rollbacks the guard took by itself over the job's life. A user's `ballast rollback` "
        "is not counted, here or in ballast_job_restarts_total.",
-       MetricType::kCounter,
+       MetricType::Counter,
        [](const JobSample& j) { return static_cast<double>(j.guard_rollbacks); }},
       {"ballast_job_skipped_steps_total",
-       "Optimizer steps the guard kept from the weights over the job's life.", MetricType::kCounter,
+       "Optimizer steps the guard kept from the weights over the job's life.", MetricType::Counter,
        [](const JobSample& j) { return static_cast<double>(j.skipped_steps); }},
       {"ballast_job_restarts_total",
        "Restarts after a failed attempt (a rank's error, a lost worker), counted against "
        "scheduling.max_restarts. A user's `ballast rollback` is not one.",
-       MetricType::kCounter, [](const JobSample& j) { return static_cast<double>(j.restarts); }},
+       MetricType::Counter, [](const JobSample& j) { return static_cast<double>(j.restarts); }},
       {"ballast_job_eval_mrr_at_10",
        "A reranker's MRR@10 on its held-out groups (reranker.eval_path), at its last evaluation.",
-       MetricType::kGauge,
+       MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
          if (!j.last_eval) return std::nullopt;
          return j.last_eval->mrr_at_10();
        }},
       {"ballast_job_eval_ndcg_at_10",
-       "A reranker's NDCG@10 on its held-out groups, at its last evaluation.", MetricType::kGauge,
+       "A reranker's NDCG@10 on its held-out groups, at its last evaluation.", MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
          if (!j.last_eval) return std::nullopt;
          return j.last_eval->ndcg_at_10();
@@ -169,7 +171,7 @@ void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
       family("ballast_job_anomalies_total",
              "Steps the guard found unhealthy (skipped, recovered by a re-run, rolled back or "
              "diagnosed) and checkpoints it refused, by trigger.",
-             MetricType::kCounter);
+             MetricType::Counter);
   for (const JobSample& j : snap.jobs) {
     for (size_t k = 0; k < std::size(kAnomalyKinds); ++k) {
       sample(anomalies, {{"job_id", j.id}, {"kind", kAnomalyKinds[k]}}, j.anomalies[k]);
@@ -178,39 +180,37 @@ void JobMetrics::Collect(std::vector<MetricFamily>* out) const {
 
   // Per-rank series, for the same jobs: each rank's own step time, memory
   // and traffic, where a slow or swapping rank shows up. Filled side by side,
-  // so they are built here and appended at the end (a reference into `out`
-  // would not survive the next family).
+  // so they are built here and appended at the end (a reference into
+  // `families` would not survive the next family).
   MetricFamily step_seconds{"ballast_rank_step_seconds",
                             "Step time as each rank measured it.",
-                            MetricType::kHistogram,
-                            StepSecondsBounds(),
+                            MetricType::Histogram,
                             {}};
   MetricFamily peak_memory{"ballast_rank_peak_memory_bytes",
                            "Peak memory of the rank: RSS on CPU, allocated device memory on a GPU.",
-                           MetricType::kGauge,
-                           {},
+                           MetricType::Gauge,
                            {}};
   MetricFamily communicated{"ballast_rank_communicated_bytes_total",
                             "Bytes the rank sent in collectives since ballastd "
                             "started.",
-                            MetricType::kCounter,
-                            {},
+                            MetricType::Counter,
                             {}};
   for (const JobSample& j : snap.jobs) {
     for (const auto& [rank, series] : j.ranks) {
-      const MetricLabels labels = {{"job_id", j.id}, {"rank", absl::StrCat(rank)}};
-      MetricSample& s = step_seconds.samples.emplace_back();
-      s.labels = labels;
-      s.histogram = series.step_seconds;
+      const std::vector<prometheus::ClientMetric::Label> labels = {{"job_id", j.id},
+                                                                   {"rank", absl::StrCat(rank)}};
+      prometheus::ClientMetric& s = step_seconds.metric.emplace_back(series.step_seconds);
+      s.label = labels;
       if (series.peak_memory_bytes > 0) {
         sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
       }
       sample(communicated, labels, series.communicated_bytes);
     }
   }
-  out->push_back(std::move(step_seconds));
-  out->push_back(std::move(peak_memory));
-  out->push_back(std::move(communicated));
+  families.push_back(std::move(step_seconds));
+  families.push_back(std::move(peak_memory));
+  families.push_back(std::move(communicated));
+  return families;
 }
 
 }  // namespace ballast::server

@@ -1,7 +1,7 @@
 // JobMetrics: the coordinator's series computed at scrape time, a const view
-// of its state: jobs by state, workers and their devices, and one series per
-// live or recently finished job (its step, loss, guard counters...) and per
-// rank of it. A job's series are there while JobHistory shows it and are gone
+// of its state and the prometheus::Collectable that MetricsRegistry reads: jobs by state, workers
+// and their devices, and one series per live or recently finished job (its step, loss, guard
+// counters...) and per rank of it. A job's series are there while JobHistory shows it and are gone
 // the scrape after, with nothing to delete. README's metrics table lists them.
 //
 // Thread-safe. Collect reads the state under the coordinator's mutex, copying
@@ -18,7 +18,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/metrics.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "server/job_entry.h"
 #include "server/job_history.h"
 #include "server/scheduler.h"
@@ -26,7 +28,7 @@
 
 namespace ballast::server {
 
-class JobMetrics {
+class JobMetrics : public prometheus::Collectable {
  public:
   // Views the state the coordinator guards with `mu`; every pointer must
   // outlive this view. `now_ms` is the coordinator's clock.
@@ -40,11 +42,17 @@ class JobMetrics {
         history_(history),
         now_ms_(std::move(now_ms)) {}
 
-  // Appends the families, each with its samples; a value a job does not have
-  // yet (a loss before the first step) has no sample rather than a made-up 0.
-  void Collect(std::vector<MetricFamily>* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The families, each with its samples; a value a job does not have yet (a
+  // loss before the first step) has no sample rather than a made-up 0.
+  std::vector<prometheus::MetricFamily> Collect() const ABSL_LOCKS_EXCLUDED(mu_) override;
 
  private:
+  // What a scrape reads of one rank of a shown job (RankSeries).
+  struct RankSample {
+    prometheus::ClientMetric step_seconds;
+    int64_t peak_memory_bytes = 0;
+    double communicated_bytes = 0;
+  };
   // What a scrape reads of one shown job.
   struct JobSample {
     std::string id;
@@ -57,7 +65,7 @@ class JobMetrics {
     int64_t restarts = 0;
     // By kAnomalyKinds' order.
     std::vector<double> anomalies;
-    std::map<int32_t, RankSeries> ranks;
+    std::map<int32_t, RankSample> ranks;
   };
   // Everything a scrape reads, copied under the mutex.
   struct Snapshot {
