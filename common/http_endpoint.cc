@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
         return;
       }
     }
-    response.set_content(metrics->Encode(), "text/plain; version=0.0.4; charset=utf-8");
+    response.set_content(metrics->Encode(), kMetricsContentType);
   });
   server.Get("/healthz", [healthy = std::move(healthy)](const httplib::Request&,
                                                         httplib::Response& response) {

@@ -1,7 +1,9 @@
 // The HTTP side of ballastd and ballast-worker: GET /metrics (Prometheus
 // text format 0.0.4) and GET /healthz (200 "ok" while the process is
 // healthy by its own measure, 503 with the reason otherwise). Serves on its
-// own threads from Start until destruction.
+// own threads from Start until destruction. ballastd's dashboard, its token
+// check and TLS share this server, which is why /metrics is served here and
+// not by prometheus-cpp-pull's Exposer: an Exposer takes a port of its own.
 #ifndef BALLAST_COMMON_HTTP_ENDPOINT_H_
 #define BALLAST_COMMON_HTTP_ENDPOINT_H_
 

@@ -1,105 +1,62 @@
-// Metrics registry and the Prometheus text exposition format (version 0.0.4).
+// MetricsRegistry: a process's metrics, as Prometheus scrapes them from
+// GET /metrics (common/http_endpoint.h), on prometheus-cpp.
 //
-// A registry holds counters, gauges and histograms by name and label set, and
-// collectors: callbacks that add families computed at scrape time (for
-// example one gauge per running job), so that series for a job that is gone
-// disappear without anyone deleting them. Thread-safe.
+// It holds a prometheus::Registry, where the counters, gauges and histograms
+// that code updates as things happen live (Family<Counter>, Family<Gauge>,
+// Family<Histogram>; a hot path holds the Counter& or Histogram& it updates),
+// and the Collectables whose series are computed at scrape time (one per
+// running job, per rank, per worker state), so that a finished job's series
+// disappear without anyone deleting them.
+//
+// prometheus-cpp-pull's Exposer would serve both, but only on a port of its
+// own: /metrics shares ballastd's HTTP port with the dashboard, the bearer
+// token check and TLS (HttpEndpoint), so Encode serializes for that endpoint
+// instead.
+//
+// Thread-safe.
 #ifndef BALLAST_COMMON_METRICS_H_
 #define BALLAST_COMMON_METRICS_H_
 
-#include <cstdint>
-#include <functional>
-#include <map>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
 
 namespace ballast {
 
-// Label names and values, in the order they are printed.
-using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+// The Content-Type of the text exposition format that Encode writes.
+inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
-enum class MetricType { kCounter, kGauge, kHistogram };
-
-// One series of a histogram: per-bucket counts (not cumulative; one more than
-// the bounds, the last being +Inf), their sum and total count.
-struct HistogramValue {
-  std::vector<uint64_t> bucket_counts;
-  double sum = 0;
-  uint64_t count = 0;
-};
-
-// Counts `value` into `h`, whose bucket_counts has one entry per bound plus
-// +Inf. Buckets are "le": a value equal to a bound belongs to it.
-void ObserveInto(const std::vector<double>& bounds, double value, HistogramValue* h);
-
-struct MetricSample {
-  MetricLabels labels;
-  // Counters and gauges.
-  double value = 0;
-  // Histograms.
-  HistogramValue histogram;
-};
-
-struct MetricFamily {
-  std::string name;
-  std::string help;
-  MetricType type = MetricType::kGauge;
-  // Histograms: ascending upper bounds, +Inf excluded.
-  std::vector<double> bounds;
-  std::vector<MetricSample> samples;
-};
-
-// Escapes a label value: backslash, double quote and newline.
-std::string EscapeLabelValue(std::string_view value);
-
-// Encodes families as Prometheus text 0.0.4: HELP and TYPE lines, then one
-// line per sample; histograms as cumulative _bucket{le=...} lines ending in
-// le="+Inf", then _sum and _count.
-std::string EncodePrometheusText(const std::vector<MetricFamily>& families);
+// For a Collectable's families: appends a sample of `value` to `family`, as
+// a counter's or a gauge's by the family's type, with `labels` in order.
+void AddSample(prometheus::MetricFamily* family,
+               std::vector<prometheus::ClientMetric::Label> labels, double value);
 
 class MetricsRegistry {
  public:
-  // Adds a family; its samples come from Add, Set and Observe. Histograms need
-  // ascending bounds. Describing a name twice keeps the first.
-  void Describe(const std::string& name, const std::string& help, MetricType type,
-                std::vector<double> bounds = {});
+  // Where counters, gauges and histograms are made (prometheus::BuildCounter()
+  // ... .Register(registry())).
+  prometheus::Registry& registry() { return registry_; }
 
-  // Counter += delta. The name must have been described as a counter.
-  void Add(const std::string& name, const MetricLabels& labels, double delta = 1);
-  // Gauge = value.
-  void Set(const std::string& name, const MetricLabels& labels, double value);
-  // Histogram observation.
-  void Observe(const std::string& name, const MetricLabels& labels, double value);
+  // `collectable` is read on every Collect, with no lock of this registry
+  // held, so it may take its own. It must outlive the last Collect.
+  void AddCollectable(const prometheus::Collectable* collectable) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Registers a callback that appends families on every Collect. It runs
-  // without the registry's lock held, so it may take its own locks.
-  void AddCollector(std::function<void(std::vector<MetricFamily>*)> collector);
+  // The registry's families, then each collectable's in the order added.
+  std::vector<prometheus::MetricFamily> Collect() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Every described family, then the collectors' families.
-  std::vector<MetricFamily> Collect() const;
-
-  // EncodePrometheusText(Collect()).
-  std::string Encode() const;
+  // Collect() in the Prometheus text format 0.0.4 (prometheus::TextSerializer).
+  std::string Encode() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Family {
-    MetricFamily meta;  // name, help, type, bounds; samples unused
-    std::map<MetricLabels, MetricSample> series;
-  };
-  // Returns the series, creating it; nullptr when the name is not described
-  // with `type` (a programming error, ignored rather than crashing a server).
-  MetricSample* Series(const std::string& name, const MetricLabels& labels, MetricType type)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
+  prometheus::Registry registry_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(std::vector<MetricFamily>*)>> collectors_ ABSL_GUARDED_BY(mu_);
+  std::vector<const prometheus::Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ballast

@@ -13,6 +13,8 @@
 #include "absl/time/clock.h"
 #include "common/job_spec_paths.h"
 #include "common/version.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "server/http_api.h"
 
 namespace ballast::server {
@@ -96,9 +98,12 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   // off and keep the hot event path cheap.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::unique_ptr<Ballastd> d(new Ballastd());
-  d->metrics_.Describe("ballast_build_info", "Build of this ballastd; the value is 1.",
-                       MetricType::kGauge);
-  d->metrics_.Set("ballast_build_info", {{"version", kVersion}, {"commit", kGitCommit}}, 1);
+  prometheus::BuildGauge()
+      .Name("ballast_build_info")
+      .Help("Build of this ballastd; the value is 1.")
+      .Register(d->metrics_.registry())
+      .Add({{"version", kVersion}, {"commit", kGitCommit}})
+      .Set(1);
 
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.store_url);
   if (!store.ok()) return store.status();

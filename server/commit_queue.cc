@@ -4,16 +4,21 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "prometheus/family.h"
 
 namespace ballast::server {
 
 CommitQueue::CommitQueue(Store* store, int64_t event_retention, MetricsRegistry* metrics)
-    : store_(store), event_retention_(event_retention), metrics_(metrics) {
-  metrics_->Describe(
-      "ballast_store_write_seconds",
-      "Time of one write to the job store, by op; a commit is one transaction holding the "
-      "changes of every call queued while the previous one was written.",
-      MetricType::kHistogram, {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5});
+    : store_(store),
+      event_retention_(event_retention),
+      commit_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_store_write_seconds")
+              .Help("Time of one write to the job store, by op; a commit is one transaction "
+                    "holding the changes of every call queued while the previous one was written.")
+              .Register(metrics->registry())
+              .Add({{"op", "commit"}},
+                   std::vector<double>{1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5})) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -100,8 +105,7 @@ std::vector<absl::Status> CommitQueue::Write(std::vector<Pending>& group) {
   for (const Pending& p : group) batches.push_back(&p.batch);
   const absl::Time start = absl::Now();
   const absl::Status status = store_->Write(batches, event_retention_);
-  metrics_->Observe("ballast_store_write_seconds", {{"op", "commit"}},
-                    absl::ToDoubleSeconds(absl::Now() - start));
+  commit_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
   std::vector<absl::Status> statuses(group.size(), status);
   if (!status.ok() && group.size() > 1) {
     for (size_t i = 0; i < group.size(); ++i) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "prometheus/histogram.h"
 #include "server/store.h"
 
 namespace ballast::server {
@@ -78,7 +79,8 @@ class CommitQueue {
 
   Store* const store_;
   const int64_t event_retention_;
-  MetricsRegistry* const metrics_;
+  // ballast_store_write_seconds{op="commit"}.
+  prometheus::Histogram& commit_seconds_;
 
   absl::Mutex mu_;
   std::vector<Pending> queued_ ABSL_GUARDED_BY(mu_);

@@ -8,15 +8,12 @@
 #include <random>
 #include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
-#include "server/worker_id.h"
+#include "prometheus/family.h"
 
 namespace ballast::server {
 namespace {
@@ -30,28 +27,6 @@ constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600
 
 // A watcher further behind than this reads from the store instead.
 constexpr size_t kWatchMailbox = 4096;
-// Stored events read per query when replaying.
-constexpr int kReplayChunk = 1000;
-// ballast_rank_step_seconds: from a tiny model's step on CPU to a large
-// model's on many ranks.
-const std::vector<double>& StepSecondsBounds() {
-  static const std::vector<double> bounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
-                                             5,    10,   30,  60,   120, 300};
-  return bounds;
-}
-
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
-bool TerminalEvent(const v1::JobEvent& e) {
-  return e.has_state_change() && Terminal(e.state_change().to());
-}
-
-// "queued" for JOB_STATE_QUEUED: the word users see in reasons and labels.
-std::string StateName(v1::JobState s) {
-  return absl::AsciiStrToLower(absl::StripPrefix(v1::JobState_Name(s), "JOB_STATE_"));
-}
 
 std::string NewId(const char* prefix, int hex_digits) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -75,74 +50,6 @@ int64_t RealNowMs() {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// EventWatch
-
-EventWatch::EventWatch(Store* store, std::string job_id, int64_t after_seq, bool done,
-                       std::shared_ptr<EventFanout> fanout, EventFanout::Joined joined)
-    : store_(store),
-      job_id_(std::move(job_id)),
-      last_seq_(after_seq),
-      replay_through_(joined.published_seq),
-      done_(done),
-      fanout_(std::move(fanout)),
-      mailbox_(std::move(joined.mailbox)) {}
-
-EventWatch::~EventWatch() { fanout_->Leave(mailbox_.get()); }
-
-void EventWatch::Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out) {
-  for (v1::JobEvent& e : events) {
-    if (done_ || e.seq() <= last_seq_) continue;
-    last_seq_ = e.seq();
-    done_ = TerminalEvent(e);
-    out->push_back(std::move(e));
-  }
-}
-
-absl::Status EventWatch::ReadStored(int64_t through, std::vector<v1::JobEvent>* out) {
-  while (last_seq_ < through && !done_) {
-    absl::StatusOr<std::vector<v1::JobEvent>> chunk =
-        store_->ReadEvents(job_id_, last_seq_, kReplayChunk);
-    if (!chunk.ok()) return chunk.status();
-    if (chunk->empty()) break;
-    const size_t before = out->size();
-    std::vector<v1::JobEvent> upto;
-    for (v1::JobEvent& e : *chunk) {
-      if (e.seq() <= through) upto.push_back(std::move(e));
-    }
-    Deliver(std::move(upto), out);
-    if (out->size() == before) break;
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> EventWatch::Next(std::vector<v1::JobEvent>* out, absl::Duration wait) {
-  if (done_) return false;
-  if (!replayed_) {
-    replayed_ = true;
-    if (absl::Status s = ReadStored(replay_through_, out); !s.ok()) return s;
-    if (!out->empty() || done_) return !done_;
-  }
-  std::vector<v1::JobEvent> live;
-  switch (mailbox_->Take(&live, wait)) {
-    case Mailbox<v1::JobEvent>::State::kReady:
-      Deliver(std::move(live), out);
-      break;
-    case Mailbox<v1::JobEvent>::State::kOverflow:
-      // Fell behind: everything we missed is in the store (stored before it
-      // was published), and anything newer lands in the mailbox again.
-      if (absl::Status s = ReadStored(std::numeric_limits<int64_t>::max(), out); !s.ok()) {
-        return s;
-      }
-      break;
-    case Mailbox<v1::JobEvent>::State::kClosed:
-      return absl::UnavailableError("ballastd is shutting down; watch again with after_seq");
-    case Mailbox<v1::JobEvent>::State::kTimeout:
-      break;
-  }
-  return !done_;
-}
-
-// ---------------------------------------------------------------------------
 // AssignmentFeed
 
 bool AssignmentFeed::Next(std::vector<v1::Assignment>* out, absl::Duration wait) {
@@ -159,8 +66,37 @@ void AssignmentFeed::Return(std::vector<v1::Assignment> undelivered) {
 
 Coordinator::Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options)
     : store_(store),
-      metrics_(metrics),
       options_(std::move(options)),
+      // A counter shows 0 from the start, so rate() and alerts see its first
+      // drop.
+      events_dropped_(prometheus::BuildCounter()
+                          .Name("ballast_events_dropped_total")
+                          .Help("Job events deleted by the per-job retention limit.")
+                          .Register(metrics->registry())
+                          .Add({})),
+      jobs_pruned_(prometheus::BuildCounter()
+                       .Name("ballast_jobs_pruned_total")
+                       .Help("Finished jobs deleted from the store, with their events, beyond the "
+                             "newest --job-history.")
+                       .Register(metrics->registry())
+                       .Add({})),
+      queue_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_job_queue_seconds")
+              .Help("Time from entering the queue (submission, requeue, rollback) to being "
+                    "placed on workers.")
+              .Register(metrics->registry())
+              .Add({}, std::vector<double>(std::begin(kQueueSecondsBounds),
+                                           std::end(kQueueSecondsBounds)))),
+      scheduler_decision_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_scheduler_decision_seconds")
+              .Help("Time of one scheduling pass over the queue.")
+              .Register(metrics->registry())
+              .Add({}, std::vector<double>{1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1})),
+      workers_(options_.lease_ms),
+      history_(options_.finished_jobs_kept, options_.metrics_retention_ms),
+      job_metrics_(&mu_, &jobs_, &workers_, &scheduler_, &history_, options_.now_ms),
       // A random start: two coordinators on one host (a test beside another,
       // or a restart while old ranks still hold ports) rarely hand out the
       // same rendezvous port at the same time.
@@ -172,27 +108,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Store* store,
                                                                  CoordinatorOptions options) {
   if (!options.now_ms) options.now_ms = RealNowMs;
   std::unique_ptr<Coordinator> c(new Coordinator(store, metrics, std::move(options)));
-  metrics->Describe("ballast_events_dropped_total",
-                    "Job events deleted by the per-job retention limit.", MetricType::kCounter);
-  // A counter shows 0 from the start, so rate() and alerts see its first drop.
-  metrics->Add("ballast_events_dropped_total", {}, 0);
-  metrics->Describe("ballast_jobs_pruned_total",
-                    "Finished jobs deleted from the store, with their events, beyond the newest "
-                    "--job-history.",
-                    MetricType::kCounter);
-  metrics->Add("ballast_jobs_pruned_total", {}, 0);
-  metrics->Describe(
-      "ballast_job_queue_seconds",
-      "Time from entering the queue (submission, requeue, rollback) to being "
-      "placed on workers.",
-      MetricType::kHistogram,
-      std::vector<double>(std::begin(kQueueSecondsBounds), std::end(kQueueSecondsBounds)));
-  metrics->Describe("ballast_scheduler_decision_seconds",
-                    "Time of one scheduling pass over the queue.", MetricType::kHistogram,
-                    {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
   if (absl::Status s = c->Load(); !s.ok()) return s;
-  metrics->AddCollector(
-      [raw = c.get()](std::vector<MetricFamily>* out) { raw->CollectMetrics(out); });
+  metrics->AddCollectable(&c->job_metrics_);
   c->lease_thread_ = std::thread([raw = c.get()] { raw->LeaseLoop(); });
   return c;
 }
@@ -208,14 +125,8 @@ absl::Status Coordinator::Load() {
   CommitQueue::Ticket ticket;
   {
     absl::MutexLock lock(&mu_);
-    const int64_t now = options_.now_ms();
-    for (WorkerRecord& r : *workers) {
-      WorkerEntry& w = workers_[r.worker.id()];
-      w.record = std::move(r);
-      // Leases start over: a worker that was alive gets one lease to come back.
-      w.deadline_ms = now + options_.lease_ms;
-      w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
-    }
+    workers_.Load(*std::move(workers), options_.now_ms());
+    std::vector<std::pair<std::string, int64_t>> finished;
     for (JobRecord& r : *jobs) {
       const std::string id = r.job.id();
       last_order_ = std::max(last_order_, r.order);
@@ -238,27 +149,24 @@ absl::Status Coordinator::Load() {
         if (p.has_exit_code()) continue;
         live_ranks_[{id, job.record.attempt, p.rank()}] = Device{p.worker_id(), p.device()};
       }
-      if (Terminal(j.state())) recently_finished_.emplace_back(id, j.updated_ms());
+      if (Terminal(j.state())) finished.emplace_back(id, j.updated_ms());
       if (j.state() == v1::JOB_STATE_QUEUED) {
         job.queued_since_ms = options_.now_ms();
         ++queued_by_tenant_[j.tenant()];
       }
     }
-    std::sort(recently_finished_.begin(), recently_finished_.end(),
-              [](const auto& a, const auto& b) { return a.second < b.second; });
-    while (recently_finished_.size() > options_.finished_jobs_kept) DropOldestFinished();
     absl::StatusOr<int64_t> last_order = store_->LastJobOrder();
     if (!last_order.ok()) return last_order.status();
     last_order_ = std::max(last_order_, *last_order);
     absl::StatusOr<std::map<int, int64_t>> evicted = store_->CountEvictedJobs();
     if (!evicted.ok()) return evicted.status();
-    evicted_by_state_ = *std::move(evicted);
+    history_.Load(std::move(finished), *std::move(evicted));
 
     // Ranks on workers the store does not know can never report again, and a
     // job that was stopping with no rank left only has to finish stopping.
     std::vector<RankKey> orphaned;
     for (const auto& [key, device] : live_ranks_) {
-      if (workers_.count(device.worker_id) == 0) orphaned.push_back(key);
+      if (workers_.Find(device.worker_id) == nullptr) orphaned.push_back(key);
     }
     for (const RankKey& key : orphaned) {
       ReleaseRank(key);
@@ -284,7 +192,7 @@ void Coordinator::Shutdown() {
     shutting_down_ = true;
     lease_wake_.SignalAll();
     for (auto& [id, job] : jobs_) job.fanout->CloseAll();
-    for (auto& [id, w] : workers_) w.outbox->Close();
+    workers_.CloseAll();
   }
   if (lease_thread_.joinable()) lease_thread_.join();
 }
@@ -302,6 +210,7 @@ void Coordinator::LeaseLoop() {
       if (shutting_down_) return;
     }
     ExpireLeases();
+    RetireFinishedJobs();
     if (options_.job_history > 0 && absl::Now() - pruned >= absl::Seconds(1)) {
       PruneHistory();
       pruned = absl::Now();
@@ -311,33 +220,33 @@ void Coordinator::LeaseLoop() {
 
 void Coordinator::PruneHistory() {
   if (options_.job_history <= 0) return;
-  int64_t keep_evicted;
-  {
-    // The newest finished jobs are in memory; the rest kept are in the store.
-    absl::MutexLock lock(&mu_);
-    keep_evicted = std::max<int64_t>(
-        0, options_.job_history - static_cast<int64_t>(recently_finished_.size()));
-  }
-  absl::StatusOr<std::map<int, int64_t>> pruned =
-      store_->PruneEvictedJobs(keep_evicted, kJobsPrunedPerPass);
+  absl::StatusOr<int64_t> pruned = history_.Prune(store_, options_.job_history, kJobsPrunedPerPass);
   if (!pruned.ok()) {
     std::fprintf(stderr, "ballastd: pruning the job history failed: %s\n",
                  pruned.status().ToString().c_str());
     return;
   }
-  int64_t total = 0;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [state, n] : *pruned) {
-    evicted_by_state_[state] -= n;
-    total += n;
+  if (*pruned > 0) jobs_pruned_.Increment(static_cast<double>(*pruned));
+}
+
+void Coordinator::RetireFinishedJobs() {
+  CommitQueue::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    // Jobs past the retention are written evicted by this Flush; those whose
+    // eviction is stored leave memory in the next one.
+    const bool expired = history_.Expire(options_.now_ms());
+    if (!expired && !history_.HasStoredEvictions()) return;
+    ticket = Flush();
   }
-  if (total > 0) metrics_->Add("ballast_jobs_pruned_total", {}, static_cast<double>(total));
+  (void)Commit(ticket);
 }
 
 // ---------------------------------------------------------------------------
 // Events and persistence
 
-Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
+JobEntry* Coordinator::FindJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
 }
@@ -352,8 +261,8 @@ absl::Status JobNotFound(const std::string& job_id) {
 
 }  // namespace
 
-absl::StatusOr<Coordinator::JobEntry*> Coordinator::VisibleJob(const std::string& job_id,
-                                                               const std::string& scope) {
+absl::StatusOr<JobEntry*> Coordinator::VisibleJob(const std::string& job_id,
+                                                  const std::string& scope) {
   JobEntry* job = FindJob(job_id);
   if (job == nullptr || (!scope.empty() && job->record.job.tenant() != scope)) {
     return JobNotFound(job_id);
@@ -389,7 +298,7 @@ void Coordinator::AddEvent(JobEntry* job, v1::JobEvent event) {
   // The store keeps the newest event_retention: this one pushes one out.
   if (j.last_seq() > options_.event_retention) {
     ++job->record.events_deleted;
-    metrics_->Add("ballast_events_dropped_total", {}, 1);
+    events_dropped_.Increment();
   }
   event.set_job_id(j.id());
   event.set_seq(j.last_seq());
@@ -409,36 +318,22 @@ void Coordinator::Transition(JobEntry* job, v1::JobState to, const std::string& 
   if (to == v1::JOB_STATE_QUEUED) ++queued_by_tenant_[j.tenant()];
   j.set_state(to);
   if (to == v1::JOB_STATE_QUEUED || Terminal(to)) j.clear_placement();
-  if (Terminal(to)) {
-    recently_finished_.emplace_back(j.id(), options_.now_ms());
-    if (recently_finished_.size() > options_.finished_jobs_kept) DropOldestFinished();
-  }
+  if (Terminal(to)) history_.Finished(j.id(), options_.now_ms());
   if (to == v1::JOB_STATE_QUEUED) job->queued_since_ms = options_.now_ms();
   if (to == v1::JOB_STATE_SCHEDULED && job->queued_since_ms > 0) {
-    metrics_->Observe("ballast_job_queue_seconds", {},
-                      static_cast<double>(options_.now_ms() - job->queued_since_ms) / 1000.0);
+    queue_seconds_.Observe(static_cast<double>(options_.now_ms() - job->queued_since_ms) / 1000.0);
   }
   AddEvent(job, std::move(e));
 }
 
-void Coordinator::DropOldestFinished() {
-  to_evict_.push_back(recently_finished_.front().first);
-  recently_finished_.pop_front();
-}
-
 void Coordinator::Evict() {
-  std::vector<std::pair<std::string, bool>> stored;
-  {
-    absl::MutexLock lock(&stored_evictions_mu_);
-    stored.swap(stored_evictions_);
-  }
-  for (const auto& [id, ok] : stored) {
+  for (const auto& [id, ok] : history_.TakeStoredEvictions()) {
     JobEntry* job = FindJob(id);
     if (job == nullptr || !job->record.evicted) continue;
     if (!ok) {
       // The store may not say evicted: write it again.
       job->record.evicted = false;
-      to_evict_.push_back(id);
+      history_.EvictLater(id);
       continue;
     }
     // A later write of it is still queued; its commit reports it again.
@@ -446,22 +341,20 @@ void Coordinator::Evict() {
     const v1::Job& j = job->record.job;
     if (!j.request_id().empty()) request_ids_.erase(ScopedRequestId(j.tenant(), j.request_id()));
     job_order_.erase(job->record.order);
-    ++evicted_by_state_[j.state()];
+    history_.Evicted(j.state());
     jobs_.erase(id);
   }
-  std::vector<std::string> later;
-  for (const std::string& id : std::exchange(to_evict_, {})) {
+  for (const std::string& id : history_.TakeToEvict()) {
     JobEntry* job = FindJob(id);
     if (job == nullptr || job->record.evicted || !Terminal(job->record.job.state())) continue;
     // A finished job's ranks may still be stopping; it leaves once they are gone.
     if (HasLiveRanks(id)) {
-      later.push_back(id);
+      history_.EvictLater(id);
       continue;
     }
     job->record.evicted = true;
     WriteAgain(job);
   }
-  to_evict_ = std::move(later);
 }
 
 CommitQueue::Ticket Coordinator::Flush() {
@@ -485,9 +378,7 @@ CommitQueue::Ticket Coordinator::Flush() {
         for (size_t i = 0; i < fanouts.size(); ++i) fanouts[i]->Publish(written.jobs[i].events);
         // The next Flush takes evicted jobs out of memory once they are stored.
         for (const StoreBatch::JobChange& change : written.jobs) {
-          if (!change.record.evicted) continue;
-          absl::MutexLock lock(&stored_evictions_mu_);
-          stored_evictions_.emplace_back(change.record.job.id(), status.ok());
+          if (change.record.evicted) history_.EvictionStored(change.record.job.id(), status.ok());
         }
       });
 }
@@ -515,10 +406,8 @@ std::vector<std::pair<Coordinator::RankKey, Coordinator::Device>> Coordinator::L
 }
 
 void Coordinator::Send(const std::string& worker_id, v1::Assignment assignment) {
-  auto it = workers_.find(worker_id);
-  if (it != workers_.end() && it->second.record.worker.alive()) {
-    it->second.outbox->Push(std::move(assignment));
-  }
+  WorkerEntry* w = workers_.Find(worker_id);
+  if (w != nullptr && w->record.worker.alive()) w->outbox->Push(std::move(assignment));
 }
 
 void Coordinator::SendStop(const RankKey& key, const std::string& worker_id) {
@@ -651,8 +540,7 @@ void Coordinator::RunScheduler() {
         used += devices;
         return true;
       });
-  metrics_->Observe(
-      "ballast_scheduler_decision_seconds", {},
+  scheduler_decision_seconds_.Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   for (Decision& d : decisions) {
     JobEntry* job = FindJob(d.job_id);
@@ -662,7 +550,7 @@ void Coordinator::RunScheduler() {
     r.attempt += 1;
     j.clear_placement();
     for (const v1::RankPlacement& p : d.ranks) *j.add_placement() = p;
-    const std::string& master = workers_.at(d.ranks.front().worker_id()).record.worker.host();
+    const std::string& master = workers_.Find(d.ranks.front().worker_id())->record.worker.host();
     // Each attempt gets its own port, so a new gang never meets a half-dead
     // TCPStore of the previous one on the same host.
     const int32_t port = options_.master_port_base + static_cast<int32_t>(port_counter_++ % 1000);
@@ -743,7 +631,7 @@ void Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
       known = true;
       submitted = earlier->record.job;
     } else {
-      refused = CheckGangFits(spec.devices(), DeviceKindOf(spec));
+      refused = workers_.CheckGangFits(spec.devices(), DeviceKindOf(spec));
       if (refused.ok()) refused = CheckQuota(tenant, spec.devices());
     }
     if (!known && refused.ok()) {
@@ -808,42 +696,6 @@ void Coordinator::LogStoreWriteFailure(const absl::Status& status) {
   std::fprintf(stderr, "ballastd: store write failed: %s\n", status.ToString().c_str());
 }
 
-absl::Status Coordinator::CheckGangFits(int32_t devices, const std::string& kind) const {
-  // Capacity of the live workers, per device kind: a gang is of one kind,
-  // the job's own when it names one.
-  std::map<std::string, int64_t> by_kind;
-  std::vector<std::string> listed;
-  for (const auto& [id, w] : workers_) {
-    const v1::Worker& worker = w.record.worker;
-    if (!worker.alive()) continue;
-    if (kind.empty() || worker.device_kind() == kind) {
-      by_kind[worker.device_kind()] += worker.capacity();
-    }
-    listed.push_back(absl::StrCat(id, " ", worker.capacity(), " ", worker.device_kind()));
-  }
-  // With no live worker the cluster may still be starting up (workers and
-  // ballastd launched together); the job waits in the queue for them, which
-  // beats refusing the first submissions of every fresh cluster.
-  if (listed.empty()) return absl::OkStatus();
-  int64_t largest = 0;
-  for (const auto& [k, capacity] : by_kind) largest = std::max(largest, capacity);
-  if (devices <= largest) return absl::OkStatus();
-  constexpr size_t kListed = 8;
-  const size_t workers = listed.size();
-  if (workers > kListed) {
-    listed.resize(kListed);
-    listed.push_back(absl::StrCat("and ", workers - kListed, " more"));
-  }
-  const std::string what = kind.empty() ? absl::StrCat("devices ", devices)
-                                        : absl::StrCat("devices ", devices, " with device ", kind);
-  const std::string of_kind = !kind.empty()        ? absl::StrCat(" of ", kind, " devices")
-                              : by_kind.size() > 1 ? ", all of one device kind"
-                                                   : "";
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, ": the largest gang this cluster can place is ", largest, of_kind, " (", workers,
-      workers == 1 ? " worker: " : " workers: ", absl::StrJoin(listed, ", "), ")"));
-}
-
 const TenantQuota& Coordinator::QuotaOf(const std::string& tenant) const {
   auto it = options_.quotas.find(tenant);
   return it == options_.quotas.end() ? options_.default_quota : it->second;
@@ -893,9 +745,10 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
   JobEntry* job = *visible;
   std::vector<RankStats> stats;
   for (const auto& [rank, series] : job->ranks) {
+    const prometheus::ClientMetric::Histogram steps = series.step_seconds.Collect().histogram;
     stats.push_back({.rank = rank,
-                     .steps = series.step_seconds.count,
-                     .step_seconds = series.step_seconds.sum,
+                     .steps = steps.sample_count,
+                     .step_seconds = steps.sample_sum,
                      .peak_memory_bytes = series.peak_memory_bytes,
                      .communicated_bytes = series.communicated_bytes});
   }
@@ -1079,7 +932,7 @@ std::vector<v1::Worker> Coordinator::ListWorkers() {
   std::map<std::string, int32_t> busy;
   for (const auto& [key, device] : live_ranks_) ++busy[device.worker_id];
   std::vector<v1::Worker> out;
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : workers_.all()) {
     v1::Worker& worker = out.emplace_back(w.record.worker);
     worker.set_busy(w.record.worker.alive() ? busy[id] : 0);
   }
@@ -1104,13 +957,8 @@ void Coordinator::MakeSchedulable(WorkerEntry* worker) {
 }
 
 void Coordinator::MarkDead(WorkerEntry* worker) {
-  const std::string id = worker->record.worker.id();
-  worker->record.worker.set_alive(false);
-  worker->schedulable = false;
-  scheduler_.RemoveWorker(id);
-  // Its stream ends; the worker learns from NOT_FOUND that it must register.
-  worker->outbox->Close();
-  worker->outbox = std::make_shared<Mailbox<v1::Assignment>>();
+  workers_.MarkDead(worker);
+  scheduler_.RemoveWorker(worker->record.worker.id());
   PutWorker(*worker);
 }
 
@@ -1133,21 +981,7 @@ bool Coordinator::ReleaseLostRanks(const WorkerEntry& worker, const std::string&
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request, const std::string& bound_worker_id) {
-  if (request.host().empty()) {
-    return absl::InvalidArgumentError("host: required, the address other nodes reach this one at");
-  }
-  if (request.device_kind() != "cuda" && request.device_kind() != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_kind: '", request.device_kind(), "'; allowed cuda or cpu"));
-  }
-  if (request.capacity() < 1 || request.capacity() > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("capacity: ", request.capacity(), "; allowed 1..4096"));
-  }
-  if (!request.previous_worker_id().empty() && !IsWorkerId(request.previous_worker_id())) {
-    return absl::InvalidArgumentError(
-        "previous_worker_id: 1..128 characters of A-Z, a-z, 0-9, '.', '_' and '-'");
-  }
+  if (absl::Status s = WorkerTable::CheckRegistration(request); !s.ok()) return s;
   CommitQueue::Ticket ticket;
   v1::RegisterWorkerResponse response;
   {
@@ -1160,19 +994,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     if (id.empty()) {
       do {
         id = NewId("worker-", 12);
-      } while (workers_.count(id) > 0);
+      } while (workers_.Find(id) != nullptr);
     }
-    WorkerEntry& w = workers_[id];
-    if (w.outbox == nullptr) w.outbox = std::make_shared<Mailbox<v1::Assignment>>();
-    v1::Worker& worker = w.record.worker;
-    worker.set_id(id);
-    worker.set_host(request.host());
-    worker.set_device_kind(request.device_kind());
-    worker.set_capacity(request.capacity());
-    *worker.mutable_device_names() = request.device_names();
-    worker.set_last_heartbeat_ms(options_.now_ms());
-    worker.set_alive(true);
-    w.deadline_ms = options_.now_ms() + options_.lease_ms;
+    WorkerEntry& w = workers_.Register(id, request, options_.now_ms());
 
     // Re-adoption: the ranks it still runs that are ours stay; ours it no
     // longer runs are gone; anything else it runs is stale and is stopped.
@@ -1218,24 +1042,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   return AfterCommit(ticket, std::move(response));
 }
 
-absl::StatusOr<Coordinator::WorkerEntry*> Coordinator::LiveWorker(const std::string& worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || !it->second.record.worker.alive()) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", worker_id, " is not registered; register again"));
-  }
-  return &it->second;
-}
-
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   CommitQueue::Ticket ticket;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+    absl::StatusOr<WorkerEntry*> live = workers_.Live(request.worker_id());
     if (!live.ok()) return live.status();
     WorkerEntry& w = **live;
-    w.record.worker.set_last_heartbeat_ms(options_.now_ms());
-    w.deadline_ms = options_.now_ms() + options_.lease_ms;
+    workers_.Renew(&w, options_.now_ms());
     // After a coordinator restart a worker that just keeps heartbeating has
     // proven it is alive: its devices count again.
     if (!w.schedulable) MakeSchedulable(&w);
@@ -1258,7 +1072,7 @@ absl::StatusOr<std::unique_ptr<AssignmentFeed>> Coordinator::StreamAssignments(
     const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("ballastd is shutting down");
-  absl::StatusOr<WorkerEntry*> live = LiveWorker(worker_id);
+  absl::StatusOr<WorkerEntry*> live = workers_.Live(worker_id);
   if (!live.ok()) return live.status();
   WorkerEntry& w = **live;
   auto mailbox = std::make_shared<Mailbox<v1::Assignment>>();
@@ -1270,17 +1084,17 @@ absl::StatusOr<std::unique_ptr<AssignmentFeed>> Coordinator::StreamAssignments(
 bool Coordinator::FeedCurrent(const std::string& worker_id,
                               const Mailbox<v1::Assignment>* mailbox) {
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  return !shutting_down_ && it != workers_.end() && it->second.outbox.get() == mailbox;
+  const WorkerEntry* w = workers_.Find(worker_id);
+  return !shutting_down_ && w != nullptr && w->outbox.get() == mailbox;
 }
 
 void Coordinator::ReturnAssignments(const std::string& worker_id,
                                     std::vector<v1::Assignment> undelivered) {
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
+  WorkerEntry* w = workers_.Find(worker_id);
+  if (w == nullptr) return;
   for (auto a = undelivered.rbegin(); a != undelivered.rend(); ++a) {
-    it->second.outbox->PushFront(std::move(*a));
+    w->outbox->PushFront(std::move(*a));
   }
 }
 
@@ -1326,57 +1140,6 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
   }
 }
 
-bool Coordinator::ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e) {
-  v1::Job& j = job->record.job;
-  switch (e.kind_case()) {
-    case v1::TrainingEvent::kStepMetrics: {
-      const v1::StepMetrics& m = e.step_metrics();
-      RankSeries& series = job->ranks[rank];
-      ObserveInto(StepSecondsBounds(), m.step_time_s(), &series.step_seconds);
-      series.peak_memory_bytes = m.peak_memory_bytes();
-      series.communicated_bytes += static_cast<double>(m.communicated_bytes());
-      // Every rank reports the same global step; rank 0 speaks for the job,
-      // so N ranks neither count a step N times nor move it back and forth.
-      if (rank != 0) return false;
-      j.set_step(e.step_metrics().step());
-      *j.mutable_last_step() = e.step_metrics();
-      if (m.skipped()) j.set_skipped_steps(j.skipped_steps() + 1);
-      // The trainer has resumed: a rollback target is used up. Not by the
-      // steps the ranks asked to roll back still finish before they stop.
-      if (j.state() != v1::JOB_STATE_ROLLING_BACK) job->record.resume_at_or_before.reset();
-      break;
-    }
-    case v1::TrainingEvent::kGuard: {
-      if (rank != 0) return false;
-      const v1::GuardEvent& g = e.guard();
-      if (g.kind() == v1::GuardEvent::KIND_ROLLBACK) j.set_guard_rollbacks(j.guard_rollbacks() + 1);
-      // One event per bad step (skipped, recovered, rolled back or
-      // diagnosed) or refused checkpoint, each naming its trigger.
-      if (!g.trigger().empty()) (*j.mutable_anomalies())[g.trigger()] += 1;
-      *j.mutable_last_guard_event() = g;
-      break;
-    }
-    case v1::TrainingEvent::kCheckpointSaved:
-      if (rank != 0) return false;
-      j.set_checkpoint_step(e.checkpoint_saved().step());
-      break;
-    case v1::TrainingEvent::kData:
-      if (rank != 0) return false;
-      *j.mutable_data() = e.data();
-      break;
-    case v1::TrainingEvent::kEval:
-      if (rank != 0) return false;
-      *j.mutable_last_eval() = e.eval();
-      break;
-    case v1::TrainingEvent::kLog:
-    // A kind newer than this coordinator: its unknown fields travel along, so
-    // a watcher that knows it can read it.
-    case v1::TrainingEvent::KIND_NOT_SET:
-      break;
-  }
-  return true;
-}
-
 absl::StatusOr<v1::ReportEventsResponse> Coordinator::ReportEvents(
     const v1::ReportEventsRequest& request) {
   return WaitForReply<v1::ReportEventsResponse>(
@@ -1401,7 +1164,7 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& request, ReportDon
 absl::Status Coordinator::ApplyReport(const v1::ReportEventsRequest& request,
                                       v1::ReportEventsResponse* response,
                                       CommitQueue::Ticket* ticket) {
-  absl::StatusOr<WorkerEntry*> live = LiveWorker(request.worker_id());
+  absl::StatusOr<WorkerEntry*> live = workers_.Live(request.worker_id());
   if (!live.ok()) return live.status();
   WorkerEntry& w = **live;
   // A worker numbers its reports from its start time in microseconds, one
@@ -1444,12 +1207,13 @@ void Coordinator::ExpireLeases() {
     std::set<std::string> with_ranks;
     for (const auto& [key, device] : live_ranks_) with_ranks.insert(device.worker_id);
     bool changed = false;
-    for (auto& [id, w] : workers_) {
-      if (w.record.worker.alive() && now > w.deadline_ms) {
+    for (const WorkerTable::Lapse& lapse : workers_.Lapsed(now, fence_ms, with_ranks)) {
+      WorkerEntry& w = *workers_.Find(lapse.worker_id);
+      if (lapse.dies) {
         MarkDead(&w);
         changed = true;
       }
-      if (!w.record.worker.alive() && with_ranks.count(id) > 0 && now > w.deadline_ms + fence_ms) {
+      if (lapse.loses_ranks) {
         changed |= ReleaseLostRanks(
             w, absl::StrCat(
                    "lost its lease (", options_.lease_ms, " ms without a heartbeat",
@@ -1462,192 +1226,6 @@ void Coordinator::ExpireLeases() {
     ticket = Flush();
   }
   (void)Commit(ticket);
-}
-
-// ---------------------------------------------------------------------------
-// Metrics
-
-void Coordinator::CollectMetrics(std::vector<MetricFamily>* out) {
-  auto family = [&](const char* name, const char* help, MetricType type) -> MetricFamily& {
-    MetricFamily& f = out->emplace_back();
-    f.name = name;
-    f.help = help;
-    f.type = type;
-    return f;
-  };
-  auto sample = [](MetricFamily& f, MetricLabels labels, double value) {
-    MetricSample& s = f.samples.emplace_back();
-    s.labels = std::move(labels);
-    s.value = value;
-  };
-  absl::MutexLock lock(&mu_);
-  MetricFamily& jobs = family("ballast_jobs", "Jobs by state.", MetricType::kGauge);
-  std::map<int, int64_t> by_state = evicted_by_state_;
-  for (const auto& [id, job] : jobs_) ++by_state[job.record.job.state()];
-  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
-    if (!v1::JobState_IsValid(s)) continue;
-    sample(jobs, {{"state", StateName(static_cast<v1::JobState>(s))}}, by_state[s]);
-  }
-  sample(family("ballast_jobs_in_memory",
-                "Jobs whose records ballastd holds in memory: the live ones and the recently "
-                "finished. The others are read from the store.",
-                MetricType::kGauge),
-         {}, static_cast<double>(jobs_.size()));
-
-  MetricFamily& workers = family("ballast_workers", "Registered workers.", MetricType::kGauge);
-  int64_t alive = 0;
-  for (const auto& [id, w] : workers_) alive += w.record.worker.alive() ? 1 : 0;
-  sample(workers, {{"state", "alive"}}, alive);
-  sample(workers, {{"state", "dead"}}, static_cast<double>(workers_.size() - alive));
-  MetricFamily& devices =
-      family("ballast_worker_devices", "Devices of live workers.", MetricType::kGauge);
-  sample(devices, {{"state", "busy"}}, scheduler_.busy_devices());
-  sample(devices, {{"state", "free"}}, scheduler_.free_devices());
-
-  // Per-job series: live jobs and the recently finished ones only.
-  const int64_t now = options_.now_ms();
-  while (!recently_finished_.empty() &&
-         now - recently_finished_.front().second > options_.metrics_retention_ms) {
-    DropOldestFinished();
-  }
-  std::set<std::string> shown;
-  for (const auto& [id, finished_ms] : recently_finished_) shown.insert(id);
-  for (const auto& [id, job] : jobs_) {
-    if (!Terminal(job.record.job.state())) shown.insert(id);
-  }
-  // A job with no value has no sample: a scrape then reads "no data", never a
-  // made-up 0 (before the first step) or NaN (a step without a loss).
-  struct PerJob {
-    const char* name;
-    const char* help;
-    MetricType type;
-    std::function<std::optional<double>(const JobEntry&)> value;
-  };
-  // Of the last step, when there is one.
-  auto last_step = [](double (v1::StepMetrics::*field)() const) {
-    return [field](const JobEntry& j) -> std::optional<double> {
-      if (!j.record.job.has_last_step()) return std::nullopt;
-      return (j.record.job.last_step().*field)();
-    };
-  };
-  const PerJob per_job[] = {
-      {"ballast_job_step", "Last optimizer step reported.", MetricType::kGauge,
-       [](const JobEntry& j) { return static_cast<double>(j.record.job.step()); }},
-      // With ballast_job_step, what a stall alert needs: running, yet no new step.
-      {"ballast_job_running", "1 while the job is RUNNING (its ranks train), else 0.",
-       MetricType::kGauge,
-       [](const JobEntry& j) { return j.record.job.state() == v1::JOB_STATE_RUNNING ? 1.0 : 0.0; }},
-      {"ballast_job_loss", "Loss of the last step; no sample when it had no supervised token.",
-       MetricType::kGauge,
-       [](const JobEntry& j) -> std::optional<double> {
-         const v1::StepMetrics& m = j.record.job.last_step();
-         if (!m.has_loss()) return std::nullopt;
-         return m.loss();
-       }},
-      {"ballast_job_grad_norm", "Global grad_norm of the last step.", MetricType::kGauge,
-       last_step(&v1::StepMetrics::grad_norm)},
-      {"ballast_job_learning_rate", "Learning rate of the last step.", MetricType::kGauge,
-       last_step(&v1::StepMetrics::lr)},
-      {"ballast_job_tokens_per_second", "Tokens per second of the last step.", MetricType::kGauge,
-       last_step(&v1::StepMetrics::tokens_per_s)},
-      {"ballast_job_supervised_tokens",
-       "Supervised tokens (those with a label) in the last step, over all ranks: the loss's "
-       "denominator.",
-       MetricType::kGauge,
-       [](const JobEntry& j) -> std::optional<double> {
-         if (!j.record.job.has_last_step()) return std::nullopt;
-         return static_cast<double>(j.record.job.last_step().supervised_tokens());
-       }},
-      {"ballast_job_rollbacks_total",
-       "Rollbacks the guard took by itself over the job's life. A user's `ballast rollback` "
-       "is not counted, here or in ballast_job_restarts_total.",
-       MetricType::kCounter,
-       [](const JobEntry& j) { return static_cast<double>(j.record.job.guard_rollbacks()); }},
-      {"ballast_job_skipped_steps_total",
-       "Optimizer steps the guard kept from the weights over the job's life.", MetricType::kCounter,
-       [](const JobEntry& j) { return static_cast<double>(j.record.job.skipped_steps()); }},
-      {"ballast_job_restarts_total",
-       "Restarts after a failed attempt (a rank's error, a lost worker), counted against "
-       "scheduling.max_restarts. A user's `ballast rollback` is not one.",
-       MetricType::kCounter,
-       [](const JobEntry& j) { return static_cast<double>(j.record.job.restarts()); }},
-      {"ballast_job_eval_mrr_at_10",
-       "A reranker's MRR@10 on its held-out groups (reranker.eval_path), at its last evaluation.",
-       MetricType::kGauge,
-       [](const JobEntry& j) -> std::optional<double> {
-         if (!j.record.job.has_last_eval()) return std::nullopt;
-         return j.record.job.last_eval().mrr_at_10();
-       }},
-      {"ballast_job_eval_ndcg_at_10",
-       "A reranker's NDCG@10 on its held-out groups, at its last evaluation.", MetricType::kGauge,
-       [](const JobEntry& j) -> std::optional<double> {
-         if (!j.record.job.has_last_eval()) return std::nullopt;
-         return j.record.job.last_eval().ndcg_at_10();
-       }},
-  };
-  for (const PerJob& m : per_job) {
-    MetricFamily& f = family(m.name, m.help, m.type);
-    for (const std::string& id : shown) {
-      auto it = jobs_.find(id);
-      if (it == jobs_.end()) continue;
-      if (std::optional<double> value = m.value(it->second)) sample(f, {{"job_id", id}}, *value);
-    }
-  }
-  // Every trigger from the start, at 0 until it happens: a rate() or an
-  // alert needs the series before the first anomaly.
-  MetricFamily& anomalies =
-      family("ballast_job_anomalies_total",
-             "Steps the guard found unhealthy (skipped, recovered by a re-run, rolled back or "
-             "diagnosed) and checkpoints it refused, by trigger.",
-             MetricType::kCounter);
-  for (const std::string& id : shown) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;
-    const auto& counts = it->second.record.job.anomalies();
-    for (const char* kind : {"non_finite", "no_supervision", "spike", "collapse"}) {
-      auto n = counts.find(kind);
-      sample(anomalies, {{"job_id", id}, {"kind", kind}},
-             n == counts.end() ? 0.0 : static_cast<double>(n->second));
-    }
-  }
-
-  // Per-rank series, for the same jobs: each rank's own step time, memory
-  // and traffic, where a slow or swapping rank shows up. Filled side by side,
-  // so they are built here and appended at the end (a reference into `out`
-  // would not survive the next family).
-  MetricFamily step_seconds{"ballast_rank_step_seconds",
-                            "Step time as each rank measured it.",
-                            MetricType::kHistogram,
-                            StepSecondsBounds(),
-                            {}};
-  MetricFamily peak_memory{"ballast_rank_peak_memory_bytes",
-                           "Peak memory of the rank: RSS on CPU, allocated device memory on a GPU.",
-                           MetricType::kGauge,
-                           {},
-                           {}};
-  MetricFamily communicated{"ballast_rank_communicated_bytes_total",
-                            "Bytes the rank sent in collectives since ballastd "
-                            "started.",
-                            MetricType::kCounter,
-                            {},
-                            {}};
-  for (const std::string& id : shown) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;
-    for (const auto& [rank, series] : it->second.ranks) {
-      const MetricLabels labels = {{"job_id", id}, {"rank", absl::StrCat(rank)}};
-      MetricSample& s = step_seconds.samples.emplace_back();
-      s.labels = labels;
-      s.histogram = series.step_seconds;
-      if (series.peak_memory_bytes > 0) {
-        sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
-      }
-      sample(communicated, labels, series.communicated_bytes);
-    }
-  }
-  out->push_back(std::move(step_seconds));
-  out->push_back(std::move(peak_memory));
-  out->push_back(std::move(communicated));
 }
 
 }  // namespace ballast::server

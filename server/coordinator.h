@@ -11,11 +11,16 @@
 // the change in a CommitQueue, and waits for the store after letting go, so
 // concurrent calls share one transaction. Streams read through Mailboxes, so
 // a slow watcher holds up no one.
+//
+// It runs the state machine and delegates the rest, as LevelDB's DBImpl
+// delegates to VersionSet and MemTable: WorkerTable keeps the workers and
+// their leases, JobHistory decides which finished jobs leave memory and the
+// store, JobMetrics renders /metrics from a copy of the state, and
+// EventWatch serves one watch stream.
 #ifndef BALLAST_SERVER_COORDINATOR_H_
 #define BALLAST_SERVER_COORDINATOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,11 +39,18 @@
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/worker_service.pb.h"
 #include "common/metrics.h"
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
 #include "server/commit_queue.h"
 #include "server/event_fanout.h"
+#include "server/event_watch.h"
+#include "server/job_entry.h"
+#include "server/job_history.h"
+#include "server/job_metrics.h"
 #include "server/mailbox.h"
 #include "server/scheduler.h"
 #include "server/store.h"
+#include "server/worker_table.h"
 
 namespace ballast::server {
 
@@ -98,41 +110,6 @@ struct CoordinatorOptions {
 
 class Coordinator;
 
-// One WatchJob stream: the retained events after a seq, then live ones.
-// Not thread-safe: one reader. Must not outlive its Coordinator.
-class EventWatch {
- public:
-  ~EventWatch();
-  EventWatch(const EventWatch&) = delete;
-  EventWatch& operator=(const EventWatch&) = delete;
-
-  // Appends the next events in seq order to *out, waiting up to `wait` when
-  // there are none. Returns true while more may come, false once the job's
-  // terminal state change has been handed out. UNAVAILABLE when the
-  // coordinator shuts down.
-  absl::StatusOr<bool> Next(std::vector<v1::JobEvent>* out, absl::Duration wait);
-
- private:
-  friend class Coordinator;
-  // Replays the store up to joined.published_seq, then reads the mailbox.
-  // `done`: the watcher has seen the job's last event already.
-  EventWatch(Store* store, std::string job_id, int64_t after_seq, bool done,
-             std::shared_ptr<EventFanout> fanout, EventFanout::Joined joined);
-  // Reads stored events with seq in (last_seq_, through] into *out.
-  absl::Status ReadStored(int64_t through, std::vector<v1::JobEvent>* out);
-  void Deliver(std::vector<v1::JobEvent> events, std::vector<v1::JobEvent>* out);
-
-  Store* const store_;
-  const std::string job_id_;
-  int64_t last_seq_;
-  // Stored events up to here come from the store, later ones from the mailbox.
-  int64_t replay_through_;
-  bool replayed_ = false;
-  bool done_ = false;
-  std::shared_ptr<EventFanout> fanout_;
-  std::shared_ptr<Mailbox<v1::JobEvent>> mailbox_;
-};
-
 // One StreamAssignments stream of a worker. A newer stream of the same worker
 // closes this one. Not thread-safe: one reader. Must not outlive its
 // Coordinator.
@@ -158,7 +135,9 @@ class AssignmentFeed {
 class Coordinator {
  public:
   // Loads jobs and workers from `store`, gives every known worker a fresh
-  // lease, and queues what was queued. `store` and `metrics` must outlive it.
+  // lease, and queues what was queued. `store` and `metrics` must outlive it,
+  // and `metrics` must not be scraped once it is gone: its per-job series
+  // come from a Collectable of its own that it adds to `metrics`.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Store* store, MetricsRegistry* metrics,
                                                              CoordinatorOptions options);
   ~Coordinator();
@@ -273,38 +252,13 @@ class Coordinator {
     std::string worker_id;
     int32_t device = 0;
   };
-  // What one rank of a job reported for itself, for the ballast_rank_*
-  // series; since ballastd started, like the guard counters.
-  struct RankSeries {
-    HistogramValue step_seconds;
-    // The newest report; 0 when the rank does not measure it.
-    int64_t peak_memory_bytes = 0;
-    double communicated_bytes = 0;
-  };
-  struct JobEntry {
-    JobRecord record;
-    // By rank number, across attempts.
-    std::map<int32_t, RankSeries> ranks;
-    std::shared_ptr<EventFanout> fanout;
-    // Events made since the last Flush.
-    std::vector<v1::JobEvent> unflushed;
-    bool dirty = false;
-    // When it last entered QUEUED (now_ms() time), for the queue-wait histogram.
-    int64_t queued_since_ms = 0;
-  };
-  struct WorkerEntry {
-    WorkerRecord record;
-    // Lease end, in now_ms() time.
-    int64_t deadline_ms = 0;
-    // In the scheduler: registered or heartbeating since this process began.
-    bool schedulable = false;
-    std::shared_ptr<Mailbox<v1::Assignment>> outbox;
-  };
 
   Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options);
   absl::Status Load();
   void LeaseLoop();
-  void CollectMetrics(std::vector<MetricFamily>* out);
+  // Finished jobs past metrics_retention_ms leave /metrics and memory: the
+  // lease thread's part of JobHistory, so that retention needs no scrape.
+  void RetireFinishedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job if `scope` (a tenant, or empty for all) may see it; NOT_FOUND else.
@@ -313,11 +267,9 @@ class Coordinator {
   // A job that left memory, from the store; NOT_FOUND as VisibleJob says it.
   // Only finished jobs leave: one that is found is terminal.
   absl::StatusOr<JobRecord> EvictedJob(const std::string& job_id, const std::string& scope);
-  // The oldest of recently_finished_ leaves it, and memory after it.
-  void DropOldestFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the jobs whose evicted record is stored out of memory, and marks
-  // those in to_evict_ evicted, for this Flush to write. Called by Flush: a
-  // JobEntry* that is not dirty may dangle after a Flush.
+  // the ones JobHistory has to evict as evicted, for this Flush to write.
+  // Called by Flush: a JobEntry* that is not dirty may dangle after a Flush.
   void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota& QuotaOf(const std::string& tenant) const;
   // RESOURCE_EXHAUSTED when a new job of `devices` would pass the tenant's
@@ -416,46 +368,37 @@ class Coordinator {
   void FailAttempt(JobEntry* job, const std::string& reason, bool count_restart)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Requeue(JobEntry* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // INVALID_ARGUMENT when `devices` is more than the live workers of any one
-  // device kind (of `kind` alone when not empty) hold together; OK when none
-  // is live.
-  absl::Status CheckGangFits(int32_t devices, const std::string& kind) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts what fits and sends the start assignments.
   void RunScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a live worker and its live ranks into the scheduler.
   void MakeSchedulable(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The worker leaves the scheduler and its stream ends. Its ranks stay
-  // live until ReleaseLostRanks.
+  // The worker is marked dead (WorkerTable::MarkDead) and leaves the
+  // scheduler. Its ranks stay live until ReleaseLostRanks.
   void MarkDead(WorkerEntry* worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a dead worker's ranks; false when it had none.
   bool ReleaseLostRanks(const WorkerEntry& worker, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the worker's record for the next Flush.
   void PutWorker(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NOT_FOUND ("register again") when the worker is unknown or dead.
-  absl::StatusOr<WorkerEntry*> LiveWorker(const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRankEvent(const std::string& worker_id, const v1::RankEvent& event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Folds what the coordinator interprets of a current-attempt training event
-  // into the job. False when the event is to be dropped: another rank's copy
-  // of what rank 0 reports for the job.
-  bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FeedCurrent(const std::string& worker_id, const Mailbox<v1::Assignment>* mailbox);
   void ReturnAssignments(const std::string& worker_id, std::vector<v1::Assignment> undelivered);
 
   Store* const store_;
-  MetricsRegistry* const metrics_;
   const CoordinatorOptions options_;
+  // In the MetricsRegistry given to Create; thread-safe.
+  prometheus::Counter& events_dropped_;
+  prometheus::Counter& jobs_pruned_;
+  prometheus::Histogram& queue_seconds_;
+  prometheus::Histogram& scheduler_decision_seconds_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   // Submission order -> job id, for ListJobs (newest first).
   std::map<int64_t, std::string> job_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerTable workers_ ABSL_GUARDED_BY(mu_);
   // Every live rank of every attempt, and where it runs.
   std::map<RankKey, Device> live_ranks_ ABSL_GUARDED_BY(mu_);
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
@@ -464,20 +407,12 @@ class Coordinator {
   std::vector<JobEntry*> dirty_ ABSL_GUARDED_BY(mu_);
   // Worker records changed since the last Flush.
   std::vector<WorkerRecord> unsaved_workers_ ABSL_GUARDED_BY(mu_);
-  // Finished jobs whose gauges stay exported a while, oldest first.
-  // (job id, when it finished), oldest first: the finished jobs on /metrics.
-  std::deque<std::pair<std::string, int64_t>> recently_finished_ ABSL_GUARDED_BY(mu_);
-  // Finished jobs no longer among the recently finished: each is written with
-  // JobRecord.evicted set, and leaves memory once that is stored (Evict).
-  // Memory then holds the live jobs and the recently finished ones, however
-  // long the job history; the rest are read from the store.
-  std::vector<std::string> to_evict_ ABSL_GUARDED_BY(mu_);
-  // (job id, stored) of each evicted record a commit wrote, from the commit's
-  // thread, which must not take mu_.
-  absl::Mutex stored_evictions_mu_;
-  std::vector<std::pair<std::string, bool>> stored_evictions_ ABSL_GUARDED_BY(stored_evictions_mu_);
-  // Jobs out of memory, by state, for ballast_jobs.
-  std::map<int, int64_t> evicted_by_state_ ABSL_GUARDED_BY(mu_);
+  // The finished jobs in memory and those leaving it. Its own mutex, taken
+  // after mu_ (the store's writer thread reports evictions without mu_).
+  JobHistory history_;
+  // The scrape's view of the state above, under mu_: the Collectable that
+  // Create adds to the MetricsRegistry.
+  const JobMetrics job_metrics_;
   int64_t last_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t port_counter_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

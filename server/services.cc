@@ -81,15 +81,18 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates)
-    : auth_(auth), metrics_(metrics), worker_certificates_(worker_certificates) {
-  metrics_->Describe("ballast_grpc_requests_total", "gRPC calls handled, by method and code.",
-                     MetricType::kCounter);
-  metrics_->Describe("ballast_grpc_request_seconds",
-                     "Time from a gRPC call's arrival to its status, by method and code; for the "
-                     "streams (WatchJob, StreamAssignments) the stream's whole life.",
-                     MetricType::kHistogram,
-                     {1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300});
-}
+    : auth_(auth),
+      worker_certificates_(worker_certificates),
+      requests_(prometheus::BuildCounter()
+                    .Name("ballast_grpc_requests_total")
+                    .Help("gRPC calls handled, by method and code.")
+                    .Register(metrics->registry())),
+      request_seconds_(
+          prometheus::BuildHistogram()
+              .Name("ballast_grpc_request_seconds")
+              .Help("Time from a gRPC call's arrival to its status, by method and code; for the "
+                    "streams (WatchJob, StreamAssignments) the stream's whole life.")
+              .Register(metrics->registry())) {}
 
 grpc::Status RpcGate::Authorize(grpc::ServerContextBase* context, Audience audience,
                                 Principal* principal) const {
@@ -127,9 +130,22 @@ grpc::Status RpcGate::Authorize(grpc::ServerContextBase* context, Audience audie
 }
 
 void RpcGate::Count(const char* method, const grpc::Status& status, absl::Duration elapsed) {
-  const MetricLabels labels = {{"method", method}, {"code", CodeName(status.error_code())}};
-  metrics_->Add("ballast_grpc_requests_total", labels);
-  metrics_->Observe("ballast_grpc_request_seconds", labels, absl::ToDoubleSeconds(elapsed));
+  Series series;
+  {
+    absl::MutexLock lock(&mu_);
+    Series& found = series_[{method, static_cast<int>(status.error_code())}];
+    if (found.requests == nullptr) {
+      const prometheus::Labels labels = {{"method", method},
+                                         {"code", CodeName(status.error_code())}};
+      found.requests = &requests_.Add(labels);
+      found.seconds = &request_seconds_.Add(
+          labels, prometheus::Histogram::BucketBoundaries{1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1,
+                                                          0.5, 1, 5, 30, 300});
+    }
+    series = found;
+  }
+  series.requests->Increment();
+  series.seconds->Observe(absl::ToDoubleSeconds(elapsed));
 }
 
 // Copies a StatusOr's value into the response, or maps its error.

@@ -11,15 +11,23 @@
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
+#include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
 #include "common/metrics.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
 #include "server/authenticator.h"
 #include "server/coordinator.h"
 
@@ -43,7 +51,7 @@ class RpcGate {
   // certificate whose common name is the token's worker id.
   RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates);
   // UNAUTHENTICATED or PERMISSION_DENIED, or the status of body(principal);
-  // counted either way.
+  // counted either way. `method` is a string literal (the gate keeps it).
   template <typename Body>
   grpc::Status Serve(const char* method, Audience audience, grpc::ServerContextBase* context,
                      Body&& body) {
@@ -78,10 +86,20 @@ class RpcGate {
  private:
   grpc::Status Authorize(grpc::ServerContextBase* context, Audience audience,
                          Principal* principal) const;
-  void Count(const char* method, const grpc::Status& status, absl::Duration elapsed);
+  void Count(const char* method, const grpc::Status& status, absl::Duration elapsed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   const Authenticator* const auth_;
-  MetricsRegistry* const metrics_;
   const bool worker_certificates_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_seconds_;
+  // The series of one method and code, found once: a call then updates them
+  // without the families' label lookup (which builds a histogram to find one).
+  struct Series {
+    prometheus::Counter* requests = nullptr;
+    prometheus::Histogram* seconds = nullptr;
+  };
+  absl::Mutex mu_;
+  std::map<std::pair<std::string_view, int>, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
 // SubmitJob is on the callback API: its reply goes out from the store's

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/metrics.h"
 
 namespace ballast::agent {
 namespace {
@@ -428,23 +429,29 @@ void Agent::KeepaliveLoop() {
 
 // ---- Assignments -----------------------------------------------------------
 
-void Agent::CollectMetrics(std::vector<MetricFamily>* out) const {
-  absl::MutexLock lock(&mu_);
-  const auto running = static_cast<double>(RunningLocked().size());
+std::vector<prometheus::MetricFamily> Agent::Collect() const {
+  double running;
+  {
+    absl::MutexLock lock(&mu_);
+    running = static_cast<double>(RunningLocked().size());
+  }
   const auto devices = static_cast<double>(options_.devices.names.size());
-  MetricFamily& ranks = out->emplace_back();
-  ranks.name = "ballast_node_ranks_running";
-  ranks.help = "Ranks this worker runs now.";
-  ranks.type = MetricType::kGauge;
-  ranks.samples.push_back({.labels = {}, .value = running});
-  MetricFamily& states = out->emplace_back();
-  states.name = "ballast_node_devices";
-  states.help = "This worker's devices: busy (a running rank holds it) or free.";
-  states.type = MetricType::kGauge;
   const std::string& kind = options_.devices.kind;
-  states.samples.push_back({.labels = {{"kind", kind}, {"state", "busy"}}, .value = running});
-  states.samples.push_back(
-      {.labels = {{"kind", kind}, {"state", "free"}}, .value = std::max(0.0, devices - running)});
+  std::vector<prometheus::MetricFamily> families(2);
+  prometheus::MetricFamily& ranks = families[0];
+  ranks = {"ballast_node_ranks_running",
+           "Ranks this worker runs now.",
+           prometheus::MetricType::Gauge,
+           {}};
+  AddSample(&ranks, {}, running);
+  prometheus::MetricFamily& states = families[1];
+  states = {"ballast_node_devices",
+            "This worker's devices: busy (a running rank holds it) or free.",
+            prometheus::MetricType::Gauge,
+            {}};
+  AddSample(&states, {{"kind", kind}, {"state", "busy"}}, running);
+  AddSample(&states, {{"kind", kind}, {"state", "free"}}, std::max(0.0, devices - running));
+  return families;
 }
 
 absl::Status Agent::Health() const {

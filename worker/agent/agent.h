@@ -31,8 +31,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/metrics.h"
 #include "common/tls.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "worker/agent/coordinator_connection.h"
 #include "worker/agent/device_discovery.h"
 #include "worker/agent/event_relay.h"
@@ -56,11 +57,12 @@ struct AgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 
-class Agent {
+// A prometheus::Collectable: its node series are computed at scrape time.
+class Agent : public prometheus::Collectable {
  public:
   explicit Agent(AgentOptions options);
   // Calls Shutdown.
-  ~Agent();
+  ~Agent() override;
 
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -79,7 +81,7 @@ class Agent {
   // The worker's own metrics, for its --http endpoint:
   // ballast_node_ranks_running and ballast_node_devices{kind, state} with
   // state busy (a running rank holds it) or free.
-  void CollectMetrics(std::vector<MetricFamily>* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<prometheus::MetricFamily> Collect() const ABSL_LOCKS_EXCLUDED(mu_) override;
 
   // OK once the coordinator has accepted this worker's registration;
   // UNAVAILABLE, saying so, before (the worker's /healthz).

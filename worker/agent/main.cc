@@ -123,8 +123,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   ballast::MetricsRegistry metrics;
-  metrics.AddCollector(
-      [&agent](std::vector<ballast::MetricFamily>* out) { agent.CollectMetrics(out); });
+  metrics.AddCollectable(&agent);
   std::unique_ptr<ballast::HttpEndpoint> endpoint;
   if (!http.empty()) {
     std::string host;

@@ -213,10 +213,12 @@ TEST_F(BallastdTest, HealthzAndMetricsOverHttp) {
   EXPECT_EQ(status, 200);
   const std::string metrics = HttpGet("/metrics", &status);
   EXPECT_EQ(status, 200);
+  // prometheus-cpp prints a family's labels sorted by name.
   EXPECT_THAT(metrics,
-              HasSubstr("ballast_grpc_requests_total{method=\"GetJob\",code=\"NOT_FOUND\"} 1\n"));
+              HasSubstr("ballast_grpc_requests_total{code=\"NOT_FOUND\",method=\"GetJob\"} 1\n"));
   EXPECT_THAT(metrics, HasSubstr("# TYPE ballast_scheduler_decision_seconds histogram\n"));
-  EXPECT_THAT(metrics, HasSubstr("ballast_build_info{version=\""));
+  EXPECT_THAT(metrics, HasSubstr("ballast_build_info{commit=\""));
+  EXPECT_THAT(metrics, HasSubstr(",version=\""));
 }
 
 TEST_F(BallastdTest, HealthServiceAnswersServing) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -1143,6 +1144,38 @@ TEST_F(CoordinatorTest, RankSeriesLeaveWithTheJobsOtherSeries) {
   EXPECT_THAT(metrics_->Encode(), Not(HasSubstr(label)));
   EXPECT_THAT(metrics_->Encode(), Not(HasSubstr("ballast_job_step{job_id=\"" + job.id())));
   EXPECT_THAT(metrics_->Encode(), HasSubstr("ballast_job_step{job_id=\"" + later.id()));
+}
+
+// Retention runs on the lease thread: a finished job past it is written
+// evicted and leaves memory though nothing scrapes /metrics meanwhile.
+TEST_F(CoordinatorTest, FinishedJobsLeaveMemoryAfterTheRetentionWithoutAScrape) {
+  const v1::Job job = Submit();
+  ASSERT_TRUE(c_->CancelJob(job.id()).ok());
+  const v1::Job live = Submit();
+  now_ += 10 * 60 * 1000 + 1;
+  // The lease thread looks every 250 ms (kLeaseMs / 4); 10 s is ample.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool evicted = false;
+  while (!evicted && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    absl::StatusOr<std::optional<JobRecord>> stored = store_->ReadJob(job.id());
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    evicted = stored->has_value() && (*stored)->evicted;
+  }
+  ASSERT_TRUE(evicted) << "no lease pass wrote the finished job evicted";
+  // A scrape only reads: the count falls to the live job by the lease
+  // thread's next pass, which takes the stored eviction out of memory.
+  std::string text;
+  while (absl::Now() < deadline) {
+    text = metrics_->Encode();
+    if (text.find("\nballast_jobs_in_memory 1\n") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(text, HasSubstr("\nballast_jobs_in_memory 1\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_jobs{state=\"cancelled\"} 1\n"));
+  EXPECT_THAT(text, Not(HasSubstr("job_id=\"" + job.id())));
+  EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + live.id()));
+  ASSERT_TRUE(c_->GetJob(job.id()).ok()) << "read from the store";
 }
 
 TEST_F(CoordinatorTest, ControlPlaneLatenciesAreHistograms) {
