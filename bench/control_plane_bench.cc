@@ -11,15 +11,12 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <latch>
 #include <map>
 #include <new>
@@ -29,6 +26,7 @@
 
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
+#include "bench/control_plane_common.h"
 #include "server/ballastd.h"
 #include "server/scheduler.h"
 
@@ -59,8 +57,9 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using ballast::bench::Context;
+using ballast::bench::SpecFolder;
 using ballast::server::Ballastd;
 using ballast::v1::JobService;
 using ballast::v1::WorkerService;
@@ -91,35 +90,14 @@ double Quantile(std::vector<double> values, double q) {
   return values[k];
 }
 
-std::unique_ptr<grpc::ClientContext> Context(int seconds = 30) {
-  auto c = std::make_unique<grpc::ClientContext>();
-  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
-  return c;
-}
-
 class Bench {
  public:
-  Bench() {
-    std::string tmpl = (fs::temp_directory_path() / "ballast-bench-XXXXXX").string();
-    dir_ = mkdtemp(tmpl.data());
-    fs::create_directories(dir_ / "model");
-    std::ofstream(dir_ / "model" / "config.json")
-        << R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "model_type": "qwen3", "max_position_embeddings": 4096})";
-    std::ofstream(dir_ / "data.jsonl") << "{\"input_ids\": [1, 2]}\n";
-    spec_.mutable_model()->set_path((dir_ / "model").string());
-    spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());
-    spec_.mutable_data()->set_seq_len(1024);
-    spec_.mutable_optimizer()->set_lr(1e-4);
-    spec_.set_max_steps(1000000);
-  }
-  ~Bench() { fs::remove_all(dir_); }
-
   std::unique_ptr<Ballastd> StartServer(const std::string& name) {
     ballast::server::BallastdOptions o;
     o.listen = "127.0.0.1:0";
     o.http = "127.0.0.1:0";
-    o.store_url = "sqlite:" + (dir_ / (name + ".db")).string();
-    o.output_root = (dir_ / "jobs").string();
+    o.store_url = "sqlite:" + (folder_.dir() / (name + ".db")).string();
+    o.output_root = (folder_.dir() / "jobs").string();
     auto server = Ballastd::Start(o);
     if (!server.ok()) {
       std::fprintf(stderr, "control_plane_bench: %s\n", server.status().ToString().c_str());
@@ -547,8 +525,8 @@ class Bench {
   }
 
  private:
-  fs::path dir_;
-  ballast::v1::JobSpec spec_;
+  SpecFolder folder_{"ballast-bench"};
+  const ballast::v1::JobSpec spec_ = folder_.Spec(1000000);
 };
 
 }  // namespace

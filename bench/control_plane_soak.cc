@@ -8,14 +8,11 @@
 // Prints one line of totals at the end; exits 1 when a call failed or a
 // watcher saw a gap.
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -24,11 +21,13 @@
 
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
+#include "bench/control_plane_common.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using ballast::bench::Context;
+using ballast::bench::SpecFolder;
 using ballast::v1::JobService;
 using ballast::v1::WorkerService;
 
@@ -42,12 +41,6 @@ constexpr auto kReportPeriod = std::chrono::milliseconds(50);
 // The submitter keeps about this many jobs waiting behind the running ones.
 constexpr int kQueued = 32;
 constexpr auto kHeartbeatPeriod = std::chrono::seconds(2);
-
-std::unique_ptr<grpc::ClientContext> Context(int seconds = 30) {
-  auto c = std::make_unique<grpc::ClientContext>();
-  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
-  return c;
-}
 
 struct Totals {
   std::atomic<int64_t> submitted{0};
@@ -210,18 +203,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: control_plane_soak --coordinator HOST:PORT --seconds N\n");
     return 2;
   }
-  std::string tmpl = (fs::temp_directory_path() / "ballast-soak-XXXXXX").string();
-  const fs::path dir = mkdtemp(tmpl.data());
-  fs::create_directories(dir / "model");
-  std::ofstream(dir / "model" / "config.json")
-      << R"({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "model_type": "qwen3", "max_position_embeddings": 4096})";
-  std::ofstream(dir / "data.jsonl") << "{\"input_ids\": [1, 2]}\n";
-  ballast::v1::JobSpec spec;
-  spec.mutable_model()->set_path((dir / "model").string());
-  spec.mutable_data()->set_path((dir / "data.jsonl").string());
-  spec.mutable_data()->set_seq_len(1024);
-  spec.mutable_optimizer()->set_lr(1e-4);
-  spec.set_max_steps(kStepsPerJob);
+  const SpecFolder folder("ballast-soak");
+  const ballast::v1::JobSpec spec = folder.Spec(kStepsPerJob);
 
   auto channel = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
   auto jobs = JobService::NewStub(channel);
@@ -267,7 +250,6 @@ int main(int argc, char** argv) {
     }
   }
   for (std::thread& t : threads) t.join();
-  fs::remove_all(dir);
   std::printf(
       "control_plane_soak: %d s: %lld jobs submitted, %lld finished, %lld events reported, "
       "%lld watches to the end, %lld failures\n",

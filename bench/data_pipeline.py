@@ -28,12 +28,12 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
 from trained_tokenizers import (QWEN_ADDED, QWEN_NOT_SPECIAL, QWEN_REGEX,  # noqa: E402
                                 qwen_real, random_text, trained_tokenizer)
+from train_jobs import save_qwen3_tiny, train, write_lora_job  # noqa: E402
 
 CORPUS_BYTES = 8 << 20
 STEPS, WARMUP, ROUNDS = 12, 2, 3
@@ -137,19 +137,13 @@ def tokenizer_rows(bin_dir, root):
 def make_job_inputs(root):
     """A 4-layer model whose vocabulary holds a ChatML tokenizer trained here,
     chats of about 100-700 tokens, and the same chats pre-tokenized."""
-    import torch
     from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     model = os.path.join(root, "model")
     added = [AddedToken(t, special=t not in QWEN_NOT_SPECIAL, normalized=False)
              for t in QWEN_ADDED[:3] + QWEN_ADDED[-2:]]
     tok = trained_tokenizer(QWEN_REGEX, True, added, 4000)
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                      max_position_embeddings=1024, tie_word_embeddings=True)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(model)
+    save_qwen3_tiny(model)
     tok.save(os.path.join(model, "tokenizer.json"))
     rng = random.Random(2)
     chats = os.path.join(root, "chats.jsonl")
@@ -162,29 +156,17 @@ def make_job_inputs(root):
 
 
 def write_job(root, name, model, data, fmt):
-    import yaml
-    spec = {"model": {"path": model}, "method": "lora",
-            "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
-            "data": {"path": data, "format": fmt, "seq_len": 1024, "micro_batch_size": 2,
-                     "packing": True, "truncate": "drop", "shuffle": False},
-            "optimizer": {"lr": 1e-4}, "max_steps": STEPS}
+    section = {"path": data, "format": fmt, "seq_len": 1024, "micro_batch_size": 2,
+               "packing": True, "truncate": "drop", "shuffle": False}
     if fmt == "messages":
-        spec["data"]["template"] = "chatml"
-    path = os.path.join(root, f"{name}.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(spec, f)
-    return path
+        section["template"] = "chatml"
+    return write_lora_job(root, name, model, section, STEPS)
 
 
-def run(binary, job, out_dir):
-    shutil.rmtree(out_dir, ignore_errors=True)
-    start = time.perf_counter()
-    subprocess.run([binary, "--spec", job, "--out", out_dir], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        times = [json.loads(line)["step_time_s"] for line in f]
-    return statistics.median(times[WARMUP:]), wall
+def step_time(binary, job, out_dir):
+    """Median step time after warm-up of one run."""
+    times = [m["step_time_s"] for m in train(binary, job, out_dir)]
+    return statistics.median(times[WARMUP:])
 
 
 def trainer_row(bin_dir, root):
@@ -200,13 +182,10 @@ def trainer_row(bin_dir, root):
                 i if m else -100 for i, m in zip(r["ids"], r["assistant_masks"])]}) + "\n")
     text_job = write_job(root, "messages", model, chats, "messages")
     tokens_job = write_job(root, "tokens", model, tokens, "tokens")
-    text_times, token_times, walls = [], [], []
+    text_times, token_times = [], []
     for _ in range(ROUNDS):
-        t, wall = run(binary, text_job, os.path.join(root, "out-messages"))
-        text_times.append(t)
-        walls.append(wall)
-        t, _ = run(binary, tokens_job, os.path.join(root, "out-tokens"))
-        token_times.append(t)
+        text_times.append(step_time(binary, text_job, os.path.join(root, "out-messages")))
+        token_times.append(step_time(binary, tokens_job, os.path.join(root, "out-tokens")))
     text_s, tokens_s = statistics.median(text_times), statistics.median(token_times)
     return (f"trainer step, chats tokenized and packed by the job vs the same rows pre-tokenized: "
             f"{text_s:.3f} s vs {tokens_s:.3f} s median: {text_s / tokens_s:.2f}x (goal 1.00x)")

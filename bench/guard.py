@@ -25,6 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from train_jobs import train, write_lora_job  # noqa: E402
 from trainer_vs_peft import MBS, SEQ, make_inputs  # noqa: E402
 
 STEPS, WARMUP, ROUNDS = 22, 2, 3
@@ -34,26 +35,15 @@ GUARD_OFF = {"max_consecutive_bad": 0, "loss_spike_zscore": 0, "grad_norm_spike_
 
 
 def write_job(root, name, guard, steps=STEPS):
-    import yaml
-    spec = {"model": {"path": os.path.join(root, "model")}, "method": "lora",
-            "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
-            "data": {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
-                     "micro_batch_size": MBS, "shuffle": False},
-            "optimizer": {"lr": 1e-4}, "max_steps": steps, "precision": "fp32",
-            "checkpoint_every": 10, "guard": guard}
-    path = os.path.join(root, f"{name}.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(spec, f)
-    return path
+    data = {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ, "micro_batch_size": MBS,
+            "shuffle": False}
+    return write_lora_job(root, name, os.path.join(root, "model"), data, steps, precision="fp32",
+                          checkpoint_every=10, guard=guard)
 
 
 def step_time(binary, job, out_dir):
     """Median step time after warm-up of one run."""
-    shutil.rmtree(out_dir, ignore_errors=True)
-    subprocess.run([binary, "--spec", job, "--out", out_dir], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        times = [json.loads(line)["step_time_s"] for line in f]
+    times = [m["step_time_s"] for m in train(binary, job, out_dir)]
     return statistics.median(times[WARMUP:])
 
 

@@ -22,38 +22,27 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from data_pipeline import make_job_inputs  # noqa: E402  (also puts tests/parity on the path)
+from train_jobs import train, write_lora_job  # noqa: E402
 from trained_tokenizers import WORDS, random_text  # noqa: E402
 
 STEPS, WARMUP, ROUNDS = 10, 2, 2
 
 
 def write_job(root, name, model, data, **task):
-    import yaml
-    spec = {"model": {"path": model}, "method": "lora",
-            "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
-            "data": {"path": data, "seq_len": 1024, "micro_batch_size": 2, "packing": True,
-                     "truncate": "drop", "shuffle": False},
-            "optimizer": {"lr": 1e-4}, "max_steps": STEPS, **task}
-    path = os.path.join(root, f"{name}.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(spec, f)
-    return path
+    return write_lora_job(root, name, model,
+                          {"path": data, "seq_len": 1024, "micro_batch_size": 2, "packing": True,
+                           "truncate": "drop", "shuffle": False}, STEPS, **task)
 
 
 def run(binary, job, out_dir):
     """Median step time after warm-up, and the median step's metrics."""
-    shutil.rmtree(out_dir, ignore_errors=True)
-    subprocess.run([binary, "--spec", job, "--out", out_dir], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f][WARMUP:]
+    steps = train(binary, job, out_dir)[WARMUP:]
     return (statistics.median(s["step_time_s"] for s in steps),
             statistics.median(s["tokens"] for s in steps),
             statistics.median(s["supervised_tokens"] for s in steps))
@@ -121,12 +110,7 @@ def long_context_row(binary, root):
                     f"max_steps: {STEPS}", "max_steps: 1")
         with open(job, "w") as f:
             f.write(text)
-        out = os.path.join(root, f"out-long-{tokens}")
-        shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([binary, "--spec", job, "--out", out], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            step = json.loads(f.readline())
+        step = train(binary, job, os.path.join(root, f"out-long-{tokens}"))[0]
         figures.append((tokens, step["step_time_s"], step["peak_memory_bytes"]))
     parts = [f"{t // 1024}k {s:.1f} s {m / 2**20:,.0f} MiB" for t, s, m in figures]
     return (f"long context, one step, 1-layer Qwen3 with checkpointing: {'; '.join(parts)}; "

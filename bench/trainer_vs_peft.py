@@ -22,19 +22,15 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
+from train_jobs import save_qwen3_tiny, write_lora_job  # noqa: E402
 
 SEQ, MBS, STEPS, WARMUP, ROUNDS = 512, 4, 12, 2, 3
 
 
 def make_inputs(root):
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                      max_position_embeddings=1024, tie_word_embeddings=True)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(os.path.join(root, "model"))
+    save_qwen3_tiny(os.path.join(root, "model"))
     g = torch.Generator().manual_seed(1)
     with open(os.path.join(root, "data.jsonl"), "w") as f:
         for _ in range(MBS * STEPS):
@@ -101,20 +97,15 @@ def main():
 
     with tempfile.TemporaryDirectory() as root:
         make_inputs(root)
-        import yaml
-        spec = {"model": {"path": os.path.join(root, "model")}, "method": "lora",
-                "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
-                "data": {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
-                         "micro_batch_size": MBS, "shuffle": False},
-                "optimizer": {"lr": 1e-4}, "max_steps": STEPS, "precision": "fp32"}
-        with open(os.path.join(root, "job.yaml"), "w") as f:
-            yaml.safe_dump(spec, f)
+        job = write_lora_job(root, "job", os.path.join(root, "model"),
+                             {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
+                              "micro_batch_size": MBS, "shuffle": False}, STEPS, precision="fp32")
         ours_tps, ours_rss, ref_tps, ref_rss = [], [], [], []
         for _ in range(ROUNDS):
             out_dir = os.path.join(root, "out")
             shutil.rmtree(out_dir, ignore_errors=True)
-            _, rss = measure([os.path.join(args.bin, "ballast-train"), "--spec",
-                              os.path.join(root, "job.yaml"), "--out", out_dir])
+            _, rss = measure([os.path.join(args.bin, "ballast-train"), "--spec", job, "--out",
+                              out_dir])
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 ours_tps.append(tokens_per_s([json.loads(line)["step_time_s"] for line in f]))
             ours_rss.append(rss)

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from cluster import CLI, wait_for, write_spec
-from test_control_plane import cluster, inputs, long_spec, spec  # noqa: F401
-from test_gang import ONE_THREAD, ip, make_cluster, two_hosts  # noqa: F401
+from test_control_plane import inputs, long_spec, spec  # noqa: F401
+from test_gang import ONE_THREAD, ip, two_hosts  # noqa: F401
 
 
 def test_kill9_during_a_burst_of_submits_loses_no_acknowledged_job(cluster, inputs):
@@ -170,24 +170,24 @@ def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_previous_one(inputs
     assert steps[-2:] == [step + 1, step + 2]
 
 
-def coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a):
-    """A cluster whose coordinator and CLI run on host A with a token; also
-    the environment for workers (one thread each, the same token)."""
-    cluster = make_cluster(tmp_path, request)
+def coordinator_on_host_a(cluster, monkeypatch, ns_a, addr_a):
+    """Starts the cluster's coordinator on host A with a token, and runs its
+    CLI there; returns the environment for workers (one thread each, the
+    same token)."""
     cluster.prefix = ["ip", "netns", "exec", ns_a]
     monkeypatch.setenv("BALLAST_TOKEN", "chaos-token")
     cluster.start_coordinator(host=addr_a)
-    return cluster, {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
+    return {**ONE_THREAD, "BALLAST_TOKEN": "chaos-token"}
 
 
 def test_a_worker_cut_off_by_the_network_is_requeued_once_and_never_runs_twice(
-        tmp_path, request, inputs, two_hosts, monkeypatch):
+        inputs, two_hosts, monkeypatch, cluster):
     """Worker B's veth goes down mid-job. Its lease runs out; its agent stops
     keeping its rank alive, so the rank fences itself; only then does the job
     start again on A, from B's last checkpoint. The link comes back: B's
     stale reports change nothing. One requeue, no step trained twice."""
     (ns_a, addr_a, _), (ns_b, addr_b, dev_b) = two_hosts
-    cluster, env = coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a)
+    env = coordinator_on_host_a(cluster, monkeypatch, ns_a, addr_a)
     b = cluster.start_worker("wb", cpu_slots=1, host=addr_b, prefix=["ip", "netns", "exec", ns_b],
                              env=env)
     job_id = cluster.submit(long_spec(inputs, steps=600, every=5))
@@ -217,14 +217,14 @@ def test_a_worker_cut_off_by_the_network_is_requeued_once_and_never_runs_twice(
 
 
 def test_every_worker_cut_off_at_once_requeues_each_job_once_and_resumes_when_back(
-        tmp_path, request, inputs, two_hosts, monkeypatch):
+        inputs, two_hosts, monkeypatch, cluster):
     """Both workers live on host B, each running a job; B's link goes down,
     so the coordinator loses every worker at once. Both leases run out, both
     ranks fence themselves, and both jobs wait in the queue with no worker
     to run them. The link comes back: the workers register again, each job
     resumes from its last checkpoint, once, and no step is trained twice."""
     (ns_a, addr_a, _), (ns_b, addr_b, dev_b) = two_hosts
-    cluster, env = coordinator_on_host_a(tmp_path, request, monkeypatch, ns_a, addr_a)
+    env = coordinator_on_host_a(cluster, monkeypatch, ns_a, addr_a)
     on_b = ["ip", "netns", "exec", ns_b]
     workers = [cluster.start_worker(name, cpu_slots=1, host=addr_b, prefix=on_b, env=env)
                for name in ("wb1", "wb2")]

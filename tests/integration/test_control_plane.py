@@ -22,16 +22,6 @@ def inputs(tmp_path_factory):
     return str(root / "model"), str(root / "data.jsonl")
 
 
-@pytest.fixture
-def cluster(tmp_path, request):
-    c = Cluster(str(tmp_path / "cluster"))
-    yield c
-    failed = getattr(request.node, "rep_call", None)
-    c.stop()
-    if failed is not None and failed.failed:
-        print(c.logs())
-
-
 def spec(inputs, **overrides):
     return base_spec(*inputs, **{"data": {"seq_len": 64, "micro_batch_size": 2,
                                           "grad_accum_steps": 1, "shuffle": True},

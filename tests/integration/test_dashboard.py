@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from cluster import BALLASTD, Cluster, Process, base_spec, wait_for
+from cluster import BALLASTD, Process, base_spec, wait_for
 from test_control_plane import inputs  # noqa: F401
 
 CHROMIUM = shutil.which("chromium")
@@ -33,9 +33,8 @@ def get(url, token=None, timeout=10):
 
 
 @pytest.fixture
-def running_job(tmp_path, inputs):
+def running_job(cluster, inputs):
     """A 2-rank job that keeps running, with a rollback early on."""
-    cluster = Cluster(str(tmp_path / "cluster"))
     cluster.start_coordinator()
     cluster.start_worker("w1", cpu_slots=2)
     spec = base_spec(*inputs, max_steps=100000)
@@ -48,7 +47,6 @@ def running_job(tmp_path, inputs):
              and int(cluster.job(job_id).get("step", 0)) >= 40, 180, "the rollback and step 40")
     yield cluster, job_id
     cluster.cli("cancel", job_id)
-    cluster.stop()
 
 
 def chromium(*args, timeout=120):

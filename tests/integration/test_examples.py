@@ -14,19 +14,8 @@ import urllib.request
 
 import pytest
 import yaml
-from cluster import Cluster
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-
-
-@pytest.fixture
-def cluster(tmp_path, request):
-    c = Cluster(str(tmp_path / "cluster"))
-    yield c
-    failed = getattr(request.node, "rep_call", None)
-    c.stop()
-    if failed is not None and failed.failed:
-        print(c.logs())
 
 
 @pytest.fixture(scope="module")

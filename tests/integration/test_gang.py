@@ -16,7 +16,7 @@ import uuid
 import psutil
 import pytest
 
-from cluster import Cluster, train_ranks, wait_for, write_spec
+from cluster import train_ranks, wait_for, write_spec
 from reference import TRAIN
 from test_control_plane import inputs, spec  # noqa: F401
 from test_rank_stop import read, steps_in
@@ -31,19 +31,6 @@ def gang_spec(inputs, ranks, **overrides):
     job = spec(inputs, **{"devices": ranks, **overrides})
     job["data"]["grad_accum_steps"] = ranks
     return job
-
-
-def make_cluster(tmp_path, request, **options):
-    c = Cluster(str(tmp_path / "cluster"), **options)
-    request.addfinalizer(lambda: finish(c, request))
-    return c
-
-
-def finish(c, request):
-    failed = getattr(request.node, "rep_call", None)
-    c.stop()
-    if failed is not None and failed.failed:
-        print(c.logs())
 
 
 def alive(process):
@@ -79,8 +66,7 @@ def rank_of(process):
 
 
 def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank(
-        tmp_path, request, inputs):
-    cluster = make_cluster(tmp_path, request)
+        inputs, cluster):
     cluster.start_coordinator()
     cluster.start_worker("w1", cpu_slots=2)
     cluster.start_worker("w2", cpu_slots=2)
@@ -120,10 +106,10 @@ def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank
 
 
 def test_b_a_rank_killed_mid_run_ends_its_peers_and_the_job_resumes_and_finishes(
-        tmp_path, request, inputs):
+        inputs, make_cluster):
     # A long stop grace: the peers must end by themselves, on the lost rank,
     # not because their workers' SIGKILL came first.
-    cluster = make_cluster(tmp_path, request, stop_grace_ms=60000)
+    cluster = make_cluster(stop_grace_ms=60000)
     cluster.start_coordinator()
     cluster.start_worker("w1", cpu_slots=2)
     cluster.start_worker("w2", cpu_slots=2)
@@ -207,10 +193,9 @@ def two_hosts():
             ip("netns", "del", ns)  # takes its end of the veth pair with it
 
 
-def test_c_a_two_rank_job_over_two_hosts_trains_across_the_veth(tmp_path, request, inputs,
-                                                                two_hosts, monkeypatch):
+def test_c_a_two_rank_job_over_two_hosts_trains_across_the_veth(inputs, two_hosts, monkeypatch,
+                                                                cluster):
     (ns_a, addr_a, dev_a), (ns_b, addr_b, dev_b) = two_hosts
-    cluster = make_cluster(tmp_path, request)
     # The coordinator and the CLI live on host A; host B reaches them over the veth.
     cluster.prefix = ["ip", "netns", "exec", ns_a]
     # Off loopback, ballastd wants a token; every process here inherits it.

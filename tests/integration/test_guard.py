@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from cluster import wait_for, write_spec
-from test_control_plane import cluster, inputs, long_spec, spec  # noqa: F401
+from test_control_plane import inputs, long_spec, spec  # noqa: F401
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 

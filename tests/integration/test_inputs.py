@@ -14,13 +14,6 @@ import pytest
 from cluster import Cluster, base_spec, make_dataset, make_model
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(str(tmp_path / "cluster"))
-    yield c
-    c.stop()
-
-
 def model_and_data(folder):
     """The files submission reads: config.json and a data file."""
     os.makedirs(os.path.join(folder, "model"), exist_ok=True)

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from cluster import wait_for
-from test_control_plane import cluster, inputs, spec  # noqa: F401
+from test_control_plane import inputs, spec  # noqa: F401
 from test_prometheus import free_port, get
 
 SERIES_FILE = os.path.join(os.path.dirname(__file__), "metrics_series.txt")

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from cluster import Cluster, Process, base_spec, make_dataset, make_model, wait_for
+from cluster import Process, base_spec, make_dataset, make_model, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -59,13 +59,6 @@ def prometheus(tmp_path, targets, rule_files=()):
         yield query
     finally:
         server.stop()
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(str(tmp_path / "cluster"))
-    yield c
-    c.stop()
 
 
 @pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="prometheus not installed (make setup)")

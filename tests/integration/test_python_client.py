@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cluster import Cluster, base_spec, make_dataset, make_model
+from cluster import base_spec, make_dataset, make_model
 
 SOURCE = os.environ.get("BALLAST_SOURCE_DIR",
                         os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -29,13 +29,6 @@ def stubs(tmp_path_factory):
     sys.path.insert(0, str(out))
     from ballast.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, job_spec_pb2
     return job_pb2, job_service_pb2, job_service_pb2_grpc, job_spec_pb2
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(str(tmp_path / "cluster"))
-    yield c
-    c.stop()
 
 
 def make_spec(job_spec_pb2, model, data, steps):

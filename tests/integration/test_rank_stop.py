@@ -14,7 +14,7 @@ from cluster import train_ranks, wait_for, write_spec
 from reference import TRAIN
 # The fixtures (a cluster with a 3 s lease, the tiny model and data) and the
 # specs of the control-plane tests.
-from test_control_plane import TERMINAL, cluster, inputs, long_spec  # noqa: F401
+from test_control_plane import TERMINAL, inputs, long_spec  # noqa: F401
 
 
 def steps_in(path):

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from cluster import WORKER, Process, wait_for, write_spec
-from test_control_plane import cluster, inputs, spec  # noqa: F401
+from test_control_plane import inputs, spec  # noqa: F401
 
 ADMIN = "admin-bootstrap-token"
 

@@ -21,10 +21,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <limits>
 #include <numeric>
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,6 +32,7 @@
 #include "kernels/attention_tiles.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "tests/unit/kernels/attention_reference.h"
+#include "tests/unit/kernels/seeded_test.h"
 
 namespace ballast::kernels {
 namespace {
@@ -43,7 +42,10 @@ using attention_reference::BlindRowsMask;
 using attention_reference::BlockDiffusion;
 using attention_reference::Causal;
 using attention_reference::CausalRowsReference;
+using attention_reference::ExpectErrorMentions;
 using attention_reference::Grads;
+using attention_reference::Inputs;
+using attention_reference::RandomInputs;
 using attention_reference::Reference;
 using attention_reference::RunWithGrads;
 using attention_reference::Total;
@@ -55,17 +57,12 @@ constexpr double kFp16Tol = 5e-3;
 double ToleranceFor(torch::Dtype dtype) { return dtype == torch::kBFloat16 ? kBf16Tol : kFp16Tol; }
 
 // Every test draws fresh inputs; the seed is printed with any failure.
-class AttentionCuda : public ::testing::Test {
+class AttentionCuda : public SeededTest {
  protected:
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-    seed_ = std::random_device{}();
-    torch::manual_seed(seed_);
+    SeededTest::SetUp();
   }
-  std::string SeedTrace() const { return "seed " + std::to_string(seed_); }
-
- private:
-  uint64_t seed_ = 0;
 };
 
 Grads CudaGrads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -103,15 +100,6 @@ void ExpectClose(const Grads& got, const Grads& want, double tol, const std::str
   EXPECT_LE(NormError(got.dq, want.dq), tol) << what << " dq";
   EXPECT_LE(NormError(got.dk, want.dk), tol) << what << " dk";
   EXPECT_LE(NormError(got.dv, want.dv), tol) << what << " dv";
-}
-
-struct Inputs {
-  torch::Tensor q, k, v, grad_out;  // on CPU, in the test's dtype
-};
-
-Inputs RandomInputs(int64_t tokens, int64_t hq, int64_t hkv, int64_t d, torch::Dtype dtype) {
-  return {torch::randn({tokens, hq, d}).to(dtype), torch::randn({tokens, hkv, d}).to(dtype),
-          torch::randn({tokens, hkv, d}).to(dtype), torch::randn({tokens, hq, d}).to(dtype)};
 }
 
 // Lengths straddle every tile size the kernels use (32 and 64): one token,
@@ -408,15 +396,6 @@ INSTANTIATE_TEST_SUITE_P(Tokens, AttentionCudaLong, ::testing::Values(65537, 131
 // ---------------------------------------------------------------------------
 // What the CUDA path does not take
 // ---------------------------------------------------------------------------
-
-void ExpectErrorMentions(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(AttentionCuda, Fp32AndOtherHeadDimsRunTheSdpaFallback) {
   SCOPED_TRACE(SeedTrace());

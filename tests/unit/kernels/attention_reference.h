@@ -1,6 +1,7 @@
 // The float64 attention reference shared by the CPU and CUDA kernel tests: the
 // structural masks written out as dense (n, n) matrices straight from their
-// definitions in kernels/attention.h, and softmax attention as plain ATen ops.
+// definitions in kernels/attention.h, and softmax attention as plain ATen ops;
+// beside it the inputs, runs and comparisons both tests make.
 // Test-only; a dense mask is fine here because documents are small.
 #ifndef BALLAST_TESTS_UNIT_KERNELS_ATTENTION_REFERENCE_H_
 #define BALLAST_TESTS_UNIT_KERNELS_ATTENTION_REFERENCE_H_
@@ -162,6 +163,17 @@ struct Grads {
   torch::Tensor out, dq, dk, dv;
 };
 
+struct Inputs {
+  torch::Tensor q, k, v, grad_out;  // on CPU, in the test's dtype
+};
+
+// q and grad_out (tokens, hq, d), k and v (tokens, hkv, d): N(0, 1) drawn in
+// fp32 from the global generator, then rounded to dtype.
+inline Inputs RandomInputs(int64_t tokens, int64_t hq, int64_t hkv, int64_t d, torch::Dtype dtype) {
+  return {torch::randn({tokens, hq, d}).to(dtype), torch::randn({tokens, hkv, d}).to(dtype),
+          torch::randn({tokens, hkv, d}).to(dtype), torch::randn({tokens, hq, d}).to(dtype)};
+}
+
 using AttentionFn =
     std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
 
@@ -196,6 +208,16 @@ inline void ExpectCloseMaxNorm(const Grads& got, const Grads& want, double tol,
   EXPECT_LE(RelativeError(got.dq, want.dq), tol) << what << " dq";
   EXPECT_LE(RelativeError(got.dk, want.dk), tol) << what << " dk";
   EXPECT_LE(RelativeError(got.dv, want.dv), tol) << what << " dv";
+}
+
+// Expects call() to throw a c10::Error whose message contains `needle`.
+inline void ExpectErrorMentions(const std::function<void()>& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace ballast::kernels::attention_reference

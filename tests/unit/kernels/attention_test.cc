@@ -5,15 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_cpu.h"
 #include "tests/unit/kernels/attention_reference.h"
+#include "tests/unit/kernels/seeded_test.h"
 
 namespace ballast::kernels {
 namespace {
@@ -24,24 +23,17 @@ using attention_reference::BlockDiffusion;
 using attention_reference::Causal;
 using attention_reference::CausalRowsReference;
 using attention_reference::ExpectCloseMaxNorm;
+using attention_reference::ExpectErrorMentions;
 using attention_reference::Grads;
+using attention_reference::Inputs;
+using attention_reference::RandomInputs;
 using attention_reference::Reference;
 using attention_reference::RelativeError;
 using attention_reference::RunWithGrads;
 using attention_reference::Total;
 
 // Every test draws fresh inputs; the seed is printed with any failure.
-class AttentionTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    seed_ = std::random_device{}();
-    torch::manual_seed(seed_);
-  }
-  std::string SeedTrace() const { return "seed " + std::to_string(seed_); }
-
- private:
-  uint64_t seed_ = 0;
-};
+class AttentionTest : public SeededTest {};
 
 Grads KernelGrads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                   const AttentionMask& mask, double scale, const torch::Tensor& grad_out) {
@@ -53,15 +45,6 @@ Grads ReferenceGrads(const torch::Tensor& q, const torch::Tensor& k, const torch
                      const AttentionMask& mask, double scale, const torch::Tensor& grad_out) {
   return RunWithGrads([&](auto& a, auto& b, auto& c) { return Reference(a, b, c, mask, scale); },
                       q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), grad_out);
-}
-
-struct Inputs {
-  torch::Tensor q, k, v, grad_out;
-};
-
-Inputs RandomInputs(int64_t tokens, int64_t hq, int64_t hkv, int64_t d, torch::Dtype dtype) {
-  return {torch::randn({tokens, hq, d}).to(dtype), torch::randn({tokens, hkv, d}).to(dtype),
-          torch::randn({tokens, hkv, d}).to(dtype), torch::randn({tokens, hq, d}).to(dtype)};
 }
 
 // fp32 inputs are exact in float64, so the kernel's only error is fp32
@@ -375,15 +358,6 @@ TEST_F(AttentionTest, LongCausalBackwardMatchesChunkedReference) {
 // ---------------------------------------------------------------------------
 // Argument errors
 // ---------------------------------------------------------------------------
-
-void ExpectErrorMentions(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(AttentionTest, RejectsInconsistentArgumentsNamingThem) {
   const Inputs in = RandomInputs(10, 4, 2, 8, torch::kFloat);

@@ -17,9 +17,12 @@
 namespace ballast::kernels {
 namespace {
 
+using cross_entropy_reference::ExpectClose;
 using cross_entropy_reference::kIgnore;
+using cross_entropy_reference::RandomTargets;
 using cross_entropy_reference::Reference;
 using cross_entropy_reference::Result;
+using cross_entropy_reference::RunKernel;
 
 class LinearCrossEntropyCuda : public ::testing::Test {
  protected:
@@ -27,35 +30,6 @@ class LinearCrossEntropyCuda : public ::testing::Test {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-Result RunKernel(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                 const std::optional<at::Tensor>& token_weights, double z_loss, double upstream) {
-  at::Tensor h = hidden.detach().clone().requires_grad_();
-  at::Tensor w = weight.detach().clone().requires_grad_();
-  LossSum out = linear_cross_entropy(h, w, targets, token_weights, kIgnore, z_loss);
-  EXPECT_EQ(out.count.item<int64_t>(), targets.ne(kIgnore).sum().item<int64_t>());
-  (out.sum * upstream).backward();
-  return {out.sum.detach().to(torch::kDouble), h.grad().to(torch::kDouble),
-          w.grad().to(torch::kDouble)};
-}
-
-// max |actual - expected| <= rtol * max |expected| (norm-wise, as in the CPU
-// tests: entries of a gradient near zero carry the absolute error of their row).
-void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, double rtol,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  ASSERT_TRUE(torch::isfinite(actual).all().item<bool>()) << what << " has a non-finite value";
-  const double err = (actual - expected).abs().max().item<double>();
-  const double scale = expected.abs().max().item<double>();
-  EXPECT_LE(err, rtol * scale) << what << ": max abs error " << err << ", max |expected| " << scale;
-}
-
-at::Tensor RandomTargets(int64_t tokens, int64_t vocab, int64_t every_nth_ignored) {
-  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong);
-  at::Tensor targets = torch::randint(vocab, {tokens}, opts);
-  targets.index_put_({torch::arange(0, tokens, every_nth_ignored, opts)}, kIgnore);
-  return targets;
-}
 
 // bf16 / fp16 inputs are exact in float64, and the logits and log-sum-exp are
 // fp32 (tensor-core products with fp32 accumulation over H terms, fp32 sums
@@ -77,7 +51,7 @@ TEST_F(LinearCrossEntropyCuda, QwenVocabMatchesCrossEntropyOfFullLogitsInBf16And
     auto opts = torch::TensorOptions().device(torch::kCUDA);
     at::Tensor hidden = torch::randn({kTokens, kHidden}, opts).to(dtype);
     at::Tensor weight = (torch::randn({kVocab, kHidden}, opts) * 0.1).to(dtype);
-    at::Tensor targets = RandomTargets(kTokens, kVocab, 7);
+    at::Tensor targets = RandomTargets(kTokens, kVocab, 7, torch::kCUDA);
     at::Tensor token_weights = torch::rand({kTokens}, opts) + 0.5;
     // upstream 1e-5 is 1 / (supervised tokens of a large step): the gradient
     // per logit is ~1e-11, below fp16's smallest subnormal unless rescaled.
@@ -102,7 +76,7 @@ TEST_F(LinearCrossEntropyCuda, Fp32MatchesFloat64AcrossChunkBoundaries) {
   for (int64_t vocab : {kLceCudaChunkVocab + 13, kLceCudaChunkVocab, int64_t{1}}) {
     at::Tensor hidden = torch::randn({tokens, 32}, opts);
     at::Tensor weight = torch::randn({vocab, 32}, opts) * 0.5;
-    at::Tensor targets = RandomTargets(tokens, vocab, 30);
+    at::Tensor targets = RandomTargets(tokens, vocab, 30, torch::kCUDA);
     at::Tensor token_weights = torch::rand({tokens}, opts);
     Result got = RunKernel(hidden, weight, targets, token_weights, 1e-3, 0.37);
     Result ref = Reference(hidden, weight, targets, token_weights, 1e-3, 0.37);
@@ -123,11 +97,7 @@ TEST_F(LinearCrossEntropyCuda, Fp16GradientsScaleBeforeRoundingSoTheyDoNotOverfl
   torch::manual_seed(22);
   for (auto [dtype, rtol] : {std::pair<torch::Dtype, double>{torch::kHalf, kFp16GradRtol},
                              {torch::kBFloat16, kBf16GradRtol}}) {
-    cross_entropy_reference::ExpectOverflowTriggerScalesBeforeRounding(
-        dtype, torch::kCUDA, rtol,
-        [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& t, double upstream) {
-          return RunKernel(h, w, t, std::nullopt, 0.0, upstream);
-        });
+    cross_entropy_reference::ExpectOverflowTriggerScalesBeforeRounding(dtype, torch::kCUDA, rtol);
   }
 }
 
@@ -139,7 +109,7 @@ TEST_F(LinearCrossEntropyCuda, Fp32IgnoresTheGlobalTf32Setting) {
   auto opts = torch::TensorOptions().device(torch::kCUDA);
   at::Tensor hidden = torch::randn({512, 1024}, opts);
   at::Tensor weight = torch::randn({3000, 1024}, opts) * 0.05;
-  at::Tensor targets = RandomTargets(512, 3000, 9);
+  at::Tensor targets = RandomTargets(512, 3000, 9, torch::kCUDA);
   const bool was = at::globalContext().allowTF32CuBLAS();
   at::globalContext().setAllowTF32CuBLAS(true);
   Result got = RunKernel(hidden, weight, targets, std::nullopt, 0.0, 0.5);
@@ -155,7 +125,7 @@ TEST_F(LinearCrossEntropyCuda, Float64MatchesReferenceToRounding) {
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kDouble);
   at::Tensor hidden = torch::randn({50, 16}, opts);
   at::Tensor weight = torch::randn({900, 16}, opts);
-  at::Tensor targets = RandomTargets(50, 900, 4);
+  at::Tensor targets = RandomTargets(50, 900, 4, torch::kCUDA);
   Result got = RunKernel(hidden, weight, targets, std::nullopt, 0.1, 1.0);
   Result ref = Reference(hidden, weight, targets, std::nullopt, 0.1, 1.0);
   EXPECT_EQ(got.sum.scalar_type(), torch::kDouble);
@@ -170,7 +140,7 @@ TEST_F(LinearCrossEntropyCuda, LogitsOfTenThousandGiveFiniteLossAndGradients) {
   at::Tensor hidden = torch::randn({24, 16}, opts);
   at::Tensor weight = torch::randn({300, 16}, opts);
   hidden = hidden * (1e4 / hidden.mm(weight.t()).abs().max());
-  at::Tensor targets = RandomTargets(24, 300, 6);
+  at::Tensor targets = RandomTargets(24, 300, 6, torch::kCUDA);
   Result got = RunKernel(hidden, weight, targets, std::nullopt, 1e-4, 1.0);
   Result ref = Reference(hidden, weight, targets, std::nullopt, 1e-4, 1.0);
   ASSERT_TRUE(std::isfinite(got.sum.item<double>()));
@@ -197,8 +167,7 @@ TEST_F(LinearCrossEntropyCuda, MatchesCpuKernelOnTheSameInputs) {
   torch::manual_seed(15);
   at::Tensor hidden = torch::randn({200, 64}).to(torch::kBFloat16);
   at::Tensor weight = (torch::randn({20000, 64}) * 0.2).to(torch::kBFloat16);
-  at::Tensor targets = torch::randint(20000, {200}, torch::kLong);
-  targets.index_put_({torch::arange(0, 200, 9)}, kIgnore);
+  at::Tensor targets = RandomTargets(200, 20000, 9);
   Result cpu = RunKernel(hidden, weight, targets, std::nullopt, 1e-3, 1.0);
   Result gpu = RunKernel(hidden.cuda(), weight.cuda(), targets.cuda(), std::nullopt, 1e-3, 1.0);
   ExpectClose(gpu.sum.cpu(), cpu.sum, kSumRtol, "sum");

@@ -17,41 +17,14 @@ namespace {
 
 namespace F = torch::nn::functional;
 
+using cross_entropy_reference::ExpectClose;
 using cross_entropy_reference::kIgnore;
+using cross_entropy_reference::RandomTargets;
 using cross_entropy_reference::Reference;
 using cross_entropy_reference::Result;
-
-// Runs the kernel on leaves that require grad and backpropagates upstream * sum.
-Result RunKernel(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                 const std::optional<at::Tensor>& token_weights, double z_loss,
-                 double upstream = 1.0) {
-  at::Tensor h = hidden.detach().clone().requires_grad_();
-  at::Tensor w = weight.detach().clone().requires_grad_();
-  LossSum out = linear_cross_entropy(h, w, targets, token_weights, kIgnore, z_loss);
-  (out.sum * upstream).backward();
-  return {out.sum.detach().to(torch::kDouble), h.grad().to(torch::kDouble),
-          w.grad().to(torch::kDouble)};
-}
-
-// max |actual - expected| <= rtol * max |expected|: a norm-wise bound, since
-// entries of a gradient near zero carry the absolute error of their row.
-void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, double rtol,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  ASSERT_TRUE(torch::isfinite(actual).all().item<bool>()) << what << " has a non-finite value";
-  const double err = (actual - expected).abs().max().item<double>();
-  const double scale = expected.abs().max().item<double>();
-  EXPECT_LE(err, rtol * scale) << what << ": max abs error " << err << ", max |expected| " << scale;
-}
+using cross_entropy_reference::RunKernel;
 
 at::Tensor Targets(std::vector<int64_t> values) { return torch::tensor(values, torch::kLong); }
-
-at::Tensor RandomTargets(int64_t tokens, int64_t vocab, int64_t every_nth_ignored) {
-  at::Tensor targets = torch::randint(vocab, {tokens}, torch::kLong);
-  if (every_nth_ignored > 0)
-    targets.index_put_({torch::arange(0, tokens, every_nth_ignored)}, kIgnore);
-  return targets;
-}
 
 // fp32 inputs, fp32 compute: the logits carry the rounding of an H-term fp32
 // dot product and the log-sum-exp that of a V-term fp32 sum, a few 1e-7
@@ -165,11 +138,7 @@ TEST(LinearCrossEntropy, Fp16AndBf16GradientsScaleBeforeRoundingSoTheyDoNotOverf
   torch::manual_seed(21);
   for (auto [dtype, rtol] :
        {std::pair<torch::Dtype, double>{torch::kHalf, 2e-3}, {torch::kBFloat16, 1e-2}}) {
-    cross_entropy_reference::ExpectOverflowTriggerScalesBeforeRounding(
-        dtype, torch::kCPU, rtol,
-        [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& t, double upstream) {
-          return RunKernel(h, w, t, std::nullopt, 0.0, upstream);
-        });
+    cross_entropy_reference::ExpectOverflowTriggerScalesBeforeRounding(dtype, torch::kCPU, rtol);
   }
 }
 

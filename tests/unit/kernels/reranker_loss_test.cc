@@ -7,25 +7,16 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
+
+#include "tests/unit/kernels/seeded_test.h"
 
 namespace ballast::kernels {
 namespace {
 
 // Every test draws fresh inputs; the seed is printed with any failure.
-class RerankerLossTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    seed_ = std::random_device{}();
-    torch::manual_seed(seed_);
-  }
-  std::string SeedTrace() const { return "seed " + std::to_string(seed_); }
-
- private:
-  uint64_t seed_ = 0;
-};
+class RerankerLossTest : public SeededTest {};
 
 constexpr RerankerScore kScores[] = {RerankerScore::kLogSigmoid, RerankerScore::kLogitDiff};
 
