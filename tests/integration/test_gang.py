@@ -261,7 +261,7 @@ def test_d_nproc_2_trains_standalone_into_one_metrics_file_and_one_export(tmp_pa
 
 def test_nproc_ends_with_the_first_failing_ranks_code_and_names_it(tmp_path, inputs):
     # Every rank refuses the data file (exit 2); the launcher says which failed
-    # first. (A spec out of range is refused by the launcher, before any rank.)
+    # first.
     r = run_nproc(tmp_path, gang_spec(inputs, 2, max_steps=4), "--nproc", "2",
                   "--set", "data.path=/nonexistent/data.jsonl")
     assert r.returncode == 2, r.stderr

@@ -34,6 +34,7 @@
 #include "common/job_spec_files.h"
 #include "common/job_spec_paths.h"
 #include "common/regular_file.h"
+#include "common/spec_rules.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
@@ -132,9 +133,8 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
   return ballast::train::ConnectProcessGroup(r);
 }
 
-// A spec file with its --set overrides and defaults applied, checked against
-// its ranges (ValidateJobSpec) but not yet against its files. A job of
-// several ranks is refused once here rather than once by each rank.
+// A spec file with its --set overrides and defaults applied, not yet checked
+// (PrepareJobSpec fills some fields from the model's files first).
 absl::StatusOr<ballast::v1::JobSpec> LoadSpec(const std::string& spec_path,
                                               const std::vector<std::string>& overrides) {
   // A worker hands its rank spec.json (proto JSON); a user passes YAML.
@@ -142,7 +142,6 @@ absl::StatusOr<ballast::v1::JobSpec> LoadSpec(const std::string& spec_path,
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
   ballast::ApplyDefaults(&*spec);
-  if (absl::Status s = ballast::ValidateJobSpec(*spec); !s.ok()) return s;
   return spec;
 }
 
@@ -301,6 +300,11 @@ int Train(const TrainArgs& args, const CLI::App& app, int argc, char** argv) {
   // The spec says how many ranks the job has, as it does to the
   // coordinator; a flag that says otherwise is a mistake, not an override.
   const int devices = spec->devices();
+  if (const ballast::SpecRule& rule = *ballast::FindSpecRule("devices");
+      devices < rule.lo || devices > rule.hi) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "devices = ", devices, " is out of range; allowed: ", ballast::SpecAllowedText(rule))));
+  }
   for (const auto& [flag, value] : {std::pair{"--nproc", args.nproc > 0 ? args.nproc : devices},
                                     {"--world-size", args.world_size.value_or(devices)}}) {
     if (value != devices) {
