@@ -73,8 +73,9 @@ def run(binary, root, n):
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs = [subprocess.Popen([binary, "--spec", os.path.join(root, "job.json"), "--out", out,
-                               "--rank", str(r), "--world-size", str(n), "--master-port",
-                               str(port)], stderr=logs[r], env=env) for r in range(n)]
+                               "--set", f"devices={n}", "--rank", str(r), "--world-size", str(n),
+                               "--master-port", str(port)], stderr=logs[r], env=env)
+             for r in range(n)]
     peak = [0] * n
     while any(p.poll() is None for p in procs):
         for r, p in enumerate(procs):

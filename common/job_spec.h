@@ -25,7 +25,7 @@ namespace ballast {
 inline constexpr int64_t kMaxJobSpecBytes = int64_t{1} << 20;
 
 // Parses YAML text into a JobSpec. Unknown keys, wrong types and malformed
-// YAML are errors; absent keys keep their proto defaults (see ApplyDefaults).
+// YAML are errors; absent keys stay unset (see ApplyDefaults).
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(const std::string& yaml_text);
 
 // Parses the proto JSON form of a JobSpec (protobuf's JSON parser: field
@@ -43,10 +43,12 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // `ballast submit FILE --set optimizer.lr=1e-4`.
 absl::Status ApplyOverrides(const std::vector<std::string>& overrides, v1::JobSpec* spec);
 
-// Fills every unset field with its documented default (proto comments).
+// Fills every unset field with its default (common/spec_rules.h); the
+// defaults of a task's own section only for that task.
 void ApplyDefaults(v1::JobSpec* spec);
 
-// Checks every field against its documented range. Call after ApplyDefaults.
+// Checks every field against its range or choices (common/spec_rules.h),
+// and the rules between fields. Call after ApplyDefaults.
 // Checks that need the model (model_type, seq_len against
 // max_position_embeddings) or the data file are ValidateJobSpecFiles', and
 // PrepareJobSpec runs both (common/job_spec_files.h).

@@ -1,7 +1,7 @@
 """Multi-rank jobs end to end with real processes: a gang placed over two
 workers, a rank killed mid-run, a gang whose Gloo traffic crosses a veth pair
-between two network namespaces, and `ballast-train --nproc` without a
-coordinator. Each rank trains on one thread (OMP_NUM_THREADS=1), as CPU
+between two network namespaces, and `ballast-train` starting a spec's ranks
+without a coordinator. Each rank trains on one thread (OMP_NUM_THREADS=1), as CPU
 slots and `--nproc` give them on this 2-core machine."""
 import json
 import os
@@ -27,7 +27,7 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 def gang_spec(inputs, ranks, **overrides):
     """The control-plane tests' job for `ranks` ranks: each step's
     micro-batches split evenly over them (one each). `devices` is the gang
-    under a coordinator; --nproc sets the ranks itself."""
+    under a coordinator, and ballast-train starts that many ranks standalone."""
     job = spec(inputs, **{"devices": ranks, **overrides})
     job["data"]["grad_accum_steps"] = ranks
     return job
@@ -236,7 +236,7 @@ def run_nproc(tmp_path, job_spec, *extra, timeout=300):
 
 
 def test_d_nproc_2_trains_standalone_into_one_metrics_file_and_one_export(tmp_path, inputs):
-    r = run_nproc(tmp_path, gang_spec(inputs, 2, max_steps=4, devices=1), "--nproc", "2")
+    r = run_nproc(tmp_path, gang_spec(inputs, 2, max_steps=4), "--nproc", "2")
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
     assert steps_in(out / "metrics.jsonl") == [1, 2, 3, 4]
@@ -245,11 +245,13 @@ def test_d_nproc_2_trains_standalone_into_one_metrics_file_and_one_export(tmp_pa
 
 
 def test_nproc_ends_with_the_first_failing_ranks_code_and_names_it(tmp_path, inputs):
-    # Every rank refuses the spec (exit 2); the launcher says which failed first.
-    r = run_nproc(tmp_path, gang_spec(inputs, 2, max_steps=4, devices=1), "--nproc", "2",
-                  "--set", "lora.r=0")
+    # Every rank refuses the data file (exit 2); the launcher says which failed
+    # first.
+    r = run_nproc(tmp_path, gang_spec(inputs, 2, max_steps=4), "--nproc", "2",
+                  "--set", "data.path=/nonexistent/data.jsonl")
     assert r.returncode == 2, r.stderr
-    assert re.search(r"^\[rank [01]\] ballast-train: lora.r = 0 is out of range", r.stderr, re.M)
+    assert re.search(r"^\[rank [01]\] ballast-train: data.path: /nonexistent/data.jsonl does not "
+                     r"exist", r.stderr, re.M)
     assert re.search(r"^ballast-train: rank [01] of 2 exited with code 2", r.stderr, re.M)
 
 
@@ -261,13 +263,14 @@ def test_nproc_is_refused_with_flags_of_a_rank_under_a_worker(tmp_path, inputs):
 
 
 def test_sigterm_to_the_launcher_reaches_its_ranks_and_ends_it_with_143(tmp_path, inputs):
+    # No --nproc: a spec of 2 devices started alone launches its 2 ranks.
     write_spec(str(tmp_path / "job.yaml"),
-               **gang_spec(inputs, 2, max_steps=100000, devices=1,
+               **gang_spec(inputs, 2, max_steps=100000,
                            schedule={"kind": "constant", "warmup_steps": 0}))
     out = tmp_path / "out"
     with open(tmp_path / "train.log", "wb") as log:
-        p = subprocess.Popen([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", str(out),
-                              "--nproc", "2"], stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", str(out)],
+                             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: len(train_ranks(str(out))) == 3, 60, "the launcher and its 2 ranks")
         ranks = [q for q in train_ranks(str(out)) if q.pid != p.pid]

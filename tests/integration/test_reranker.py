@@ -139,7 +139,8 @@ def test_a_sharded_reranker_ranks_on_every_rank_as_one_rank_does(model, tmp_path
     evals = {}
     for nproc in (1, 2):
         r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
-                            str(tmp_path / f"out{nproc}"), "--nproc", str(nproc)],
+                            str(tmp_path / f"out{nproc}"), "--set", f"devices={nproc}",
+                            "--nproc", str(nproc)],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
         evals[nproc] = re.findall(r"eval step (\d+): MRR@10 ([0-9.]+), NDCG@10 ([0-9.]+)",

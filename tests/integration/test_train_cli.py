@@ -41,6 +41,24 @@ def test_invalid_spec_names_field_and_range(tmp_path, model_and_data, override, 
     assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--rank", "0", "--world-size", "2", "--master-port", "1"],
+     "--world-size 2 disagrees with the spec's devices: 1"),
+    (["--nproc", "2"], "--nproc 2 disagrees with the spec's devices: 1"),
+    (["--set", "devices=2", "--set", "data.grad_accum_steps=2", "--nproc", "4"],
+     "--nproc 4 disagrees with the spec's devices: 2"),
+    (["--set", "devices=0"], "devices = 0 is out of range; allowed: 1..1024"),
+])
+def test_a_rank_count_that_disagrees_with_the_specs_devices_is_refused(tmp_path, model_and_data,
+                                                                      flags, message):
+    # The spec's devices is the job's world size, under a coordinator or not.
+    r = run(tmp_path, base_spec(*model_and_data), *flags)
+    assert r.returncode == 2, r.stderr
+    assert f"ballast-train: {message}\n" in r.stderr
+    assert "[rank " not in r.stderr  # refused before any rank started
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+
+
 def test_device_cuda_without_a_gpu_fails_at_start_saying_what_was_found(tmp_path,
                                                                         model_and_data):
     # As a worker starts a rank on a CPU slot: CUDA_VISIBLE_DEVICES empty,

@@ -35,12 +35,14 @@ def rank_env():
 
 
 def start_ranks(spec_path, out_dir, world_size, *extra, port=None):
+    # One spec serves every world size here: each run sets its devices.
     port = port or free_port()
     return [subprocess.Popen(
-        [TRAIN, "--spec", str(spec_path), "--out", str(out_dir), "--rank", str(r),
-         "--world-size", str(world_size), "--master-addr", "127.0.0.1", "--master-port",
-         str(port), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=rank_env()) for r in range(world_size)]
+        [TRAIN, "--spec", str(spec_path), "--out", str(out_dir), "--set",
+         f"devices={world_size}", "--rank", str(r), "--world-size", str(world_size),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env())
+        for r in range(world_size)]
 
 
 def finish(ranks, timeout=600):
@@ -198,12 +200,12 @@ def test_a_killed_rank_ends_its_peers_with_its_number(inputs, tmp_path):
 
 def lone_rank(inputs, tmp_path, rank, world_size, port):
     """One rank of a job whose peers never start; returns it and its seconds."""
-    spec = job(inputs, tmp_path, "llama", "lora")
+    spec = job(inputs, tmp_path, "llama", "lora", data={"grad_accum_steps": 12})
     start = time.time()
-    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--rank",
-                        str(rank), "--world-size", str(world_size), "--master-port", str(port),
-                        "--rendezvous-timeout", "4"], capture_output=True, text=True, timeout=60,
-                       env=rank_env())
+    r = subprocess.run([TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--set",
+                        f"devices={world_size}", "--rank", str(rank), "--world-size",
+                        str(world_size), "--master-port", str(port), "--rendezvous-timeout", "4"],
+                       capture_output=True, text=True, timeout=60, env=rank_env())
     return r, time.time() - start
 
 
@@ -226,14 +228,14 @@ def test_a_peer_that_never_arrives_fails_the_others(inputs, tmp_path):
 def test_a_world_size_that_disagrees_with_the_store_is_refused_and_retried(inputs, tmp_path):
     # The ranks of one job agree on the world size, so the store is another
     # job's on the same port: exit 1, which a coordinator retries, not 2.
-    spec = job(inputs, tmp_path, "llama", "lora")
+    spec = job(inputs, tmp_path, "llama", "lora", data={"grad_accum_steps": 12})
     port = free_port()
     common = [TRAIN, "--spec", str(spec), "--out", str(tmp_path / "out"), "--master-port",
               str(port), "--rendezvous-timeout", "5"]
-    rank0 = subprocess.Popen(common + ["--rank", "0", "--world-size", "2"],
+    rank0 = subprocess.Popen(common + ["--set", "devices=2", "--rank", "0", "--world-size", "2"],
                              stderr=subprocess.PIPE, text=True, env=rank_env())
-    r = subprocess.run(common + ["--rank", "1", "--world-size", "3"], capture_output=True,
-                       text=True, timeout=60, env=rank_env())
+    r = subprocess.run(common + ["--set", "devices=3", "--rank", "1", "--world-size", "3"],
+                       capture_output=True, text=True, timeout=60, env=rank_env())
     rank0.communicate(timeout=60)
     assert r.returncode == 1, r.stderr
     assert (f"rank 1 of 3 was started with world size 3, but the store at 127.0.0.1:{port} "
@@ -245,7 +247,7 @@ def test_grad_accum_steps_must_split_evenly_over_the_ranks(inputs, tmp_path):
     results = finish(start_ranks(spec, tmp_path / "out", 2))
     for code, err in results:
         assert code == 2, err
-        assert "data.grad_accum_steps 3 is not a multiple of the world size 2" in err
+        assert "data.grad_accum_steps = 3 is not a multiple of devices 2" in err
 
 
 def test_a_non_finite_step_is_skipped_on_every_rank_and_named(inputs, tmp_path):

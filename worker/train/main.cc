@@ -5,13 +5,18 @@
 //       [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
 //       [--rendezvous-timeout SECONDS]
-//   ballast-train --spec JOB.yaml --out DIR --nproc N [--set key=value]... [--rendezvous-timeout S]
+//   ballast-train --spec JOB.yaml --out DIR [--nproc N] [--set key=value]...
+//       [--rendezvous-timeout S]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 //   ballast-train rerank --model DIR [--adapter DIR] --queries FILE.jsonl [--spec JOB.yaml]
 //   ballast-train data-check --spec JOB.yaml [--set key=value]... [--rows N]
 //   ballast-train tokenize --tokenizer DIR_OR_JSON [--template T] [--train-on-all]
 //       [--allow-special] < in.jsonl > out.jsonl
+//
+// A job has the spec's `devices` ranks: --world-size and --nproc may repeat
+// that number, never change it. Without --rank, --world-size, --master-port
+// or --agent-socket, a job of several ranks starts them all on this machine.
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,6 +25,7 @@
 #include <chrono>
 #include <climits>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "absl/status/status.h"
@@ -28,6 +34,7 @@
 #include "common/job_spec_files.h"
 #include "common/job_spec_paths.h"
 #include "common/regular_file.h"
+#include "common/spec_rules.h"
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
@@ -95,6 +102,7 @@ struct RankFlags {
   int32_t attempt = 0;
   std::optional<int64_t> resume_at_or_before;
   int rank = 0;
+  // The spec's devices: --world-size and --nproc may only repeat it.
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
@@ -110,7 +118,9 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
   if (flags.world_size == 1) return std::make_unique<ballast::train::SingleRank>();
   if (flags.master_port <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--world-size ", flags.world_size, " needs --master-port (rank 0's store)"));
+        absl::StrCat("a job of ", flags.world_size,
+                     " ranks (the spec's devices) needs --master-port "
+                     "(rank 0's store)"));
   }
   ballast::train::Rendezvous r;
   r.rank = flags.rank;
@@ -123,14 +133,22 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
   return ballast::train::ConnectProcessGroup(r);
 }
 
-absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string>& overrides,
-                     const std::string& out_dir, const RankFlags& flags) {
+// A spec file with its --set overrides and defaults applied, not yet checked
+// (PrepareJobSpec fills some fields from the model's files first).
+absl::StatusOr<ballast::v1::JobSpec> LoadSpec(const std::string& spec_path,
+                                              const std::vector<std::string>& overrides) {
   // A worker hands its rank spec.json (proto JSON); a user passes YAML.
   absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ballast::ApplyOverrides(overrides, &*spec); !s.ok()) return s;
+  ballast::ApplyDefaults(&*spec);
+  return spec;
+}
+
+absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
+                     const RankFlags& flags) {
   // A user's relative paths mean this folder, as they would to `ballast submit`.
-  if (absl::Status s = ballast::MakeSpecPathsAbsolute(&*spec); !s.ok()) return s;
+  if (absl::Status s = ballast::MakeSpecPathsAbsolute(&spec); !s.ok()) return s;
   // The same checks as submission, so a standalone run refuses what ballastd
   // would; with its roots again, since a symlink may point elsewhere by now.
   if (absl::Status s = ballast::CheckPathRoots(flags.path_roots); !s.ok()) return s;
@@ -138,12 +156,12 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   // is checked to lie under the roots, so a symlink swapped after this check
   // cannot lead a read out of them either.
   ballast::ConfineOpensBeneath(flags.path_roots);
-  if (absl::Status s = ballast::PrepareJobSpec(&*spec, flags.path_roots); !s.ok()) return s;
-  if (!flags.path_roots.empty()) ballast::ResolveSpecPaths(&*spec);
+  if (absl::Status s = ballast::PrepareJobSpec(&spec, flags.path_roots); !s.ok()) return s;
+  if (!flags.path_roots.empty()) ballast::ResolveSpecPaths(&spec);
   // Before the rendezvous: a rank that cannot compute where the spec says
   // fails the job at once, with exit 2 (a restart would find the same).
   absl::StatusOr<c10::Device> device =
-      ballast::train::ChooseDevice(spec->device(), ballast::train::ProbeDevices());
+      ballast::train::ChooseDevice(spec.device(), ballast::train::ProbeDevices());
   if (!device.ok()) return device.status();
   std::unique_ptr<ballast::train::AgentChannel> channel;
   if (!flags.agent_socket.empty()) {
@@ -200,7 +218,7 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   options.collectives = collectives->get();
   options.device = *device;
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
-      ballast::train::Trainer::Create(*spec, trainer_dir, options);
+      ballast::train::Trainer::Create(spec, trainer_dir, options);
   absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
   // A refused commit ended the run, whatever the trainer made of the stop.
   if (!observer.commit_status().ok()) status = observer.commit_status();
@@ -217,26 +235,184 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   return absl::OkStatus();
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------
+// Subcommands: each takes its parsed flags and returns the exit code.
 
-int main(int argc, char** argv) {
-  // Gloo writes to its peers with writev(), which has no MSG_NOSIGNAL: a
-  // peer that died would otherwise kill this rank with SIGPIPE (exit 141)
-  // before it can name the lost rank. EPIPE fails the collective instead.
-  // The worker starts ranks with default signal actions, so this is ours.
-  signal(SIGPIPE, SIG_IGN);
-  CLI::App app{"ballast-train: run one finetuning job (LoRA or full) on LibTorch"};
-  app.set_version_flag("--version", [] {
-    return ballast::VersionLine("ballast-train") + "\n" + ballast::train::DescribeBackends();
-  });
-  std::string spec_path, out_dir;
+struct TrainArgs {
+  std::string spec_path;
+  std::string out_dir;
   std::vector<std::string> overrides;
-  app.add_option("--spec", spec_path,
+  RankFlags flags;
+  // As given; unset means the spec's devices.
+  std::optional<int> world_size;
+  int nproc = 0;
+};
+
+struct LogitsArgs {
+  std::string model_dir, adapter_dir, tokens_path, out;
+};
+
+struct MergeArgs {
+  std::string model_dir, adapter_dir, out;
+};
+
+struct RerankArgs {
+  std::string model_dir, adapter_dir, queries_path, spec_path;
+};
+
+struct DataCheckArgs {
+  std::string spec_path;
+  std::vector<std::string> overrides;
+  int64_t rows = 2;
+};
+
+// Starts `nproc` ranks of this command on this machine and waits for them.
+int RunLocal(int nproc, int argc, char** argv) {
+  ballast::train::LocalRanksOptions local;
+  local.binary = "/proc/self/exe";
+  local.argv0 = argv[0];
+  local.args = ballast::train::ArgumentsWithout(argc, argv, "--nproc");
+  local.nproc = nproc;
+  absl::StatusOr<int> code = ballast::train::RunLocalRanks(local);
+  if (!code.ok()) return Fail(code.status());
+  return *code;
+}
+
+// The job of a spec: one rank of it (under a worker, or started by hand
+// with --rank), or all of its ranks on this machine.
+int Train(const TrainArgs& args, const CLI::App& app, int argc, char** argv) {
+  if (args.nproc > 0) {
+    for (const char* own : {"--rank", "--world-size", "--master-addr", "--master-port",
+                            "--agent-socket", "--attempt"}) {
+      if (app.count(own) > 0) {
+        std::cerr << "ballast-train: --nproc starts its own ranks; it cannot be combined with "
+                  << own << "\n";
+        return 2;
+      }
+    }
+  }
+  if (args.spec_path.empty() || args.out_dir.empty()) {
+    std::cerr << "ballast-train: --spec and --out are required\n" << app.help();
+    return 2;
+  }
+  absl::StatusOr<ballast::v1::JobSpec> spec = LoadSpec(args.spec_path, args.overrides);
+  if (!spec.ok()) return Fail(spec.status());
+  // The spec says how many ranks the job has, as it does to the
+  // coordinator; a flag that says otherwise is a mistake, not an override.
+  const int devices = spec->devices();
+  if (const ballast::SpecRule& rule = *ballast::FindSpecRule("devices");
+      devices < rule.lo || devices > rule.hi) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "devices = ", devices, " is out of range; allowed: ", ballast::SpecAllowedText(rule))));
+  }
+  for (const auto& [flag, value] : {std::pair{"--nproc", args.nproc > 0 ? args.nproc : devices},
+                                    {"--world-size", args.world_size.value_or(devices)}}) {
+    if (value != devices) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", value, " disagrees with the spec's devices: ", devices)));
+    }
+  }
+  // Nothing says this process is one rank of a gang: it starts them all.
+  const bool one_rank = args.world_size.has_value() || app.count("--rank") > 0 ||
+                        app.count("--master-port") > 0 || !args.flags.agent_socket.empty();
+  if (args.nproc > 0 || (devices > 1 && !one_rank)) return RunLocal(devices, argc, argv);
+
+  RankFlags flags = args.flags;
+  flags.world_size = devices;
+  if (flags.rank >= flags.world_size) {
+    std::cerr << "ballast-train: --rank " << flags.rank << " is out of range; allowed: 0.."
+              << flags.world_size - 1 << "\n";
+    return 2;
+  }
+  if (flags.world_size == 1) KeepActivationsMapped();
+  // Before anything slow: a SIGTERM while loading stops the run at its
+  // first step boundary.
+  ballast::train::RankObserver::CatchSigterm();
+  absl::Status status = RunSpec(*std::move(spec), args.out_dir, flags);
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Logits(const LogitsArgs& args) {
+  absl::Status status =
+      ballast::train::WriteLogits(args.model_dir, args.adapter_dir, args.tokens_path, args.out);
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Merge(const MergeArgs& args) {
+  absl::Status status =
+      ballast::train::ExportMergedLora(args.model_dir, args.adapter_dir, args.out);
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Rerank(const RerankArgs& args) {
+  ballast::train::RerankOptions options{args.model_dir, args.adapter_dir, {}};
+  if (!args.spec_path.empty()) {
+    absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(args.spec_path);
+    if (!spec.ok()) return Fail(spec.status());
+    options.spec = *std::move(spec);
+  }
+  std::ifstream queries(args.queries_path);
+  int64_t failed = 0;
+  absl::StatusOr<ballast::train::RankingMetrics> metrics =
+      ballast::train::RerankQueries(options, queries, std::cout, &failed);
+  if (!metrics.ok()) return Fail(metrics.status());
+  if (metrics->groups > 0) {
+    std::cerr << "ballast-train: MRR@10 " << metrics->mrr_at_10 << ", NDCG@10 "
+              << metrics->ndcg_at_10 << " over " << metrics->groups << " queries with a positive\n";
+  }
+  if (failed > 0) {
+    std::cerr << "ballast-train: " << failed << " lines failed; see their error lines\n";
+    return 1;
+  }
+  return 0;
+}
+
+int DataCheck(const DataCheckArgs& args) {
+  absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(args.spec_path);
+  absl::Status status = spec.status();
+  if (status.ok()) status = ballast::ApplyOverrides(args.overrides, &*spec);
+  if (status.ok()) status = ballast::MakeSpecPathsAbsolute(&*spec);
+  if (status.ok()) status = ballast::PrepareJobSpec(&*spec);
+  if (status.ok()) status = ballast::train::WriteDataCheck(*spec, args.rows, std::cout);
+  return status.ok() ? 0 : Fail(status);
+}
+
+int Tokenize(const ballast::train::TokenizeLinesOptions& options) {
+  absl::StatusOr<int64_t> failed = ballast::train::TokenizeLines(options, std::cin, std::cout);
+  if (!failed.ok()) return Fail(failed.status());
+  if (*failed > 0) {
+    std::cerr << "ballast-train: " << *failed << " lines failed; see their error lines\n";
+    return 1;
+  }
+  return 0;
+}
+
+// Runs a subcommand, turning what it throws into an exit code: LibTorch
+// reports through exceptions, and the subcommands' stop here (the Trainer
+// converts its own).
+int CatchExceptions(const std::function<int()>& command) {
+  absl::Status status;
+  try {
+    return command();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("out of memory: an allocation failed");
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
+  return Fail(status);
+}
+
+// ---------------------------------------------------------------------------
+// Flags, one function per subcommand; the job's are the top level's.
+
+void AddTrainFlags(CLI::App& app, TrainArgs* args) {
+  app.add_option("--spec", args->spec_path,
                  "Job spec: YAML, or proto JSON if the name ends in .json (README: Job spec)")
       ->check(CLI::ExistingFile);
-  app.add_option("--out", out_dir, "Run folder: metrics.jsonl, checkpoints/, adapter/ or model/");
-  app.add_option("--set", overrides, "Override a spec key: key.path=value (repeatable)");
-  RankFlags flags;
+  app.add_option("--out", args->out_dir,
+                 "Run folder: metrics.jsonl, checkpoints/, adapter/ or model/");
+  app.add_option("--set", args->overrides, "Override a spec key: key.path=value (repeatable)");
+  RankFlags& flags = args->flags;
   app.add_option("--agent-socket", flags.agent_socket,
                  "Unix socket of the ballast-worker that started this rank");
   app.add_option("--agent-silence-ms", flags.agent_silence_ms,
@@ -252,7 +428,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--rank", flags.rank, "This process's rank, 0..world_size-1")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--world-size", flags.world_size, "Ranks in the job")->check(CLI::PositiveNumber);
+  app.add_option("--world-size", args->world_size,
+                 "Ranks in the job: the spec's devices, which this may only repeat")
+      ->check(CLI::PositiveNumber);
   app.add_option("--master-addr", flags.master_addr, "c10d TCPStore host (rank 0's)");
   app.add_option("--master-port", flags.master_port, "c10d TCPStore port")
       ->check(CLI::Range(0, 65535));
@@ -262,168 +440,125 @@ int main(int argc, char** argv) {
   app.add_option("--path-root", flags.path_roots,
                  "A folder the spec's model, adapter, tokenizer and data paths must lie in, "
                  "after symlinks (repeatable; ballast-worker passes ballastd's --path-root)");
-  int nproc = 0;
-  app.add_option("--nproc", nproc,
-                 "Run N ranks of the job on this machine (standalone): each is this command "
-                 "with --rank R --world-size N and a free port of 127.0.0.1")
+  app.add_option("--nproc", args->nproc,
+                 "Run the job's N ranks on this machine (standalone), N the spec's devices: each "
+                 "is this command with --rank R --world-size N and a free port of 127.0.0.1")
       ->check(CLI::Range(1, 1024));
+}
 
+CLI::App* AddLogits(CLI::App& app, LogitsArgs* args) {
   CLI::App* logits = app.add_subcommand("logits", "Write a model's logits on tokenized documents");
-  std::string model_dir, adapter_dir, tokens_path, logits_out;
-  logits->add_option("--model", model_dir, "HF model folder")
+  logits->add_option("--model", args->model_dir, "HF model folder")
       ->required()
       ->check(CLI::ExistingDirectory);
-  logits->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+  logits->add_option("--adapter", args->adapter_dir, "PEFT adapter folder")
       ->check(CLI::ExistingDirectory);
-  logits->add_option("--tokens", tokens_path, "JSONL with input_ids")
+  logits->add_option("--tokens", args->tokens_path, "JSONL with input_ids")
       ->required()
       ->check(CLI::ExistingFile);
-  logits->add_option("--out", logits_out, "Output .safetensors (logits, cu_seqlens)")->required();
+  logits->add_option("--out", args->out, "Output .safetensors (logits, cu_seqlens)")->required();
+  return logits;
+}
 
+CLI::App* AddMerge(CLI::App& app, MergeArgs* args) {
   CLI::App* merge = app.add_subcommand("merge", "Fold a LoRA adapter into its base model");
-  std::string merge_out;
-  merge->add_option("--model", model_dir, "HF base model folder")
+  merge->add_option("--model", args->model_dir, "HF base model folder")
       ->required()
       ->check(CLI::ExistingDirectory);
-  merge->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+  merge->add_option("--adapter", args->adapter_dir, "PEFT adapter folder")
       ->required()
       ->check(CLI::ExistingDirectory);
-  merge->add_option("--out", merge_out, "Output HF model folder")->required();
+  merge->add_option("--out", args->out, "Output HF model folder")->required();
+  return merge;
+}
 
+CLI::App* AddRerank(CLI::App& app, RerankArgs* args) {
   CLI::App* rerank = app.add_subcommand(
       "rerank", "Score (query, document) pairs with a generative reranker: P(yes) per document");
-  std::string queries_path, rerank_spec;
-  rerank->add_option("--model", model_dir, "HF model folder (with its tokenizer.json)")
+  rerank->add_option("--model", args->model_dir, "HF model folder (with its tokenizer.json)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  rerank->add_option("--adapter", adapter_dir, "PEFT adapter folder")
+  rerank->add_option("--adapter", args->adapter_dir, "PEFT adapter folder")
       ->check(CLI::ExistingDirectory);
   rerank
-      ->add_option("--queries", queries_path,
+      ->add_option("--queries", args->queries_path,
                    "JSONL: {\"query\", \"documents\"} or reranker training records")
       ->required()
       ->check(CLI::ExistingFile);
   rerank
-      ->add_option("--spec", rerank_spec,
+      ->add_option("--spec", args->spec_path,
                    "The job spec whose reranker prompt and yes/no tokens to use (default "
                    "Qwen3-Reranker's)")
       ->check(CLI::ExistingFile);
+  return rerank;
+}
 
+CLI::App* AddDataCheck(CLI::App& app, DataCheckArgs* args) {
   CLI::App* data_check = app.add_subcommand(
       "data-check", "Tokenize and pack a job's data without training; show what it trains on");
-  std::string check_spec;
-  std::vector<std::string> check_overrides;
-  int64_t check_rows = 2;
-  data_check->add_option("--spec", check_spec, "Job spec: YAML, or proto JSON")
+  data_check->add_option("--spec", args->spec_path, "Job spec: YAML, or proto JSON")
       ->required()
       ->check(CLI::ExistingFile);
-  data_check->add_option("--set", check_overrides, "Override a spec key: key.path=value");
-  data_check->add_option("--rows", check_rows, "Rows to show, decoded (default 2)")
+  data_check->add_option("--set", args->overrides, "Override a spec key: key.path=value");
+  data_check->add_option("--rows", args->rows, "Rows to show, decoded (default 2)")
       ->check(CLI::NonNegativeNumber);
+  return data_check;
+}
 
+CLI::App* AddTokenize(CLI::App& app, ballast::train::TokenizeLinesOptions* options) {
   CLI::App* tokenize = app.add_subcommand(
       "tokenize", "Tokenize JSONL lines ({\"text\"} or {\"messages\"}) from stdin to ids");
-  ballast::train::TokenizeLinesOptions tokenize_options;
   tokenize
-      ->add_option("--tokenizer", tokenize_options.tokenizer,
+      ->add_option("--tokenizer", options->tokenizer,
                    "tokenizer.json, or a model folder holding one")
       ->required()
       ->check(CLI::ExistingPath);
-  tokenize->add_option("--template", tokenize_options.chat_template,
+  tokenize->add_option("--template", options->chat_template,
                        "Chat template for messages: qwen3, chatml or llama3 (default: from "
                        "tokenizer_config.json)");
-  tokenize->add_flag("--train-on-all", tokenize_options.train_on_all,
+  tokenize->add_flag("--train-on-all", options->train_on_all,
                      "Mark every token of a chat trained, not only the assistant turns");
-  tokenize->add_flag("--allow-special", tokenize_options.allow_special,
+  tokenize->add_flag("--allow-special", options->allow_special,
                      "Match special tokens inside text, as transformers does by default");
+  return tokenize;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Gloo writes to its peers with writev(), which has no MSG_NOSIGNAL: a
+  // peer that died would otherwise kill this rank with SIGPIPE (exit 141)
+  // before it can name the lost rank. EPIPE fails the collective instead.
+  // The worker starts ranks with default signal actions, so this is ours.
+  signal(SIGPIPE, SIG_IGN);
+  CLI::App app{"ballast-train: run one finetuning job (LoRA or full) on LibTorch"};
+  app.set_version_flag("--version", [] {
+    return ballast::VersionLine("ballast-train") + "\n" + ballast::train::DescribeBackends();
+  });
+  TrainArgs train;
+  AddTrainFlags(app, &train);
+  LogitsArgs logits_args;
+  CLI::App* logits = AddLogits(app, &logits_args);
+  MergeArgs merge_args;
+  CLI::App* merge = AddMerge(app, &merge_args);
+  RerankArgs rerank_args;
+  CLI::App* rerank = AddRerank(app, &rerank_args);
+  DataCheckArgs data_check_args;
+  CLI::App* data_check = AddDataCheck(app, &data_check_args);
+  ballast::train::TokenizeLinesOptions tokenize_options;
+  CLI::App* tokenize = AddTokenize(app, &tokenize_options);
   CLI11_PARSE(app, argc, argv);
-  if (flags.world_size == 1) KeepActivationsMapped();
 
-  if (nproc > 0) {
-    for (const char* own : {"--rank", "--world-size", "--master-addr", "--master-port",
-                            "--agent-socket", "--attempt"}) {
-      if (app.count(own) > 0) {
-        std::cerr << "ballast-train: --nproc starts its own ranks; it cannot be combined with "
-                  << own << "\n";
-        return 2;
-      }
-    }
-    ballast::train::LocalRanksOptions local;
-    local.binary = "/proc/self/exe";
-    local.argv0 = argv[0];
-    local.args = ballast::train::ArgumentsWithout(argc, argv, "--nproc");
-    local.nproc = nproc;
-    absl::StatusOr<int> code = ballast::train::RunLocalRanks(local);
-    if (!code.ok()) return Fail(code.status());
-    return *code;
-  }
-
-  absl::Status status;
-  try {
-    if (logits->parsed()) {
-      status = ballast::train::WriteLogits(model_dir, adapter_dir, tokens_path, logits_out);
-    } else if (merge->parsed()) {
-      status = ballast::train::ExportMergedLora(model_dir, adapter_dir, merge_out);
-    } else if (rerank->parsed()) {
-      ballast::train::RerankOptions options{model_dir, adapter_dir, {}};
-      if (!rerank_spec.empty()) {
-        absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(rerank_spec);
-        if (!spec.ok()) return Fail(spec.status());
-        options.spec = *std::move(spec);
-      }
-      std::ifstream queries(queries_path);
-      int64_t failed = 0;
-      absl::StatusOr<ballast::train::RankingMetrics> metrics =
-          ballast::train::RerankQueries(options, queries, std::cout, &failed);
-      if (!metrics.ok()) return Fail(metrics.status());
-      if (metrics->groups > 0) {
-        std::cerr << "ballast-train: MRR@10 " << metrics->mrr_at_10 << ", NDCG@10 "
-                  << metrics->ndcg_at_10 << " over " << metrics->groups
-                  << " queries with a positive\n";
-      }
-      if (failed > 0) {
-        std::cerr << "ballast-train: " << failed << " lines failed; see their error lines\n";
-        return 1;
-      }
-      return 0;
-    } else if (data_check->parsed()) {
-      absl::StatusOr<ballast::v1::JobSpec> spec = ballast::LoadJobSpecFile(check_spec);
-      status = spec.status();
-      if (status.ok()) status = ballast::ApplyOverrides(check_overrides, &*spec);
-      if (status.ok()) status = ballast::MakeSpecPathsAbsolute(&*spec);
-      if (status.ok()) status = ballast::PrepareJobSpec(&*spec);
-      if (status.ok()) status = ballast::train::WriteDataCheck(*spec, check_rows, std::cout);
-    } else if (tokenize->parsed()) {
-      absl::StatusOr<int64_t> failed =
-          ballast::train::TokenizeLines(tokenize_options, std::cin, std::cout);
-      if (!failed.ok()) return Fail(failed.status());
-      if (*failed > 0) {
-        std::cerr << "ballast-train: " << *failed << " lines failed; see their error lines\n";
-        return 1;
-      }
-      return 0;
-    } else {
-      if (spec_path.empty() || out_dir.empty()) {
-        std::cerr << "ballast-train: --spec and --out are required\n" << app.help();
-        return 2;
-      }
-      if (flags.rank >= flags.world_size) {
-        std::cerr << "ballast-train: --rank " << flags.rank << " is out of range; allowed: 0.."
-                  << flags.world_size - 1 << "\n";
-        return 2;
-      }
-      // Before anything slow: a SIGTERM while loading stops the run at its
-      // first step boundary.
-      ballast::train::RankObserver::CatchSigterm();
-      status = RunSpec(spec_path, overrides, out_dir, flags);
-    }
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError("out of memory: an allocation failed");
-  } catch (const std::exception& e) {
-    // LibTorch reports through exceptions; the subcommands' stop here (the
-    // Trainer converts its own).
-    status = absl::InternalError(e.what());
-  }
-  if (!status.ok()) return Fail(status);
-  return 0;
+  // A job's ranks decide once they know their world size (Train).
+  const bool job = !logits->parsed() && !merge->parsed() && !rerank->parsed() &&
+                   !data_check->parsed() && !tokenize->parsed();
+  if (!job) KeepActivationsMapped();
+  return CatchExceptions([&] {
+    if (logits->parsed()) return Logits(logits_args);
+    if (merge->parsed()) return Merge(merge_args);
+    if (rerank->parsed()) return Rerank(rerank_args);
+    if (data_check->parsed()) return DataCheck(data_check_args);
+    if (tokenize->parsed()) return Tokenize(tokenize_options);
+    return Train(train, app, argc, argv);
+  });
 }

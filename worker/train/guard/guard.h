@@ -35,6 +35,8 @@
 #include <deque>
 #include <string>
 
+#include "common/spec_rules.h"
+
 namespace ballast::train {
 
 // Ordered by severity: across ranks, the largest wins.
@@ -46,24 +48,25 @@ enum class RerunVerdict { kNotRerun, kTransient, kDeterministic };
 // What made a step unhealthy.
 enum class GuardTrigger { kNone, kNonFinite, kNoSupervision, kSpike, kCollapse };
 
-// The spec's guard section (proto/ballast/v1/job_spec.proto, GuardSpec); the
-// defaults here turn every rollback off, the spec's turn them on.
+// The spec's guard section (proto/ballast/v1/job_spec.proto, GuardSpec),
+// with the spec's defaults (common/spec_rules.h), so that a guard made here
+// judges as a job's does.
 struct GuardOptions {
   // Bad steps in a row after which the guard asks for a rollback; 0 never.
-  int64_t max_consecutive_bad = 0;
+  int64_t max_consecutive_bad = SpecDefaultNumber("guard.max_consecutive_bad");
   // Rollbacks a run may take; the next one it asks for fails the job.
-  int64_t max_rollbacks = 3;
-  int64_t spike_window = 50;
+  int64_t max_rollbacks = SpecDefaultNumber("guard.max_rollbacks");
+  int64_t spike_window = SpecDefaultNumber("guard.spike_window");
   // Robust z-scores above which a step is a spike; 0 off.
-  double loss_spike_zscore = 0;
-  double grad_norm_spike_zscore = 0;
+  double loss_spike_zscore = SpecDefaultNumber("guard.loss_spike_zscore");
+  double grad_norm_spike_zscore = SpecDefaultNumber("guard.grad_norm_spike_zscore");
   // Steps in a row of a collapsed loss or a constant grad_norm; 0 off.
-  int64_t collapse_window = 0;
-  double collapse_loss = 1e-4;
+  int64_t collapse_window = SpecDefaultNumber("guard.collapse_window");
+  double collapse_loss = SpecDefaultNumber("guard.collapse_loss");
   // The LR multiplier right after a rollback, and the applied steps over
   // which it rises back to 1 (0: it stays).
-  double lr_cut = 1;
-  int64_t rewarm_steps = 0;
+  double lr_cut = SpecDefaultNumber("guard.lr_cut");
+  int64_t rewarm_steps = SpecDefaultNumber("guard.rewarm_steps");
 };
 
 // What a step measured, after the reductions over micro-batches and ranks.

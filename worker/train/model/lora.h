@@ -15,19 +15,23 @@
 #include "absl/status/statusor.h"
 #include "ballast/v1/job_spec.pb.h"
 #include "common/model_config.h"
+#include "common/spec_rules.h"
 #include "worker/train/model/param_store.h"
 
 namespace ballast::train {
 
+// The spec's lora section; its defaults are the spec's (common/spec_rules.h).
 struct LoraConfig {
-  int64_t r = 8;
-  double lora_alpha = 16;
-  bool use_rslora = false;
-  double lora_dropout = 0.0;
+  int64_t r = SpecDefaultNumber("lora.r");
+  double lora_alpha = SpecDefaultNumber("lora.lora_alpha");
+  bool use_rslora = SpecDefaultNumber("lora.use_rslora") != 0;
+  double lora_dropout = SpecDefaultNumber("lora.lora_dropout");
   // Module short names (q_proj, ..., down_proj); "all-linear" is expanded.
   std::set<std::string> target_modules;
-  std::string init_lora_weights = "kaiming";  // kaiming | gaussian
-  std::vector<std::string> modules_to_save;   // embed_tokens | lm_head
+  // kaiming or gaussian.
+  std::string init_lora_weights = std::string(SpecDefaultText("lora.init_lora_weights"));
+  // embed_tokens or lm_head.
+  std::vector<std::string> modules_to_save;
   // Target modules exactly as the user wrote them, for adapter_config.json.
   std::vector<std::string> target_modules_as_given;
 

@@ -69,13 +69,16 @@ TEST(Guard, SkipsANonFiniteLossOrGradNorm) {
   }
 }
 
-TEST(Guard, NeverRollsBackByDefault) {
+TEST(Guard, RollsBackByDefaultAfterTheSpecsBadStreak) {
+  // GuardOptions' defaults are a job's (common/spec_rules.h).
   Guard guard;
-  for (int64_t step = 1; step <= 50; ++step) {
+  const auto streak = static_cast<int64_t>(SpecDefaultNumber("guard.max_consecutive_bad"));
+  ASSERT_GT(streak, 1);
+  for (int64_t step = 1; step < streak; ++step) {
     EXPECT_EQ(JudgeAndAct(guard, NonFiniteGradient(step)).action, GuardAction::kSkip);
   }
-  EXPECT_EQ(guard.consecutive_bad(), 50);
-  EXPECT_EQ(guard.rollbacks(), 0);
+  EXPECT_EQ(JudgeAndAct(guard, NonFiniteGradient(streak)).action, GuardAction::kRollback);
+  EXPECT_EQ(guard.rollbacks(), 1);
 }
 
 TEST(Guard, RollsBackAfterThreeNonFiniteStepsInARow) {
