@@ -35,6 +35,8 @@
 #include <deque>
 #include <string>
 
+#include "ballast/v1/job_spec.pb.h"
+
 namespace ballast::train {
 
 // Ordered by severity: across ranks, the largest wins.
@@ -65,6 +67,9 @@ struct GuardOptions {
   double lr_cut = 1;
   int64_t rewarm_steps = 0;
 };
+
+// The options of a spec's guard section, field by field.
+GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec);
 
 // What a step measured, after the reductions over micro-batches and ranks.
 struct StepHealth {
