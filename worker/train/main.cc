@@ -213,7 +213,7 @@ absl::Status RunSpec(const std::string& spec_path, const std::vector<std::string
   if (!exported.ok()) return exported.status();
   const std::string line = absl::StrCat("committed attempt ", flags.attempt, ": ", *exported);
   std::cerr << "ballast-train: " << line << std::endl;
-  observer.OnEvent(LogEvent("info", line));
+  observer.OnEvent(ballast::train::LogEvent("info", line));
   return absl::OkStatus();
 }
 
