@@ -231,7 +231,7 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
   if (!exported.ok()) return exported.status();
   const std::string line = absl::StrCat("committed attempt ", flags.attempt, ": ", *exported);
   std::cerr << "ballast-train: " << line << std::endl;
-  observer.OnLog("info", line);
+  observer.OnEvent(ballast::train::LogEvent("info", line));
   return absl::OkStatus();
 }
 

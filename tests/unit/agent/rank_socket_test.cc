@@ -22,6 +22,12 @@ namespace {
 namespace fs = std::filesystem;
 using train::AgentChannel;
 
+v1::TrainingEvent Step(const v1::StepMetrics& metrics) {
+  v1::TrainingEvent event;
+  *event.mutable_step_metrics() = metrics;
+  return event;
+}
+
 class RankSocketTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -59,7 +65,7 @@ TEST_F(RankSocketTest, ALogLinePastTheLimitIsCutAtACharacterAndSaysSo) {
   // 'x' then two-byte characters: the limit falls inside one of them.
   std::string text = "x";
   while (text.size() < 1 << 20) text += "\xce\xb1";
-  (*channel)->OnLog("error", text);
+  (*channel)->OnEvent(train::LogEvent("error", text));
   ASSERT_TRUE(WaitForMessages(1));
   absl::MutexLock lock(&mu_);
   const std::string& got = got_[0].training().log().text();
@@ -83,17 +89,21 @@ TEST_F(RankSocketTest, RankMessagesGoUpInOrderAndCancelComesDown) {
     m.set_max_steps(200);
     m.set_loss(1.0 / step);
     m.set_tokens_per_s(1000.5);
-    (*channel)->OnStep(m);
+    (*channel)->OnEvent(Step(m));
   }
   v1::CheckpointSaved saved;
   saved.set_step(200);
   saved.set_path("/out/checkpoints/step-00000200");
-  (*channel)->OnCheckpointSaved(saved);
+  v1::TrainingEvent saved_event;
+  *saved_event.mutable_checkpoint_saved() = saved;
+  (*channel)->OnEvent(saved_event);
   v1::GuardEvent guard;
   guard.set_kind(v1::GuardEvent::KIND_SKIP);
   guard.set_step(7);
-  (*channel)->OnGuard(guard);
-  (*channel)->OnLog("info", "resuming from checkpoint step 5 ✓");
+  v1::TrainingEvent guard_event;
+  *guard_event.mutable_guard() = guard;
+  (*channel)->OnEvent(guard_event);
+  (*channel)->OnEvent(train::LogEvent("info", "resuming from checkpoint step 5 ✓"));
   ASSERT_TRUE(WaitForMessages(203));
   {
     absl::MutexLock lock(&mu_);
@@ -149,7 +159,7 @@ TEST_F(RankSocketTest, MessagesOfARankThatExitedAtOnceStillArrive) {
   {
     absl::StatusOr<std::unique_ptr<AgentChannel>> channel = AgentChannel::Connect(path_, 0);
     ASSERT_TRUE(channel.ok());
-    (*channel)->OnLog("error", "dying");
+    (*channel)->OnEvent(train::LogEvent("error", "dying"));
   }
   (*socket)->Drain(absl::Seconds(5));
   absl::MutexLock lock(&mu_);
@@ -164,10 +174,10 @@ TEST_F(RankSocketTest, AStepWithoutLossArrivesWithoutOne) {
   ASSERT_TRUE(channel.ok());
   v1::StepMetrics m;
   m.set_step(1);
-  (*channel)->OnStep(m);
+  (*channel)->OnEvent(Step(m));
   m.set_step(2);
   m.set_loss(0.0);  // a real loss of 0 is a loss
-  (*channel)->OnStep(m);
+  (*channel)->OnEvent(Step(m));
   ASSERT_TRUE(WaitForMessages(2));
   absl::MutexLock lock(&mu_);
   EXPECT_FALSE(got_[0].training().step_metrics().has_loss());
@@ -190,7 +200,7 @@ TEST_F(RankSocketTest, WritingToAGoneWorkerFailsWithoutSigpipe) {
   absl::Status last;
   for (int i = 0; i < 100; ++i) last = (*channel)->Send(m);
   EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable);
-  (*channel)->OnStep(v1::StepMetrics());  // reports keep being accepted and dropped
+  (*channel)->OnEvent(Step(v1::StepMetrics()));  // reports keep being accepted and dropped
   EXPECT_FALSE((*channel)->CancelRequested());
 }
 

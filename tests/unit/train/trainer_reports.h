@@ -17,12 +17,14 @@ namespace ballast::train {
 // (0: never).
 class RecordingObserver : public TrainingObserver {
  public:
-  void OnStep(const v1::StepMetrics& m) override { steps.push_back(m); }
-  void OnGuard(const v1::GuardEvent& e) override { guards.push_back(e); }
-  void OnCheckpointSaved(const v1::CheckpointSaved& c) override { checkpoints.push_back(c); }
-  void OnData(const v1::DataReport& d) override { data.push_back(d); }
-  void OnEval(const v1::EvalReport& e) override { evals.push_back(e); }
-  void OnLog(const std::string&, const std::string& text) override { logs.push_back(text); }
+  void OnEvent(const v1::TrainingEvent& e) override {
+    if (e.has_step_metrics()) steps.push_back(e.step_metrics());
+    if (e.has_guard()) guards.push_back(e.guard());
+    if (e.has_checkpoint_saved()) checkpoints.push_back(e.checkpoint_saved());
+    if (e.has_data()) data.push_back(e.data());
+    if (e.has_eval()) evals.push_back(e.eval());
+    if (e.has_log()) logs.push_back(e.log().text());
+  }
   bool StopRequested() override { return stop_after > 0 && steps.size() >= stop_after; }
 
   // The guard events of one kind, in order.

@@ -24,6 +24,20 @@ bool Pinned(double value, double at) {
 
 }  // namespace
 
+GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec) {
+  GuardOptions options;
+  options.max_consecutive_bad = spec.max_consecutive_bad();
+  options.max_rollbacks = spec.max_rollbacks();
+  options.spike_window = spec.spike_window();
+  options.loss_spike_zscore = spec.loss_spike_zscore();
+  options.grad_norm_spike_zscore = spec.grad_norm_spike_zscore();
+  options.collapse_window = spec.collapse_window();
+  options.collapse_loss = spec.collapse_loss();
+  options.lr_cut = spec.lr_cut();
+  options.rewarm_steps = spec.rewarm_steps();
+  return options;
+}
+
 const char* TriggerName(GuardTrigger trigger) {
   switch (trigger) {
     case GuardTrigger::kNonFinite:

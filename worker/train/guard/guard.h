@@ -35,6 +35,7 @@
 #include <deque>
 #include <string>
 
+#include "ballast/v1/job_spec.pb.h"
 #include "common/spec_rules.h"
 
 namespace ballast::train {
@@ -68,6 +69,9 @@ struct GuardOptions {
   double lr_cut = SpecDefaultNumber("guard.lr_cut");
   int64_t rewarm_steps = SpecDefaultNumber("guard.rewarm_steps");
 };
+
+// The options of a spec's guard section, field by field.
+GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec);
 
 // What a step measured, after the reductions over micro-batches and ranks.
 struct StepHealth {

@@ -129,51 +129,22 @@ bool AgentChannel::TakeControl(RankFrameReader* frames, Clock::time_point* last_
   }
 }
 
-void AgentChannel::OnStep(const v1::StepMetrics& metrics) {
+void AgentChannel::OnEvent(const v1::TrainingEvent& event) {
   v1::RankMessage m;
-  *m.mutable_training()->mutable_step_metrics() = metrics;
-  (void)Send(m);  // A lost report is fine: metrics.jsonl has it.
-}
-
-void AgentChannel::OnGuard(const v1::GuardEvent& event) {
-  v1::RankMessage m;
-  *m.mutable_training()->mutable_guard() = event;
-  (void)Send(m);
-}
-
-void AgentChannel::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
-  v1::RankMessage m;
-  *m.mutable_training()->mutable_checkpoint_saved() = saved;
-  (void)Send(m);
-}
-
-void AgentChannel::OnData(const v1::DataReport& report) {
-  v1::RankMessage m;
-  *m.mutable_training()->mutable_data() = report;
-  (void)Send(m);
-}
-
-void AgentChannel::OnEval(const v1::EvalReport& report) {
-  v1::RankMessage m;
-  *m.mutable_training()->mutable_eval() = report;
-  (void)Send(m);
-}
-
-void AgentChannel::OnLog(const std::string& level, const std::string& text) {
-  v1::RankMessage m;
-  v1::LogLine* log = m.mutable_training()->mutable_log();
-  log->set_rank(rank_);
-  log->set_level(level);
-  if (text.size() <= kMaxLogLineBytes) {
-    log->set_text(text);
-  } else {
-    size_t keep = kMaxLogLineBytes;
-    // Back to the first byte of a UTF-8 character, so the cut stays UTF-8.
-    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80) --keep;
-    log->set_text(absl::StrCat(absl::string_view(text).substr(0, keep), " ... [",
-                               text.size() - keep, " more bytes cut]"));
+  *m.mutable_training() = event;
+  if (m.training().has_log()) {
+    v1::LogLine* log = m.mutable_training()->mutable_log();
+    log->set_rank(rank_);
+    const std::string& text = log->text();
+    if (text.size() > kMaxLogLineBytes) {
+      size_t keep = kMaxLogLineBytes;
+      // Back to the first byte of a UTF-8 character, so the cut stays UTF-8.
+      while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80) --keep;
+      log->set_text(absl::StrCat(absl::string_view(text).substr(0, keep), " ... [",
+                                 text.size() - keep, " more bytes cut]"));
+    }
   }
-  (void)Send(m);
+  (void)Send(m);  // A lost report is fine: metrics.jsonl has every step.
 }
 
 }  // namespace ballast::train

@@ -71,13 +71,10 @@ class AgentChannel : public TrainingObserver {
   // True once a Cancel has been received; never blocks.
   bool CancelRequested() const { return cancelled_.load(); }
 
-  // TrainingObserver: each report becomes one RankMessage holding a TrainingEvent.
-  void OnStep(const v1::StepMetrics& metrics) override;
-  void OnGuard(const v1::GuardEvent& event) override;
-  void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;
-  void OnData(const v1::DataReport& report) override;
-  void OnEval(const v1::EvalReport& report) override;
-  void OnLog(const std::string& level, const std::string& text) override;
+  // TrainingObserver: each report becomes one RankMessage holding the
+  // TrainingEvent as it came, but a log line, which gets this rank and is
+  // cut to kMaxLogLineBytes.
+  void OnEvent(const v1::TrainingEvent& event) override;
   bool StopRequested() override { return CancelRequested(); }
 
  private:

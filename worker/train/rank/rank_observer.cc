@@ -37,39 +37,33 @@ void RankObserver::CommitFailed(const absl::Status& status) {
   std::cerr << "ballast-train: " << status.message() << std::endl;
 }
 
-void RankObserver::OnStep(const v1::StepMetrics& metrics) {
-  if (!commit_status_.ok()) return;
-  if (output_ != nullptr) {
-    if (absl::Status s = output_->CommitMetrics(); !s.ok()) return CommitFailed(s);
+void RankObserver::OnEvent(const v1::TrainingEvent& event) {
+  switch (event.kind_case()) {
+    case v1::TrainingEvent::kStepMetrics:
+      if (!commit_status_.ok()) return;
+      if (output_ != nullptr) {
+        if (absl::Status s = output_->CommitMetrics(); !s.ok()) return CommitFailed(s);
+      }
+      break;
+    case v1::TrainingEvent::kCheckpointSaved:
+      if (!commit_status_.ok()) return;
+      if (output_ != nullptr) {
+        absl::StatusOr<std::string> path =
+            output_->CommitCheckpoint(event.checkpoint_saved().path());
+        if (!path.ok()) return CommitFailed(path.status());
+        v1::TrainingEvent committed = event;
+        committed.mutable_checkpoint_saved()->set_path(*path);
+        if (channel_ != nullptr) channel_->OnEvent(committed);
+        return;
+      }
+      break;
+    case v1::TrainingEvent::kGuard:
+      if (!commit_status_.ok()) return;
+      break;
+    default:
+      break;
   }
-  if (channel_ != nullptr) channel_->OnStep(metrics);
-}
-
-void RankObserver::OnGuard(const v1::GuardEvent& event) {
-  if (commit_status_.ok() && channel_ != nullptr) channel_->OnGuard(event);
-}
-
-void RankObserver::OnCheckpointSaved(const v1::CheckpointSaved& saved) {
-  if (!commit_status_.ok()) return;
-  v1::CheckpointSaved committed = saved;
-  if (output_ != nullptr) {
-    absl::StatusOr<std::string> path = output_->CommitCheckpoint(saved.path());
-    if (!path.ok()) return CommitFailed(path.status());
-    committed.set_path(*path);
-  }
-  if (channel_ != nullptr) channel_->OnCheckpointSaved(committed);
-}
-
-void RankObserver::OnData(const v1::DataReport& report) {
-  if (channel_ != nullptr) channel_->OnData(report);
-}
-
-void RankObserver::OnEval(const v1::EvalReport& report) {
-  if (channel_ != nullptr) channel_->OnEval(report);
-}
-
-void RankObserver::OnLog(const std::string& level, const std::string& text) {
-  if (channel_ != nullptr) channel_->OnLog(level, text);
+  if (channel_ != nullptr) channel_->OnEvent(event);
 }
 
 bool RankObserver::StopRequested() {

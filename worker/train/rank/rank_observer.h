@@ -35,12 +35,10 @@ class RankObserver : public TrainingObserver {
   // OK, or the failed commit that stopped the run (ABORTED: superseded).
   const absl::Status& commit_status() const { return commit_status_; }
 
-  void OnStep(const v1::StepMetrics& metrics) override;
-  void OnGuard(const v1::GuardEvent& event) override;
-  void OnCheckpointSaved(const v1::CheckpointSaved& saved) override;
-  void OnData(const v1::DataReport& report) override;
-  void OnEval(const v1::EvalReport& report) override;
-  void OnLog(const std::string& level, const std::string& text) override;
+  // Commits a step's metrics.jsonl lines, and a saved checkpoint, before it
+  // forwards them; after a failed commit, steps, guard events and
+  // checkpoints are dropped, and every other kind still goes up.
+  void OnEvent(const v1::TrainingEvent& event) override;
   bool StopRequested() override;
 
  private:

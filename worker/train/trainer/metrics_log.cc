@@ -1,5 +1,7 @@
 #include "worker/train/trainer/metrics_log.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -7,23 +9,32 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/proto_json.h"
 
 namespace ballast::train {
 namespace {
 
-nlohmann::json ToJson(const StepRecord& r) {
-  nlohmann::json j = {
-      {"step", r.step},
-      {"loss", r.loss && std::isfinite(*r.loss) ? nlohmann::json(*r.loss) : nlohmann::json()},
-      {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
-      {"lr", r.lr},
-      {"tokens", r.tokens},
-      {"supervised_tokens", r.supervised_tokens},
-      {"step_time_s", r.step_time_s},
-      {"peak_memory_bytes", r.peak_memory_bytes},
-      {"skipped", r.skipped}};
-  if (!r.skip_reason.empty()) j["skip_reason"] = r.skip_reason;
-  return j;
+namespace pb = google::protobuf;
+
+// The mapping's line, then the file's forms (see metrics_log.h) for every
+// field of those two types, found by the message's descriptor.
+nlohmann::json MetricsLine(const v1::StepMetrics& m) {
+  nlohmann::json line = nlohmann::json::parse(ToJson(m));
+  const pb::Descriptor* descriptor = m.GetDescriptor();
+  const pb::Reflection* reflection = m.GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const pb::FieldDescriptor* field = descriptor->field(i);
+    if (field->is_repeated()) continue;
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) {
+      line[field->name()] = reflection->GetInt64(m, field);
+    } else if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE) {
+      const double value = reflection->GetDouble(m, field);
+      const bool present = !field->has_presence() || reflection->HasField(m, field);
+      line[field->name()] =
+          present && std::isfinite(value) ? nlohmann::json(value) : nlohmann::json();
+    }
+  }
+  return line;
 }
 
 }  // namespace
@@ -34,9 +45,11 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t ste
   return log;
 }
 
-absl::Status MetricsLog::Append(const StepRecord& record) {
+absl::Status MetricsLog::Append(const v1::StepMetrics& metrics, absl::string_view skip_reason) {
+  nlohmann::json line = MetricsLine(metrics);
+  if (!skip_reason.empty()) line["skip_reason"] = std::string(skip_reason);
   errno = 0;
-  out_ << ToJson(record).dump() << "\n";
+  out_ << line.dump() << "\n";
   out_.flush();
   if (out_) return absl::OkStatus();
   // The stream keeps no reason; errno has the one a user acts on (ENOSPC).

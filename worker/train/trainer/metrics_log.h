@@ -1,8 +1,16 @@
-// MetricsLog: OUT/metrics.jsonl, one JSON object per optimizer step:
-//   {"step", "loss", "grad_norm", "lr", "tokens", "supervised_tokens",
-//    "step_time_s", "skipped"[, "skip_reason"]}
-// "loss" is null for a step without supervised tokens (never 0 or NaN), and
-// "grad_norm" null when it is not finite.
+// MetricsLog: OUT/metrics.jsonl, one JSON object per optimizer step: its
+// v1::StepMetrics through the proto-JSON mapping (common/proto_json.h: the
+// proto's field names, every field printed), so that a field added to
+// StepMetrics reaches the file too:
+//   {"step", "max_steps", "loss", "grad_norm", "lr", "tokens",
+//    "supervised_tokens", "tokens_per_s", "step_time_s", "skipped",
+//    "peak_memory_bytes", "communicated_bytes"[, "skip_reason"]}
+// Two forms differ from the mapping's and keep the file's since its first
+// line, which its readers (scripts, tests, the resume below) do arithmetic
+// on: 64-bit integers are JSON numbers, not strings, and a double that is
+// absent or not finite is null ("loss" for a step without supervised tokens,
+// never 0 or NaN; "grad_norm" when it is not finite). "skip_reason", the
+// guard's reason, is there only for a skipped step.
 //
 // The log always agrees with the state training continues from: opening it
 // at a step (a resume) or going back to one (a rollback) drops the lines of
@@ -14,28 +22,13 @@
 
 #include <cstdint>
 #include <fstream>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "ballast/v1/job.pb.h"
 
 namespace ballast::train {
-
-// One optimizer step as the trainer measured it.
-struct StepRecord {
-  int64_t step = 0;            // 1-based: optimizer steps completed after this one
-  std::optional<double> loss;  // token loss sum / supervised tokens; none without any
-  double grad_norm = 0;        // before clipping; 0 for a step skipped before the forward
-  double lr = 0;
-  int64_t tokens = 0;  // all micro-batches, all ranks
-  int64_t supervised_tokens = 0;
-  double step_time_s = 0;
-  bool skipped = false;     // the update never reached the weights
-  std::string skip_reason;  // why, when skipped
-  // This rank's, reported in events, not in metrics.jsonl.
-  int64_t communicated_bytes = 0;  // sent in collectives during the step
-  int64_t peak_memory_bytes = 0;   // peak resident memory of the process so far
-};
 
 class MetricsLog {
  public:
@@ -43,8 +36,9 @@ class MetricsLog {
   // `step`. INTERNAL names the file when it cannot be rewritten.
   static absl::StatusOr<MetricsLog> Open(const std::string& path, int64_t step);
 
-  // Appends one line and flushes it. INTERNAL when the write fails.
-  absl::Status Append(const StepRecord& record);
+  // Appends one step's line, with `skip_reason` when it is not empty, and
+  // flushes it. INTERNAL when the write fails.
+  absl::Status Append(const v1::StepMetrics& metrics, absl::string_view skip_reason);
   // Drops the lines of steps after `step` (a rollback) and keeps appending.
   absl::Status TruncateAfter(int64_t step);
 

@@ -1,31 +1,21 @@
 #include "worker/train/trainer/trainer.h"
 
 #include <ATen/DeviceAccelerator.h>
-#include <c10/util/Exception.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <iostream>
-#include <limits>
-#include <new>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "common/model_config.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
-#include "worker/train/checkpoint/sharded_checkpoint.h"
-#include "worker/train/model/pretrained.h"
 #include "worker/train/model/rng_state.h"
-#include "worker/train/objective/ranking_metrics.h"
 #include "worker/train/optim/lr_schedule.h"
+#include "worker/train/trainer/held_out.h"
+#include "worker/train/trainer/torch_status.h"
 
 namespace ballast::train {
 namespace {
@@ -40,56 +30,6 @@ int64_t PeakRssBytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
-
-// LibTorch reports through exceptions; they stop at the Trainer's API, where
-// an allocation failure keeps its own code so that the caller can tell it
-// from a bug.
-template <typename F>
-auto CatchTorch(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of memory: ", e.what_without_backtrace()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        "out of memory: an allocation failed; lower data.micro_batch_size or data.seq_len");
-  } catch (const c10::Error& e) {
-    // The CPU allocator reports a failed allocation as a plain c10::Error
-    // (an enforce in c10/core/impl/alloc_cpu.cpp), not as OutOfMemoryError:
-    // its message is the only sign.
-    if (absl::StrContains(e.what_without_backtrace(), "can't allocate memory")) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("out of memory: ", e.what_without_backtrace(),
-                       "; lower data.micro_batch_size or data.seq_len"));
-    }
-    return absl::InternalError(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
-// The index of the first non-finite value, or -1.
-int64_t FirstNonFinite(const std::vector<double>& values) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-GuardOptions GuardOptionsFrom(const v1::GuardSpec& spec) {
-  GuardOptions options;
-  options.max_consecutive_bad = spec.max_consecutive_bad();
-  options.max_rollbacks = spec.max_rollbacks();
-  options.spike_window = spec.spike_window();
-  options.loss_spike_zscore = spec.loss_spike_zscore();
-  options.grad_norm_spike_zscore = spec.grad_norm_spike_zscore();
-  options.collapse_window = spec.collapse_window();
-  options.collapse_loss = spec.collapse_loss();
-  options.lr_cut = spec.lr_cut();
-  options.rewarm_steps = spec.rewarm_steps();
-  return options;
 }
 
 }  // namespace
@@ -128,90 +68,56 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
         MakeObjective(spec, data->encoder->tokenizer());
     if (!objective.ok()) return objective.status();
 
-    const bool full = spec.method() == "full";
-    absl::StatusOr<ParamStore> params =
-        LoadPretrained(spec.model().path(), *config, full,
-                       world_size > 1 ? PretrainedTensors::kMapped : PretrainedTensors::kOwnedFp32);
-    if (!params.ok()) return params.status();
-    // Seeds LoRA init and dropout; checkpoints carry the generator onward.
-    torch::manual_seed(spec.seed());
     std::optional<LoraConfig> lora;
-    if (!full) {
-      lora = LoraConfigFromSpec(spec.lora());
-      if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
-      if (!spec.lora().init_adapter().empty()) {
-        absl::Status s = LoadPeftAdapter(spec.lora().init_adapter(), *lora, &*params);
-        if (!s.ok()) return s;
-      }
-    }
-    // The model was built on the CPU, LoRA's initial draws included, so that
-    // it starts from the same weights on any device.
-    const at::ScalarType compute = spec.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat;
-    std::unique_ptr<ShardedModel> sharded;
-    if (world_size > 1) {
-      // Every rank built the same whole model from the same seed; each keeps
-      // its shard of it, and draws its own dropout masks from here on.
-      sharded = std::make_unique<ShardedModel>(*std::move(params), options.collectives, compute,
-                                               options.device);
-      *params = ParamStore();
-      torch::manual_seed(spec.seed() + options.collectives->rank());
-    } else {
-      params->MoveTo(options.device, compute);
-    }
-    return std::unique_ptr<Trainer>(
-        new Trainer(spec, out_dir, options, *std::move(config), *std::move(params),
-                    std::move(sharded), std::move(lora), *std::move(data), *std::move(objective)));
+    if (spec.method() != "full") lora = LoraConfigFromSpec(spec.lora());
+    absl::StatusOr<std::unique_ptr<TrainedState>> state =
+        LoadTrainedState(spec, *config, lora, options.collectives, options.device);
+    if (!state.ok()) return state.status();
+    return std::unique_ptr<Trainer>(new Trainer(spec, out_dir, options, *std::move(config),
+                                                *std::move(state), std::move(lora),
+                                                *std::move(data), *std::move(objective)));
   });
 }
 
 Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
-                 ParamStore params, std::unique_ptr<ShardedModel> sharded,
-                 std::optional<LoraConfig> lora, TrainingData data,
-                 std::unique_ptr<Objective> objective)
+                 std::unique_ptr<TrainedState> state, std::optional<LoraConfig> lora,
+                 TrainingData data, std::unique_ptr<Objective> objective)
     : spec_(std::move(spec)),
       out_dir_(std::move(out_dir)),
-      checkpoints_dir_((fs::path(out_dir_) / "checkpoints").string()),
-      kept_checkpoints_dir_(options.kept_checkpoints_dir.empty() ? checkpoints_dir_
-                                                                 : options.kept_checkpoints_dir),
-      resume_at_or_before_(options.resume_at_or_before),
       device_(options.device),
       collectives_(options.collectives != nullptr ? options.collectives : &single_rank_),
-      observer_(options.observer != nullptr ? options.observer : &null_observer_),
+      reports_(options.observer, collectives_->rank(), spec_.data().path()),
       config_(std::move(config)),
-      params_(std::move(params)),
-      sharded_(std::move(sharded)),
+      state_(std::move(state)),
       lora_(std::move(lora)),
       data_(std::move(data)),
       batches_(data_.dataset.get(),
                StepBatchesOptions{spec_.data().micro_batch_size(), spec_.data().grad_accum_steps(),
                                   collectives_->rank(), collectives_->world_size(), device_}),
-      decoder_(config_, sharded_ ? &sharded_->gathered() : &params_, lora_,
+      decoder_(config_, &state_->weights(), lora_,
                spec_.precision() == "bf16" ? torch::kBFloat16 : torch::kFloat,
                spec_.gradient_checkpointing()),
       objective_(std::move(objective)),
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
-                 trained()),
-      guard_(GuardOptionsFrom(spec_.guard())),
+                 state_->trained()),
+      guard_(GuardOptionsFromSpec(spec_.guard())),
       injection_(spec_.guard().inject(), collectives_->rank()),
-      snapshots_(spec_.guard().snapshots()) {
-  // Accounting: what this rank keeps resident for the whole run.
-  int64_t parameter_bytes = 0, gradient_bytes = 0, gathered_bytes = 0;
-  if (sharded_) {
-    decoder_.set_layer_runner(sharded_.get());
-    parameter_bytes = sharded_->parameter_bytes();
-    gradient_bytes = sharded_->gradient_bytes();
-    gathered_bytes = sharded_->gathered_buffer_bytes();
-  } else {
-    for (const std::string& name : params_.names()) parameter_bytes += params_.get(name).nbytes();
-    gradient_bytes = params_.TrainableNumel() * static_cast<int64_t>(sizeof(float));
-  }
+      recovery_(spec_,
+                {.checkpoints_dir = (fs::path(out_dir_) / "checkpoints").string(),
+                 .kept_checkpoints_dir = options.kept_checkpoints_dir,
+                 .resume_at_or_before = options.resume_at_or_before,
+                 .device = device_},
+                state_.get(), &optimizer_, collectives_) {
+  decoder_.set_layer_runner(state_->layer_runner());
   // AdamW keeps two fp32 moments per trainable element.
-  Log("info", absl::StrCat(
-                  "rank ", collectives_->rank(), " of ", collectives_->world_size(), " on ",
-                  device_.str(), " (", spec_.precision(), ") holds ", parameter_bytes,
-                  " parameter bytes, ", gradient_bytes, " gradient bytes, ", 2 * gradient_bytes,
-                  " optimizer bytes, and gathers up to ", gathered_bytes, " bytes of whole units"));
+  const ResidentBytes bytes = state_->resident_bytes();
+  reports_.Log("info", absl::StrCat("rank ", collectives_->rank(), " of ",
+                                    collectives_->world_size(), " on ", device_.str(), " (",
+                                    spec_.precision(), ") holds ", bytes.parameters,
+                                    " parameter bytes, ", bytes.gradients, " gradient bytes, ",
+                                    2 * bytes.gradients, " optimizer bytes, and gathers up to ",
+                                    bytes.gathered, " bytes of whole units"));
 }
 
 Trainer::~Trainer() = default;
@@ -224,101 +130,48 @@ absl::Status Trainer::Run() {
 }
 
 absl::Status Trainer::RunSteps() {
-  std::error_code ec;
-  fs::create_directories(checkpoints_dir_, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", checkpoints_dir_));
-
-  // Rank 0 alone applies a rollback to the shared checkpoints folder; the
-  // others look once it has.
-  absl::StatusOr<std::optional<std::string>> resume_from;
-  if (collectives_->rank() == 0) resume_from = ResumeCheckpoint();
-  collectives_->Barrier();
-  if (collectives_->rank() != 0) resume_from = ResumeCheckpoint();
-  if (!resume_from.ok()) return resume_from.status();
-  TrainPosition pos;
-  if (*resume_from) {
-    absl::StatusOr<TrainPosition> loaded = LoadState(**resume_from);
-    if (!loaded.ok()) return loaded.status();
-    pos = *loaded;
-    Log("info", absl::StrCat("resuming from checkpoint step ", pos.step, " (", **resume_from,
-                             ") to step ", spec_.max_steps()));
-  } else {
-    Log("info", absl::StrCat("starting at step 0 of ", spec_.max_steps()));
-  }
-  if (const std::string faults = injection_.Describe(); !faults.empty()) Log("warning", faults);
-  const v1::DataReport& data = data_.report;
-  Log("info",
-      absl::StrCat("data: ", spec_.data().path(), " as ", data.format(),
-                   spec_.data().format().empty() ? " (detected from its first record)" : "",
-                   data.template_().empty() ? "" : absl::StrCat(", template ", data.template_()),
-                   spec_.data().template_().empty() && !data.template_().empty()
-                       ? " (from the tokenizer_config.json)"
-                       : "",
-                   data.tokenized() ? "; tokenized into the job's token cache"
-                                    : "; read from the job's token cache"));
-  // The state the run starts from is good (the initial weights, or a good
-  // checkpoint): the first snapshot to go back to.
-  snapshots_.Take(pos, trained(), optimizer_, device_);
-  snapshots_.MarkGood(pos.step, 0, 0);
-  // One metrics.jsonl per job: every rank computes the same step records.
-  std::optional<MetricsLog> metrics;
-  if (writes_shared_files()) {
-    absl::StatusOr<MetricsLog> opened =
-        MetricsLog::Open((fs::path(out_dir_) / "metrics.jsonl").string(), pos.step);
-    if (!opened.ok()) return opened.status();
-    metrics = *std::move(opened);
-  }
+  absl::StatusOr<Recovery::Start> start = recovery_.Resume();
+  if (!start.ok()) return start.status();
+  TrainPosition pos = start->position;
+  reports_.RunStarts(spec_, pos.step, start->checkpoint, injection_.Describe(), data_.report);
+  absl::Status opened =
+      reports_.OpenMetrics((fs::path(out_dir_) / "metrics.jsonl").string(), pos.step);
+  if (!opened.ok()) return opened;
 
   // The baseline a reranker's evaluations rise from.
   if (pos.step == 0) Evaluate(0);
-  bool traffic_logged = false;
   int64_t reported_epoch = -1;
   while (pos.step < spec_.max_steps()) {
     if (const int64_t epoch = pos.data_cursor / data_.dataset->rows_per_epoch();
         epoch != reported_epoch) {
-      ReportData(epoch);
+      reports_.Data(data_.report, epoch);
       reported_epoch = epoch;
     }
     GuardVerdict verdict;
-    const StepRecord record = Step(&pos, &verdict);
-    if (collectives_->world_size() > 1 && !traffic_logged) {
-      // Every step moves the same bytes; events carry each step's figure.
-      Log("info", absl::StrCat("rank ", collectives_->rank(), " sent ", record.communicated_bytes,
-                               " bytes in collectives in step ", record.step));
-      traffic_logged = true;
-    }
-    if (metrics) {
-      if (absl::Status s = metrics->Append(record); !s.ok()) return s;
-    }
-    Report(record, verdict);
+    const v1::StepMetrics metrics = Step(&pos, &verdict);
+    if (absl::Status s = reports_.Step(metrics, verdict, anomaly_); !s.ok()) return s;
     if (verdict.action == GuardAction::kRollback) {
-      if (absl::Status s = Rollback(verdict, record.step, &pos, metrics ? &*metrics : nullptr);
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = Rollback(verdict, metrics.step(), &pos); !s.ok()) return s;
       continue;
     }
     if (verdict.action == GuardAction::kApply) {
-      if (absl::Status s = AfterAppliedStep(pos); !s.ok()) return s;
+      if (absl::Status s = recovery_.AfterAppliedStep(pos, guard_.clean_steps()); !s.ok()) {
+        return s;
+      }
       const int64_t eval_every = spec_.reranker().eval_every();
       if (eval_every > 0 && pos.step % eval_every == 0) Evaluate(pos.step);
     }
     // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
     // and a rank that stopped alone would leave the others in the next
     // step's collectives, failing them with "lost rank".
-    if (collectives_->Max(observer_->StopRequested() ? 1 : 0) != 0) {
-      Log("info", absl::StrCat("cancelled after step ", pos.step));
+    if (collectives_->Max(reports_.StopRequested() ? 1 : 0) != 0) {
+      reports_.Log("info", absl::StrCat("cancelled after step ", pos.step));
       return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
     }
-    const int64_t every = spec_.checkpoint_every();
-    if (every > 0 && pos.step % every == 0 && pos.step < spec_.max_steps()) {
-      // Good once guard.good_after_steps clean steps have followed it. A
-      // refusal (a non-finite state) was reported; the run goes on, and the
-      // guard meets the same values in the next step.
-      const CheckpointHealth health = spec_.guard().good_after_steps() > 0
-                                          ? CheckpointHealth::kUnverified
-                                          : CheckpointHealth::kGood;
-      absl::Status s = SaveCheckpointAt(pos, health);
+    if (recovery_.CheckpointDue(pos)) {
+      // A refusal (a non-finite state) was reported; the run goes on, and
+      // the guard meets the same values in the next step.
+      absl::Status s = Checkpoint(pos, /*last=*/false);
       if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
     }
   }
@@ -328,13 +181,14 @@ absl::Status Trainer::RunSteps() {
   }
   // The run is over and its last step was applied: nothing follows to judge
   // this checkpoint by, and the export holds the same state.
-  if (absl::Status s = SaveCheckpointAt(pos, CheckpointHealth::kGood); !s.ok()) {
+  if (absl::Status s = Checkpoint(pos, /*last=*/true); !s.ok()) {
     if (!absl::IsFailedPrecondition(s)) return s;
     anomaly_ = v1::GuardEvent();
     anomaly_.set_step(pos.step);
     anomaly_.set_trigger(TriggerName(GuardTrigger::kNonFinite));
     anomaly_.set_rank(-1);
-    return Diagnose(anomaly_, absl::StrCat(s.message(), "; the trained weights are not exported"));
+    return reports_.Diagnose(anomaly_,
+                             absl::StrCat(s.message(), "; the trained weights are not exported"));
   }
   return Export();
 }
@@ -342,13 +196,14 @@ absl::Status Trainer::RunSteps() {
 // ---------------------------------------------------------------------------
 // The step.
 
-StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
+v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   const auto start = std::chrono::steady_clock::now();
-  StepRecord m;
-  m.step = pos->step + 1;
-  m.lr = ScheduledLearningRate(spec_.schedule().kind(), spec_.optimizer().lr(), pos->step,
-                               spec_.schedule().warmup_steps(), spec_.max_steps()) *
-         guard_.LrScale();
+  v1::StepMetrics m;
+  m.set_step(pos->step + 1);
+  m.set_max_steps(spec_.max_steps());
+  m.set_lr(ScheduledLearningRate(spec_.schedule().kind(), spec_.optimizer().lr(), pos->step,
+                                 spec_.schedule().warmup_steps(), spec_.max_steps()) *
+           guard_.LrScale());
   *verdict = GuardVerdict{};
   anomaly_ = v1::GuardEvent();
 
@@ -358,21 +213,25 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   const int64_t first_document = pos->data_cursor;
   pos->data_cursor += batches_.rows_per_step();
   pos->step += 1;
-  injection_.BeginStep(m.step);
-  injection_.MaskTargets(m.step, &micro_batches);
+  injection_.BeginStep(m.step());
+  injection_.MaskTargets(m.step(), &micro_batches);
   // What a re-run starts from besides the weights, which only an applied
   // update changes: the generators (dropout) as the step found them.
   const bool rerun_allowed = spec_.guard().rerun_bad_step();
   std::map<std::string, at::Tensor> generators;
   if (rerun_allowed) generators = GeneratorStates(device_);
 
-  StepNumbers numbers = Compute(micro_batches, m.step, /*rerun=*/false);
+  StepNumbers numbers = Compute(micro_batches, m.step(), /*rerun=*/false);
   TensorNorms norms;
   StepHealth health = Measure(numbers, &m, &norms);
   // Guard: a step the ranks do not all find healthy never reaches the weights.
   *verdict = Judge(health);
   if (verdict->action != GuardAction::kApply) {
-    DescribeAnomaly(norms, health, *verdict, first_document);
+    anomaly_ = DescribeAnomaly(norms, health, *verdict);
+    // The step's own documents: a skipped step's data is not retried.
+    SetSkippedDocuments(first_document,
+                        batches_.DocumentLines(first_document, batches_.rows_per_step()),
+                        &anomaly_);
     const bool one_step_fault =
         verdict->trigger == GuardTrigger::kNonFinite || verdict->trigger == GuardTrigger::kSpike;
     if (rerun_allowed && one_step_fault) {
@@ -380,8 +239,8 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       // again. Healthy now means the fault was not in the numbers.
       ClearGradients();
       SetGeneratorStates(generators, device_);
-      StepRecord again = m;
-      const StepNumbers rerun_numbers = Compute(micro_batches, m.step, /*rerun=*/true);
+      v1::StepMetrics again = m;
+      const StepNumbers rerun_numbers = Compute(micro_batches, m.step(), /*rerun=*/true);
       TensorNorms rerun_norms;
       const StepHealth rerun_health = Measure(rerun_numbers, &again, &rerun_norms);
       const GuardVerdict rerun_verdict = Judge(rerun_health);
@@ -407,10 +266,10 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
 
   if (verdict->action == GuardAction::kApply) {
     // Clip as torch.nn.utils.clip_grad_norm_ does, then update.
-    ParamStore& trained = this->trained();
+    ParamStore& trained = state_->trained();
     const double max_norm = spec_.optimizer().max_grad_norm();
     if (max_norm > 0) {
-      const double coef = std::min(1.0, max_norm / (m.grad_norm + 1e-6));
+      const double coef = std::min(1.0, max_norm / (m.grad_norm() + 1e-6));
       if (coef < 1.0) {
         torch::NoGradGuard no_grad;
         for (const std::string& name : trained.TrainableNames()) {
@@ -419,15 +278,14 @@ StepRecord Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
         }
       }
     }
-    optimizer_.Step(trained, m.lr);
-    injection_.PoisonWeights(m.step, trained);
+    optimizer_.Step(trained, m.lr());
+    injection_.PoisonWeights(m.step(), trained);
   } else {
-    m.skipped = true;
-    m.skip_reason = verdict->reason;
+    m.set_skipped(true);
     if (anomaly_.kind() != v1::GuardEvent::KIND_RECOVERED) anomaly_.set_message(verdict->reason);
   }
   ClearGradients();
-  FinishRecord(start, communicated_before, &m);
+  FinishMetrics(start, communicated_before, &m);
   return m;
 }
 
@@ -461,17 +319,17 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   at::Tensor loss_sum =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (const PackedBatch& batch : micro_batches) {
-    if (sharded_) sharded_->GatherRoots();
+    state_->BeginForward();
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
     const at::Tensor sum = injected == 1 ? ls.sum : ls.sum * injected;
     (sum / n).backward();
-    if (sharded_) sharded_->FinishBackward();
+    state_->FinishBackward();
     loss_sum += sum.detach();
   }
 
   // Reduce: the loss sum and the gradient's per-tensor sums of squares over
   // ranks, in one call.
-  ParamStore& trained = this->trained();
+  ParamStore& trained = state_->trained();
   std::vector<at::Tensor> grads;
   for (const std::string& name : trained.TrainableNames())
     grads.push_back(trained.get(name).grad());
@@ -489,49 +347,32 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   return out;
 }
 
-StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m, TensorNorms* norms) {
-  m->tokens = numbers.tokens;
-  m->supervised_tokens = numbers.supervised_tokens;
+StepHealth Trainer::Measure(const StepNumbers& numbers, v1::StepMetrics* m, TensorNorms* norms) {
+  m->set_tokens(numbers.tokens);
+  m->set_supervised_tokens(numbers.supervised_tokens);
   StepHealth health;
-  health.step = m->step;
+  health.step = m->step();
   health.supervised_tokens = numbers.supervised_tokens;
   if (numbers.supervised_tokens == 0) {
-    m->loss.reset();
-    m->grad_norm = 0;
+    m->clear_loss();
+    m->set_grad_norm(0);
     return health;
   }
-  m->loss = numbers.loss_sum / static_cast<double>(numbers.supervised_tokens);
+  m->set_loss(numbers.loss_sum / static_cast<double>(numbers.supervised_tokens));
   double sum_squares = 0;
   for (double s : numbers.sum_squares) sum_squares += s;
   // grad_norm is the fp32 global L2 norm.
-  m->grad_norm = static_cast<float>(std::sqrt(sum_squares));
-  health.loss = *m->loss;
-  health.grad_norm = m->grad_norm;
-  if (std::isfinite(m->grad_norm)) return health;
+  m->set_grad_norm(static_cast<float>(std::sqrt(sum_squares)));
+  health.loss = m->loss();
+  health.grad_norm = m->grad_norm();
+  if (std::isfinite(m->grad_norm())) return health;
   // Only on an anomaly (the global grad_norm, which every rank sees, is not
   // finite): each tensor's global norm, the first tensor whose gradient went
   // non-finite, and the lowest rank whose own part of it did.
-  int64_t first_rank = 0;
-  if (sharded_) {
-    auto [names, partial] = sharded_->GradSumSquaresByTensor();
-    // A copy: on the CPU .cpu() is the same tensor, which the sum overwrites.
-    const at::Tensor own = partial.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    collectives_->SumInPlace(partial);
-    const at::Tensor global = partial.cpu();
-    norms->names = std::move(names);
-    norms->sum_squares.assign(global.const_data_ptr<double>(),
-                              global.const_data_ptr<double>() + global.numel());
-    const int64_t first = FirstNonFinite(norms->sum_squares);
-    const int n_ranks = collectives_->world_size();
-    const bool mine = first >= 0 && !std::isfinite(own.const_data_ptr<double>()[first]);
-    first_rank = n_ranks - collectives_->Max(mine ? n_ranks - collectives_->rank() : 0);
-  } else {
-    norms->names = params_.TrainableNames();
-    norms->sum_squares = numbers.sum_squares;
-  }
-  if (const int64_t first = FirstNonFinite(norms->sum_squares); first >= 0) {
-    health.first_nonfinite = norms->names[first];
-    health.nonfinite_rank = static_cast<int>(first_rank);
+  *norms = state_->GradNormsByTensor(numbers.sum_squares);
+  if (norms->first_nonfinite >= 0) {
+    health.first_nonfinite = norms->names[norms->first_nonfinite];
+    health.nonfinite_rank = norms->first_nonfinite_rank;
   }
   return health;
 }
@@ -539,7 +380,7 @@ StepHealth Trainer::Measure(const StepNumbers& numbers, StepRecord* m, TensorNor
 GuardVerdict Trainer::Judge(const StepHealth& health) {
   GuardVerdict verdict = guard_.Judge(health);
   if (verdict.action == GuardAction::kRollback && verdict.trigger == GuardTrigger::kSpike &&
-      !verdict.budget_spent && !HasGoodStateBefore(verdict.episode_start)) {
+      !verdict.budget_spent && !recovery_.HasGoodStateBefore(verdict.episode_start)) {
     // Nothing to go back to yet: the spike is kept from the weights, and the
     // run goes on.
     verdict.action = GuardAction::kSkip;
@@ -555,340 +396,100 @@ GuardVerdict Trainer::Judge(const StepHealth& health) {
 }
 
 void Trainer::ClearGradients() {
-  ParamStore& trained = this->trained();
+  ParamStore& trained = state_->trained();
   for (const std::string& name : trained.TrainableNames()) {
     at::Tensor p = trained.get(name);
     if (p.grad().defined()) p.mutable_grad().reset();
   }
 }
 
-void Trainer::DescribeAnomaly(const TensorNorms& norms, const StepHealth& health,
-                              const GuardVerdict& verdict, int64_t first_document) {
-  anomaly_.set_kind(v1::GuardEvent::KIND_SKIP);
-  anomaly_.set_step(health.step);
-  anomaly_.set_trigger(TriggerName(verdict.trigger));
-  anomaly_.set_verdict(v1::GuardEvent::VERDICT_NOT_RERUN);
-  anomaly_.set_rank(health.nonfinite_rank);
-  anomaly_.set_module(health.first_nonfinite);
-  if (health.supervised_tokens > 0) anomaly_.set_loss(health.loss);
-  anomaly_.set_grad_norm(health.grad_norm);
-  // The step's own documents: a skipped step's data is not retried.
-  SetSkippedDocuments(first_document, batches_.rows_per_step(), &anomaly_);
-  // Where it went wrong: the global norms of the non-finite tensors, then of
-  // the largest finite ones (an exploding neighbour is often the cause).
-  std::vector<size_t> order(norms.names.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  const auto key = [&](size_t i) {
-    const double s = norms.sum_squares[i];
-    return std::isfinite(s) ? s : std::numeric_limits<double>::infinity();
-  };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
-  for (size_t k = 0; k < order.size() && k < 16; ++k) {
-    v1::ModuleGradNorm* norm = anomaly_.add_module_grad_norms();
-    norm->set_module(norms.names[order[k]]);
-    norm->set_grad_norm(std::sqrt(norms.sum_squares[order[k]]));
-  }
-}
-
-void Trainer::FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
-                           StepRecord* m) const {
-  m->step_time_s = SecondsSince(start);
-  m->communicated_bytes = collectives_->communicated_bytes() - communicated_before;
+void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
+                            int64_t communicated_before, v1::StepMetrics* m) const {
+  m->set_step_time_s(SecondsSince(start));
+  m->set_tokens_per_s(m->step_time_s() > 0 ? m->tokens() / m->step_time_s() : 0);
+  m->set_communicated_bytes(collectives_->communicated_bytes() - communicated_before);
   // On a GPU, the device memory the caching allocator has handed out at
   // most: what decides whether the job fits.
-  m->peak_memory_bytes =
+  m->set_peak_memory_bytes(
       device_.is_cuda()
           ? at::accelerator::getDeviceStats(device_.index())
                 .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
                 .peak
-          : PeakRssBytes();
+          : PeakRssBytes());
 }
 
 // ---------------------------------------------------------------------------
-// Checkpoints, snapshots, rollback, export and reports.
+// Checkpoints, rollback, evaluation and export.
 
-absl::StatusOr<std::optional<std::string>> Trainer::ResumeCheckpoint() const {
-  // A rollback deletes the newer checkpoints, so that a later restart cannot
-  // jump forward again.
-  if (resume_at_or_before_) {
-    return KeepCheckpointsAtOrBefore(checkpoints_dir_, *resume_at_or_before_);
-  }
-  return LatestCheckpoint(checkpoints_dir_);
-}
-
-absl::StatusOr<TrainPosition> Trainer::LoadState(const std::string& dir) {
-  if (sharded_) return LoadShardedCheckpoint(dir, sharded_.get(), &optimizer_, collectives_);
-  return LoadCheckpoint(dir, &params_, &optimizer_);
-}
-
-absl::Status Trainer::SaveCheckpointAt(const TrainPosition& pos, CheckpointHealth health) {
-  absl::StatusOr<std::string> dir =
-      sharded_ ? SaveShardedCheckpoint(checkpoints_dir_, pos, *sharded_, optimizer_, collectives_,
-                                       health)
-               : SaveCheckpoint(checkpoints_dir_, pos, params_, optimizer_, health);
+absl::Status Trainer::Checkpoint(const TrainPosition& pos, bool last) {
+  absl::StatusOr<std::string> dir = recovery_.SaveCheckpoint(pos, last);
   if (absl::IsFailedPrecondition(dir.status())) {
-    // A non-finite value in the state: nothing was written, and the newest
-    // good checkpoint stays the one to go back to.
-    v1::GuardEvent refused;
-    refused.set_kind(v1::GuardEvent::KIND_CHECKPOINT_REFUSED);
-    refused.set_step(pos.step);
-    refused.set_trigger(TriggerName(GuardTrigger::kNonFinite));
-    refused.set_rank(-1);
-    refused.set_message(std::string(dir.status().message()));
-    ReportGuard(refused);
-    return dir.status();
+    reports_.CheckpointRefused(pos.step, dir.status().message());
   }
   if (!dir.ok()) return dir.status();
-  if (health == CheckpointHealth::kUnverified) unverified_checkpoints_.push_back(pos.step);
-  if (!writes_shared_files()) return absl::OkStatus();
-  v1::CheckpointSaved saved;
-  saved.set_step(pos.step);
-  saved.set_path(*dir);
-  observer_->OnCheckpointSaved(saved);
+  if (!reports_.writes_shared_files()) return absl::OkStatus();
+  reports_.CheckpointSaved(pos.step, *dir);
   // Only while this run's commits are accepted: a superseded attempt keeps
   // its hands off the job's checkpoints.
-  if (spec_.keep_checkpoints() > 0 && !observer_->StopRequested()) {
-    return RotateCheckpoints(kept_checkpoints_dir_, spec_.keep_checkpoints());
-  }
-  return absl::OkStatus();
+  if (reports_.StopRequested()) return absl::OkStatus();
+  return recovery_.RotateCheckpoints();
 }
 
-absl::Status Trainer::AfterAppliedStep(const TrainPosition& pos) {
-  const int64_t good_after = spec_.guard().good_after_steps();
-  const int64_t clean = guard_.clean_steps();
-  snapshots_.MarkGood(pos.step, clean, good_after);
-  for (auto it = unverified_checkpoints_.begin(); it != unverified_checkpoints_.end();) {
-    const int64_t after = pos.step - *it;
-    if (clean < after) {
-      // A bad step came between: it can never be good.
-      it = unverified_checkpoints_.erase(it);
-    } else if (after >= good_after) {
-      if (writes_shared_files()) {
-        absl::Status s =
-            MarkCheckpointGood(CheckpointFolderFor(kept_checkpoints_dir_, *it).final_dir);
-        if (!s.ok()) return s;
-      }
-      it = unverified_checkpoints_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  const int64_t every = spec_.guard().snapshot_every();
-  if (every > 0 && pos.step % every == 0) snapshots_.Take(pos, trained(), optimizer_, device_);
-  return absl::OkStatus();
-}
-
-bool Trainer::HasGoodStateBefore(int64_t step) const {
-  return snapshots_.NewestGoodBefore(step) != nullptr ||
-         LatestCheckpoint(kept_checkpoints_dir_, step - 1).has_value();
-}
-
-absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* pos,
-                               MetricsLog* metrics) {
+absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* pos) {
   v1::GuardEvent event = anomaly_;  // the bad step's trigger, verdict, rank, module, documents
   event.set_step(step);
-  if (verdict.budget_spent) return Diagnose(event, verdict.reason);
-  // The newest good state from before the trouble began: a snapshot in
-  // memory, or a checkpoint on disk when that is newer.
-  const TrainSnapshot* snapshot = snapshots_.NewestGoodBefore(verdict.episode_start);
-  const std::optional<std::string> checkpoint =
-      LatestCheckpoint(kept_checkpoints_dir_, verdict.episode_start - 1);
-  const int64_t checkpoint_step = checkpoint ? CheckpointStepOf(*checkpoint).value_or(-1) : -1;
+  if (verdict.budget_spent) return reports_.Diagnose(event, verdict.reason);
   const int64_t skip_to = pos->data_cursor;
-  if (snapshot != nullptr && snapshot->position.step >= checkpoint_step) {
-    if (absl::Status s = SnapshotRing::Restore(*snapshot, &trained(), &optimizer_, device_);
-        !s.ok()) {
-      return s;
-    }
-    *pos = snapshot->position;
-    event.set_restored_from("snapshot");
-  } else if (checkpoint) {
-    absl::StatusOr<TrainPosition> loaded = LoadState(*checkpoint);
-    if (!loaded.ok()) return loaded.status();
-    *pos = *loaded;
-    event.set_restored_from(*checkpoint);
-  } else {
-    return Diagnose(event, absl::StrCat(verdict.reason,
-                                        "; there is no good snapshot or checkpoint from before "
-                                        "step ",
-                                        verdict.episode_start, ", where the trouble began"));
+  absl::StatusOr<std::optional<std::string>> restored =
+      recovery_.RollBack(verdict.episode_start, pos);
+  if (!restored.ok()) return restored.status();
+  if (!*restored) {
+    return reports_.Diagnose(
+        event,
+        absl::StrCat(verdict.reason, "; there is no good snapshot or checkpoint from before step ",
+                     verdict.episode_start, ", where the trouble began"));
   }
-  // The weights, optimizer and RNG go back; the data does not: the documents
-  // between that state and the bad step, which led there, are skipped (as
-  // PaLM's and OPT's operators did by hand). The step counter and the LR
-  // schedule go back with the weights.
-  SetSkippedDocuments(pos->data_cursor, std::max<int64_t>(0, skip_to - pos->data_cursor), &event);
+  event.set_restored_from(**restored);
+  // The weights, optimizer and RNG went back; the data does not: the
+  // documents between that state and the bad step, which led there, are
+  // skipped (as PaLM's and OPT's operators did by hand). The step counter
+  // and the LR schedule went back with the weights.
+  const int64_t rows = std::max<int64_t>(0, skip_to - pos->data_cursor);
+  SetSkippedDocuments(pos->data_cursor, batches_.DocumentLines(pos->data_cursor, rows), &event);
   pos->data_cursor = std::max(pos->data_cursor, skip_to);
-  // What came after the state gone back to belongs to the abandoned run.
-  snapshots_.DropAfter(pos->step);
-  std::erase_if(unverified_checkpoints_, [&](int64_t s) { return s > pos->step; });
-  if (writes_shared_files()) {
-    absl::StatusOr<std::optional<std::string>> kept =
-        KeepCheckpointsAtOrBefore(kept_checkpoints_dir_, pos->step);
-    if (!kept.ok()) return kept.status();
-  }
-  if (metrics != nullptr) {
-    if (absl::Status s = metrics->TruncateAfter(pos->step); !s.ok()) return s;
-  }
-  event.set_kind(v1::GuardEvent::KIND_ROLLBACK);
-  event.set_to_step(pos->step);
-  event.set_steps_lost(step - pos->step);
-  event.set_message(absl::StrCat(
-      verdict.reason, "; rolled back to step ", pos->step, " (", event.restored_from(),
-      "), skipping the ", event.documents_skipped(), " documents read since it",
-      spec_.guard().lr_cut() < 1
-          ? absl::StrCat("; the LR is cut to ", spec_.guard().lr_cut(), " of the schedule's")
-          : ""));
-  ReportGuard(event);
+  if (absl::Status s = reports_.TruncateMetricsAfter(pos->step); !s.ok()) return s;
+  reports_.RolledBack(event, verdict.reason, pos->step, spec_.guard().lr_cut());
   return absl::OkStatus();
-}
-
-void Trainer::SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* event) {
-  const std::vector<int64_t> lines = batches_.DocumentLines(cursor, rows);
-  event->set_first_document(cursor);
-  event->set_documents_skipped(static_cast<int64_t>(lines.size()));
-  event->clear_document_ids();
-  for (size_t i = 0; i < lines.size() && i < 64; ++i) event->add_document_ids(lines[i]);
 }
 
 void Trainer::Evaluate(int64_t step) {
   if (data_.eval == nullptr) return;
   // Every rank ranks every held-out group: a sharded model's layers are
   // gathered by all ranks together. Rank 0 reports.
-  torch::NoGradGuard no_grad;
-  RankingEvaluator evaluator;
-  TokenizedDataset& eval = *data_.eval;
-  const int64_t rows = eval.rows_per_epoch();
-  const int64_t per_batch = spec_.data().micro_batch_size();
-  for (int64_t row = 0; row < rows; row += per_batch) {
-    PackedBatch batch = eval.Pack(row, std::min(per_batch, rows - row));
-    const at::Tensor relevance = batch.relevance.clone();
-    MoveToDevice(device_, &batch);
-    if (sharded_) sharded_->GatherRoots();
-    const std::optional<at::Tensor> scores = objective_->CandidateScores(decoder_, batch);
-    if (sharded_) sharded_->ReleaseRoots();
-    if (!scores) return;
-    const at::Tensor host = scores->to(torch::kCPU, torch::kDouble).contiguous();
-    const double* s = host.const_data_ptr<double>();
-    const float* r = relevance.const_data_ptr<float>();
-    const at::Tensor offsets = batch.group_offsets;
-    const int64_t* o = offsets.const_data_ptr<int64_t>();
-    for (int64_t g = 0; g + 1 < offsets.numel(); ++g) {
-      evaluator.AddGroup(std::vector<double>(s + o[g], s + o[g + 1]),
-                         std::vector<float>(r + o[g], r + o[g + 1]));
-    }
-  }
-  const RankingMetrics m = evaluator.Metrics();
-  Log("info", absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d held-out groups",
-                              step, m.mrr_at_10, m.ndcg_at_10, m.groups));
-  if (collectives_->rank() != 0) return;
-  v1::EvalReport report;
-  report.set_step(step);
-  report.set_groups(m.groups);
-  report.set_mrr_at_10(m.mrr_at_10);
-  report.set_ndcg_at_10(m.ndcg_at_10);
-  observer_->OnEval(report);
-}
-
-void Trainer::ReportData(int64_t epoch) {
-  if (collectives_->rank() != 0) return;
-  v1::DataReport report = data_.report;
-  report.set_epoch(epoch);
-  observer_->OnData(report);
-}
-
-absl::Status Trainer::Diagnose(v1::GuardEvent event, const std::string& reason) {
-  event.set_kind(v1::GuardEvent::KIND_DIAGNOSIS);
-  std::string diagnosis = absl::StrCat("guard: step ", event.step(), ": ", reason);
-  if (!event.module().empty()) {
-    absl::StrAppend(&diagnosis, "; first non-finite gradient: ", event.module(), " on rank ",
-                    event.rank());
-  }
-  switch (event.verdict()) {
-    case v1::GuardEvent::VERDICT_DETERMINISTIC:
-      absl::StrAppend(&diagnosis,
-                      "; deterministic: a re-run on the same state and batch was as bad, so the "
-                      "weights or the data cause it");
-      break;
-    case v1::GuardEvent::VERDICT_TRANSIENT:
-      absl::StrAppend(&diagnosis, "; transient: a re-run was healthy");
-      break;
-    default:
-      break;
-  }
-  if (event.document_ids_size() > 0) {
-    absl::StrAppend(&diagnosis, "; the step's documents (lines of ", spec_.data().path(),
-                    ", from 0): ", absl::StrJoin(event.document_ids(), ","));
-  }
-  event.set_message(diagnosis);
-  ReportGuard(event);
-  return absl::FailedPreconditionError(diagnosis);
+  const std::optional<RankingMetrics> metrics = RankHeldOut(
+      *data_.eval, spec_.data().micro_batch_size(), *objective_, decoder_, state_.get(), device_);
+  if (metrics) reports_.Eval(step, *metrics);
 }
 
 absl::Status Trainer::Export() {
   // A sharded model is gathered one bucket at a time, on every rank; rank 0
   // writes. The whole model exists once, in fp32, on each rank meanwhile.
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  if (sharded_) {
-    tensors = sharded_->GatherFullTensors(/*trainable_only=*/lora_.has_value());
-  } else {
-    for (const std::string& name : params_.names()) tensors.emplace_back(name, params_.get(name));
-  }
-  if (!writes_shared_files()) return absl::OkStatus();
+  const std::vector<std::pair<std::string, at::Tensor>> tensors =
+      state_->FullTensors(/*trainable_only=*/lora_.has_value());
+  if (!reports_.writes_shared_files()) return absl::OkStatus();
   absl::Status s;
   fs::path dir;
   if (lora_) {
     dir = fs::path(out_dir_) / "adapter";
     ParamStore adapters;
-    if (sharded_) {
-      for (auto& [name, t] : tensors) adapters.Add(name, t, ParamStore::kNoLayer, true);
-    }
-    s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, sharded_ ? adapters : params_);
+    for (const auto& [name, t] : tensors) adapters.Add(name, t, ParamStore::kNoLayer, true);
+    s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, adapters);
   } else {
     dir = fs::path(out_dir_) / "model";
     s = ExportHfModel(spec_.model().path(), dir.string(), tensors);
   }
-  if (s.ok()) Log("info", absl::StrCat("exported ", dir.string()));
+  if (s.ok()) reports_.Log("info", absl::StrCat("exported ", dir.string()));
   return s;
-}
-
-// One step's metrics to the observer; a skipped or recovered step is also a
-// guard event.
-void Trainer::Report(const StepRecord& m, const GuardVerdict& verdict) {
-  v1::StepMetrics out;
-  out.set_step(m.step);
-  out.set_max_steps(spec_.max_steps());
-  if (m.loss) out.set_loss(*m.loss);  // absent: the step had no supervised tokens
-  out.set_grad_norm(m.grad_norm);
-  out.set_lr(m.lr);
-  out.set_tokens(m.tokens);
-  out.set_supervised_tokens(m.supervised_tokens);
-  out.set_tokens_per_s(m.step_time_s > 0 ? m.tokens / m.step_time_s : 0);
-  out.set_step_time_s(m.step_time_s);
-  out.set_skipped(m.skipped);
-  out.set_peak_memory_bytes(m.peak_memory_bytes);
-  out.set_communicated_bytes(m.communicated_bytes);
-  observer_->OnStep(out);
-  // A rollback reports itself (Rollback).
-  if (verdict.action == GuardAction::kSkip || verdict.rerun == RerunVerdict::kTransient) {
-    ReportGuard(anomaly_);
-  }
-}
-
-// The event to the job's stream (where `ballast watch` prints it), and a line
-// to the rank's log (stderr) for a standalone run.
-void Trainer::ReportGuard(const v1::GuardEvent& event) {
-  observer_->OnGuard(event);
-  std::string kind = v1::GuardEvent::Kind_Name(event.kind());
-  kind = absl::AsciiStrToLower(absl::StripPrefix(kind, "KIND_"));
-  std::cerr << "ballast-train: guard " << kind << " at step " << event.step() << ": "
-            << event.message() << std::endl;
-}
-
-// A line for the rank log (stderr) and the job's event stream.
-void Trainer::Log(const std::string& level, const std::string& text) {
-  std::cerr << "ballast-train: " << text << std::endl;
-  observer_->OnLog(level, text);
 }
 
 }  // namespace ballast::train

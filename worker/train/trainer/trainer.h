@@ -7,7 +7,11 @@
 // The loss of every micro-batch is divided by the supervised-token count of
 // the whole optimizer step over all ranks (never per micro-batch, never by
 // numel). The model, the objective, the guard and the collectives are
-// components the step calls, each in its own folder of worker/train/.
+// components the step calls, each in its own folder of worker/train/; the
+// model is a TrainedState (recovery/trained_state.h), whole on one rank and
+// sharded over several, and the step never asks which. Run() adds resume,
+// checkpoints, snapshots and rollbacks (Recovery, recovery/recovery.h) and
+// the reports (Reporter, reporter.h).
 //
 // Thread-compatible: one thread drives a Trainer.
 #ifndef BALLAST_WORKER_TRAIN_TRAINER_TRAINER_H_
@@ -30,14 +34,14 @@
 #include "worker/train/data/training_data.h"
 #include "worker/train/guard/fault_injection.h"
 #include "worker/train/guard/guard.h"
-#include "worker/train/guard/snapshot_ring.h"
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/param_store.h"
 #include "worker/train/objective/objective.h"
 #include "worker/train/optim/adamw.h"
-#include "worker/train/shard/sharded_model.h"
-#include "worker/train/trainer/metrics_log.h"
+#include "worker/train/recovery/recovery.h"
+#include "worker/train/recovery/trained_state.h"
+#include "worker/train/trainer/reporter.h"
 #include "worker/train/trainer/training_observer.h"
 
 namespace ballast::train {
@@ -107,22 +111,21 @@ class Trainer {
   absl::Status Run();
 
   // One optimizer step from `*position`, which it advances (step and data
-  // cursor). The returned record is what metrics.jsonl gets; `verdict` is
-  // what the ranks agreed the guard does with the step (the update is
-  // applied only for kApply; after a transient fault, the re-run's). May
-  // throw c10::Error from LibTorch.
-  StepRecord Step(TrainPosition* position, GuardVerdict* verdict);
+  // cursor). The returned metrics are what metrics.jsonl and the observer
+  // get; `verdict` is what the ranks agreed the guard does with the step
+  // (the update is applied only for kApply; after a transient fault, the
+  // re-run's; its reason is the skip's). May throw c10::Error from LibTorch.
+  v1::StepMetrics Step(TrainPosition* position, GuardVerdict* verdict);
 
-  // The whole model of a single-rank job (empty when sharded).
-  const ParamStore& params() const { return params_; }
-  // The sharded model of a multi-rank job (null for one rank).
-  const ShardedModel* sharded() const { return sharded_.get(); }
+  // Every tensor of the model, by name (a sharded model's hold data only
+  // while their unit is gathered).
+  const ParamStore& params() const { return state_->weights(); }
   const AdamW& optimizer() const { return optimizer_; }
 
  private:
   Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
-          ParamStore params, std::unique_ptr<ShardedModel> sharded, std::optional<LoraConfig> lora,
-          TrainingData data, std::unique_ptr<Objective> objective);
+          std::unique_ptr<TrainedState> state, std::optional<LoraConfig> lora, TrainingData data,
+          std::unique_ptr<Objective> objective);
 
   // What one run of a step's forward and backward measured, over all ranks.
   struct StepNumbers {
@@ -133,80 +136,42 @@ class Trainer {
     // buckets), over all ranks; empty when no forward ran.
     std::vector<double> sum_squares;
   };
-  // Each trainable tensor's global gradient sum of squares, by name; only
-  // measured for a step whose gradient is not finite.
-  struct TensorNorms {
-    std::vector<std::string> names;
-    std::vector<double> sum_squares;
-  };
 
-  // What the optimizer updates: the whole model's trainable tensors, or this
-  // rank's trainable shards.
-  ParamStore& trained() { return sharded_ ? sharded_->masters() : params_; }
-  bool writes_shared_files() const { return collectives_->rank() == 0; }
   absl::Status RunSteps();
-  // The checkpoint to resume from (see TrainerOptions::resume_at_or_before).
-  absl::StatusOr<std::optional<std::string>> ResumeCheckpoint() const;
-  // FAILED_PRECONDITION (reported as a guard event) when the state is not
-  // finite and nothing was written.
-  absl::Status SaveCheckpointAt(const TrainPosition& position, CheckpointHealth health);
-  // Snapshots, and the good marks of snapshots and checkpoints, after an
-  // applied step.
-  absl::Status AfterAppliedStep(const TrainPosition& position);
-  // Whether a good snapshot or checkpoint from before `step` exists.
-  bool HasGoodStateBefore(int64_t step) const;
-  // Restores the trained state from a checkpoint folder, either layout.
-  absl::StatusOr<TrainPosition> LoadState(const std::string& dir);
   // Forward and backward of the step's micro-batches, the reductions, and
   // the step's one read from the device. `rerun`: the guard's second run.
   StepNumbers Compute(const std::vector<PackedBatch>& micro_batches, int64_t step, bool rerun);
-  // Fills the record's loss, grad_norm and counts, and returns what the
+  // Fills the metrics' loss, grad_norm and counts, and returns what the
   // guard judges. When the gradient is not finite, also `norms`, and the
   // first non-finite tensor and its rank in the health (every rank must
   // call it then: it reduces).
-  StepHealth Measure(const StepNumbers& numbers, StepRecord* record, TensorNorms* norms);
+  StepHealth Measure(const StepNumbers& numbers, v1::StepMetrics* metrics, TensorNorms* norms);
   // The guard's verdict on the step, agreed by every rank.
   GuardVerdict Judge(const StepHealth& health);
   void ClearGradients();
-  // anomaly_ for a step the guard did not apply as it came.
-  void DescribeAnomaly(const TensorNorms& norms, const StepHealth& health,
-                       const GuardVerdict& verdict, int64_t first_document);
-  // The step's time, traffic and peak memory.
-  void FinishRecord(std::chrono::steady_clock::time_point start, int64_t communicated_before,
-                    StepRecord* record) const;
-  // The data positions [cursor, cursor + rows) that `event` makes the job
-  // skip: their documents' count and the lines of the first 64.
-  void SetSkippedDocuments(int64_t cursor, int64_t rows, v1::GuardEvent* event);
-  // The DataReport of `epoch`, from rank 0.
-  void ReportData(int64_t epoch);
+  // The step's time, throughput, traffic and peak memory.
+  void FinishMetrics(std::chrono::steady_clock::time_point start, int64_t communicated_before,
+                     v1::StepMetrics* metrics) const;
+  // Writes and reports the checkpoint of `position` (Recovery::SaveCheckpoint
+  // for `last` and the errors; a refusal is reported as a guard event).
+  absl::Status Checkpoint(const TrainPosition& position, bool last);
+  // Goes back to the newest good snapshot or checkpoint from before the
+  // trouble, past the data that led there, or fails with the guard's
+  // diagnosis when it cannot.
+  absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position);
   // Ranks the held-out groups (reranker.eval_path) and reports MRR@10 and
   // NDCG@10 of `step`; nothing without them.
   void Evaluate(int64_t step);
-  // Goes back to the newest good snapshot or checkpoint from before the
-  // trouble, or fails with the guard's diagnosis when it cannot.
-  absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position,
-                        MetricsLog* metrics);
-  // Reports the diagnosis of `event` (the bad step) and returns it as
-  // FAILED_PRECONDITION.
-  absl::Status Diagnose(v1::GuardEvent event, const std::string& reason);
   absl::Status Export();
-  void Report(const StepRecord& record, const GuardVerdict& verdict);
-  void ReportGuard(const v1::GuardEvent& event);
-  void Log(const std::string& level, const std::string& text);
 
   const v1::JobSpec spec_;
   const std::string out_dir_;
-  const std::string checkpoints_dir_;
-  const std::string kept_checkpoints_dir_;
-  const std::optional<int64_t> resume_at_or_before_;
   const c10::Device device_;
   SingleRank single_rank_;
   Collectives* const collectives_;
-  NullObserver null_observer_;
-  TrainingObserver* const observer_;
+  Reporter reports_;
   ModelConfig config_;
-  ParamStore params_;
-  std::unique_ptr<ShardedModel> sharded_;
+  std::unique_ptr<TrainedState> state_;
   std::optional<LoraConfig> lora_;
   TrainingData data_;
   StepBatches batches_;
@@ -215,9 +180,7 @@ class Trainer {
   AdamW optimizer_;
   Guard guard_;
   FaultInjection injection_;
-  SnapshotRing snapshots_;
-  // Checkpoints saved unverified that may still become good, by step.
-  std::vector<int64_t> unverified_checkpoints_;
+  Recovery recovery_;
   // The guard event of the step in progress, when it was not applied as it
   // came.
   v1::GuardEvent anomaly_;

@@ -92,18 +92,18 @@ TEST_F(TrainerTest, StepAppliesAnUpdateAndAdvancesTheStepAndTheCursor) {
   const auto before = TrainableCopy(*t);
   TrainPosition pos;
   GuardVerdict verdict;
-  StepRecord r = t->Step(&pos, &verdict);
+  v1::StepMetrics r = t->Step(&pos, &verdict);
 
   EXPECT_EQ(pos.step, 1);
   EXPECT_EQ(pos.data_cursor, 4);  // micro_batch_size 2 x grad_accum_steps 2
-  EXPECT_EQ(r.step, 1);
+  EXPECT_EQ(r.step(), 1);
   EXPECT_EQ(verdict.action, GuardAction::kApply);
-  EXPECT_FALSE(r.skipped);
-  ASSERT_TRUE(r.loss.has_value());
-  EXPECT_TRUE(std::isfinite(*r.loss));
-  EXPECT_GT(r.grad_norm, 0);
-  EXPECT_GT(r.supervised_tokens, 0);
-  EXPECT_LT(r.supervised_tokens, r.tokens);  // each document's last token has no target
+  EXPECT_FALSE(r.skipped());
+  ASSERT_TRUE(r.has_loss());
+  EXPECT_TRUE(std::isfinite(r.loss()));
+  EXPECT_GT(r.grad_norm(), 0);
+  EXPECT_GT(r.supervised_tokens(), 0);
+  EXPECT_LT(r.supervised_tokens(), r.tokens());  // each document's last token has no target
   EXPECT_FALSE(Unchanged(*t, before));
   EXPECT_EQ(t->optimizer().steps(), 1);
   for (const std::string& n : t->params().TrainableNames()) {
@@ -135,11 +135,11 @@ TEST_F(TrainerTest, StepLossIsTheSumOverItsMicroBatchesDividedByTheStepsSupervis
   }
   TrainPosition pos;
   GuardVerdict verdict;
-  StepRecord r = t->Step(&pos, &verdict);
-  EXPECT_EQ(r.supervised_tokens, count);
-  ASSERT_TRUE(r.loss.has_value());
+  v1::StepMetrics r = t->Step(&pos, &verdict);
+  EXPECT_EQ(r.supervised_tokens(), count);
+  ASSERT_TRUE(r.has_loss());
   // fp32 sums of a few dozen tokens: agreement to 1e-5 relative.
-  EXPECT_NEAR(*r.loss, sum / count, 1e-5 * std::abs(sum / count));
+  EXPECT_NEAR(r.loss(), sum / count, 1e-5 * std::abs(sum / count));
 }
 
 TEST_F(TrainerTest, StepWithoutSupervisedTokensIsSkippedAndHasNoLoss) {
@@ -149,13 +149,13 @@ TEST_F(TrainerTest, StepWithoutSupervisedTokensIsSkippedAndHasNoLoss) {
   const auto before = TrainableCopy(*t);
   TrainPosition pos;
   GuardVerdict verdict;
-  StepRecord r = t->Step(&pos, &verdict);
+  v1::StepMetrics r = t->Step(&pos, &verdict);
   EXPECT_EQ(verdict.action, GuardAction::kSkip);
-  EXPECT_TRUE(r.skipped);
-  EXPECT_EQ(r.skip_reason, "no supervised tokens");
-  EXPECT_FALSE(r.loss.has_value());
-  EXPECT_EQ(r.supervised_tokens, 0);
-  EXPECT_GT(r.tokens, 0);
+  EXPECT_TRUE(r.skipped());
+  EXPECT_EQ(verdict.reason, "no supervised tokens");
+  EXPECT_FALSE(r.has_loss());
+  EXPECT_EQ(r.supervised_tokens(), 0);
+  EXPECT_GT(r.tokens(), 0);
   EXPECT_EQ(pos.step, 1);  // the step counts: its batch is not retried
   EXPECT_TRUE(Unchanged(*t, before));
 }
@@ -168,10 +168,10 @@ TEST_F(TrainerTest, ANonFiniteStepNeverReachesTheWeights) {
   t->Step(&pos, &verdict);
   ASSERT_EQ(verdict.action, GuardAction::kApply);
   const auto before = TrainableCopy(*t);
-  StepRecord r = t->Step(&pos, &verdict);
+  v1::StepMetrics r = t->Step(&pos, &verdict);
   EXPECT_EQ(verdict.action, GuardAction::kSkip);
-  EXPECT_TRUE(r.skipped);
-  EXPECT_THAT(r.skip_reason, HasSubstr("non-finite"));
+  EXPECT_TRUE(r.skipped());
+  EXPECT_THAT(verdict.reason, HasSubstr("non-finite"));
   EXPECT_TRUE(Unchanged(*t, before));
   EXPECT_EQ(t->optimizer().steps(), 1);
 }
