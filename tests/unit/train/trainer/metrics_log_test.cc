@@ -62,9 +62,8 @@ TEST_F(MetricsLogTest, ALineHasEveryFieldWithIntegersAsNumbers) {
   const std::vector<std::string> lines = Lines();
   ASSERT_EQ(lines.size(), 1u);
   const nlohmann::json line = nlohmann::json::parse(lines[0]);
-  for (const char* name :
-       {"step", "max_steps", "tokens", "supervised_tokens", "peak_memory_bytes",
-        "communicated_bytes"}) {
+  for (const char* name : {"step", "max_steps", "tokens", "supervised_tokens", "peak_memory_bytes",
+                           "communicated_bytes"}) {
     ASSERT_TRUE(line.contains(name)) << name;
     EXPECT_TRUE(line[name].is_number_integer()) << name << " is " << line[name];
   }
