@@ -9,6 +9,10 @@ PYTHON ?= python3
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE ?= 5G
+# Builds with -g hash their build folder unless told not to, so a second
+# checkout (a git worktree) missed every object of the first; the price is
+# debug info that may name the other checkout's build folder.
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: setup configure build test fuzz demo bench soak images demo-containers format format-check clean
 
