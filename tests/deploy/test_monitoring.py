@@ -34,9 +34,10 @@ def scrape(address):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """The metric names that a fresh ballastd and a ballast-worker declare on
-    their /metrics (every family is declared, with or without samples), with
-    the series names of their histograms."""
+    """The metric names that a fresh ballastd and a ballast-worker show on
+    their /metrics, with the series names of their histograms. prometheus-cpp
+    leaves out a labelled family until it has a series, so ballastd answers one
+    JobService call first (the requests' families then have theirs)."""
     root = tmp_path_factory.mktemp("ballastd")
     ready = root / "ready.json"
     ballastd = subprocess.Popen([os.path.join(BIN, "ballastd"), "--listen", "127.0.0.1:0", "--http",
@@ -50,6 +51,9 @@ def exported(tmp_path_factory):
             assert time.time() < deadline and ballastd.poll() is None, "ballastd did not start"
             time.sleep(0.1)
         addresses = json.loads(ready.read_text())
+        listed = subprocess.run([os.path.join(BIN, "ballast"), "list", "--coordinator",
+                                 addresses["grpc"]], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
         text = scrape(addresses["http"])
         worker = subprocess.Popen([os.path.join(BIN, "ballast-worker"), "--coordinator",
                                    addresses["grpc"], "--cpu-slots", "1", "--work-dir",
