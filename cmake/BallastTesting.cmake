@@ -31,13 +31,19 @@ endfunction()
 
 # ballast_pytest(NAME ctest_name FILE path [ARGS ...]): one pytest file as one
 # CTest test. Exit code 5 (nothing collected) is a failure, never a pass.
+# HF5: runs under build/hf5/bin/python, the transformers 5.x reference venv
+# that `make setup` makes (scripts/python-requirements-hf5.txt says why).
 function(ballast_pytest)
-  cmake_parse_arguments(ARG "" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "HF5" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 900)
   endif()
+  set(_python ${Python3_EXECUTABLE})
+  if(ARG_HF5)
+    set(_python ${CMAKE_SOURCE_DIR}/build/hf5/bin/python)
+  endif()
   add_test(NAME ${ARG_NAME}
-           COMMAND ${Python3_EXECUTABLE} -m pytest -q -x -p no:cacheprovider
+           COMMAND ${_python} -m pytest -q -x -p no:cacheprovider
                    ${CMAKE_SOURCE_DIR}/${ARG_FILE} ${ARG_ARGS}
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(${ARG_NAME} PROPERTIES
