@@ -1,4 +1,4 @@
-"""What the ballast-train benchmarks share: the tiny Qwen3 they train, the
+"""What the ballast-train benchmarks share: the tiny Qwen3 and Qwen3.5 they train, the
 LoRA job they write, and one run of ballast-train read back from its
 metrics.jsonl."""
 import json
@@ -17,6 +17,24 @@ def save_qwen3_tiny(path):
     cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=4, head_dim=32,
                       max_position_embeddings=1024, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+
+
+def save_qwen3_5_tiny(path):
+    """The benchmarks' Qwen3.5 text model, the hybrid at the same width as
+    save_qwen3_tiny: 4 layers (3 Gated DeltaNet, 1 gated full attention,
+    transformers' default pattern), hidden 256, 8 heads / 4 KV of head_dim 32
+    with a quarter of it rotated, linear heads 4 key / 8 value of dim 32,
+    vocabulary 4096, seed 0. Needs transformers 5.x (build/hf5)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(vocab_size=4096, hidden_size=256, intermediate_size=768,
+                            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                            head_dim=32, linear_num_key_heads=4, linear_num_value_heads=8,
+                            linear_key_head_dim=32, linear_value_head_dim=32,
+                            max_position_embeddings=1024, tie_word_embeddings=True)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
 
 

@@ -1,8 +1,11 @@
 """Benchmark: ballast-train against transformers + peft on the same tiny
-Qwen3, data and optimizer, on CPU, measured side by side in one run.
+model, data and optimizer, on CPU, measured side by side in one run.
 
 Setup (issue 3): 4 layers, hidden 256, 8 heads, vocab 4096, seq 512, LoRA r=16
-all-linear, fp32, AdamW. Each side runs as its own process; tokens/s is taken
+all-linear, fp32, AdamW. --model qwen3 (the default) or qwen3_5, the hybrid of
+bench/train_jobs.py, whose reference runs under transformers 5.x (the venv
+build/hf5) with transformers' torch fallback of the gated delta rule and the
+conv, which is what users without fla and causal-conv1d train with. Each side runs as its own process; tokens/s is taken
 over the steps after warm-up, peak RSS by polling the process every 10 ms.
 The sides alternate for ROUNDS rounds and each reports its median, because a
 single 10-step run on these shared machines varies by +-10%.
@@ -22,15 +25,18 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
-from train_jobs import save_qwen3_tiny, write_lora_job  # noqa: E402
+from train_jobs import save_qwen3_5_tiny, save_qwen3_tiny, write_lora_job  # noqa: E402
+
+MODELS = {"qwen3": save_qwen3_tiny, "qwen3_5": save_qwen3_5_tiny}
+HF5_PYTHON = os.path.join(HERE, "..", "build", "hf5", "bin", "python")
 
 SEQ, MBS, STEPS, WARMUP, ROUNDS = 512, 4, 12, 2, 3
 
 
-def make_inputs(root):
+def make_inputs(root, model):
     import torch
 
-    save_qwen3_tiny(os.path.join(root, "model"))
+    MODELS[model](os.path.join(root, "model"))
     g = torch.Generator().manual_seed(1)
     with open(os.path.join(root, "data.jsonl"), "w") as f:
         for _ in range(MBS * STEPS):
@@ -40,6 +46,10 @@ def make_inputs(root):
 
 def run_reference(root):
     """transformers + peft + torch.optim.AdamW, batched [MBS, SEQ] as HF Trainer runs it."""
+    # fla, when installed, replaces transformers' torch path of the gated
+    # delta rule with Triton kernels that need a GPU; on CPU the torch path is
+    # the baseline.
+    sys.modules.setdefault("fla", None)
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -89,14 +99,24 @@ def measure(cmd):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default=os.path.join(HERE, "..", "build", "bin"))
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3")
     parser.add_argument("--reference", help=argparse.SUPPRESS)
+    parser.add_argument("--make-inputs", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.make_inputs:
+        make_inputs(args.make_inputs, args.model)
+        return
     if args.reference:
         run_reference(args.reference)
         return
 
     with tempfile.TemporaryDirectory() as root:
-        make_inputs(root)
+        python = HF5_PYTHON if args.model == "qwen3_5" else sys.executable
+        if python != sys.executable:  # the model is written by transformers 5.x too
+            subprocess.run([python, __file__, "--make-inputs", root, "--model", args.model],
+                           check=True)
+        else:
+            make_inputs(root, args.model)
         job = write_lora_job(root, "job", os.path.join(root, "model"),
                              {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
                               "micro_batch_size": MBS, "shuffle": False}, STEPS, precision="fp32")
@@ -109,7 +129,7 @@ def main():
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 ours_tps.append(tokens_per_s([json.loads(line)["step_time_s"] for line in f]))
             ours_rss.append(rss)
-            out, rss = measure([sys.executable, __file__, "--reference", root])
+            out, rss = measure([python, __file__, "--reference", root])
             ref_tps.append(tokens_per_s(json.loads(out)["step_time_s"]))
             ref_rss.append(rss)
 
@@ -117,7 +137,8 @@ def main():
     round_ratios = [o / r for o, r in zip(ours_tps, ref_tps)]
     ours_tps, ref_tps = statistics.median(ours_tps), statistics.median(ref_tps)
     ours_rss, ref_rss = statistics.median(ours_rss), statistics.median(ref_rss)
-    name = "trainer_cpu/qwen3-tiny lora r16 seq512 vs transformers+peft"
+    name = (f"trainer_cpu/{args.model.replace('_', '.')}-tiny lora r16 seq512 vs "
+            f"transformers {'5.x' if args.model == 'qwen3_5' else '4.x'}+peft")
     print(f"{name}: {ours_tps / ref_tps:.2f}x tokens/s ({ours_tps:.0f} vs {ref_tps:.0f}), "
           f"{ours_rss / ref_rss:.2f}x peak RSS ({ours_rss / 2**20:.0f} vs {ref_rss / 2**20:.0f} MiB) "
           f"(median of {ROUNDS} alternating runs; per round "
