@@ -2,7 +2,10 @@
 the same binary on the CPU, the guard with injected faults on the GPU, the
 tasks (generative reranker, block diffusion) on the GPU against the CPU, then
 a Qwen3-0.6B-shaped model at 4k tokens per document, LoRA and full finetune,
-with tokens/s, MFU and peak device memory.
+with tokens/s, MFU and peak device memory, then a Qwen3.5-4B-shaped hybrid
+(Gated DeltaNet and gated attention, head_dim 256) in one document of 69,632
+and of 131,072 tokens: the lengths at which the seed's run got grad_norm inf
+and NaN (DESIGN.md).
 
 Run by scripts/gpu-check (see its header); by hand:
   python3 scripts/gpu_training_check.py --train .gpu-deps/train/ballast-train \
@@ -248,6 +251,118 @@ def shaped_runs(train, work, rows):
     return ok
 
 
+QWEN3_5_4B = dict(vocab_size=248320, hidden_size=2560, intermediate_size=9216,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                 linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                 linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True)
+
+
+def qwen3_5_4b_model(path, layers):
+    """Qwen3.5-4B's text shapes with `layers` layers (every fourth full
+    attention, as the checkpoint), random bf16 weights, written as
+    transformers 5.x saves Qwen3_5ForCausalLM: the GPU machine has
+    transformers 4.x only, so the tensors are written here by name."""
+    from safetensors.torch import save_file
+
+    c = QWEN3_5_4B
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                   for i in range(layers)]
+    config = {**c, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+              "num_hidden_layers": layers, "layer_types": layer_types, "hidden_act": "silu",
+              "max_position_embeddings": 262144, "attention_bias": False,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                                  "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                  "mrope_interleaved": True}}
+    h, d = c["hidden_size"], c["head_dim"]
+    key_dim = c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    value_dim = c["linear_num_value_heads"] * c["linear_value_head_dim"]
+    hv = c["linear_num_value_heads"]
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    for i, kind in enumerate(layer_types):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       p + "mlp.gate_proj.weight": (c["intermediate_size"], h),
+                       p + "mlp.up_proj.weight": (c["intermediate_size"], h),
+                       p + "mlp.down_proj.weight": (h, c["intermediate_size"])})
+        if kind == "full_attention":
+            q = c["num_attention_heads"] * d
+            kv = c["num_key_value_heads"] * d
+            shapes.update({p + "self_attn.q_proj.weight": (2 * q, h),
+                           p + "self_attn.k_proj.weight": (kv, h),
+                           p + "self_attn.v_proj.weight": (kv, h),
+                           p + "self_attn.o_proj.weight": (h, q),
+                           p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        else:
+            shapes.update({p + "linear_attn.in_proj_qkv.weight": (2 * key_dim + value_dim, h),
+                           p + "linear_attn.in_proj_z.weight": (value_dim, h),
+                           p + "linear_attn.in_proj_b.weight": (hv, h),
+                           p + "linear_attn.in_proj_a.weight": (hv, h),
+                           p + "linear_attn.conv1d.weight": (2 * key_dim + value_dim, 1,
+                                                             c["linear_conv_kernel_dim"]),
+                           p + "linear_attn.A_log": (hv,), p + "linear_attn.dt_bias": (hv,),
+                           p + "linear_attn.norm.weight": (c["linear_value_head_dim"],),
+                           p + "linear_attn.out_proj.weight": (h, value_dim)})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tensors = {}
+    for name, shape in shapes.items():
+        if name.endswith("A_log"):  # transformers' init: log of uniform(0.01, 16)
+            t = torch.empty(shape, device="cuda").uniform_(0.01, 16, generator=g).log()
+        elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+            t = torch.ones(shape, device="cuda")
+        elif "norm" in name:  # zero-centred: (1 + w)
+            t = torch.zeros(shape, device="cuda")
+        else:
+            t = torch.randn(shape, device="cuda", generator=g) * 0.02
+        tensors[name] = t.to(torch.bfloat16).cpu()
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return config, sum(t.numel() for t in tensors.values())
+
+
+def qwen3_5_long_steps(train, work, rows):
+    """Two LoRA steps of a 4-layer Qwen3.5-4B-shaped hybrid (3 GDN, 1 gated
+    full attention, head_dim 256) on one document of 69,632 and of 131,072
+    tokens, bf16 with gradient checkpointing: every loss and grad_norm
+    finite, with tokens/s, MFU and peak device memory. MFU counts 6 x params
+    x tokens and the full-attention layer's causal QK^T and PV; the gated
+    delta rule's own FLOPs are left out, so it is understated."""
+    model = os.path.join(work, "qwen3.5-4b-shape")
+    config, params = qwen3_5_4b_model(model, layers=4)
+    gpu, peak = peak_flops()
+    ok = True
+    for tokens in (69632, 131072):
+        data = os.path.join(work, f"one-{tokens}.jsonl")
+        g = torch.Generator().manual_seed(tokens)
+        with open(data, "w") as f:
+            for _ in range(2):
+                f.write(json.dumps({"input_ids": torch.randint(
+                    0, config["vocab_size"], (tokens,), generator=g).tolist()}) + "\n")
+        spec = reference.base_spec(model, data, method="lora", precision="bf16", device="cuda",
+                                   max_steps=2, gradient_checkpointing=True,
+                                   data={"seq_len": tokens, "micro_batch_size": 1,
+                                         "shuffle": False})
+        metrics, wall = run(train, spec, os.path.join(work, f"qwen3.5-{tokens}"))
+        finite = len(metrics) == 2 and all(
+            m["loss"] is not None and math.isfinite(m["loss"]) and m["grad_norm"] is not None
+            and math.isfinite(m["grad_norm"]) and not m["skipped"] for m in metrics)
+        step_s = metrics[-1]["step_time_s"]
+        full_layers = config["layer_types"].count("full_attention")
+        attention = 3 * 2 * 2 * (tokens / 2) * tokens * config["num_attention_heads"] * \
+            config["head_dim"] * full_layers
+        flops = 6 * params * tokens + attention
+        mfu = f"{flops / step_s / peak:.1%}" if peak else "n/a (unknown peak)"
+        peak_mem = max(m["peak_memory_bytes"] for m in metrics) / 2**30
+        ok &= finite
+        rows.append(f"| Qwen3.5-4B shape (4 layers), LoRA, bf16, one document of {tokens:,} tokens | "
+                    f"loss {metrics[-1]['loss']}, grad_norm {metrics[-1]['grad_norm']}; "
+                    f"{tokens / step_s:,.0f} tokens/s, MFU {mfu} ({gpu}), peak {peak_mem:.1f} GiB, "
+                    f"{wall:.0f} s wall | {'pass' if finite else 'FAIL: not finite'} |")
+    return ok
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", required=True, help="the ballast-train binary")
@@ -265,16 +380,18 @@ def main():
         return 0
     rows = ["", "| training check | result | verdict |", "| --- | --- | --- |"]
     ok = True
-    for check in (parity, guard, tasks, shaped_runs):
+    for check in (parity, guard, tasks, shaped_runs, qwen3_5_long_steps):
         try:
             ok &= check(args.train, args.work, rows)
         except Exception as e:  # a failed run is a row of the report, not a lost report
             ok = False
             rows.append(f"| {check.__name__} | {str(e).splitlines()[0][:300]} | FAIL |")
             print(e, file=sys.stderr)
-    with open(args.report, "a") as f:
-        f.write("\n".join(rows) + "\n")
-    print("\n".join(rows))
+        # Written after every check, so that a timeout keeps what was measured.
+        with open(args.report, "a") as f:
+            f.write("\n".join(rows) + "\n")
+        print("\n".join(rows))
+        rows = []
     return 0 if ok else 1
 
 
