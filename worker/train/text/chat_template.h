@@ -26,10 +26,10 @@
 // "\n" after <|im_end|>. In each case that is what the model writes after
 // the template's generation prompt; so for qwen3_5, whose prompt already
 // opens the think block, a block with reasoning is trained from the
-// reasoning on, without its "<think>\n". The rendered text is tokenized whole, as
-// apply_chat_template does (the regex can join a header's "\n" to a "\n" that
-// content starts with), and a token is supervised when its last byte lies in
-// a supervised span.
+// reasoning on, without its "<think>\n". The rendered text is tokenized
+// whole, as apply_chat_template does (the regex can join a header's "\n" to
+// a "\n" that content starts with), and a token is supervised when its last
+// byte lies in a supervised span.
 //
 // Text that holds a special token's content is refused: apply_chat_template
 // would turn it into a control token, and training data must not. (A
@@ -82,8 +82,8 @@ class ChatTemplate {
   // from chat_template.jinja beside it when the config has none, as newer
   // transformers save it): qwen3_5 when it has <|im_start|>, <think> and
   // Qwen3.5's `reasoning_content|trim`, qwen3 when <|im_start|> and <think>
-  // only, chatml when <|im_start|> only, llama3 when <|start_header_id|> (also a
-  // 3.1+ template, which renders dates that llama3 does not).
+  // only, chatml when <|im_start|> only, llama3 when <|start_header_id|>
+  // (also a 3.1+ template, which renders dates that llama3 does not).
   // NOT_FOUND when the file or its chat_template is missing;
   // INVALID_ARGUMENT naming the file when it is not JSON or no built-in
   // matches.
