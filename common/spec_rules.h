@@ -158,7 +158,7 @@ inline constexpr SpecRule kSpecRules[] = {
      .default_kind = SpecDefault::kDerived,
      .shown = "from `tokenizer_config.json`",
      .allowed_kind = SpecAllowed::kOneOf,
-     .choices = "qwen3, chatml, llama3, none",
+     .choices = "qwen3, qwen3_5, chatml, llama3, none",
      .meaning = "chat template for `messages` and `prompt_completion`; `none` is plain prompt "
                 "+ completion + EOS"},
     {.key = "data.train_on",

@@ -6,7 +6,8 @@
 // mod 5 is the data format in DataFormat's order (messages,
 // prompt_completion, text, tokens, reranker); its value / 5 mod 2 picks
 // train_on (assistant, all); its value / 10 mod 2 whether a reranker group
-// needs a negative (listwise).
+// needs a negative (listwise); its value / 20 mod 2 the chat template (qwen3,
+// qwen3_5).
 //
 // Invariants beyond not crashing: a bad record is INVALID_ARGUMENT (the
 // tokenizer belongs to the model, so never FAILED_PRECONDITION), and every
@@ -61,8 +62,9 @@ DocumentEncoder MakeEncoder(int choice) {
   options.max_positives = 2;
   options.max_negatives = 3;
   options.max_tokens = kMaxTokens;
-  absl::StatusOr<ballast::train::ChatTemplate> chat = ballast::train::ChatTemplate::Named("qwen3");
-  Require(chat.ok(), "the qwen3 template exists", chat.status());
+  const char* name = (choice / (4 * kFormats)) % 2 == 0 ? "qwen3" : "qwen3_5";
+  absl::StatusOr<ballast::train::ChatTemplate> chat = ballast::train::ChatTemplate::Named(name);
+  Require(chat.ok(), "the chat template exists", chat.status());
   absl::StatusOr<DocumentEncoder> encoder =
       DocumentEncoder::Create(options, std::move(tokenizer), *std::move(chat));
   Require(encoder.ok(), "the encoder builds", encoder.status());
@@ -72,7 +74,7 @@ DocumentEncoder MakeEncoder(int choice) {
 const DocumentEncoder& Encoder(uint8_t choice) {
   static const auto* encoders = [] {
     auto* built = new std::vector<DocumentEncoder>;
-    for (int c = 0; c < 4 * kFormats; ++c) built->push_back(MakeEncoder(c));
+    for (int c = 0; c < 8 * kFormats; ++c) built->push_back(MakeEncoder(c));
     return built;
   }();
   return (*encoders)[choice % encoders->size()];

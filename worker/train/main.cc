@@ -513,9 +513,10 @@ CLI::App* AddTokenize(CLI::App& app, ballast::train::TokenizeLinesOptions* optio
                    "tokenizer.json, or a model folder holding one")
       ->required()
       ->check(CLI::ExistingPath);
-  tokenize->add_option("--template", options->chat_template,
-                       "Chat template for messages: qwen3, chatml or llama3 (default: from "
-                       "tokenizer_config.json)");
+  tokenize->add_option(
+      "--template", options->chat_template,
+      "Chat template for messages: qwen3, qwen3_5, chatml or llama3 (default: from "
+      "tokenizer_config.json)");
   tokenize->add_flag("--train-on-all", options->train_on_all,
                      "Mark every token of a chat trained, not only the assistant turns");
   tokenize->add_flag("--allow-special", options->allow_special,

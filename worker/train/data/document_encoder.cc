@@ -97,7 +97,8 @@ absl::StatusOr<DocumentEncoder> DocumentEncoder::Create(DocumentEncoderOptions o
   }
   if (options.format == DataFormat::kMessages && !chat_template) {
     return absl::InvalidArgumentError(
-        "data.format messages needs a chat template: set data.template to qwen3, chatml or llama3");
+        "data.format messages needs a chat template: set data.template to qwen3, qwen3_5, chatml "
+        "or llama3");
   }
   return DocumentEncoder(options, std::move(tokenizer), std::move(chat_template));
 }

@@ -189,9 +189,10 @@ absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::J
                    *format == DataFormat::kPromptCompletion)) {
         // prompt_completion without a chat template concatenates; messages
         // cannot do without one.
-        return absl::Status(resolved.status().code(),
-                            absl::StrCat(resolved.status().message(),
-                                         "; set data.template to qwen3, chatml or llama3"));
+        return absl::Status(
+            resolved.status().code(),
+            absl::StrCat(resolved.status().message(),
+                         "; set data.template to qwen3, qwen3_5, chatml or llama3"));
       }
     }
     if (!chat_template && chat) report->set_template_("none");

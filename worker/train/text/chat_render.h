@@ -26,9 +26,23 @@ struct ChatPiece {
 // The renderers below expect messages that passed.
 absl::Status CheckChat(absl::Span<const ChatMessage> messages);
 
-// Qwen3's template, without tools.
+// The checks that Qwen3.5's template makes before it renders anything:
+// INVALID_ARGUMENT naming the message for a system message after the first,
+// and for a conversation without a user query (a user message that is not a
+// tool result wrapped in <tool_response>...</tool_response>), where the
+// template raises. `messages` passed CheckChat.
+absl::Status CheckQwen3_5Chat(absl::Span<const ChatMessage> messages);
+
+// Qwen3's template, without tools. `enable_thinking` false closes an empty
+// think block in the generation prompt.
 std::vector<ChatPiece> RenderQwen3(absl::Span<const ChatMessage> messages,
-                                   bool add_generation_prompt);
+                                   bool add_generation_prompt, bool enable_thinking);
+
+// Qwen3.5's template, without tools and images, for messages that passed
+// CheckQwen3_5Chat. The generation prompt opens a think block, or with
+// `enable_thinking` false holds an empty one.
+std::vector<ChatPiece> RenderQwen3_5(absl::Span<const ChatMessage> messages,
+                                     bool add_generation_prompt, bool enable_thinking);
 
 // ChatML, as Qwen2's and many others' templates without a default system.
 std::vector<ChatPiece> RenderChatml(absl::Span<const ChatMessage> messages,

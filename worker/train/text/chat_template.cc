@@ -82,10 +82,11 @@ absl::Status CheckNoSpecialTokens(const Tokenizer& tokenizer,
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Named(std::string_view name) {
   if (name == "qwen3") return ChatTemplate("qwen3", Kind::kQwen3);
+  if (name == "qwen3_5") return ChatTemplate("qwen3_5", Kind::kQwen3_5);
   if (name == "chatml") return ChatTemplate("chatml", Kind::kChatml);
   if (name == "llama3") return ChatTemplate("llama3", Kind::kLlama3);
-  return absl::InvalidArgumentError(absl::StrCat("chat template \"", std::string(name),
-                                                 "\" is not one of qwen3, chatml, llama3"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "chat template \"", std::string(name), "\" is not one of qwen3, qwen3_5, chatml, llama3"));
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& model_dir) {
@@ -112,27 +113,41 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& model_dir) 
   }
   const std::string& source = **jinja;
   if (source.find("<|im_start|>") != std::string::npos) {
-    return Named(source.find("<think>") != std::string::npos ? "qwen3" : "chatml");
+    if (source.find("<think>") == std::string::npos) return Named("chatml");
+    // Qwen3.5's template trims the reasoning (Qwen3's strips only "\n").
+    return Named(source.find("reasoning_content|trim") != std::string::npos ? "qwen3_5" : "qwen3");
   }
   if (source.find("<|start_header_id|>") != std::string::npos) return Named("llama3");
   return absl::InvalidArgumentError(
-      absl::StrCat(path.string(), ": its chat_template is none of the built-ins (qwen3, chatml, ",
-                   "llama3); set data.template"));
+      absl::StrCat(path.string(), ": its chat_template is none of the built-ins (qwen3, qwen3_5, ",
+                   "chatml, llama3); set data.template"));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> messages,
-                                                 bool add_generation_prompt) const {
-  if (absl::Status status = CheckChat(messages); !status.ok()) return status;
+                                                 bool add_generation_prompt,
+                                                 bool enable_thinking) const {
+  if (absl::Status status = Check(messages); !status.ok()) return status;
   std::string text;
-  for (const ChatPiece& piece : Pieces(messages, add_generation_prompt)) text.append(piece.text);
+  for (const ChatPiece& piece : Pieces(messages, add_generation_prompt, enable_thinking)) {
+    text.append(piece.text);
+  }
   return text;
 }
 
+absl::Status ChatTemplate::Check(absl::Span<const ChatMessage> messages) const {
+  if (absl::Status status = CheckChat(messages); !status.ok()) return status;
+  if (kind_ == Kind::kQwen3_5) return CheckQwen3_5Chat(messages);
+  return absl::OkStatus();
+}
+
 std::vector<ChatPiece> ChatTemplate::Pieces(absl::Span<const ChatMessage> messages,
-                                            bool add_generation_prompt) const {
+                                            bool add_generation_prompt,
+                                            bool enable_thinking) const {
   switch (kind_) {
     case Kind::kQwen3:
-      return RenderQwen3(messages, add_generation_prompt);
+      return RenderQwen3(messages, add_generation_prompt, enable_thinking);
+    case Kind::kQwen3_5:
+      return RenderQwen3_5(messages, add_generation_prompt, enable_thinking);
     case Kind::kChatml:
       return RenderChatml(messages, add_generation_prompt);
     case Kind::kLlama3:
@@ -158,7 +173,7 @@ absl::Status ChatTemplate::CheckTokenizer(const Tokenizer& tokenizer) const {
 absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
                                                  absl::Span<const ChatMessage> messages,
                                                  TrainOn train_on) const {
-  if (absl::Status status = CheckChat(messages); !status.ok()) return status;
+  if (absl::Status status = Check(messages); !status.ok()) return status;
   if (absl::Status status = CheckTokenizer(tokenizer); !status.ok()) return status;
   if (absl::Status status = CheckNoSpecialTokens(tokenizer, messages); !status.ok()) {
     return status;
@@ -169,7 +184,8 @@ absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
   // every piece of a message borders on an ASCII character of the template
   // ("\n" before, "<" or "\n" after) that neither composes nor reorders
   // with its neighbour; the comparison below proves it for each chat.
-  const std::vector<ChatPiece> pieces = Pieces(messages, /*add_generation_prompt=*/false);
+  const std::vector<ChatPiece> pieces =
+      Pieces(messages, /*add_generation_prompt=*/false, /*enable_thinking=*/true);
   std::string text;
   std::string expected;
   std::vector<size_t> piece_ends;

@@ -6,6 +6,13 @@
 //    reasoning is shown in the assistant turns after the last user query
 //    and dropped before it; the last turn always gets a think block, empty
 //    when it has no reasoning.
+//  - "qwen3_5": Qwen3.5's template (Qwen/Qwen3.5-* chat_template.jinja)
+//    without tools and images (the `tool` role is kept). Each message's
+//    text is trimmed as Python's str.strip() does; every assistant turn
+//    after the last user query gets a think block, empty when it has no
+//    reasoning (the non-thinking form), and the turns before it get none.
+//    A system message after the first, and a chat without a user query,
+//    are refused, as the template raises on them.
 //  - "chatml": <|im_start|>{role}\n{content}<|im_end|>\n per message.
 //  - "llama3": Llama 3.0 instruct: <|begin_of_text|>, then per message
 //    <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>.
@@ -16,10 +23,13 @@
 // its end-of-turn token (<|im_end|> or <|eot_id|>), and a qwen3 think block
 // when it holds reasoning; not the headers, not the empty think block of a
 // turn without reasoning (nothing to learn there but the template), not the
-// "\n" after <|im_end|>. The rendered text is tokenized whole, as
-// apply_chat_template does (the regex can join a header's "\n" to a "\n" that
-// content starts with), and a token is supervised when its last byte lies in
-// a supervised span.
+// "\n" after <|im_end|>. In each case that is what the model writes after
+// the template's generation prompt; so for qwen3_5, whose prompt already
+// opens the think block, a block with reasoning is trained from the
+// reasoning on, without its "<think>\n". The rendered text is tokenized
+// whole, as apply_chat_template does (the regex can join a header's "\n" to
+// a "\n" that content starts with), and a token is supervised when its last
+// byte lies in a supervised span.
 //
 // Text that holds a special token's content is refused: apply_chat_template
 // would turn it into a control token, and training data must not. (A
@@ -48,8 +58,8 @@ struct ChatPiece;  // chat_render.h
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
-  // The record's reasoning_content, when it has one (qwen3 only; the other
-  // templates ignore it, as theirs do).
+  // The record's reasoning_content, when it has one (qwen3 and qwen3_5 only;
+  // the other templates ignore it, as theirs do).
   std::optional<std::string> reasoning;
 };
 
@@ -63,15 +73,17 @@ struct EncodedChat {
 
 class ChatTemplate {
  public:
-  // "qwen3", "chatml" or "llama3"; INVALID_ARGUMENT listing those otherwise.
+  // "qwen3", "qwen3_5", "chatml" or "llama3"; INVALID_ARGUMENT listing
+  // those otherwise.
   static absl::StatusOr<ChatTemplate> Named(std::string_view name);
 
   // The built-in that matches the "chat_template" of
   // `model_dir`/tokenizer_config.json (or of that file when given a file;
   // from chat_template.jinja beside it when the config has none, as newer
-  // transformers save it): qwen3 when it has <|im_start|> and <think>,
-  // chatml when <|im_start|> only, llama3 when <|start_header_id|> (also a
-  // 3.1+ template, which renders dates that llama3 does not).
+  // transformers save it): qwen3_5 when it has <|im_start|>, <think> and
+  // Qwen3.5's `reasoning_content|trim`, qwen3 when <|im_start|> and <think>
+  // only, chatml when <|im_start|> only, llama3 when <|start_header_id|>
+  // (also a 3.1+ template, which renders dates that llama3 does not).
   // NOT_FOUND when the file or its chat_template is missing;
   // INVALID_ARGUMENT naming the file when it is not JSON or no built-in
   // matches.
@@ -80,11 +92,15 @@ class ChatTemplate {
   std::string_view name() const { return name_; }
 
   // Exactly the text that apply_chat_template(messages, tokenize=False,
-  // add_generation_prompt=...) renders with this template's Jinja text.
+  // add_generation_prompt=..., enable_thinking=...) renders with this
+  // template's Jinja text. `enable_thinking` changes only qwen3's and
+  // qwen3_5's generation prompt (false: an empty think block in it), so
+  // training data, which has none, renders the same either way.
   // INVALID_ARGUMENT naming the message for a role other than the four, an
-  // empty conversation, or text that is not valid UTF-8.
+  // empty conversation, text that is not valid UTF-8, or what the template
+  // refuses (qwen3_5: see the class comment).
   absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
-                                     bool add_generation_prompt) const;
+                                     bool add_generation_prompt, bool enable_thinking = true) const;
 
   // Render() (no generation prompt) tokenized whole, as
   // apply_chat_template(tokenize=True) does, with the mask of the class
@@ -98,12 +114,16 @@ class ChatTemplate {
                                      TrainOn train_on) const;
 
  private:
-  enum class Kind { kQwen3, kChatml, kLlama3 };
+  enum class Kind { kQwen3, kQwen3_5, kChatml, kLlama3 };
   ChatTemplate(std::string_view name, Kind kind) : name_(name), kind_(kind) {}
 
-  // The rendering of `messages`, which passed CheckChat.
-  std::vector<ChatPiece> Pieces(absl::Span<const ChatMessage> messages,
-                                bool add_generation_prompt) const;
+  // OK when this template renders `messages`; else INVALID_ARGUMENT as
+  // Render.
+  absl::Status Check(absl::Span<const ChatMessage> messages) const;
+
+  // The rendering of `messages`, which passed Check.
+  std::vector<ChatPiece> Pieces(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
+                                bool enable_thinking) const;
 
   // INVALID_ARGUMENT when `tokenizer` lacks a control token of this template.
   absl::Status CheckTokenizer(const Tokenizer& tokenizer) const;

@@ -22,7 +22,7 @@ namespace ballast::train {
 struct TokenizeLinesOptions {
   // A tokenizer.json, or a folder with one (and tokenizer_config.json).
   std::string tokenizer;
-  // For messages: qwen3, chatml or llama3; empty detects it from the
+  // For messages: qwen3, qwen3_5, chatml or llama3; empty detects it from the
   // folder's tokenizer_config.json.
   std::string chat_template;
   // Match special tokens inside text (transformers' default); a job's data

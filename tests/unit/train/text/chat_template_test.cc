@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -203,6 +205,69 @@ TEST(ChatTemplateRender, Qwen3WithoutAQueryShowsNoThinkBlock) {
             "<|im_start|>user\nq<|im_end|>\n<|im_start|>system\ns2<|im_end|>\n");
 }
 
+TEST(ChatTemplateRender, Qwen3ClosesAnEmptyThinkBlockInThePromptWithoutThinking) {
+  EXPECT_EQ(Named("qwen3").Render({Message("user", "q")}, true, /*enable_thinking=*/false).value(),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+// The expected texts below are transformers 5.23's apply_chat_template with
+// Qwen3.5's template (tests/parity/qwen3_5_chat_template.jinja).
+
+TEST(ChatTemplateRender, Qwen3_5TrimsEveryMessageAndThinksInEveryTurnAfterTheLastQuery) {
+  EXPECT_EQ(Render("qwen3_5",
+                   {Message("system", "  S \n"), Message("user", "\tq1 "),
+                    Message("assistant", " a1 ", "r1"), Message("user", "q2\n"),
+                    Message("assistant", "\n a2 \n", " \nr2\u3000"), Message("assistant", "a3")}),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n"
+            "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\na3<|im_end|>\n");
+}
+
+TEST(ChatTemplateRender, Qwen3_5PromptOpensTheThinkBlockOrClosesAnEmptyOne) {
+  EXPECT_EQ(Render("qwen3_5", {Message("user", "q")}, /*add_generation_prompt=*/true),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  EXPECT_EQ(
+      Named("qwen3_5").Render({Message("user", "q")}, true, /*enable_thinking=*/false).value(),
+      "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // Without a generation prompt, enable_thinking changes nothing.
+  const std::vector<ChatMessage> chat = {Message("user", "q"), Message("assistant", "a")};
+  EXPECT_EQ(Named("qwen3_5").Render(chat, false, false).value(), Render("qwen3_5", chat));
+}
+
+TEST(ChatTemplateRender, Qwen3_5SplitsReasoningWrittenIntoTheContentAndTrimsIt) {
+  EXPECT_EQ(
+      Render("qwen3_5", {Message("user", "q"),
+                         Message("assistant", "x<think>\n y \n</think>\n\n mid</think>\n z ")}),
+      "<|im_start|>user\nq<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\ny\n</think>\n\n z<|im_end|>\n");
+  // Given reasoning, even empty, wins over the content's tags.
+  EXPECT_EQ(Render("qwen3_5", {Message("user", "q"), Message("assistant", "a</think>b", "")}),
+            "<|im_start|>user\nq<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\na</think>b<|im_end|>\n");
+}
+
+TEST(ChatTemplateRender, Qwen3_5GroupsToolResultsAndGivesAFirstOneNoHeader) {
+  EXPECT_EQ(Render("qwen3_5", {Message("tool", " t0 "), Message("user", "q"),
+                               Message("assistant", "call", "r1"), Message("tool", "t1"),
+                               Message("tool", " t2\n"), Message("assistant", "done")}),
+            "\n<tool_response>\nt0\n</tool_response><|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr1\n</think>\n\ncall<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\nt1\n</tool_response>\n<tool_response>\nt2\n"
+            "</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\ndone<|im_end|>\n");
+}
+
+TEST(ChatTemplateRender, Qwen3_5DoesNotCountATrimmedToolResponseUserTurnAsAQuery) {
+  EXPECT_EQ(Render("qwen3_5", {Message("user", "q"), Message("assistant", "a", "r"),
+                               Message("user", " <tool_response>x</tool_response>\n"),
+                               Message("assistant", "b")}),
+            "<|im_start|>user\nq<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr\n</think>\n\na<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nb<|im_end|>\n");
+}
+
 // ----------------------------------------------------------------------------
 // Encode and its mask
 // ----------------------------------------------------------------------------
@@ -250,6 +315,26 @@ TEST(ChatTemplateEncode, Qwen3SupervisesThinkBlocksWithReasoningButNotEmptyOnes)
   const EncodedChat empty =
       Encode(tokenizer, "qwen3", {Message("user", "hi"), Message("assistant", "hi")});
   EXPECT_THAT(SupervisedRuns(tokenizer, empty), ElementsAre("hi<|im_end|>"));
+}
+
+TEST(ChatTemplateEncode, Qwen3_5TrainsWhatFollowsThePromptsThinkOpenerButNoEmptyBlock) {
+  const Tokenizer tokenizer = Make(QwenJson());
+  const EncodedChat chat =
+      Encode(tokenizer, "qwen3_5",
+             {Message("user", "hi"), Message("assistant", "a1", "r"), Message("user", "hi"),
+              Message("assistant", "hi", "think"), Message("assistant", "hi w")});
+  // The turn before the last query shows no block; after it, the prompt
+  // "<|im_start|>assistant\n<think>\n" is given, and an empty block too.
+  EXPECT_THAT(SupervisedRuns(tokenizer, chat),
+              ElementsAre("a1<|im_end|>", "think\n</think>\n\nhi<|im_end|>", "hi w<|im_end|>"));
+  EXPECT_EQ(
+      chat.ids,
+      tokenizer
+          .Encode(Render("qwen3_5", {Message("user", "hi"), Message("assistant", "a1", "r"),
+                                     Message("user", "hi"), Message("assistant", "hi", "think"),
+                                     Message("assistant", "hi w")}),
+                  true)
+          .value_or(std::vector<TokenId>{}));
 }
 
 TEST(ChatTemplateEncode, Llama3SupervisesTrimmedContentAndEotButNotBosOrHeaders) {
@@ -311,7 +396,7 @@ TEST(ChatTemplateEncode, RefusesAMaskWhenNormalizationCrossesAPieceBoundary) {
 // ----------------------------------------------------------------------------
 
 TEST(ChatTemplateRefusals, AnUnknownRoleAnEmptyChatAndInvalidUtf8) {
-  for (const char* name : {"qwen3", "chatml", "llama3"}) {
+  for (const char* name : {"qwen3", "qwen3_5", "chatml", "llama3"}) {
     absl::StatusOr<std::string> text =
         Named(name).Render({Message("user", "q"), Message("function", "f")}, false);
     EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
@@ -320,6 +405,22 @@ TEST(ChatTemplateRefusals, AnUnknownRoleAnEmptyChatAndInvalidUtf8) {
     EXPECT_THAT(
         Named(name).Render({Message("assistant", "a", "\xC0\xAF")}, false).status().message(),
         HasSubstr("messages[0].reasoning is not valid UTF-8"));
+  }
+}
+
+TEST(ChatTemplateRefusals, Qwen3_5ALaterSystemMessageAndAChatWithoutAQuery) {
+  absl::StatusOr<std::string> text =
+      Named("qwen3_5").Render({Message("user", "q"), Message("system", "s")}, false);
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(text.status().message(), HasSubstr("messages[1] is a system message"));
+  for (const std::vector<ChatMessage>& chat :
+       {std::vector<ChatMessage>{Message("system", "s"), Message("assistant", "a")},
+        std::vector<ChatMessage>{Message("user", "<tool_response>x</tool_response>"),
+                                 Message("assistant", "a")}}) {
+    absl::StatusOr<EncodedChat> encoded =
+        Named("qwen3_5").Encode(Make(QwenJson()), chat, TrainOn::kAssistant);
+    EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(encoded.status().message(), HasSubstr("no user query"));
   }
 }
 
@@ -348,7 +449,7 @@ TEST(ChatTemplateRefusals, AnUnknownTemplateNameListsTheBuiltIns) {
   absl::StatusOr<ChatTemplate> chat_template = ChatTemplate::Named("qwen2");
   EXPECT_EQ(chat_template.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(chat_template.status().message(), HasSubstr("\"qwen2\""));
-  EXPECT_THAT(chat_template.status().message(), HasSubstr("qwen3, chatml, llama3"));
+  EXPECT_THAT(chat_template.status().message(), HasSubstr("qwen3, qwen3_5, chatml, llama3"));
   EXPECT_EQ(Named("llama3").name(), "llama3");
 }
 
@@ -412,6 +513,20 @@ TEST_F(ChatTemplateDetect, ReadsChatTemplateJinjaWhenTheConfigHasNone) {
   EXPECT_THAT(Detect().status().message(), HasSubstr("has no chat_template"));
   Write("chat_template.jinja", "<|im_start|><think>");
   EXPECT_EQ(DetectedName(), "qwen3");
+}
+
+TEST_F(ChatTemplateDetect, TellsQwen3_5ByItsTrimmedReasoning) {
+  // Qwen3.5's own template, as its checkpoints ship it.
+  const char* root = std::getenv("BALLAST_SOURCE_DIR");
+  ASSERT_NE(root, nullptr) << "run through ctest, which sets BALLAST_SOURCE_DIR";
+  std::ifstream file(std::string(root) + "/tests/parity/qwen3_5_chat_template.jinja");
+  const std::string jinja((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ASSERT_THAT(jinja, HasSubstr("reasoning_content|trim"));
+  Write("tokenizer_config.json", "{}");
+  Write("chat_template.jinja", jinja);
+  EXPECT_EQ(DetectedName(), "qwen3_5");
+  WriteConfig(jinja);
+  EXPECT_EQ(DetectedName(), "qwen3_5");
 }
 
 TEST_F(ChatTemplateDetect, AnUnknownTemplateAsksForDataTemplate) {
