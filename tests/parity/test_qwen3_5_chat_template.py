@@ -32,6 +32,9 @@ which the file has. Qwen3.5-4B's lines are cited elsewhere at the same line
 numbers (122, the tool-call arguments; 149-152, enable_thinking).
 """
 import hashlib
+import json
+import os
+import subprocess
 
 import pytest
 import trained_tokenizers
@@ -119,3 +122,40 @@ def test_qwen3_5_template_matches_transformers(folder):
     texts = [w.get("text", "") for w in expected]
     assert any("<think>\n\n</think>\n\n" in t for t in texts)
     assert any("<think>\n" in t and "<think>\n\n</think>" not in t for t in texts)
+
+
+def test_ballast_train_tokenize_detects_qwen3_5_and_trains_what_the_docs_say(folder):
+    """The user's path: `ballast-train tokenize` on a Qwen3.5 folder, with the
+    template detected from its tokenizer_config.json. The thinking form
+    trains from the reasoning on, the non-thinking form only the answer
+    (docs/data.md, "Qwen3.5")."""
+    binary = os.path.join(os.environ.get("BALLAST_BIN_DIR", "build/bin"), "ballast-train")
+    user = {"role": "user", "content": "2+2?"}
+    chats = [[user, {"role": "assistant", "reasoning_content": "Add them.", "content": "4"}],
+             [user, {"role": "assistant", "content": "4"}],
+             [user, {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"}],
+             [{"role": "system", "content": "Be brief."}, user,
+              {"role": "assistant", "reasoning_content": "dropped", "content": "4"},
+              {"role": "user", "content": "3+3?"},
+              {"role": "assistant", "reasoning_content": "Add again.", "content": "6"}]]
+    proc = subprocess.run([binary, "tokenize", "--tokenizer", folder],
+                          input="".join(json.dumps({"messages": c}) + "\n" for c in chats),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.split("\n")[:-1]]
+    real = AutoTokenizer.from_pretrained(folder)
+    marked = AutoTokenizer.from_pretrained(folder)
+    marked.chat_template = marked_template()
+
+    def trained(reply):  # the trained tokens, decoded together
+        return real.decode([i for i, m in zip(reply["ids"], reply["assistant_masks"]) if m])
+
+    for chat, reply in zip(chats, replies):
+        assert reply["ids"] == real.apply_chat_template(chat, tokenize=True, return_dict=False)
+        assert reply["assistant_masks"] == marked.apply_chat_template(
+            chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)[
+                "assistant_masks"]
+    assert trained(replies[0]) == "Add them.\n</think>\n\n4<|im_end|>"
+    assert trained(replies[1]) == "4<|im_end|>"
+    assert trained(replies[2]) == trained(replies[0])
+    assert trained(replies[3]) == "4<|im_end|>Add again.\n</think>\n\n6<|im_end|>"
