@@ -137,10 +137,11 @@ TEST_F(JobSpecFilesTest, SeqLenAboveMaxPositionEmbeddingsNamesTheRange) {
 TEST_F(JobSpecFilesTest, AcceptsEverySupportedModelType) {
   spec_.mutable_block_diffusion()->set_block_length(4);
   for (absl::string_view model_type : kSupportedModelTypes) {
-    const std::string keys = ConfigJson(
-        absl::StrCat(R"("model_type": ")", model_type, R"(", "max_position_embeddings": 1024)"));
     // A vision-language wrapper keeps the decoder's keys in text_config.
     const std::string text_key(TextConfigKey(model_type));
+    const std::string keys = ConfigJson(absl::StrCat(R"("model_type": ")",
+                                                     text_key.empty() ? model_type : "qwen3_5_text",
+                                                     R"(", "max_position_embeddings": 1024)"));
     WriteConfig(text_key.empty() ? keys
                                  : absl::StrCat(R"({"model_type": ")", model_type, R"(", ")",
                                                 text_key, R"(": )", keys, "}"));
