@@ -244,9 +244,19 @@ def test_lora_on_every_linear_matches_peft(arch, tmp_path):
     assert not any("visual" in n or "mtp" in n for n in peft_names(adapter))
     with open(os.path.join(adapter, "adapter_config.json")) as f:
         assert sorted(json.load(f)["target_modules"]) == sorted(TEXT_LINEARS)
-    # ...and PEFT loads it into the trained reference's model.
+    # ...PEFT loads it into the trained reference's model, and ballast-train
+    # reads it back to the same logits...
     loaded = PeftModel.from_pretrained(cls.from_pretrained(model_dir), adapter)
-    assert relative_error(hf_logits(loaded, rows), hf_logits(ref, rows)) <= CURVE_TOLERANCE
+    peft_logits = hf_logits(loaded, rows)
+    assert relative_error(peft_logits, hf_logits(ref, rows)) <= CURVE_TOLERANCE
+    ours = ballast_logits(model_dir, data, str(tmp_path / "l.safetensors"), adapter_dir=adapter)
+    assert relative_error(ours["logits"], peft_logits) <= LOGITS_TOLERANCE
+    # ...and the merged export (vision tower and mtp kept) is the adapter applied.
+    r = subprocess.run([TRAIN, "merge", "--model", model_dir, "--adapter", adapter, "--out",
+                        str(tmp_path / "merged")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    merged = cls.from_pretrained(str(tmp_path / "merged"))
+    assert relative_error(hf_logits(merged, rows), peft_logits) <= LOGITS_TOLERANCE
 
 
 @pytest.mark.parametrize("arch", ARCHS)
