@@ -48,14 +48,18 @@
 //      X = Q~^T dO - W_k^T dU_p.
 //   2. (document, head), chunks in reverse: Y = K~ dS_L, dU = dU_p + Y,
 //      dS0 = exp(G_L) dS_L + X - W_k^T Y; keep dS_L per chunk.
-//   3. (chunk, head) in parallel: recompute T, W_v, W_k and U from the kept
-//      S0, then every gradient above.
-// Nothing O(T^2) exists: the backward keeps O(T Hv (Dk + Dv)) and
+//   3. (chunk, key head) in parallel, the group's value heads in order:
+//      recompute T, W_v, W_k and U from the kept S0, then every gradient
+//      above; the q and k gradients of the group are summed in the chunk and
+//      go through the L2 norms' backward there.
+// Nothing O(T^2) exists: the backward holds O(T Hv (Dk + Dv)) and
 // O(chunks Hv Dk Dv), and recomputes the WY factors rather than keep them.
+// q, k and v are read per chunk from the inputs as given (fp32 or bf16, any
+// token and head strides) and normalised there; no normalised copy of the
+// whole input exists.
 //
-// Determinism: each (chunk, head) writes only its own rows; gradients of key
-// heads shared by several value heads are made per value head and summed in
-// head order at the end, so the result does not depend on the thread count.
+// Determinism: each work item writes only its own rows, and every sum runs in
+// a fixed order, so the result does not depend on the thread count.
 // Products of the chunk tiles go to kernels/cpu/tile_product.h.
 #include "kernels/cpu/gated_delta_rule_cpu.h"
 
@@ -109,21 +113,45 @@ struct Chunk {
   int64_t length;  // 1..kC
 };
 
-// The problem's sizes, its chunks, and its fp32 inputs.
+// Rows of q, k or v as given: fp32 or bf16, unit stride in the head dim, any
+// token and head strides (views of a fused projection are read in place).
+struct Rows {
+  const void* data = nullptr;
+  int64_t s0 = 0, s1 = 0;
+  bool bf16 = false;
+
+  explicit Rows(const at::Tensor& x)
+      : data(x.const_data_ptr()),
+        s0(x.stride(0)),
+        s1(x.stride(1)),
+        bf16(x.scalar_type() == at::kBFloat16) {}
+  // Row (t, h), n values, into dst as fp32.
+  void Read(int64_t t, int64_t h, int64_t n, float* dst) const {
+    const int64_t offset = t * s0 + h * s1;
+    if (bf16) {
+      const c10::BFloat16* src = static_cast<const c10::BFloat16*>(data) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+    } else {
+      std::memcpy(dst, static_cast<const float*>(data) + offset, sizeof(float) * n);
+    }
+  }
+};
+
+// The problem's sizes, its chunks, and its inputs.
 struct Problem {
   int64_t tokens, hk, hv, dk, dv, group, docs;
+  float scale, eps;
   std::vector<int64_t> cu;           // (N + 1)
   std::vector<Chunk> chunks;         // in token order
   std::vector<int64_t> first_chunk;  // (N + 1): document n's chunks are [first[n], first[n+1])
-  at::Tensor qn, kn;                 // (T, Hk, Dk): q * r * scale, k * r
-  at::Tensor v, g, beta;             // (T, Hv, Dv), (T, Hv), (T, Hv) contiguous
+  Rows q, k, v;                      // as given
+  at::Tensor g, beta;                // (T, Hv) fp32 contiguous
 
-  int64_t ldk() const { return hk * dk; }  // row stride of qn and kn
-  int64_t ldv() const { return hv * dv; }  // row stride of v and of (T, Hv, Dv) buffers
+  int64_t ldv() const { return hv * dv; }  // row stride of (T, Hv, Dv) buffers
   int64_t ldw() const { return hv * dk; }  // row stride of (T, Hv, Dk) buffers
   int64_t state_size() const { return dk * dv; }
   int64_t num_chunks() const { return static_cast<int64_t>(chunks.size()); }
-  at::TensorOptions f32() const { return v.options(); }
+  at::TensorOptions f32() const { return g.options(); }
   // A per-document state (N, Hv, Dk, Dv): a fp32 copy of `given`, or zeros.
   at::Tensor StateOrZeros(const at::Tensor& given) const {
     return given.defined() ? given.to(at::kFloat).contiguous().clone()
@@ -131,31 +159,18 @@ struct Problem {
   }
 };
 
-// x (T, H, D) fp32 with unit stride in D: out = x * r * scale, r = (x . x + eps)^-1/2.
-void NormalizeRows(const at::Tensor& x, double scale, double eps, at::Tensor& out) {
-  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
-  const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  const float* xp = x.const_data_ptr<float>();
-  float* op = out.mutable_data_ptr<float>();
-  at::parallel_for(0, tokens * heads, std::max<int64_t>(1, 16384 / d), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float* row = xp + (i / heads) * s0 + (i % heads) * s1;
-      const float r = 1.0f / std::sqrt(Dot(row, row, d) + static_cast<float>(eps));
-      Scale(op + i * d, row, r * static_cast<float>(scale), d, /*accumulate=*/false);
-    }
-  });
-}
-
 Problem MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& g, const at::Tensor& beta, const at::Tensor& cu_seqlens,
                     double scale, double eps) {
-  Problem p;
+  Problem p{.q = Rows(q), .k = Rows(k), .v = Rows(v)};
   p.tokens = q.size(0);
   p.hk = q.size(1);
   p.dk = q.size(2);
   p.hv = v.size(1);
   p.dv = v.size(2);
   p.group = p.hv / p.hk;
+  p.scale = static_cast<float>(scale);
+  p.eps = static_cast<float>(eps);
   const at::Tensor cu = cu_seqlens.contiguous();
   p.docs = cu.numel() - 1;
   p.cu.assign(cu.const_data_ptr<int64_t>(), cu.const_data_ptr<int64_t>() + p.docs + 1);
@@ -165,23 +180,25 @@ Problem MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       p.chunks.push_back({n, t, std::min(kC, p.cu[n + 1] - t)});
   }
   p.first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
-  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
-  p.qn = at::empty({p.tokens, p.hk, p.dk}, f32);
-  p.kn = at::empty({p.tokens, p.hk, p.dk}, f32);
-  NormalizeRows(q.to(at::kFloat), scale, eps, p.qn);
-  NormalizeRows(k.to(at::kFloat), 1.0, eps, p.kn);
-  p.v = v.to(at::kFloat).contiguous();
   p.g = g.to(at::kFloat).contiguous();
   p.beta = beta.to(at::kFloat).contiguous();
   return p;
 }
 
 // The tiles of one (chunk, value head), and the steps of the formulas above.
-// One per thread; Load() points it at a chunk.
+// One per thread; Load() points it at a chunk. The chunk's q and k rows are
+// read and normalised here, per chunk, rather than kept for the whole input.
 class ChunkWork {
  public:
   explicit ChunkWork(const Problem& p)
       : p_(p),
+        xq_(kC * p.dk),
+        xk_(kC * p.dk),
+        qs_(kC * p.dk),
+        ks_(kC * p.dk),
+        vs_(kC * p.dv),
+        rq_(kC),
+        rk_norm_(kC),
         cum_(kC),
         eg_(kC),
         tail_(kC),
@@ -194,15 +211,27 @@ class ChunkWork {
         rv_(kC * p.dv),
         ktilde_(kC * p.dk) {}
 
-  // Decays, beta and row pointers of chunk c for value head h.
+  // Chunk c for value head h: q and k of its key head normalised (read again
+  // only when the chunk or the key head changes), v, the decays and beta.
   void Load(const Chunk& c, int64_t h) {
+    const int64_t kh = h / p_.group, dk = p_.dk;
+    if (c.begin != begin_ || kh != kh_ || c.length != len_) {
+      for (int64_t i = 0; i < c.length; ++i) {
+        float* xq = xq_.data() + i * dk;
+        float* xk = xk_.data() + i * dk;
+        p_.q.Read(c.begin + i, kh, dk, xq);
+        p_.k.Read(c.begin + i, kh, dk, xk);
+        rq_[i] = 1.0f / std::sqrt(Dot(xq, xq, dk) + p_.eps);
+        rk_norm_[i] = 1.0f / std::sqrt(Dot(xk, xk, dk) + p_.eps);
+        Scale(qs_.data() + i * dk, xq, rq_[i] * p_.scale, dk, false);
+        Scale(ks_.data() + i * dk, xk, rk_norm_[i], dk, false);
+      }
+    }
     h_ = h;
+    kh_ = kh;
     len_ = c.length;
     begin_ = c.begin;
-    const int64_t kh = h / p_.group;
-    q_ = p_.qn.const_data_ptr<float>() + (c.begin * p_.hk + kh) * p_.dk;
-    k_ = p_.kn.const_data_ptr<float>() + (c.begin * p_.hk + kh) * p_.dk;
-    v_ = p_.v.const_data_ptr<float>() + (c.begin * p_.hv + h) * p_.dv;
+    for (int64_t i = 0; i < len_; ++i) p_.v.Read(c.begin + i, h, p_.dv, vs_.data() + i * p_.dv);
     const float* g = p_.g.const_data_ptr<float>() + c.begin * p_.hv + h;
     const float* beta = p_.beta.const_data_ptr<float>() + c.begin * p_.hv + h;
     float running = 0.0f;
@@ -215,7 +244,7 @@ class ChunkWork {
     for (int64_t i = 0; i < len_; ++i) tail_[i] = std::exp(cum_[len_ - 1] - cum_[i]);
     // K~ = exp(G_L - G) k.
     for (int64_t i = 0; i < len_; ++i)
-      Scale(ktilde_.data() + i * p_.dk, k_ + i * p_.ldk(), tail_[i], p_.dk, false);
+      Scale(ktilde_.data() + i * p_.dk, k_ + i * p_.dk, tail_[i], p_.dk, false);
   }
 
   // E, K^T (Dk, C), k . k (C, C), T = (I + A)^-1, and W_v, W_k where asked
@@ -231,8 +260,8 @@ class ChunkWork {
         Store8(decay_.data() + i * kC + j, e);
       }
     }
-    Transpose(k_, p_.ldk(), n, dk, kt_.data(), kC);
-    TileProduct(n, n, dk, 1.0f, k_, p_.ldk(), 1, kt_.data(), kC, false, gram_.data(), kC);
+    Transpose(k_, dk, n, dk, kt_.data(), kC);
+    TileProduct(n, n, dk, 1.0f, k_, dk, 1, kt_.data(), kC, false, gram_.data(), kC);
     // T row by row: T_i = e_i - sum_{m < i} A_im T_m (forward substitution).
     for (int64_t i = 0; i < n; ++i) {
       float* ti = tinv_.data() + i * kC;
@@ -245,13 +274,12 @@ class ChunkWork {
       }
     }
     if (wv != nullptr) {
-      for (int64_t i = 0; i < n; ++i)
-        Scale(rv_.data() + i * dv, v_ + i * p_.ldv(), b_[i], dv, false);
+      for (int64_t i = 0; i < n; ++i) Scale(rv_.data() + i * dv, v_ + i * dv, b_[i], dv, false);
       TileProduct(n, dv, n, 1.0f, tinv_.data(), kC, 1, rv_.data(), dv, false, wv, ld_wv);
     }
     if (wk != nullptr) {
       for (int64_t i = 0; i < n; ++i)
-        Scale(rk_.data() + i * dk, k_ + i * p_.ldk(), b_[i] * eg_[i], dk, false);
+        Scale(rk_.data() + i * dk, k_ + i * dk, b_[i] * eg_[i], dk, false);
       TileProduct(n, dk, n, 1.0f, tinv_.data(), kC, 1, rk_.data(), dk, false, wk, ld_wk);
     }
   }
@@ -259,22 +287,25 @@ class ChunkWork {
   // P = E * (Q K^T) into p (C, C), after Factor (which made K^T); qk keeps Q K^T.
   void Attention(float* qk, float* p) const {
     const int64_t n = len_;
-    TileProduct(n, n, p_.dk, 1.0f, q_, p_.ldk(), 1, kt_.data(), kC, false, qk, kC);
+    TileProduct(n, n, p_.dk, 1.0f, q_, p_.dk, 1, kt_.data(), kC, false, qk, kC);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < n; ++j) p[i * kC + j] = qk[i * kC + j] * decay_[i * kC + j];
   }
 
   // Q~ = exp(G) q into out (L, Dk).
   void DecayedQueries(float* out) const {
-    for (int64_t i = 0; i < len_; ++i)
-      Scale(out + i * p_.dk, q_ + i * p_.ldk(), eg_[i], p_.dk, false);
+    for (int64_t i = 0; i < len_; ++i) Scale(out + i * p_.dk, q_ + i * p_.dk, eg_[i], p_.dk, false);
   }
 
   const Problem& p_;
-  int64_t h_ = 0, len_ = 0, begin_ = 0;
-  const float* q_ = nullptr;  // rows of the chunk, stride ldk
-  const float* k_ = nullptr;
-  const float* v_ = nullptr;  // stride ldv
+  int64_t h_ = -1, kh_ = -1, len_ = 0, begin_ = -1;
+  std::vector<float> xq_, xk_;       // (C, Dk) q and k as read, fp32
+  std::vector<float> qs_, ks_;       // (C, Dk) x r (q also times scale)
+  std::vector<float> vs_;            // (C, Dv)
+  std::vector<float> rq_, rk_norm_;  // (C) r = (x . x + eps)^-1/2
+  const float* q_ = qs_.data();      // the chunk's rows, contiguous
+  const float* k_ = ks_.data();
+  const float* v_ = vs_.data();
   std::vector<float> cum_, eg_, tail_, b_;
   std::vector<float> decay_, gram_, tinv_;  // (C, C)
   std::vector<float> kt_;                   // (Dk, C)
@@ -432,18 +463,21 @@ GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor&
   });
   wk.reset();
 
-  // 3. Every gradient per (chunk, head), into per-value-head rows.
-  at::Tensor dqv = at::empty({p.tokens, hv, dk}, f32);
-  at::Tensor dkv = at::empty({p.tokens, hv, dk}, f32);
+  // 3. Every gradient per (chunk, key head): the value heads of the group
+  // one after the other (in order, so that the sums do not depend on the
+  // threads), their q and k gradients summed in the chunk, then the L2 norms'
+  // backward, dx = r (dy - y (y . dy)) with y = x r (dy times scale for q).
+  at::Tensor dq_out = at::empty({p.tokens, p.hk, dk}, f32);
+  at::Tensor dk_out = at::empty({p.tokens, p.hk, dk}, f32);
   at::Tensor dvv = at::empty({p.tokens, hv, dv}, f32);
   at::Tensor dgv = at::empty({p.tokens, hv}, f32);
   at::Tensor dbv = at::empty({p.tokens, hv}, f32);
-  float* dqp = dqv.mutable_data_ptr<float>();
-  float* dkp = dkv.mutable_data_ptr<float>();
+  float* dqp = dq_out.mutable_data_ptr<float>();
+  float* dkp = dk_out.mutable_data_ptr<float>();
   float* dvp = dvv.mutable_data_ptr<float>();
   float* dgp = dgv.mutable_data_ptr<float>();
   float* dbp = dbv.mutable_data_ptr<float>();
-  at::parallel_for(0, chunks * hv, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, chunks * p.hk, 1, [&](int64_t begin, int64_t end) {
     ChunkWork w(p);
     std::vector<float> qk(kC * kC), pm(kC * kC), dp(kC * kC), da(kC * kC);
     std::vector<float> wv(kC * dv), wkc(kC * dk), u(kC * dv), ut(dv * kC), wvt(dv * kC),
@@ -451,135 +485,119 @@ GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor&
         drk(kC * dk), dq(kC * dk), dkk(kC * dk);
     std::vector<float> dG(kC), db(kC);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / hv, h = item % hv;
-      w.Load(p.chunks[c], h);
-      const int64_t row = p.chunks[c].begin * hv + h, n = w.len_, last = n - 1;
-      const float* s0 = states + (c * hv + h) * ss;
-      const float* ds = dsp + (c * hv + h) * ss;  // dS_L
-      const float* d_o_rows = dop + row * dv;
-      const float* du_rows = dup + row * dv;
-      const int64_t ldv = p.ldv(), ldk = p.ldk();
-      w.Factor(wv.data(), dv, wkc.data(), dk);
-      w.Attention(qk.data(), pm.data());
-      // U = W_v - W_k S0.
-      std::memcpy(u.data(), wv.data(), sizeof(float) * n * dv);
-      TileProduct(n, dv, dk, -1.0f, wkc.data(), dk, 1, s0, dv, true, u.data(), dv);
-      Transpose(u.data(), dv, n, dv, ut.data(), kC);
-      Transpose(wv.data(), dv, n, dv, wvt.data(), kC);
-      Transpose(wkc.data(), dk, n, dk, wkt.data(), kC);
-      Transpose(s0, dv, dk, dv, s0t.data(), dk);
-      std::fill(dG.begin(), dG.begin() + n, 0.0f);
-      std::fill(db.begin(), db.begin() + n, 0.0f);
+      const int64_t c = item / p.hk, kh = item % p.hk;
+      const Chunk& chunk = p.chunks[c];
+      const int64_t n = chunk.length, last = n - 1;
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      std::fill(dkk.begin(), dkk.end(), 0.0f);
+      for (int64_t h = kh * p.group; h < (kh + 1) * p.group; ++h) {
+        w.Load(chunk, h);
+        const int64_t row = chunk.begin * hv + h, ldv = p.ldv();
+        const float* s0 = states + (c * hv + h) * ss;
+        const float* ds = dsp + (c * hv + h) * ss;  // dS_L
+        const float* d_o_rows = dop + row * dv;
+        const float* du_rows = dup + row * dv;
+        w.Factor(wv.data(), dv, wkc.data(), dk);
+        w.Attention(qk.data(), pm.data());
+        // U = W_v - W_k S0.
+        std::memcpy(u.data(), wv.data(), sizeof(float) * n * dv);
+        TileProduct(n, dv, dk, -1.0f, wkc.data(), dk, 1, s0, dv, true, u.data(), dv);
+        Transpose(u.data(), dv, n, dv, ut.data(), kC);
+        Transpose(wv.data(), dv, n, dv, wvt.data(), kC);
+        Transpose(wkc.data(), dk, n, dk, wkt.data(), kC);
+        Transpose(s0, dv, dk, dv, s0t.data(), dk);
+        std::fill(dG.begin(), dG.begin() + n, 0.0f);
+        std::fill(db.begin(), db.begin() + n, 0.0f);
 
-      // dP = dO U^T on j <= i, times E; dQ = (E dP) K, dK = (E dP)^T Q.
-      TileProduct(n, n, dv, 1.0f, d_o_rows, ldv, 1, ut.data(), kC, false, dp.data(), kC);
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          const float e = dp[i * kC + j] * w.decay_[i * kC + j];
-          dp[i * kC + j] = e;
-          if (j < i) {
-            const float t = e * qk[i * kC + j];
-            dG[i] += t;
-            dG[j] -= t;
+        // dP = dO U^T on j <= i, times E; dQ += (E dP) K, dK += (E dP)^T Q.
+        TileProduct(n, n, dv, 1.0f, d_o_rows, ldv, 1, ut.data(), kC, false, dp.data(), kC);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float e = dp[i * kC + j] * w.decay_[i * kC + j];
+            dp[i * kC + j] = e;
+            if (j < i) {
+              const float t = e * qk[i * kC + j];
+              dG[i] += t;
+              dG[j] -= t;
+            }
           }
         }
-      }
-      TileProduct(n, dk, n, 1.0f, dp.data(), kC, 1, w.k_, ldk, false, dq.data(), dk);
-      TileProduct(n, dk, n, 1.0f, dp.data(), 1, kC, w.q_, ldk, false, dkk.data(), dk);
-      // Inter-chunk read: dQ_i += exp(G_i) S0 dO_i.
-      TileProduct(n, dk, dv, 1.0f, d_o_rows, ldv, 1, s0t.data(), dk, false, raw.data(), dk);
-      for (int64_t i = 0; i < n; ++i) {
-        dG[i] += w.eg_[i] * Dot(w.q_ + i * ldk, raw.data() + i * dk, dk);
-        Scale(dq.data() + i * dk, raw.data() + i * dk, w.eg_[i], dk, true);
-      }
-      // The state written: dK~ = U dS_L^T, made as dK~^T = dS_L U^T (Dk, C).
-      TileProduct(dk, n, dv, 1.0f, ds, dv, 1, ut.data(), kC, false, dkt.data(), kC);
-      for (int64_t j = 0; j < n; ++j) {
-        float t = 0.0f;
-        for (int64_t d = 0; d < dk; ++d) {
-          const float x = dkt[d * kC + j];
-          t += w.k_[j * ldk + d] * x;
-          dkk[j * dk + d] += w.tail_[j] * x;
+        TileProduct(n, dk, n, 1.0f, dp.data(), kC, 1, w.k_, dk, true, dq.data(), dk);
+        TileProduct(n, dk, n, 1.0f, dp.data(), 1, kC, w.q_, dk, true, dkk.data(), dk);
+        // Inter-chunk read: dQ_i += exp(G_i) S0 dO_i.
+        TileProduct(n, dk, dv, 1.0f, d_o_rows, ldv, 1, s0t.data(), dk, false, raw.data(), dk);
+        for (int64_t i = 0; i < n; ++i) {
+          dG[i] += w.eg_[i] * Dot(w.q_ + i * dk, raw.data() + i * dk, dk);
+          Scale(dq.data() + i * dk, raw.data() + i * dk, w.eg_[i], dk, true);
         }
-        t *= w.tail_[j];
-        dG[last] += t;
-        dG[j] -= t;
-      }
-      dG[last] += w.eg_[last] * Dot(s0, ds, ss);
-      // dW_k = -dU S0^T; dR = T^T dW.
-      TileProduct(n, dk, dv, -1.0f, du_rows, ldv, 1, s0t.data(), dk, false, dwk.data(), dk);
-      TileProduct(n, dv, n, 1.0f, w.tinv_.data(), 1, kC, du_rows, ldv, false, drv.data(), dv);
-      TileProduct(n, dk, n, 1.0f, w.tinv_.data(), 1, kC, dwk.data(), dk, false, drk.data(), dk);
-      for (int64_t i = 0; i < n; ++i) {
-        Scale(dvp + (row + i * hv) * dv, drv.data() + i * dv, w.b_[i], dv, false);
-        db[i] += Dot(w.v_ + i * ldv, drv.data() + i * dv, dv);
-        Scale(dkk.data() + i * dk, drk.data() + i * dk, w.b_[i] * w.eg_[i], dk, true);
-        const float t = w.eg_[i] * Dot(w.k_ + i * ldk, drk.data() + i * dk, dk);
-        db[i] += t;
-        dG[i] += w.b_[i] * t;
-      }
-      // dA = -(dR_v W_v^T + dR_k W_k^T) on j < i; D = dA beta_i E.
-      TileProduct(n, n, dv, -1.0f, drv.data(), dv, 1, wvt.data(), kC, false, da.data(), kC);
-      TileProduct(n, n, dk, -1.0f, drk.data(), dk, 1, wkt.data(), kC, true, da.data(), kC);
-      for (int64_t i = 0; i < n; ++i) {
+        // The state written: dK~ = U dS_L^T, made as dK~^T = dS_L U^T (Dk, C).
+        TileProduct(dk, n, dv, 1.0f, ds, dv, 1, ut.data(), kC, false, dkt.data(), kC);
         for (int64_t j = 0; j < n; ++j) {
-          if (j >= i) {
-            da[i * kC + j] = 0.0f;
-            continue;
+          float t = 0.0f;
+          for (int64_t d = 0; d < dk; ++d) {
+            const float x = dkt[d * kC + j];
+            t += w.k_[j * dk + d] * x;
+            dkk[j * dk + d] += w.tail_[j] * x;
           }
-          const float x = da[i * kC + j] * w.decay_[i * kC + j];
-          const float gram = w.gram_[i * kC + j];
-          db[i] += x * gram;
-          const float d = x * w.b_[i];
-          da[i * kC + j] = d;
-          dG[i] += d * gram;
-          dG[j] -= d * gram;
+          t *= w.tail_[j];
+          dG[last] += t;
+          dG[j] -= t;
+        }
+        dG[last] += w.eg_[last] * Dot(s0, ds, ss);
+        // dW_k = -dU S0^T; dR = T^T dW.
+        TileProduct(n, dk, dv, -1.0f, du_rows, ldv, 1, s0t.data(), dk, false, dwk.data(), dk);
+        TileProduct(n, dv, n, 1.0f, w.tinv_.data(), 1, kC, du_rows, ldv, false, drv.data(), dv);
+        TileProduct(n, dk, n, 1.0f, w.tinv_.data(), 1, kC, dwk.data(), dk, false, drk.data(), dk);
+        for (int64_t i = 0; i < n; ++i) {
+          Scale(dvp + (row + i * hv) * dv, drv.data() + i * dv, w.b_[i], dv, false);
+          db[i] += Dot(w.v_ + i * dv, drv.data() + i * dv, dv);
+          Scale(dkk.data() + i * dk, drk.data() + i * dk, w.b_[i] * w.eg_[i], dk, true);
+          const float t = w.eg_[i] * Dot(w.k_ + i * dk, drk.data() + i * dk, dk);
+          db[i] += t;
+          dG[i] += w.b_[i] * t;
+        }
+        // dA = -(dR_v W_v^T + dR_k W_k^T) on j < i; D = dA beta_i E.
+        TileProduct(n, n, dv, -1.0f, drv.data(), dv, 1, wvt.data(), kC, false, da.data(), kC);
+        TileProduct(n, n, dk, -1.0f, drk.data(), dk, 1, wkt.data(), kC, true, da.data(), kC);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            if (j >= i) {
+              da[i * kC + j] = 0.0f;
+              continue;
+            }
+            const float x = da[i * kC + j] * w.decay_[i * kC + j];
+            const float gram = w.gram_[i * kC + j];
+            db[i] += x * gram;
+            const float d = x * w.b_[i];
+            da[i * kC + j] = d;
+            dG[i] += d * gram;
+            dG[j] -= d * gram;
+          }
+        }
+        TileProduct(n, dk, n, 1.0f, da.data(), kC, 1, w.k_, dk, true, dkk.data(), dk);
+        TileProduct(n, dk, n, 1.0f, da.data(), 1, kC, w.k_, dk, true, dkk.data(), dk);
+        // dg_j = sum_{i >= j} dG_i.
+        float suffix = 0.0f;
+        for (int64_t i = n - 1; i >= 0; --i) {
+          suffix += dG[i];
+          dgp[(chunk.begin + i) * hv + h] = suffix;
+          dbp[(chunk.begin + i) * hv + h] = db[i];
         }
       }
-      TileProduct(n, dk, n, 1.0f, da.data(), kC, 1, w.k_, ldk, true, dkk.data(), dk);
-      TileProduct(n, dk, n, 1.0f, da.data(), 1, kC, w.k_, ldk, true, dkk.data(), dk);
-      // dg_j = sum_{i >= j} dG_i.
-      float suffix = 0.0f;
-      for (int64_t i = n - 1; i >= 0; --i) {
-        suffix += dG[i];
-        dgp[(p.chunks[c].begin + i) * hv + h] = suffix;
-        dbp[(p.chunks[c].begin + i) * hv + h] = db[i];
-        std::memcpy(dqp + (row + i * hv) * dk, dq.data() + i * dk, sizeof(float) * dk);
-        std::memcpy(dkp + (row + i * hv) * dk, dkk.data() + i * dk, sizeof(float) * dk);
+      // The L2 norms: y = x r is the normalised row (q_ also carries scale).
+      for (int64_t i = 0; i < n; ++i) {
+        for (int pass = 0; pass < 2; ++pass) {
+          const float* x = (pass == 0 ? w.xq_ : w.xk_).data() + i * dk;
+          const float r = (pass == 0 ? w.rq_ : w.rk_norm_)[i];
+          float* dy = (pass == 0 ? dq : dkk).data() + i * dk;
+          if (pass == 0) Scale(dy, dy, p.scale, dk, false);
+          const float c_dot = r * Dot(x, dy, dk);  // y . dy
+          float* dx = (pass == 0 ? dqp : dkp) + ((chunk.begin + i) * p.hk + kh) * dk;
+          for (int64_t d = 0; d < dk; ++d) dx[d] = r * (dy[d] - x[d] * r * c_dot);
+        }
       }
     }
   });
-
-  // The key heads: sum over each group of value heads, then the L2 norms'
-  // backward, dx = r (dy - y (y . dy)) with y = x r (dy scaled for q).
-  const at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat);
-  at::Tensor dq_out = at::empty({p.tokens, p.hk, dk}, f32);
-  at::Tensor dk_out = at::empty({p.tokens, p.hk, dk}, f32);
-  const float eps = static_cast<float>(l2norm_eps);
-  for (int pass = 0; pass < 2; ++pass) {
-    const at::Tensor& x = pass == 0 ? qf : kf;
-    const float* xp = x.const_data_ptr<float>();
-    const float* dyv = pass == 0 ? dqp : dkp;
-    float* dxp = (pass == 0 ? dq_out : dk_out).mutable_data_ptr<float>();
-    const float factor = pass == 0 ? static_cast<float>(scale) : 1.0f;
-    const int64_t s0 = x.stride(0), s1 = x.stride(1);
-    at::parallel_for(0, p.tokens * p.hk, std::max<int64_t>(1, 4096 / dk),
-                     [&](int64_t b, int64_t e) {
-                       std::vector<float> dy(dk), y(dk);
-                       for (int64_t i = b; i < e; ++i) {
-                         const int64_t t = i / p.hk, kh = i % p.hk;
-                         const float* row = xp + t * s0 + kh * s1;
-                         const float r = 1.0f / std::sqrt(Dot(row, row, dk) + eps);
-                         Scale(y.data(), row, r, dk, false);
-                         std::fill(dy.begin(), dy.end(), 0.0f);
-                         for (int64_t h = kh * p.group; h < (kh + 1) * p.group; ++h)
-                           Scale(dy.data(), dyv + (t * hv + h) * dk, factor, dk, true);
-                         const float c = Dot(y.data(), dy.data(), dk);
-                         float* dx = dxp + i * dk;
-                         for (int64_t d = 0; d < dk; ++d) dx[d] = r * (dy[d] - y[d] * c);
-                       }
-                     });
-  }
   grads.d_q = dq_out.to(q.scalar_type());
   grads.d_k = dk_out.to(k.scalar_type());
   grads.d_v = dvv.to(v.scalar_type());

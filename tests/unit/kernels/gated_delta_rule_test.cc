@@ -1,8 +1,10 @@
 #include "kernels/gated_delta_rule.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -191,6 +193,32 @@ TEST_F(GatedDeltaRuleTest, PackedRowEqualsDocumentsAlone) {
     EXPECT_LT(RelativeError(whole.dbeta.narrow(0, begin, length), one.dbeta), 1e-6);
     EXPECT_LT(RelativeError(whole.dstate.narrow(0, n, 1), one.dstate), 1e-6);
     begin += length;
+  }
+}
+
+// Every work item writes its own rows and every sum runs in a fixed order:
+// one thread and two give the same bits.
+TEST_F(GatedDeltaRuleTest, SameBitsAtAnyThreadCount) {
+  SCOPED_TRACE(SeedTrace());
+  const Inputs in = RandomInputs({130, 64, 7}, 2, 4, 16, 16, /*with_state=*/true);
+  const at::Tensor d_out = torch::randn({in.v.size(0), 4, 16});
+  const at::Tensor d_final = torch::randn({3, 4, 16, 16});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const Result one = RunWithGrads(in, d_out, d_final, kDispatched, torch::kFloat);
+  at::set_num_threads(std::max(2, threads));
+  const Result many = RunWithGrads(in, d_out, d_final, kDispatched, torch::kFloat);
+  at::set_num_threads(threads);
+  for (const auto& [got, want] :
+       std::vector<std::pair<at::Tensor, at::Tensor>>{{many.out, one.out},
+                                                      {many.final_state, one.final_state},
+                                                      {many.dq, one.dq},
+                                                      {many.dk, one.dk},
+                                                      {many.dv, one.dv},
+                                                      {many.dg, one.dg},
+                                                      {many.dbeta, one.dbeta},
+                                                      {many.dstate, one.dstate}}) {
+    EXPECT_TRUE(torch::equal(got, want));
   }
 }
 
