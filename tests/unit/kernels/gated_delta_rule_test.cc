@@ -106,12 +106,13 @@ TEST_F(GatedDeltaRuleTest, AtenPathMatchesFloat64RecurrenceWithGrads) {
 }
 
 // The CPU kernel against the float64 recurrence at lengths around the chunk
-// of 64, one document each, grouped heads, with an initial state. The state
-// is carried through up to 65 chunks; 1e-5 relative covers fp32's rounding of
-// the chunk products and of the triangular inverse.
+// of 64 (and 0, whose final state is its initial one), one document each,
+// grouped heads, with an initial state. The state is carried through up to
+// 65 chunks; 1e-5 relative covers fp32's rounding of the chunk products and of
+// the triangular inverse.
 TEST_F(GatedDeltaRuleTest, CpuForwardMatchesFloat64RecurrenceAroundTheChunk) {
   SCOPED_TRACE(SeedTrace());
-  for (int64_t length : {1, 63, 64, 65, 4097}) {
+  for (int64_t length : {0, 1, 63, 64, 65, 4097}) {
     const Inputs in = RandomInputs({length}, 2, 4, 32, 16, /*with_state=*/true);
     const GatedDeltaRuleOutput got = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta,
                                                       in.cu_seqlens, in.initial_state, in.scale);
