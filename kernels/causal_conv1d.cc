@@ -3,9 +3,12 @@
 #include "kernels/causal_conv1d.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
+#include <optional>
 #include <vector>
 
+#include "kernels/cpu/causal_conv1d_cpu.h"
 #include "kernels/cu_seqlens_check.h"
 
 namespace ballast::kernels {
@@ -44,6 +47,29 @@ void CheckInputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
                 "causal_conv1d_silu: initial_window must be on x's device");
   }
 }
+
+// The CPU kernel under autograd: keeps x, weight and the window, and
+// recomputes the pre-activation in the backward.
+class CausalConv1dCpuFunction : public torch::autograd::Function<CausalConv1dCpuFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight,
+                            const std::optional<at::Tensor>& initial_window,
+                            const at::Tensor& cu_seqlens) {
+    const at::Tensor window = initial_window.value_or(at::Tensor());
+    ctx->save_for_backward({x, weight, window});
+    ctx->saved_data["cu_seqlens"] = cu_seqlens;
+    return causal_conv1d_silu_cpu_forward(x, weight, cu_seqlens, window);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    CausalConv1dGrads grads = causal_conv1d_silu_cpu_backward(
+        saved[0], saved[1], ctx->saved_data["cu_seqlens"].toTensor(), saved[2], grad_outputs[0]);
+    return {grads.d_x, grads.d_weight, grads.d_window, at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -91,6 +117,11 @@ at::Tensor causal_conv1d_silu_aten(const at::Tensor& x, const at::Tensor& weight
 at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
                               const at::Tensor& cu_seqlens, const at::Tensor& initial_window) {
   CheckInputs(x, weight, cu_seqlens, initial_window);
+  if (x.device().is_cpu())
+    return CausalConv1dCpuFunction::apply(
+        x, weight,
+        initial_window.defined() ? std::optional<at::Tensor>(initial_window) : std::nullopt,
+        cu_seqlens);
   return causal_conv1d_silu_aten(x, weight, cu_seqlens, initial_window);
 }
 

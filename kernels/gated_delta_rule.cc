@@ -16,10 +16,13 @@
 #include "kernels/gated_delta_rule.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
+#include "kernels/cpu/gated_delta_rule_cpu.h"
 #include "kernels/cu_seqlens_check.h"
 
 namespace ballast::kernels {
@@ -125,6 +128,40 @@ std::pair<at::Tensor, at::Tensor> ChunkedDocument(at::Tensor q, at::Tensor k, at
   return {at::stack(outs, 1).view({heads, chunks * kChunk, dv}).narrow(1, 0, length), s};
 }
 
+// The CPU kernel under autograd. Keeps the inputs and the state each chunk
+// starts from; the backward recomputes the rest (kernels/cpu/gated_delta_rule_cpu.cc).
+class GatedDeltaRuleCpuFunction : public torch::autograd::Function<GatedDeltaRuleCpuFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& beta,
+                                                const std::optional<at::Tensor>& initial_state,
+                                                const at::Tensor& cu_seqlens, double scale,
+                                                double l2norm_eps) {
+    GdrCpuForward fwd = gated_delta_rule_cpu_forward(
+        q, k, v, g, beta, cu_seqlens, initial_state.value_or(at::Tensor()), scale, l2norm_eps);
+    ctx->save_for_backward({q, k, v, g, beta, fwd.chunk_states});
+    ctx->saved_data["cu_seqlens"] = cu_seqlens;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["eps"] = l2norm_eps;
+    ctx->saved_data["has_state"] = initial_state.has_value();
+    return {fwd.out, fwd.final_state};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    GdrCpuGrads grads = gated_delta_rule_cpu_backward(
+        saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["cu_seqlens"].toTensor(),
+        saved[5], grad_outputs[0], grad_outputs[1], ctx->saved_data["scale"].toDouble(),
+        ctx->saved_data["eps"].toDouble());
+    at::Tensor d_state = ctx->saved_data["has_state"].toBool() ? grads.d_state : at::Tensor();
+    return {grads.d_q, grads.d_k,    grads.d_v,    grads.d_g,   grads.d_beta,
+            d_state,   at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 GatedDeltaRuleOutput gated_delta_rule_aten(const at::Tensor& q, const at::Tensor& k,
@@ -174,6 +211,13 @@ GatedDeltaRuleOutput gated_delta_rule(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& cu_seqlens, const at::Tensor& initial_state,
                                       double scale, double l2norm_eps) {
   CheckInputs(q, k, v, g, beta, cu_seqlens, initial_state, scale, l2norm_eps);
+  if (q.device().is_cpu()) {
+    torch::autograd::variable_list out = GatedDeltaRuleCpuFunction::apply(
+        q, k, v, g, beta,
+        initial_state.defined() ? std::optional<at::Tensor>(initial_state) : std::nullopt,
+        cu_seqlens, scale, l2norm_eps);
+    return {out[0], out[1]};
+  }
   return gated_delta_rule_aten(q, k, v, g, beta, cu_seqlens, initial_state, scale, l2norm_eps);
 }
 

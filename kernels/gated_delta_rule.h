@@ -14,8 +14,9 @@
 //   v             (T, Hv, Dv)   same dtype; Hv % Hk == 0: value head h reads
 //                               key head h / (Hv / Hk) (transformers'
 //                               repeat_interleave, without the copy)
-//   g, beta       (T, Hv)       fp32: g <= 0 is the log decay, beta the write
-//                               strength (sigmoid of in_proj_b)
+//   g, beta       (T, Hv)       fp32 (or q's dtype, read as fp32): g <= 0 is
+//                               the log decay, beta the write strength
+//                               (sigmoid of in_proj_b); gradients in their dtypes
 //   cu_seqlens    int64 (N + 1) on CPU, ascending, [0] == 0, back() == T
 //   initial_state (N, Hv, Dk, Dv) fp32, or undefined for zeros
 //   out           (T, Hv, Dv)   v's dtype
@@ -24,8 +25,9 @@
 //                 parallelism, incremental decoding)
 // The state restarts at every document boundary: a packed row equals its
 // documents run one by one (transformers' torch fallback ignores cu_seqlens,
-// transformers #46851). Computed in chunks of 64 tokens in the WY form, all
-// in fp32; memory O(T (Dk + Dv) Hv + chunks Hv Dk Dv), never O(T^2).
+// transformers #46851; 5.23 refuses cu_seqlens there unless fla is installed). Computed in chunks
+// of 64 tokens in the WY form, all in fp32; memory O(T (Dk + Dv) Hv + chunks Hv Dk Dv), never
+// O(T^2).
 //
 // Differentiable in q, k, v, g, beta and initial_state, and through both
 // outputs: a gradient of final_state flows back into the document's tokens
