@@ -116,26 +116,45 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
   }
 
   // The trainer cannot build rotary embeddings without it, so a config that
-  // lacks it is refused here rather than after the job is queued.
-  const auto max_pos = config.find("max_position_embeddings");
-  if (max_pos == config.end() || !max_pos->is_number_integer() || max_pos->get<int64_t>() < 1) {
+  // lacks it is refused here rather than after the job is queued. A
+  // vision-language wrapper keeps it with the decoder's keys, in text_config.
+  const std::string text_key(TextConfigKey(model_type->get<std::string>()));
+  const nlohmann::json* decoder_keys = &config;
+  std::string max_pos_key = "max_position_embeddings";
+  if (!text_key.empty() && config.contains(text_key) && config.at(text_key).is_object()) {
+    decoder_keys = &config.at(text_key);
+    max_pos_key = text_key + ".max_position_embeddings";
+  }
+  const auto max_pos = decoder_keys->find("max_position_embeddings");
+  if (max_pos == decoder_keys->end() || !max_pos->is_number_integer() ||
+      max_pos->get<int64_t>() < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.path: ", config_name,
-                     " needs max_position_embeddings, a positive integer that bounds "
-                     "data.seq_len"));
+        absl::StrCat("model.path: ", config_name, " needs ", max_pos_key,
+                     ", a positive integer that bounds data.seq_len"));
   }
   const int64_t limit = max_pos->get<int64_t>();
   if (spec.data().seq_len() > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.seq_len = ", spec.data().seq_len(), " is out of range; allowed: 1..",
-                     limit, " (max_position_embeddings in ", config_name, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("data.seq_len = ", spec.data().seq_len(),
+                                                   " is out of range; allowed: 1..", limit, " (",
+                                                   max_pos_key, " in ", config_name, ")"));
   }
   // The trainer's own reading of config.json: a setting the decoder cannot
   // run (a missing key, a shape out of range, another activation) fails the
   // submission, not the job after it waited in the queue.
-  if (absl::StatusOr<ModelConfig> parsed = ParseModelConfig(config.dump()); !parsed.ok()) {
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(config.dump());
+  if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.path: ", config_name, ": ", parsed.status().message()));
+  }
+  // Block diffusion attends bidirectionally within a block; a recurrence
+  // (Gated DeltaNet) reads its tokens in order, and "the rest of the block"
+  // has no meaning for it, so the pair is refused rather than given one.
+  if (spec.task() == "block_diffusion" && parsed->has_linear_attention()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task = 'block_diffusion' cannot train ", config_name,
+        ": its layer_types include linear_attention (Gated DeltaNet), a causal recurrence, and "
+        "block diffusion's bidirectional-within-block mask has no defined meaning for it; use "
+        "task causal_lm or generative_reranker, or a model of full_attention layers only"));
   }
 
   if (absl::Status s = CheckModelFiles(spec.model().path()); !s.ok()) return s;

@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -175,7 +177,104 @@ bool SameRope(const RopeScaling& a, const RopeScaling& b) {
          a.original_max_position_embeddings == b.original_max_position_embeddings;
 }
 
+// Qwen3.5's decoder (the VLM's text_config, or the text model alone).
+bool IsQwen35(const std::string& model_type) {
+  return model_type == "qwen3_5" || model_type == "qwen3_5_text";
+}
+
+// layer_types, or Qwen3.5's default from full_attention_interval: layer i is
+// full attention when (i + 1) % interval == 0. The dense families accept only
+// full_attention entries (transformers 4.57 writes them for Qwen2/Qwen3).
+absl::StatusOr<std::vector<TokenMixer>> ParseLayerTypes(const Fields& f, int64_t layers,
+                                                        bool hybrid) {
+  std::vector<TokenMixer> types(layers, TokenMixer::kAttention);
+  const json* given = f.Find("layer_types");
+  if (given == nullptr) {
+    if (!hybrid) return types;
+    int64_t interval = 4;
+    if (f.Find("full_attention_interval") != nullptr) {
+      BALLAST_ASSIGN_OR_RETURN(interval, f.PositiveInt("full_attention_interval", kMaxLayers));
+    }
+    for (int64_t i = 0; i < layers; ++i) {
+      if ((i + 1) % interval != 0) types[i] = TokenMixer::kGatedDeltaNet;
+    }
+    return types;
+  }
+  const std::string allowed = hybrid ? "full_attention, linear_attention" : "full_attention";
+  if (!given->is_array() || static_cast<int64_t>(given->size()) != layers) {
+    return Invalid(f.Name("layer_types"),
+                   absl::StrCat("must be a list of num_hidden_layers (", layers,
+                                ") layer types, got ", given->dump()));
+  }
+  for (int64_t i = 0; i < layers; ++i) {
+    const json& entry = (*given)[i];
+    const std::string key = absl::StrCat(f.Name("layer_types"), "[", i, "]");
+    if (entry.is_string() && entry.get<std::string>() == "full_attention") continue;
+    if (hybrid && entry.is_string() && entry.get<std::string>() == "linear_attention") {
+      types[i] = TokenMixer::kGatedDeltaNet;
+      continue;
+    }
+    return Invalid(key, absl::StrCat("must be one of ", allowed, "; got ", entry.dump()));
+  }
+  return types;
+}
+
+// The linear_* keys, with transformers 5.23's Qwen3_5TextConfig defaults for
+// absent ones (config.json files it saves always have them).
+absl::StatusOr<GatedDeltaNetConfig> ParseGatedDeltaNet(const Fields& f) {
+  GatedDeltaNetConfig g;
+  const std::pair<const char*, int64_t*> sizes[] = {
+      {"linear_num_key_heads", &g.num_key_heads}, {"linear_num_value_heads", &g.num_value_heads},
+      {"linear_key_head_dim", &g.key_head_dim},   {"linear_value_head_dim", &g.value_head_dim},
+      {"linear_conv_kernel_dim", &g.conv_kernel},
+  };
+  const int64_t defaults[] = {16, 32, 128, 128, 4};
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *sizes[i].second = defaults[i];
+    if (f.Find(sizes[i].first) != nullptr) {
+      BALLAST_ASSIGN_OR_RETURN(*sizes[i].second, f.PositiveInt(sizes[i].first, kMaxHeads));
+    }
+  }
+  if (g.num_value_heads % g.num_key_heads != 0) {
+    return Invalid(f.Name("linear_num_value_heads"),
+                   absl::StrCat("must be a multiple of linear_num_key_heads (", g.num_key_heads,
+                                "), got ", g.num_value_heads,
+                                " (each value head reads key head h / (value heads / key heads))"));
+  }
+  if (g.key_head_dim > kMaxHeadDim || g.value_head_dim > kMaxHeadDim) {
+    return Invalid(
+        f.Name(g.key_head_dim > kMaxHeadDim ? "linear_key_head_dim" : "linear_value_head_dim"),
+        absl::StrCat("must be <= ", kMaxHeadDim));
+  }
+  return g;
+}
+
+// A mixture-of-experts config: the decoder has dense MLPs only, so one that
+// asks for experts is refused rather than run without them.
+absl::Status RefuseExperts(const Fields& f) {
+  for (const char* key :
+       {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "shared_expert_intermediate_size"}) {
+    absl::StatusOr<std::optional<int64_t>> v = f.OptionalInt(key);
+    if (!v.ok()) return v.status();
+    if (v->value_or(0) > 0) {
+      return Invalid(f.Name(key),
+                     absl::StrCat("is ", **v,
+                                  ": mixture-of-experts layers are not supported "
+                                  "(the decoder's MLPs are dense); must be 0 or absent"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool ModelConfig::has_linear_attention() const {
+  for (TokenMixer m : layer_types) {
+    if (m == TokenMixer::kGatedDeltaNet) return true;
+  }
+  return false;
+}
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   json root;
@@ -185,11 +284,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return absl::InvalidArgumentError(absl::StrCat("config.json is not valid JSON: ", e.what()));
   }
   if (!root.is_object()) return absl::InvalidArgumentError("config.json must be a JSON object");
-  const Fields f(root, "");
+  const Fields top(root, "");
   ModelConfig c;
 
   std::optional<std::string> model_type;
-  BALLAST_ASSIGN_OR_RETURN(model_type, f.OptionalString("model_type"));
+  BALLAST_ASSIGN_OR_RETURN(model_type, top.OptionalString("model_type"));
   if (!model_type) {
     return Invalid("model_type",
                    absl::StrCat("is required (one of ", SupportedModelTypesText(), ")"));
@@ -199,6 +298,27 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
                                               "; got \"", *model_type, "\""));
   }
   c.model_type = *model_type;
+  const bool qwen3_5 = IsQwen35(c.model_type);
+
+  // The decoder's keys: the root, or the vision-language wrapper's text_config.
+  const std::string text_key(TextConfigKey(c.model_type));
+  const json* text = &root;
+  if (!text_key.empty()) {
+    text = top.Find(text_key);
+    if (text == nullptr || !text->is_object()) {
+      return Invalid(text_key, "is required (an object with the text decoder's keys)");
+    }
+    c.tensor_prefix = "model.language_model.";
+  }
+  const Fields f(*text, text_key.empty() ? "" : text_key + ".");
+  if (!text_key.empty()) {
+    std::optional<std::string> inner;
+    BALLAST_ASSIGN_OR_RETURN(inner, f.OptionalString("model_type"));
+    if (inner && *inner != "qwen3_5_text") {
+      return Invalid(f.Name("model_type"),
+                     absl::StrCat("must be \"qwen3_5_text\", got \"", *inner, "\""));
+    }
+  }
 
   BALLAST_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size", kMaxVocab));
   BALLAST_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size", kMaxWidth));
@@ -215,15 +335,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     c.num_key_value_heads = c.num_attention_heads;
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    return Invalid("num_key_value_heads",
+    return Invalid(f.Name("num_key_value_heads"),
                    absl::StrCat("must divide num_attention_heads (", c.num_attention_heads,
                                 "), got ", c.num_key_value_heads));
   }
 
   if (f.Find("head_dim") != nullptr) {
     BALLAST_ASSIGN_OR_RETURN(c.head_dim, f.PositiveInt("head_dim", kMaxWidth));
+  } else if (qwen3_5) {
+    c.head_dim = 256;  // Qwen3_5TextConfig's default
   } else if (c.hidden_size % c.num_attention_heads != 0) {
-    return Invalid("head_dim",
+    return Invalid(f.Name("head_dim"),
                    absl::StrCat("is required when num_attention_heads (", c.num_attention_heads,
                                 ") does not divide hidden_size (", c.hidden_size, ")"));
   } else {
@@ -231,7 +353,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   // RoPE rotates pairs of channels, and the attention kernels stop at 256.
   if (c.head_dim % 2 != 0 || c.head_dim > kMaxHeadDim) {
-    return Invalid("head_dim",
+    return Invalid(f.Name("head_dim"),
                    absl::StrCat("must be even and <= ", kMaxHeadDim, ", got ", c.head_dim));
   }
 
@@ -239,38 +361,62 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     BALLAST_ASSIGN_OR_RETURN(c.rms_norm_eps, f.PositiveDouble("rms_norm_eps"));
   }
 
-  // transformers 5 moves rope_theta and the scaling into rope_parameters;
-  // older configs have rope_theta and rope_scaling at the top level.
+  // transformers 5 moves rope_theta, partial_rotary_factor and the scaling
+  // into rope_parameters; older configs have them at the top level.
   std::optional<double> theta;
   std::optional<double> nested_theta;
+  std::optional<double> factor;
+  std::optional<double> nested_factor;
   if (f.Find("rope_theta") != nullptr) {
     BALLAST_ASSIGN_OR_RETURN(theta, f.PositiveDouble("rope_theta"));
+  }
+  if (f.Find("partial_rotary_factor") != nullptr) {
+    BALLAST_ASSIGN_OR_RETURN(factor, f.PositiveDouble("partial_rotary_factor"));
   }
   const json* rope_parameters = f.Find("rope_parameters");
   const json* rope_scaling = f.Find("rope_scaling");
   if (rope_parameters != nullptr && rope_parameters->is_object()) {
-    const Fields p(*rope_parameters, "rope_parameters.");
+    const Fields p(*rope_parameters, f.Name("rope_parameters."));
     if (p.Find("rope_theta") != nullptr) {
       BALLAST_ASSIGN_OR_RETURN(nested_theta, p.PositiveDouble("rope_theta"));
     }
+    if (p.Find("partial_rotary_factor") != nullptr) {
+      BALLAST_ASSIGN_OR_RETURN(nested_factor, p.PositiveDouble("partial_rotary_factor"));
+    }
   }
   if (theta && nested_theta && *theta != *nested_theta) {
-    return Invalid("rope_theta", absl::StrCat("(", *theta, ") disagrees with rope_parameters.",
-                                              "rope_theta (", *nested_theta, ")"));
+    return Invalid(f.Name("rope_theta"),
+                   absl::StrCat("(", *theta, ") disagrees with rope_parameters.", "rope_theta (",
+                                *nested_theta, ")"));
   }
   if (theta) c.rope_theta = *theta;
   if (nested_theta) c.rope_theta = *nested_theta;
+  if (factor && nested_factor && *factor != *nested_factor) {
+    return Invalid(f.Name("partial_rotary_factor"),
+                   absl::StrCat("(", *factor, ") disagrees with rope_parameters.",
+                                "partial_rotary_factor (", *nested_factor, ")"));
+  }
+  // Qwen3_5TextConfig defaults it to 0.25; elsewhere RoPE covers the head.
+  const double rotary_factor = nested_factor.value_or(factor.value_or(qwen3_5 ? 0.25 : 1.0));
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * rotary_factor);
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim) {
+    return Invalid(
+        f.Name(nested_factor ? "rope_parameters.partial_rotary_factor" : "partial_rotary_factor"),
+        absl::StrCat("gives a rotary dimension of ", c.rotary_dim, " (head_dim ", c.head_dim, " x ",
+                     rotary_factor, "); it must be even and in 2..head_dim"));
+  }
 
   if (rope_scaling != nullptr) {
-    BALLAST_ASSIGN_OR_RETURN(
-        c.rope_scaling, ParseRopeScaling(*rope_scaling, "rope_scaling", c.max_position_embeddings));
+    BALLAST_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*rope_scaling, f.Name("rope_scaling"),
+                                                              c.max_position_embeddings));
   }
   if (rope_parameters != nullptr) {
     RopeScaling from_parameters;
-    BALLAST_ASSIGN_OR_RETURN(from_parameters, ParseRopeScaling(*rope_parameters, "rope_parameters",
-                                                               c.max_position_embeddings));
+    BALLAST_ASSIGN_OR_RETURN(
+        from_parameters,
+        ParseRopeScaling(*rope_parameters, f.Name("rope_parameters"), c.max_position_embeddings));
     if (rope_scaling != nullptr && !SameRope(c.rope_scaling, from_parameters)) {
-      return Invalid("rope_scaling", "disagrees with rope_parameters");
+      return Invalid(f.Name("rope_scaling"), "disagrees with rope_parameters");
     }
     c.rope_scaling = from_parameters;
   }
@@ -278,31 +424,64 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   std::optional<std::string> hidden_act;
   BALLAST_ASSIGN_OR_RETURN(hidden_act, f.OptionalString("hidden_act"));
   if (hidden_act && *hidden_act != "silu") {
-    return Invalid("hidden_act", absl::StrCat("must be \"silu\", got \"", *hidden_act, "\""));
+    return Invalid(f.Name("hidden_act"),
+                   absl::StrCat("must be \"silu\", got \"", *hidden_act, "\""));
   }
 
   std::optional<bool> flag;
   BALLAST_ASSIGN_OR_RETURN(flag, f.OptionalBool("tie_word_embeddings"));
   c.tie_word_embeddings = flag.value_or(false);
+  if (!text_key.empty()) {
+    // transformers ties the wrapper's lm_head by the wrapper's own key;
+    // text_config's stands in only when the wrapper has none.
+    std::optional<bool> outer;
+    BALLAST_ASSIGN_OR_RETURN(outer, top.OptionalBool("tie_word_embeddings"));
+    if (outer) c.tie_word_embeddings = *outer;
+  }
 
   // Qwen2's attention has q/k/v biases unconditionally; transformers ignores
   // the key for it, so we do too.
   BALLAST_ASSIGN_OR_RETURN(flag, f.OptionalBool("attention_bias"));
   c.attention_bias = c.model_type == "qwen2" || flag.value_or(false);
+  if (qwen3_5 && c.attention_bias) {
+    return Invalid(f.Name("attention_bias"),
+                   "must be false for Qwen3.5 (its o_proj bias is not supported)");
+  }
 
   BALLAST_ASSIGN_OR_RETURN(flag, f.OptionalBool("mlp_bias"));
   if (flag.value_or(false))
-    return Invalid("mlp_bias", "must be false (MLP biases are not supported)");
+    return Invalid(f.Name("mlp_bias"), "must be false (MLP biases are not supported)");
 
   BALLAST_ASSIGN_OR_RETURN(flag, f.OptionalBool("use_sliding_window"));
   if (flag.value_or(false))
-    return Invalid("use_sliding_window", "is not supported (must be false)");
+    return Invalid(f.Name("use_sliding_window"), "is not supported (must be false)");
 
   // The decoder has no attention dropout; a nonzero value would be ignored.
   std::optional<double> dropout;
   BALLAST_ASSIGN_OR_RETURN(dropout, f.OptionalDouble("attention_dropout"));
   if (dropout.value_or(0.0) != 0.0) {
-    return Invalid("attention_dropout", absl::StrCat("must be 0, got ", *dropout));
+    return Invalid(f.Name("attention_dropout"), absl::StrCat("must be 0, got ", *dropout));
+  }
+
+  if (absl::Status s = RefuseExperts(f); !s.ok()) return s;
+  BALLAST_ASSIGN_OR_RETURN(c.layer_types, ParseLayerTypes(f, c.num_hidden_layers, qwen3_5));
+
+  if (qwen3_5) {
+    // transformers 5.23's Qwen3.5 always gates the attention output and has
+    // no key for it; a config that turns the gate off asks for another model.
+    BALLAST_ASSIGN_OR_RETURN(flag, f.OptionalBool("attn_output_gate"));
+    if (!flag.value_or(true)) {
+      return Invalid(f.Name("attn_output_gate"),
+                     "is false, which this decoder does not implement (Qwen3.5's attention "
+                     "output is always gated); must be true or absent");
+    }
+    c.attention_output_gate = true;
+    c.zero_centred_norm = true;
+    c.qk_norm = true;
+    if (c.has_linear_attention()) {
+      BALLAST_ASSIGN_OR_RETURN(c.linear_attention, ParseGatedDeltaNet(f));
+    }
+    return c;
   }
 
   // SDAR's decoder is Qwen3's (common/sdar_checkpoint.h checks its own keys).

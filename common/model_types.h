@@ -14,14 +14,21 @@ namespace ballast {
 
 // Every supported model_type, in the order error messages list them.
 // sdar is Qwen3's decoder under block-diffusion training (common/sdar_checkpoint.h).
-inline constexpr std::array<absl::string_view, 4> kSupportedModelTypes = {"llama", "qwen2", "qwen3",
-                                                                          "sdar"};
+// qwen3_5 is Qwen3.5's released vision-language checkpoint, of which the
+// trainer reads and trains the text decoder; qwen3_5_text is that decoder
+// alone (transformers' Qwen3_5ForCausalLM).
+inline constexpr std::array<absl::string_view, 6> kSupportedModelTypes = {
+    "llama", "qwen2", "qwen3", "sdar", "qwen3_5", "qwen3_5_text"};
 
 // True when `model_type` is one of kSupportedModelTypes (exact, case-sensitive).
 bool IsSupportedModelType(absl::string_view model_type);
 
-// kSupportedModelTypes as "llama, qwen2, qwen3, sdar", for error messages.
+// kSupportedModelTypes as "llama, qwen2, qwen3, sdar, ...", for error messages.
 std::string SupportedModelTypesText();
+
+// Where a config.json of `model_type` keeps the decoder's keys: "text_config"
+// for a vision-language wrapper (qwen3_5), "" for the root object.
+absl::string_view TextConfigKey(absl::string_view model_type);
 
 }  // namespace ballast
 

@@ -82,7 +82,8 @@ inline constexpr SpecRule kSpecRules[] = {
     {.key = "model.path",
      .default_kind = SpecDefault::kRequired,
      .meaning = "HF folder: `config.json` + `model.safetensors` or a sharded "
-                "`model.safetensors.index.json`; `model_type` llama, qwen2 or qwen3"},
+                "`model.safetensors.index.json`; `model_type` llama, qwen2, qwen3, qwen3_5 (the "
+                "released vision-language checkpoints) or qwen3_5_text"},
     {.key = "method",
      .default_kind = SpecDefault::kText,
      .text = "lora",
@@ -122,8 +123,10 @@ inline constexpr SpecRule kSpecRules[] = {
      .default_kind = SpecDefault::kText,
      .text = "q_proj, v_proj",
      .allowed_kind = SpecAllowed::kOneOf,
-     .choices = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
-     .meaning = "the linears to adapt, or the single entry `all-linear`"},
+     .choices = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, "
+                "in_proj_z, in_proj_b, in_proj_a, out_proj",
+     .meaning = "the linears to adapt, or the single entry `all-linear` (every one the model "
+                "has; `in_proj_*` and `out_proj` are Qwen3.5's Gated DeltaNet layers)"},
     {.key = "lora.init_lora_weights",
      .default_kind = SpecDefault::kText,
      .text = "kaiming",

@@ -12,8 +12,11 @@
 //   cu_seqlens      int64 (N + 1) on CPU, as in attention.h
 //   initial_window  (N, C, K - 1) the K - 1 inputs before each document, or undefined
 //   y               (T, C) x's dtype, computed in fp32
-// Differentiable in x and weight. Throws c10::Error naming the argument on
-// inconsistent shapes.
+// Differentiable in x, weight and initial_window. Throws c10::Error naming the
+// argument on inconsistent shapes.
+//
+// Implementations: on CPU the hand-written kernel (kernels/cpu/
+// causal_conv1d_cpu.h); on any other device the op-by-op path below.
 #ifndef BALLAST_KERNELS_CAUSAL_CONV1D_H_
 #define BALLAST_KERNELS_CAUSAL_CONV1D_H_
 
@@ -23,6 +26,12 @@ namespace ballast::kernels {
 
 at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
                               const at::Tensor& cu_seqlens, const at::Tensor& initial_window);
+
+// The same in ATen ops: K shifted gathers of x (a shift that crosses a
+// document's start reads its window, or a zero row), weighted and summed, then
+// SiLU; autograd derives the backward. Public for the tests.
+at::Tensor causal_conv1d_silu_aten(const at::Tensor& x, const at::Tensor& weight,
+                                   const at::Tensor& cu_seqlens, const at::Tensor& initial_window);
 
 }  // namespace ballast::kernels
 

@@ -59,4 +59,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+at::Tensor rms_norm_zero_centred(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.defined(), "rms_norm_zero_centred: weight must be defined");
+  const at::Tensor scale = weight.to(at::kFloat) + 1.0;  // HF: 1.0 + weight.float()
+  if (x.device().is_cpu() && x.scalar_type() == at::kFloat) return rms_norm(x, scale, eps);
+  TORCH_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == weight.numel(),
+              "rms_norm_zero_centred: x's last dimension must be weight's size ", weight.numel());
+  const at::Tensor normed = at::rms_norm(x.to(at::kFloat), {x.size(-1)}, std::nullopt, eps);
+  return (normed * scale).to(x.scalar_type());
+}
+
 }  // namespace ballast::kernels

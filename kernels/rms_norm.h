@@ -1,6 +1,8 @@
 // RMSNorm as HF's Llama, Qwen2 and Qwen3 compute it:
 //   n = x / sqrt(mean(x^2 over the last dim) + eps)   in fp32
 //   y = weight * n                                    n rounded to x's dtype first
+// and Qwen3.5's zero-centred form (Qwen3_5RMSNorm, weight initialised to 0):
+//   y = n * (1 + weight)                              in fp32, rounded once
 #ifndef BALLAST_KERNELS_RMS_NORM_H_
 #define BALLAST_KERNELS_RMS_NORM_H_
 
@@ -21,6 +23,12 @@ namespace ballast::kernels {
 // on the thread count. Other dtypes and devices run ATen's ops, with HF's
 // roundings exactly.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The zero-centred form, with rms_norm's arguments and result. fp32 on CPU is
+// rms_norm's fused pass with 1 + weight as its weight: in fp32 the products
+// are HF's, and the gradient reaches weight through the sum. Other dtypes
+// and devices run ATen's ops: n and 1 + weight in fp32, one rounding.
+at::Tensor rms_norm_zero_centred(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 }  // namespace ballast::kernels
 

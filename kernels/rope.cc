@@ -1,9 +1,11 @@
-// With h = D / 2 and the halves x1 = x[:h], x2 = x[h:] (likewise for cos, sin):
+// With R = cos.size(1) the rotated channels, h = R / 2 and the halves
+// x1 = x[:h], x2 = x[h:R] (likewise for cos, sin):
 //   forward:   out1 = x1 cos1 - x2 sin1          out2 = x2 cos2 + x1 sin2
 //   backward:  dx1  = dy1 cos1 + dy2 sin2        dx2  = dy2 cos2 - dy1 sin1
 // (the backward is dy * cos + rotate_half^T(dy * sin), rotate_half^T([z1, z2])
-// = [z2, -z1]). CPU tensors take the threaded kernel below; other devices
-// compute x * cos + rotate_half(x) * sin with ATen ops (see apply_rope).
+// = [z2, -z1]); channels R..D-1 pass through both ways (out = x, dx = dy).
+// CPU tensors take the threaded kernel below; other devices compute
+// x * cos + rotate_half(x) * sin with ATen ops (see apply_rope).
 #include "kernels/rope.h"
 
 #include <ATen/ATen.h>
@@ -22,7 +24,8 @@ void Rotate(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, 
             at::Tensor& out) {
   const int64_t tokens = in.size(0);
   const int64_t heads = in.size(1);
-  const int64_t half = in.size(2) / 2;
+  const int64_t dim = in.size(2);
+  const int64_t half = cos.size(1) / 2;
   const at::Tensor c = cos.contiguous();
   const at::Tensor s = sin.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "rope", [&] {
@@ -32,14 +35,14 @@ void Rotate(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, 
     scalar_t* y = out.mutable_data_ptr<scalar_t>();
     const int64_t row_stride = in.stride(0), head_stride = in.stride(1);
     // Rows of heads * D elements; ~16k elements per task.
-    const int64_t grain = std::max<int64_t>(1, 16384 / (heads * 2 * half));
+    const int64_t grain = std::max<int64_t>(1, 16384 / (heads * dim));
     at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* ct = cp + t * 2 * half;
         const scalar_t* st = sp + t * 2 * half;
         for (int64_t h = 0; h < heads; ++h) {
           const scalar_t* xi = x + t * row_stride + h * head_stride;
-          scalar_t* yo = y + (t * heads + h) * 2 * half;
+          scalar_t* yo = y + (t * heads + h) * dim;
           for (int64_t i = 0; i < half; ++i) {
             const float x1 = xi[i], x2 = xi[half + i];
             const float s1 = static_cast<float>(st[i]), s2 = static_cast<float>(st[half + i]);
@@ -50,6 +53,7 @@ void Rotate(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, 
             yo[half + i] =
                 static_cast<scalar_t>(x2 * static_cast<float>(ct[half + i]) + x1 * s_second);
           }
+          for (int64_t i = 2 * half; i < dim; ++i) yo[i] = xi[i];  // not rotated
         }
       }
     });
@@ -85,9 +89,9 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0,
               "apply_rope: x must be (T, heads, D) with D even, got ", x.sizes());
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == x.size(0) &&
-                  cos.size(1) == x.size(2),
-              "apply_rope: cos and sin must be (T, D) = (", x.size(0), ", ", x.size(2), "), got ",
-              cos.sizes(), " and ", sin.sizes());
+                  cos.size(1) % 2 == 0 && cos.size(1) >= 2 && cos.size(1) <= x.size(2),
+              "apply_rope: cos and sin must be (T, R) with T = ", x.size(0),
+              " and R even in 2..D = ", x.size(2), ", got ", cos.sizes(), " and ", sin.sizes());
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "apply_rope: cos and sin must have x's dtype ", x.scalar_type());
   TORCH_CHECK(cos.device() == x.device() && sin.device() == x.device(),
@@ -96,11 +100,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   if (x.device().is_cpu()) return RopeFunction::apply(x, cos, sin);
   // Elsewhere (CUDA) by ATen ops, differentiated by autograd: the same
   // formula, in fp32, rounded once to x's dtype as on the CPU.
-  const int64_t half = x.size(2) / 2;
-  const at::Tensor xf = x.to(at::kFloat);
+  const int64_t rot = cos.size(1), half = rot / 2;
+  const at::Tensor xf = x.narrow(2, 0, rot).to(at::kFloat);
   const at::Tensor rotated = at::cat({-xf.narrow(2, half, half), xf.narrow(2, 0, half)}, 2);
-  return (xf * cos.to(at::kFloat).unsqueeze(1) + rotated * sin.to(at::kFloat).unsqueeze(1))
-      .to(x.scalar_type());
+  const at::Tensor out =
+      (xf * cos.to(at::kFloat).unsqueeze(1) + rotated * sin.to(at::kFloat).unsqueeze(1))
+          .to(x.scalar_type());
+  if (rot == x.size(2)) return out;
+  return at::cat({out, x.narrow(2, rot, x.size(2) - rot)}, 2);
 }
 
 }  // namespace ballast::kernels

@@ -25,7 +25,34 @@ def relative_error(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+# Qwen3.5 needs transformers >= 5.2 (tests that use it run under build/hf5):
+# a hybrid of 2 Gated DeltaNet layers and 1 gated full-attention layer, with
+# grouped value heads (Hv = 2 Hk), partial RoPE (a quarter of head_dim 32)
+# and head_dim != hidden / heads, as in the real family.
+QWEN3_5_TEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=256, rms_norm_eps=1e-6,
+                    layer_types=["linear_attention", "linear_attention", "full_attention"],
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                     "partial_rotary_factor": 0.25})
+# The vision tower only has to exist (and be kept byte for byte): tiny.
+QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                      out_hidden_size=64, num_position_embeddings=16, patch_size=4,
+                      temporal_patch_size=2, spatial_merge_size=2)
+
+
 def make_config(arch):
+    if arch == "qwen3_5_text":
+        from transformers import Qwen3_5TextConfig
+        return Qwen3_5TextConfig(**QWEN3_5_TEXT, tie_word_embeddings=False)
+    if arch == "qwen3_5":
+        from transformers import Qwen3_5Config
+        # The released checkpoints' layout: the text decoder in text_config.
+        return Qwen3_5Config(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION,
+                             tie_word_embeddings=True)
+
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
@@ -44,20 +71,98 @@ def make_config(arch):
     raise ValueError(arch)
 
 
+def use_transformers_torch_gdn():
+    """transformers picks flash-linear-attention's Triton kernels for Gated
+    DeltaNet when fla is installed (build/hf5 has it, for its CPU torch
+    references), and those need a GPU. The reference is transformers' own
+    torch path (torch_chunk_gated_delta_rule, the F.conv1d causal conv)."""
+    import inspect
+
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                 "causal_conv1d_fn", "causal_conv1d_update"):
+        setattr(m, name, inspect.unwrap(getattr(m, name)))
+
+
+def model_class(arch):
+    """The transformers class a model of `arch` loads with."""
+    if arch.startswith("qwen3_5"):
+        use_transformers_torch_gdn()
+    if arch == "qwen3_5":
+        from transformers import Qwen3_5ForConditionalGeneration
+        return Qwen3_5ForConditionalGeneration
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM
+
+
+def randomize_qwen3_5(name, p):
+    """Qwen3.5's tensors at random around their meaning: zero-centred norms
+    (1 + w) near 0, the gated norm's w near 1, A_log and dt_bias spread so
+    that the decays differ per head, the conv wide enough to matter."""
+    if "linear_attn.norm" in name:
+        p.copy_(1 + 0.1 * torch.randn_like(p))
+    elif "norm" in name:
+        p.copy_(0.1 * torch.randn_like(p))
+    elif "A_log" in name or "dt_bias" in name:
+        p.copy_(0.5 * torch.randn_like(p))
+    elif "conv1d" in name:
+        p.normal_(0, 0.3)
+    else:
+        p.normal_(0, 0.05)
+
+
+def add_mtp_tensors(path, seed):
+    """Adds multi-token-prediction tensors (mtp.*, which transformers does
+    not load) to the checkpoint at `path`, as the released Qwen3.5 files
+    have them, in a shard of their own listed in the index (a single file
+    becomes a sharded checkpoint). Returns their names."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    mtp = {"mtp.fc.weight": torch.randn(64, 128, generator=g).to(torch.bfloat16),
+           "mtp.norm.weight": torch.randn(64, generator=g).to(torch.bfloat16),
+           "mtp.layers.0.mlp.up_proj.weight": torch.randn(112, 64, generator=g)}
+    save_file(mtp, os.path.join(path, "model-mtp.safetensors"), metadata={"format": "pt"})
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            index = json.load(f)
+    else:
+        from safetensors import safe_open
+        single = os.path.join(path, "model.safetensors")
+        with safe_open(single, "pt") as f:
+            names = list(f.keys())
+        os.rename(single, os.path.join(path, "model-text.safetensors"))
+        index = {"metadata": {}, "weight_map": {n: "model-text.safetensors" for n in names}}
+    index["weight_map"].update({n: "model-mtp.safetensors" for n in mtp})
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    return sorted(mtp)
+
+
 def make_model(arch, path, seed):
     """A random model saved at `path`. Every tensor (biases and norms too) is
-    drawn at random so that no term of the forward is trivially zero or one."""
-    from transformers import AutoModelForCausalLM
-
+    drawn at random so that no term of the forward is trivially zero or one.
+    A Qwen3.5 VLM ("qwen3_5") also gets mtp.* tensors and a sharded layout."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(make_config(arch), torch_dtype=torch.float32)
+    if arch == "qwen3_5":
+        # An explicit class, not an Auto one: AutoModelForCausalLM makes the text model alone.
+        model = model_class(arch)(make_config(arch)).to(torch.float32)
+    else:
+        # transformers 5 renamed torch_dtype to dtype; 4.57 (the dense archs) has the old name.
+        dtype = {"dtype" if arch.startswith("qwen3_5") else "torch_dtype": torch.float32}
+        model = model_class(arch).from_config(make_config(arch), **dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if arch.startswith("qwen3_5"):
+                randomize_qwen3_5(name, p)
+            elif "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
+    if arch == "qwen3_5":
+        add_mtp_tensors(path, seed)
     return model
 
 

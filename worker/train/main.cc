@@ -250,6 +250,7 @@ struct TrainArgs {
 
 struct LogitsArgs {
   std::string model_dir, adapter_dir, tokens_path, out;
+  bool gradients = false;
 };
 
 struct MergeArgs {
@@ -333,8 +334,8 @@ int Train(const TrainArgs& args, const CLI::App& app, int argc, char** argv) {
 }
 
 int Logits(const LogitsArgs& args) {
-  absl::Status status =
-      ballast::train::WriteLogits(args.model_dir, args.adapter_dir, args.tokens_path, args.out);
+  absl::Status status = ballast::train::WriteLogits(args.model_dir, args.adapter_dir,
+                                                    args.tokens_path, args.out, args.gradients);
   return status.ok() ? 0 : Fail(status);
 }
 
@@ -457,6 +458,9 @@ CLI::App* AddLogits(CLI::App& app, LogitsArgs* args) {
       ->required()
       ->check(CLI::ExistingFile);
   logits->add_option("--out", args->out, "Output .safetensors (logits, cu_seqlens)")->required();
+  logits->add_flag("--gradients", args->gradients,
+                   "Also write the gradient of the summed next-token cross-entropy for every "
+                   "adapter tensor (every base tensor without --adapter), as grad.<name>");
   return logits;
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_types.h"
 
@@ -134,15 +135,46 @@ TEST_F(JobSpecFilesTest, SeqLenAboveMaxPositionEmbeddingsNamesTheRange) {
 }
 
 TEST_F(JobSpecFilesTest, AcceptsEverySupportedModelType) {
-  // An SDAR checkpoint trains by block diffusion only (SdarCheckpointTest).
-  spec_.set_task("block_diffusion");
   spec_.mutable_block_diffusion()->set_block_length(4);
   for (absl::string_view model_type : kSupportedModelTypes) {
-    WriteConfig(ConfigJson(
-        absl::StrCat(R"("model_type": ")", model_type, R"(", "max_position_embeddings": 1024)")));
+    // A vision-language wrapper keeps the decoder's keys in text_config.
+    const std::string text_key(TextConfigKey(model_type));
+    const std::string keys = ConfigJson(absl::StrCat(R"("model_type": ")",
+                                                     text_key.empty() ? model_type : "qwen3_5_text",
+                                                     R"(", "max_position_embeddings": 1024)"));
+    WriteConfig(text_key.empty() ? keys
+                                 : absl::StrCat(R"({"model_type": ")", model_type, R"(", ")",
+                                                text_key, R"(": )", keys, "}"));
+    // An SDAR checkpoint trains by block diffusion only (SdarCheckpointTest);
+    // Qwen3.5's Gated DeltaNet layers cannot (below).
+    spec_.set_task(absl::StartsWith(model_type, "qwen3_5") ? "causal_lm" : "block_diffusion");
     EXPECT_TRUE(ValidateJobSpecFiles(spec_).ok())
         << model_type << ": " << ValidateJobSpecFiles(spec_);
   }
+}
+
+TEST_F(JobSpecFilesTest, Qwen35sSeqLenBoundIsInTextConfig) {
+  WriteConfig(absl::StrCat(R"({"model_type": "qwen3_5", "text_config": )",
+                           ConfigJson(R"("max_position_embeddings": 512)"), "}"));
+  const absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("data.seq_len = 1024 is out of range; allowed: 1..512 "
+                                     "(text_config.max_position_embeddings in"));
+}
+
+TEST_F(JobSpecFilesTest, BlockDiffusionOnAGatedDeltaNetModelIsRefusedWithTheReason) {
+  spec_.set_task("block_diffusion");
+  spec_.mutable_block_diffusion()->set_block_length(4);
+  WriteConfig(ConfigJson(R"("model_type": "qwen3_5_text", "max_position_embeddings": 1024)"));
+  const absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("task = 'block_diffusion'"));
+  EXPECT_THAT(s.message(), HasSubstr("linear_attention (Gated DeltaNet)"));
+  EXPECT_THAT(s.message(), HasSubstr("no defined meaning"));
+  // Full-attention layers only: block diffusion is defined.
+  WriteConfig(ConfigJson(R"("model_type": "qwen3_5_text", "max_position_embeddings": 1024, )"
+                         R"("layer_types": ["full_attention", "full_attention"])"));
+  EXPECT_TRUE(ValidateJobSpecFiles(spec_).ok()) << ValidateJobSpecFiles(spec_);
 }
 
 // The trainer's parse of config.json runs at submission: what the decoder

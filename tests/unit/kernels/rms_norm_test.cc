@@ -118,6 +118,37 @@ TEST(RmsNorm, OtherDtypesRunHfOpByOp) {
   EXPECT_TRUE(torch::equal(rms_norm(x, w, kEps), want));
 }
 
+TEST(RmsNorm, ZeroCentredMatchesQwen35sNormInFp32WithGradients) {
+  torch::manual_seed(7);
+  // Per-head rows of a fused projection, as q_norm reads them.
+  const at::Tensor fused = torch::randn({33, 2 * 4 * 32});
+  const at::Tensor x_in = fused.narrow(1, 0, 4 * 64).view({33, 4, 64}).narrow(2, 0, 32);
+  const at::Tensor w_in = 0.1 * torch::randn({32});
+  const at::Tensor dy = torch::randn({33, 4, 32});
+  at::Tensor x = x_in.detach().requires_grad_(true);
+  at::Tensor w = w_in.detach().clone().requires_grad_(true);
+  at::Tensor y = rms_norm_zero_centred(x, w, kEps);
+  y.backward(dy);
+  // Qwen3_5RMSNorm in float64: norm(x) * (1 + w).
+  at::Tensor xr = x_in.to(torch::kDouble).detach().requires_grad_(true);
+  at::Tensor wr = w_in.to(torch::kDouble).detach().requires_grad_(true);
+  at::Tensor yr = ReferenceRmsNorm(xr, 1 + wr);
+  yr.backward(dy.to(torch::kDouble));
+  EXPECT_LE(RelativeError(y, yr), 1e-6);
+  EXPECT_LE(RelativeError(x.grad(), xr.grad()), 1e-6);
+  EXPECT_LE(RelativeError(w.grad(), wr.grad()), 1e-6);
+}
+
+TEST(RmsNorm, ZeroCentredBf16RoundsOnceAsTransformers) {
+  const at::Tensor x = torch::randn({16, 48}).to(torch::kBFloat16);
+  const at::Tensor w = (0.1 * torch::randn({48})).to(torch::kBFloat16);
+  // (norm(x.float()) * (1 + w.float())).type_as(x): no rounding before the product.
+  const at::Tensor want =
+      (at::rms_norm(x.to(torch::kFloat), {48}, std::nullopt, kEps) * (1.0 + w.to(torch::kFloat)))
+          .to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(rms_norm_zero_centred(x, w, kEps), want));
+}
+
 TEST(RmsNorm, RefusesAWeightOfTheWrongSize) {
   try {
     rms_norm(torch::randn({4, 8}), torch::randn({7}), kEps);

@@ -76,10 +76,41 @@ TEST(RopeTest, MismatchedShapesAreRefusedNamingThem) {
     apply_rope(x, cos.narrow(0, 0, 7), sin.narrow(0, 0, 7));
     ADD_FAILURE() << "short cos/sin accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("cos and sin must be (T, D)"),
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("cos and sin must be (T, R)"),
               std::string::npos)
         << e.what_without_backtrace();
   }
+}
+
+TEST(RopeTest, PartialRotatesTheFirstRChannelsAndPassesTheRestThrough) {
+  // Qwen3.5: head_dim 32 with partial_rotary_factor 0.25 rotates 8 channels.
+  torch::manual_seed(2);
+  const int64_t tokens = 50, heads = 2, dim = 32, rot = 8;
+  for (const auto& [cos, sin] : CosSin(tokens, rot)) {
+    at::Tensor fused = torch::randn({tokens, 2 * heads * dim});
+    at::Tensor x = fused.narrow(1, heads * dim, heads * dim).view({tokens, heads, dim});
+    at::Tensor grad = torch::randn({tokens, heads, dim});
+
+    at::Tensor x_ours = x.detach().requires_grad_();
+    at::Tensor out = apply_rope(x_ours, cos, sin);
+    out.backward(grad);
+    // transformers' Qwen3.5 apply_rotary_pos_emb: rotate x[..., :R], keep the rest.
+    at::Tensor x_ref = x.detach().requires_grad_();
+    at::Tensor ref = torch::cat(
+        {ReferenceRope(x_ref.narrow(2, 0, rot), cos, sin), x_ref.narrow(2, rot, dim - rot)}, 2);
+    ref.backward(grad);
+
+    EXPECT_TRUE(torch::allclose(out, ref, 1e-6, 1e-6)) << (out - ref).abs().max();
+    EXPECT_TRUE(torch::equal(out.narrow(2, rot, dim - rot), x.narrow(2, rot, dim - rot)));
+    EXPECT_TRUE(torch::allclose(x_ours.grad(), x_ref.grad(), 1e-6, 1e-6))
+        << (x_ours.grad() - x_ref.grad()).abs().max();
+  }
+}
+
+TEST(RopeTest, PartialOnTheAtenPathKeepsTheShape) {
+  const at::Tensor x = torch::empty({8, 2, 32}, torch::Device(torch::kMeta));
+  const at::Tensor cs = torch::empty({8, 8}, torch::Device(torch::kMeta));
+  EXPECT_EQ(apply_rope(x, cs, cs).sizes(), x.sizes());
 }
 
 TEST(RopeTest, NonCpuTensorsTakeTheAtenPathNotTheHostKernel) {

@@ -9,17 +9,29 @@
 #include "worker/train/io/safetensors.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/pretrained.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 namespace fs = std::filesystem;
 
 absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_dir,
+                           const ModelConfig& config,
                            const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   std::map<std::string, at::Tensor> by_name;
-  for (const auto& [name, t] : tensors) by_name[name] = t.detach();
+  for (const auto& [name, t] : tensors) by_name[CheckpointName(config, name)] = t.detach();
+  const std::vector<std::string> kept = TensorsOutsideDecoder(base_dir, config);
+  if (!kept.empty()) {
+    absl::StatusOr<SafetensorsCheckpoint> base = SafetensorsCheckpoint::Open(base_dir);
+    if (!base.ok()) return base.status();
+    for (const std::string& name : kept) {
+      absl::StatusOr<at::Tensor> t = base->tensor(name);  // a view of the file's bytes
+      if (!t.ok()) return t.status();
+      by_name[name] = *t;
+    }
+  }
   if (absl::Status s = WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), by_name,
                                         {{"format", "pt"}});
       !s.ok()) {
@@ -45,8 +57,8 @@ absl::Status ExportMergedLora(const std::string& base_dir, const std::string& ad
   absl::StatusOr<ParamStore> params = LoadPretrained(base_dir, *config, /*trainable=*/false);
   if (!params.ok()) return params.status();
   if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
-  if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
-  return ExportHfModel(base_dir, out_dir, MergedTensors(*lora, *params));
+  if (absl::Status s = LoadPeftAdapter(adapter_dir, *config, *lora, &*params); !s.ok()) return s;
+  return ExportHfModel(base_dir, out_dir, *config, MergedTensors(*lora, *params));
 }
 
 }  // namespace ballast::train

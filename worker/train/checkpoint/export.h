@@ -11,12 +11,18 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/model_config.h"
 
 namespace ballast::train {
 
-// Writes out_dir/model.safetensors from `tensors` (HF names) and copies the
-// base folder's config.json, generation_config.json and tokenizer files.
+// Writes out_dir/model.safetensors from `tensors` (the decoder's names,
+// tensor_names.h, stored under the base checkpoint's names of `config`) and
+// copies the base folder's config.json, generation_config.json and tokenizer
+// files. Every base tensor outside the decoder (TensorsOutsideDecoder:
+// Qwen3.5's model.visual.* and mtp.*) is copied into it unchanged, in its own
+// dtype, byte for byte, so that the export loads as the model it came from.
 absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_dir,
+                           const ModelConfig& config,
                            const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 // Folds a PEFT adapter folder into its base model (W + scaling * B @ A) and

@@ -5,12 +5,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/attention.h"
 #include "kernels/lora_update.h"
 #include "kernels/rms_norm.h"
-#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "worker/train/model/activation_checkpoint.h"
+#include "worker/train/model/attention_mixer.h"
+#include "worker/train/model/gated_delta_net.h"
 #include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
@@ -20,7 +20,7 @@ namespace {
 // transformers' _compute_default_rope_parameters / _compute_llama3_parameters
 // so that cos/sin match bit for bit in fp32.
 at::Tensor RopeInvFreq(const ModelConfig& c) {
-  const int64_t d = c.head_dim;
+  const int64_t d = c.rotary_dim;  // HF: int(head_dim * partial_rotary_factor)
   at::Tensor exponent = torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / d;
   at::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponent);
   const RopeScaling& s = c.rope_scaling;
@@ -144,46 +144,33 @@ at::Tensor Decoder::Project(const std::string& prefix, const std::vector<std::st
   return kernels::add_lora_update(y, down, ups, out_begins, lora_->scaling());
 }
 
-at::Tensor Decoder::RmsNorm(const at::Tensor& x, const std::string& weight_name) const {
-  return kernels::rms_norm(x, Weight(weight_name), config_.rms_norm_eps);
+at::Tensor Decoder::Norm(const at::Tensor& x, const std::string& weight_name) const {
+  return config_.zero_centred_norm
+             ? kernels::rms_norm_zero_centred(x, Weight(weight_name), config_.rms_norm_eps)
+             : kernels::rms_norm(x, Weight(weight_name), config_.rms_norm_eps);
 }
 
 at::Tensor Decoder::LayerForward(int64_t layer, const at::Tensor& h, const at::Tensor& cos,
                                  const at::Tensor& sin, const kernels::AttentionMask& mask,
                                  bool training) const {
-  const ModelConfig& c = config_;
   const std::string p = LayerPrefix(layer);
-  const int64_t t = h.size(0);
 
-  // Attention block.
-  at::Tensor x = RmsNorm(h, p + "input_layernorm.weight");
-  // q, k and v read the same x, so they are one projection (see Project()).
-  const int64_t q_width = c.num_attention_heads * c.head_dim;
-  const int64_t kv_width = c.num_key_value_heads * c.head_dim;
-  std::vector<at::Tensor> qkv =
-      Project(p + "self_attn.", {"q_proj", "k_proj", "v_proj"}, x, training)
-          .split_with_sizes({q_width, kv_width, kv_width}, 1);
-  at::Tensor q = qkv[0].view({t, c.num_attention_heads, c.head_dim});  // (T, Hq, D)
-  at::Tensor k = qkv[1].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
-  at::Tensor v = qkv[2].view({t, c.num_key_value_heads, c.head_dim});  // (T, Hkv, D)
-  if (c.qk_norm) {
-    q = RmsNorm(q, p + "self_attn.q_norm.weight");
-    k = RmsNorm(k, p + "self_attn.k_norm.weight");
-  }
-  q = kernels::apply_rope(q, cos, sin);  // contiguous
-  k = kernels::apply_rope(k, cos, sin);
-  at::Tensor attn = kernels::attention(q, k, v.contiguous(), mask, 1.0 / std::sqrt(c.head_dim));
-  at::Tensor out = h + Project(p + "self_attn.", {"o_proj"}, attn.view({t, q_width}), training);
+  // Token mixer.
+  at::Tensor x = Norm(h, p + "input_layernorm.weight");
+  at::Tensor out =
+      h + (config_.layer_types[layer] == TokenMixer::kGatedDeltaNet
+               ? GatedDeltaNet(*this, p + "linear_attn.", x, mask, training)
+               : SoftmaxAttention(*this, p + "self_attn.", x, cos, sin, mask, training));
 
   // MLP block; gate and up read the same x, so they are one projection, and
   // the gate reads it whole.
-  x = RmsNorm(out, p + "post_attention_layernorm.weight");
+  x = Norm(out, p + "post_attention_layernorm.weight");
   at::Tensor gate_up = Project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
   return out + Project(p + "mlp.", {"down_proj"}, kernels::swiglu(gate_up), training);
 }
 
 at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const {
-  // cos/sin (T, D) in fp32 as HF computes them, then in the compute dtype.
+  // cos/sin (T, rotary_dim) in fp32 as HF computes them, then in the compute dtype.
   at::Tensor freqs = batch.position_ids.to(torch::kFloat).unsqueeze(1) * inv_freq_.unsqueeze(0);
   at::Tensor emb = torch::cat({freqs, freqs}, -1);
   at::Tensor cos = emb.cos().to(compute_dtype_);
@@ -204,7 +191,7 @@ at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const 
       h = LayerForward(i, h, cos, sin, mask, training);
     }
   }
-  return RmsNorm(h, "model.norm.weight");
+  return Norm(h, "model.norm.weight");
 }
 
 at::Tensor Decoder::Logits(const PackedBatch& batch) const {

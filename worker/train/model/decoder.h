@@ -1,16 +1,21 @@
-// Decoder: the Llama / Qwen2 / Qwen3 decoder-only transformer on packed,
-// variable-length batches, reading every tensor from a ParamStore.
+// Decoder: the Llama / Qwen2 / Qwen3 / Qwen3.5 decoder-only transformer on
+// packed, variable-length batches, reading every tensor from a ParamStore.
 //
 //   h = embed(input_ids)                                   (T, H)
-//   per layer: h += o_proj(attention(rope(q), rope(k), v)) with RMSNorm before,
-//              h += down(silu(gate(x)) * up(x))           with RMSNorm before
+//   per layer: h += mixer(norm(h))     the layer's token mixer (layer_types):
+//                                      softmax attention (attention_mixer.h,
+//                                      with Qwen3.5's output gate and partial
+//                                      RoPE) or Gated DeltaNet (gated_delta_net.h)
+//              h += down(silu(gate(x)) * up(x))           x = norm(h)
 //   hidden = norm(h)                                       (T, H)
-// RMSNorm computes in fp32 and casts back; RoPE is rotate-half; GQA repeats kv
-// heads inside the attention kernel; Qwen3 applies per-head q_norm / k_norm
-// before RoPE. Attention goes through kernels/ with the batch's mask (causal
-// or block diffusion, never a dense mask). The decoder stops at the hidden
-// states: what is trained on them (the loss) is the objective's
-// (worker/train/objective/).
+// RMSNorm computes in fp32 and casts back (zero-centred, 1 + w, for Qwen3.5);
+// RoPE is rotate-half over the first rotary_dim channels of each head; GQA
+// repeats kv heads inside the attention kernel; Qwen3 and Qwen3.5 apply
+// per-head q_norm / k_norm before RoPE. Attention goes through kernels/ with
+// the batch's mask (causal or block diffusion, never a dense mask); Gated
+// DeltaNet restarts its conv window and state at every document boundary.
+// The decoder stops at the hidden states: what is trained on them (the loss)
+// is the objective's (worker/train/objective/).
 //
 // Thread-compatible: a const Decoder may run forwards from several threads
 // only if the ParamStore is not written meanwhile; the trainer uses one.
@@ -72,8 +77,8 @@ class Decoder {
   // The fp32 master of the output projection (the embeddings when tied), (V, H).
   const at::Tensor& lm_head_weight() const;
 
- private:
-  // The tensor under `name` in the compute dtype (a differentiable cast).
+  // How the token mixers (attention_mixer.h, gated_delta_net.h) read their
+  // weights. The tensor under `name` in the compute dtype (a differentiable cast).
   at::Tensor Weight(const std::string& name) const;
   // x (T, in) through the linear modules prefix + modules[i] (e.g. q_proj,
   // k_proj, v_proj of one layer) with their LoRA adapters: one GEMM over the
@@ -82,15 +87,18 @@ class Decoder {
   // modules. Returns (T, sum out_i), the modules' outputs side by side.
   at::Tensor Project(const std::string& prefix, const std::vector<std::string>& modules,
                      const at::Tensor& x, bool training) const;
-  at::Tensor RmsNorm(const at::Tensor& x, const std::string& weight_name) const;
+  // RMSNorm of x over its last dimension with the weight `weight_name`,
+  // zero-centred (1 + w) when the config says so; x's sizes and dtype.
+  at::Tensor Norm(const at::Tensor& x, const std::string& weight_name) const;
 
+ private:
   ModelConfig config_;
   const ParamStore* params_;
   std::optional<LoraConfig> lora_;
   at::ScalarType compute_dtype_;
   bool gradient_checkpointing_;
   LayerRunner* layer_runner_ = nullptr;
-  at::Tensor inv_freq_;  // (head_dim / 2) fp32 on the params' device, with rope_scaling applied
+  at::Tensor inv_freq_;  // (rotary_dim / 2) fp32 on the params' device, with rope_scaling applied
 };
 
 }  // namespace ballast::train

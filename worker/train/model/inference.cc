@@ -8,6 +8,7 @@
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/pretrained.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 
@@ -23,13 +24,14 @@ absl::StatusOr<InferenceModel> LoadInferenceModel(const std::string& model_dir,
     if (!read.ok()) return read.status();
     lora = *read;
     if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
-    if (absl::Status s = LoadPeftAdapter(adapter_dir, *lora, &*params); !s.ok()) return s;
+    if (absl::Status s = LoadPeftAdapter(adapter_dir, *config, *lora, &*params); !s.ok()) return s;
   }
   return InferenceModel{*std::move(config), *std::move(params), std::move(lora)};
 }
 
 absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
-                         const std::string& tokens_path, const std::string& out_path) {
+                         const std::string& tokens_path, const std::string& out_path,
+                         bool gradients) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return config.status();
   absl::StatusOr<TokenizedDataset> docs =
@@ -40,8 +42,23 @@ absl::Status WriteLogits(const std::string& model_dir, const std::string& adapte
   Decoder decoder(model->config, &model->params, model->lora, torch::kFloat,
                   /*gradient_checkpointing=*/false);
   PackedBatch batch = docs->Pack(0, docs->rows_per_epoch());
-  return WriteSafetensors(out_path,
-                          {{"logits", decoder.Logits(batch)}, {"cu_seqlens", batch.cu_seqlens}});
+  std::map<std::string, at::Tensor> out = {{"logits", decoder.Logits(batch)},
+                                           {"cu_seqlens", batch.cu_seqlens}};
+  if (gradients) {
+    ParamStore& params = model->params;
+    if (!model->lora) {
+      for (const std::string& name : params.names()) params.SetTrainable(name);
+    }
+    const at::Tensor logits = at::linear(decoder.HiddenStates(batch, /*training=*/false),
+                                         decoder.lm_head_weight());  // (T, V) fp32
+    at::cross_entropy_loss(logits, batch.targets, {}, at::Reduction::Sum, kIgnoreLabel).backward();
+    for (const std::string& name : params.TrainableNames()) {
+      const at::Tensor& grad = params.get(name).grad();
+      out["grad." + CheckpointName(model->config, name)] =
+          grad.defined() ? grad : at::zeros_like(params.get(name));
+    }
+  }
+  return WriteSafetensors(out_path, out);
 }
 
 }  // namespace ballast::train

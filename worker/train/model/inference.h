@@ -28,11 +28,17 @@ struct InferenceModel {
 absl::StatusOr<InferenceModel> LoadInferenceModel(const std::string& model_dir,
                                                   const std::string& adapter_dir);
 
-// Reads documents from `tokens_path` (JSONL with input_ids), packs them, and
-// writes `out_path` (safetensors) with "logits" (T, V) fp32 and "cu_seqlens".
-// `adapter_dir` may be empty. Errors name the folder or file at fault.
+// Reads documents from `tokens_path` (JSONL with input_ids, and labels
+// where given), packs them, and writes `out_path` (safetensors) with
+// "logits" (T, V) fp32 and "cu_seqlens". With `gradients`, also the gradient
+// of the summed next-token cross-entropy of the packed documents (fp32) with
+// respect to every adapter tensor, or every base tensor without an adapter,
+// as "grad." + the tensor's checkpoint name: a parity test's view of the
+// backward pass, parameter by parameter. `adapter_dir` may be empty. Errors
+// name the folder or file at fault.
 absl::Status WriteLogits(const std::string& model_dir, const std::string& adapter_dir,
-                         const std::string& tokens_path, const std::string& out_path);
+                         const std::string& tokens_path, const std::string& out_path,
+                         bool gradients = false);
 
 }  // namespace ballast::train
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/regular_file.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 namespace {
@@ -19,27 +20,61 @@ namespace fs = std::filesystem;
 // PEFT prefixes every key of a causal LM with the wrapper's path.
 constexpr char kPeftPrefix[] = "base_model.model.";
 
+// Every linear module a decoder may have, by short name: softmax attention's,
+// Gated DeltaNet's, the MLP's. "all-linear" is all of them (PEFT's meaning:
+// every nn.Linear but the output head); a layer adapts those it has.
 const std::vector<std::string>& LinearModules() {
-  static const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                    "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> kModules = {
+      "q_proj",    "k_proj",    "v_proj",   "o_proj",    "in_proj_qkv", "in_proj_z",
+      "in_proj_b", "in_proj_a", "out_proj", "gate_proj", "up_proj",     "down_proj"};
   return kModules;
+}
+
+// A layer's linear modules in PEFT's order (the order of the HF module tree:
+// transformers registers Gated DeltaNet's out_proj before its in_proj_*).
+const std::vector<std::string>& LayerLinearModules(TokenMixer mixer) {
+  static const std::vector<std::string> kAttention = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> kGatedDeltaNet = {"out_proj",  "in_proj_qkv", "in_proj_z",
+                                                          "in_proj_b", "in_proj_a",   "gate_proj",
+                                                          "up_proj",   "down_proj"};
+  return mixer == TokenMixer::kGatedDeltaNet ? kGatedDeltaNet : kAttention;
 }
 
 std::string ModulePath(int64_t layer, const std::string& short_name) {
   const bool attn = short_name == "q_proj" || short_name == "k_proj" || short_name == "v_proj" ||
                     short_name == "o_proj";
-  return absl::StrCat("model.layers.", layer, attn ? ".self_attn." : ".mlp.", short_name);
+  const bool mlp =
+      short_name == "gate_proj" || short_name == "up_proj" || short_name == "down_proj";
+  return absl::StrCat("model.layers.", layer,
+                      attn ? ".self_attn." : (mlp ? ".mlp." : ".linear_attn."), short_name);
 }
 
 // (out, in) of a linear module.
 std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& m) {
   const int64_t q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim;
-  if (m == "q_proj") return {q, c.hidden_size};
+  const GatedDeltaNetConfig& g = c.linear_attention;
+  if (m == "q_proj") return {c.attention_output_gate ? 2 * q : q, c.hidden_size};
   if (m == "k_proj" || m == "v_proj") return {kv, c.hidden_size};
   if (m == "o_proj") return {c.hidden_size, q};
+  if (m == "in_proj_qkv") return {g.conv_dim(), c.hidden_size};
+  if (m == "in_proj_z") return {g.value_dim(), c.hidden_size};
+  if (m == "in_proj_b" || m == "in_proj_a") return {g.num_value_heads, c.hidden_size};
+  if (m == "out_proj") return {c.hidden_size, g.value_dim()};
   if (m == "down_proj") return {c.hidden_size, c.intermediate_size};
   return {c.intermediate_size, c.hidden_size};  // gate_proj, up_proj
+}
+
+// The targets that some layer of the model has, in name order.
+std::vector<std::string> ModelTargets(const ModelConfig& c, const LoraConfig& lora) {
+  std::set<std::string> found;
+  for (TokenMixer mixer : c.layer_types) {
+    for (const std::string& m : LayerLinearModules(mixer)) {
+      if (lora.targets(m)) found.insert(m);
+    }
+  }
+  return {found.begin(), found.end()};
 }
 
 std::string SaveTargetName(const std::string& short_name) {
@@ -94,10 +129,18 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
           "lora.modules_to_save: lm_head is tied to embed_tokens in this model; save embed_tokens");
     }
   }
+  if (!lora.target_modules.empty() && ModelTargets(config, lora).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.target_modules: none of them is a linear module of this model (", config.model_type,
+        "); its layers have ",
+        config.has_linear_attention() ? "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, "
+                                      : "",
+        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+  }
   torch::NoGradGuard no_grad;
-  // PEFT's module order: per layer, attention q k v o, then mlp gate up down.
+  // PEFT's module order: per layer, its token mixer's linears, then the MLP's.
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    for (const std::string& m : LinearModules()) {
+    for (const std::string& m : LayerLinearModules(config.layer_types[layer])) {
       if (!lora.targets(m)) continue;
       const auto [out, in] = LinearShape(config, m);
       at::Tensor a = torch::empty({lora.r, in}, torch::kFloat);
@@ -146,7 +189,8 @@ absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
   return LoraConfigFromSpec(spec);
 }
 
-absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params) {
+absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
+                             const LoraConfig& lora, ParamStore* params) {
   const fs::path config_path = fs::path(dir) / "adapter_config.json";
   absl::StatusOr<nlohmann::json> config = ReadAdapterConfig(config_path);
   if (!config.ok()) return config.status();
@@ -172,14 +216,15 @@ absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, Par
   // adapter the job lacks: either means the target modules differ.
   int64_t matched = 0;
   for (const std::string& name : params->TrainableNames()) {
-    absl::StatusOr<at::Tensor> t = ckpt->tensor(kPeftPrefix + name);
+    const std::string key = kPeftPrefix + CheckpointName(model, name);
+    absl::StatusOr<at::Tensor> t = ckpt->tensor(key);
     if (!t.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, ": adapter has no tensor ", kPeftPrefix, name, "; target_modules differ?"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": adapter has no tensor ", key, "; target_modules differ?"));
     }
     if (t->sizes() != params->get(name).sizes()) {
       return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": ", kPeftPrefix, name, " has another shape than r implies"));
+          absl::StrCat(dir, ": ", key, " has another shape than r implies"));
     }
     params->Assign(name, *t);
     ++matched;
@@ -193,20 +238,21 @@ absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, Par
 }
 
 absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_model_path,
-                             const LoraConfig& lora, const ParamStore& params) {
+                             const ModelConfig& model, const LoraConfig& lora,
+                             const ParamStore& params) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::map<std::string, at::Tensor> tensors;
   for (const std::string& name : params.TrainableNames()) {
-    tensors[kPeftPrefix + name] = params.get(name).detach();
+    tensors[kPeftPrefix + CheckpointName(model, name)] = params.get(name).detach();
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(),
                                         tensors, {{"format", "pt"}});
       !s.ok()) {
     return s;
   }
-  std::vector<std::string> targets(lora.target_modules.begin(), lora.target_modules.end());
+  const std::vector<std::string> targets = ModelTargets(model, lora);
   nlohmann::json config = {
       {"alpha_pattern", nlohmann::json::object()},
       {"base_model_name_or_path", base_model_path},

@@ -26,7 +26,9 @@ struct LoraConfig {
   double lora_alpha = SpecDefaultNumber("lora.lora_alpha");
   bool use_rslora = SpecDefaultNumber("lora.use_rslora") != 0;
   double lora_dropout = SpecDefaultNumber("lora.lora_dropout");
-  // Module short names (q_proj, ..., down_proj); "all-linear" is expanded.
+  // Module short names (q_proj, ..., down_proj, Gated DeltaNet's in_proj_qkv,
+  // in_proj_z, in_proj_b, in_proj_a, out_proj); "all-linear" is expanded to
+  // every one of them, and each layer adapts those it has.
   std::set<std::string> target_modules;
   // kaiming or gaussian.
   std::string init_lora_weights = std::string(SpecDefaultText("lora.init_lora_weights"));
@@ -44,7 +46,9 @@ struct LoraConfig {
 // From the job spec's lora section (already validated).
 LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec);
 
-// Adds lora_A / lora_B for every targeted linear of every layer to `params`,
+// Adds lora_A / lora_B for every targeted linear of every layer to `params`
+// (a layer adapts the targets its token mixer and MLP have; INVALID_ARGUMENT
+// when no layer has any of them),
 // initialised as PEFT does: A kaiming_uniform(a=sqrt(5)) or normal(0, 1/r),
 // B zeros. Makes modules_to_save trainable. Draws from the default CPU
 // generator, which the caller seeds.
@@ -57,12 +61,18 @@ absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir);
 // Copies an existing PEFT adapter folder's tensors into the adapters made by
 // AddLoraAdapters. Its adapter_config.json must agree with `lora` on r,
 // lora_alpha, use_rslora and target modules (FAILED_PRECONDITION otherwise).
-absl::Status LoadPeftAdapter(const std::string& dir, const LoraConfig& lora, ParamStore* params);
+// Keys are PEFT's for `model`'s checkpoint layout (tensor_names.h), e.g.
+// base_model.model.model.language_model.layers.0.linear_attn.in_proj_qkv.lora_A.weight
+// for Qwen3.5's vision-language checkpoint.
+absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
+                             const LoraConfig& lora, ParamStore* params);
 
 // Writes dir/adapter_model.safetensors and dir/adapter_config.json exactly as
-// PEFT's save_pretrained does, so PeftModel.from_pretrained(base, dir) loads it.
+// PEFT's save_pretrained does, so PeftModel.from_pretrained(base, dir) loads it;
+// target_modules lists the targets that `model` has.
 absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_model_path,
-                             const LoraConfig& lora, const ParamStore& params);
+                             const ModelConfig& model, const LoraConfig& lora,
+                             const ParamStore& params);
 
 // The base tensor name with the adapter folded in: W + scaling * B @ A.
 // Returns every base tensor (merged where adapted), for a full HF export.

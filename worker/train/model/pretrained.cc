@@ -17,17 +17,20 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
   ParamStore store;
   const int64_t q_out = c.num_attention_heads * c.head_dim;
   const int64_t kv_out = c.num_key_value_heads * c.head_dim;
+  const GatedDeltaNetConfig& g = c.linear_attention;
   absl::Status status;
+  // `name` is the decoder's (tensor_names.h); the checkpoint may keep it elsewhere.
   auto load = [&](const std::string& name, std::vector<int64_t> shape, int64_t layer) {
     if (!status.ok()) return;
-    absl::StatusOr<at::Tensor> t = ckpt->tensor(name);
+    const std::string stored = CheckpointName(c, name);
+    absl::StatusOr<at::Tensor> t = ckpt->tensor(stored);
     if (!t.ok()) {
-      status = absl::NotFoundError(absl::StrCat(dir, ": checkpoint has no tensor ", name));
+      status = absl::NotFoundError(absl::StrCat(dir, ": checkpoint has no tensor ", stored));
       return;
     }
     if (t->sizes() != at::IntArrayRef(shape)) {
       std::ostringstream msg;
-      msg << dir << ": tensor " << name << " has shape " << t->sizes() << ", config.json implies "
+      msg << dir << ": tensor " << stored << " has shape " << t->sizes() << ", config.json implies "
           << at::IntArrayRef(shape);
       status = absl::FailedPreconditionError(msg.str());
       return;
@@ -43,18 +46,33 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = LayerPrefix(i);
     load(p + "input_layernorm.weight", {c.hidden_size}, i);
-    load(p + "self_attn.q_proj.weight", {q_out, c.hidden_size}, i);
-    load(p + "self_attn.k_proj.weight", {kv_out, c.hidden_size}, i);
-    load(p + "self_attn.v_proj.weight", {kv_out, c.hidden_size}, i);
-    if (c.attention_bias) {
-      load(p + "self_attn.q_proj.bias", {q_out}, i);
-      load(p + "self_attn.k_proj.bias", {kv_out}, i);
-      load(p + "self_attn.v_proj.bias", {kv_out}, i);
-    }
-    load(p + "self_attn.o_proj.weight", {c.hidden_size, q_out}, i);
-    if (c.qk_norm) {
-      load(p + "self_attn.q_norm.weight", {c.head_dim}, i);
-      load(p + "self_attn.k_norm.weight", {c.head_dim}, i);
+    if (c.layer_types[i] == TokenMixer::kGatedDeltaNet) {
+      const std::string a = p + "linear_attn.";
+      load(a + "in_proj_qkv.weight", {g.conv_dim(), c.hidden_size}, i);
+      load(a + "in_proj_z.weight", {g.value_dim(), c.hidden_size}, i);
+      load(a + "in_proj_b.weight", {g.num_value_heads, c.hidden_size}, i);
+      load(a + "in_proj_a.weight", {g.num_value_heads, c.hidden_size}, i);
+      load(a + "conv1d.weight", {g.conv_dim(), 1, g.conv_kernel}, i);
+      load(a + "A_log", {g.num_value_heads}, i);
+      load(a + "dt_bias", {g.num_value_heads}, i);
+      load(a + "norm.weight", {g.value_head_dim}, i);
+      load(a + "out_proj.weight", {c.hidden_size, g.value_dim()}, i);
+    } else {
+      // With the output gate, q_proj gives each head's query and gate.
+      load(p + "self_attn.q_proj.weight",
+           {c.attention_output_gate ? 2 * q_out : q_out, c.hidden_size}, i);
+      load(p + "self_attn.k_proj.weight", {kv_out, c.hidden_size}, i);
+      load(p + "self_attn.v_proj.weight", {kv_out, c.hidden_size}, i);
+      if (c.attention_bias) {
+        load(p + "self_attn.q_proj.bias", {q_out}, i);
+        load(p + "self_attn.k_proj.bias", {kv_out}, i);
+        load(p + "self_attn.v_proj.bias", {kv_out}, i);
+      }
+      load(p + "self_attn.o_proj.weight", {c.hidden_size, q_out}, i);
+      if (c.qk_norm) {
+        load(p + "self_attn.q_norm.weight", {c.head_dim}, i);
+        load(p + "self_attn.k_norm.weight", {c.head_dim}, i);
+      }
     }
     load(p + "post_attention_layernorm.weight", {c.hidden_size}, i);
     load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, i);
@@ -67,6 +85,16 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
   }
   if (!status.ok()) return status;
   return store;
+}
+
+std::vector<std::string> TensorsOutsideDecoder(const std::string& dir, const ModelConfig& config) {
+  absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(dir);
+  std::vector<std::string> out;
+  if (!ckpt.ok()) return out;
+  for (const std::string& name : ckpt->names()) {
+    if (ParamName(config, name).empty()) out.push_back(name);
+  }
+  return out;
 }
 
 }  // namespace ballast::train

@@ -142,7 +142,7 @@ absl::StatusOr<std::unique_ptr<TrainedState>> LoadTrainedState(
   if (lora) {
     if (absl::Status s = AddLoraAdapters(config, *lora, &*params); !s.ok()) return s;
     if (!spec.lora().init_adapter().empty()) {
-      absl::Status s = LoadPeftAdapter(spec.lora().init_adapter(), *lora, &*params);
+      absl::Status s = LoadPeftAdapter(spec.lora().init_adapter(), config, *lora, &*params);
       if (!s.ok()) return s;
     }
   }

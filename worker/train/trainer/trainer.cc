@@ -12,6 +12,7 @@
 #include "common/model_config.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
+#include "worker/train/model/pretrained.h"
 #include "worker/train/model/rng_state.h"
 #include "worker/train/optim/lr_schedule.h"
 #include "worker/train/trainer/held_out.h"
@@ -24,6 +25,26 @@ namespace fs = std::filesystem;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "model.visual.* (12), mtp.* (30)": names grouped by their first component
+// (the first two under "model."), in order of first appearance.
+std::string TensorGroups(const std::vector<std::string>& names) {
+  std::vector<std::pair<std::string, int64_t>> groups;
+  for (const std::string& name : names) {
+    size_t end = name.find('.');
+    if (name.rfind("model.", 0) == 0) end = name.find('.', end + 1);
+    const std::string group = name.substr(0, end) + ".*";
+    if (groups.empty() || groups.back().first != group) {
+      groups.emplace_back(group, 0);
+    }
+    ++groups.back().second;
+  }
+  std::string text;
+  for (const auto& [group, count] : groups) {
+    absl::StrAppend(&text, text.empty() ? "" : ", ", group, " (", count, ")");
+  }
+  return text;
 }
 
 int64_t PeakRssBytes() {
@@ -118,6 +139,18 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                                     " parameter bytes, ", bytes.gradients, " gradient bytes, ",
                                     2 * bytes.gradients, " optimizer bytes, and gathers up to ",
                                     bytes.gathered, " bytes of whole units"));
+  // A vision-language checkpoint (Qwen3.5) holds more than the text decoder
+  // this job trains: say what happens to the rest.
+  const std::vector<std::string> outside = TensorsOutsideDecoder(spec_.model().path(), config_);
+  if (!outside.empty()) {
+    reports_.Log("info",
+                 absl::StrCat("the checkpoint's ", outside.size(),
+                              " tensors outside the text "
+                              "decoder (",
+                              TensorGroups(outside), ") are not trained; ",
+                              lora_ ? "the adapter leaves them out (the base model keeps them)"
+                                    : "the exported model keeps them byte for byte"));
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -483,10 +516,10 @@ absl::Status Trainer::Export() {
     dir = fs::path(out_dir_) / "adapter";
     ParamStore adapters;
     for (const auto& [name, t] : tensors) adapters.Add(name, t, ParamStore::kNoLayer, true);
-    s = SavePeftAdapter(dir.string(), spec_.model().path(), *lora_, adapters);
+    s = SavePeftAdapter(dir.string(), spec_.model().path(), config_, *lora_, adapters);
   } else {
     dir = fs::path(out_dir_) / "model";
-    s = ExportHfModel(spec_.model().path(), dir.string(), tensors);
+    s = ExportHfModel(spec_.model().path(), dir.string(), config_, tensors);
   }
   if (s.ok()) reports_.Log("info", absl::StrCat("exported ", dir.string()));
   return s;

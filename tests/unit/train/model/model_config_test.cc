@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -369,6 +370,155 @@ TEST(ModelConfig, RejectsAttentionDropout) {
 TEST(ModelConfig, RejectsTextThatIsNotAJsonObject) {
   EXPECT_EQ(ParseModelConfig("{").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseModelConfig("[]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Shaped like Qwen3.5-4B's released config.json: the vision-language
+// wrapper, the decoder's keys in text_config, rope settings in
+// rope_parameters, the tie at the top level, and keys of the parts the
+// trainer does not read (vision_config, mtp_num_hidden_layers).
+json Qwen35Config() {
+  return json::parse(R"({
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "image_token_id": 248056,
+    "model_type": "qwen3_5",
+    "text_config": {
+      "attn_output_gate": true,
+      "full_attention_interval": 4,
+      "head_dim": 256,
+      "hidden_act": "silu",
+      "hidden_size": 2560,
+      "intermediate_size": 9216,
+      "linear_conv_kernel_dim": 4,
+      "linear_key_head_dim": 128,
+      "linear_num_key_heads": 16,
+      "linear_num_value_heads": 32,
+      "linear_value_head_dim": 128,
+      "max_position_embeddings": 262144,
+      "model_type": "qwen3_5_text",
+      "mtp_num_hidden_layers": 1,
+      "num_attention_heads": 16,
+      "num_hidden_layers": 8,
+      "num_key_value_heads": 4,
+      "rms_norm_eps": 1e-06,
+      "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                          "partial_rotary_factor": 0.25, "rope_theta": 10000000,
+                          "rope_type": "default"},
+      "vocab_size": 248320
+    },
+    "tie_word_embeddings": true,
+    "vision_config": {"depth": 24, "hidden_size": 1024, "model_type": "qwen3_5"}
+  })");
+}
+
+TEST(ModelConfig, ParsesQwen35sTextDecoderFromTheVisionLanguageWrapper) {
+  auto c = Parse(Qwen35Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3_5");
+  EXPECT_EQ(c->tensor_prefix, "model.language_model.");
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->rotary_dim, 64);  // a quarter of head_dim
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e7);
+  EXPECT_TRUE(c->tie_word_embeddings);  // the wrapper's key, as transformers ties
+  EXPECT_TRUE(c->attention_output_gate);
+  EXPECT_TRUE(c->zero_centred_norm);
+  EXPECT_TRUE(c->qk_norm);
+  // full_attention_interval 4: layers 3 and 7 are full attention.
+  ASSERT_EQ(c->layer_types.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(c->layer_types[i],
+              (i + 1) % 4 == 0 ? TokenMixer::kAttention : TokenMixer::kGatedDeltaNet)
+        << i;
+  }
+  EXPECT_TRUE(c->has_linear_attention());
+  EXPECT_EQ(c->linear_attention.num_key_heads, 16);
+  EXPECT_EQ(c->linear_attention.num_value_heads, 32);
+  EXPECT_EQ(c->linear_attention.conv_dim(), 2 * 16 * 128 + 32 * 128);
+  EXPECT_EQ(c->linear_attention.conv_kernel, 4);
+}
+
+TEST(ModelConfig, ParsesQwen35TextAtTheRootWithLayerTypesAndOlderTopLevelRopeKeys) {
+  json j = Qwen35Config()["text_config"];
+  j["layer_types"] = {"linear_attention", "full_attention", "linear_attention", "full_attention",
+                      "full_attention",   "full_attention", "full_attention",   "linear_attention"};
+  j.erase("rope_parameters");
+  j["rope_theta"] = 5e6;
+  j["partial_rotary_factor"] = 0.5;
+  j["tie_word_embeddings"] = false;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3_5_text");
+  EXPECT_EQ(c->tensor_prefix, "model.");
+  EXPECT_EQ(c->rotary_dim, 128);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5e6);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->layer_types[0], TokenMixer::kGatedDeltaNet);
+  EXPECT_EQ(c->layer_types[1], TokenMixer::kAttention);
+  EXPECT_EQ(c->layer_types[7], TokenMixer::kGatedDeltaNet);
+}
+
+TEST(ModelConfig, DenseFamiliesHaveOnlyFullAttentionAndRotateTheWholeHead) {
+  json j = Qwen3Config();
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->has_linear_attention());
+  EXPECT_EQ(c->layer_types.size(), 36u);
+  EXPECT_EQ(c->rotary_dim, c->head_dim);
+  EXPECT_FALSE(c->attention_output_gate);
+  EXPECT_FALSE(c->zero_centred_norm);
+  j["layer_types"] = json::array();
+  for (int i = 0; i < 36; ++i) j["layer_types"].push_back("full_attention");
+  EXPECT_TRUE(Parse(j).ok()) << Parse(j).status();
+  j["layer_types"][5] = "linear_attention";
+  ExpectInvalid(j, {"layer_types[5] must be one of full_attention; got \"linear_attention\""});
+}
+
+TEST(ModelConfig, RefusesWhatTheHybridDecoderDoesNotImplementNamingTheKey) {
+  auto edited = [](const std::function<void(json&)>& edit) {
+    json j = Qwen35Config();
+    edit(j["text_config"]);
+    return j;
+  };
+  ExpectInvalid(edited([](json& t) { t["attn_output_gate"] = false; }),
+                {"text_config.attn_output_gate is false"});
+  ExpectInvalid(edited([](json& t) { t["num_experts"] = 64; }),
+                {"text_config.num_experts is 64", "mixture-of-experts"});
+  ExpectInvalid(edited([](json& t) { t["moe_intermediate_size"] = 512; }),
+                {"text_config.moe_intermediate_size"});
+  ExpectInvalid(edited([](json& t) {
+                  t["linear_num_value_heads"] = 24;
+                  t["linear_num_key_heads"] = 16;
+                }),
+                {"text_config.linear_num_value_heads must be a multiple of linear_num_key_heads "
+                 "(16), got 24"});
+  ExpectInvalid(edited([](json& t) {
+                  t["layer_types"] = json::array();
+                  for (int i = 0; i < 8; ++i) t["layer_types"].push_back("linear_attention");
+                  t["layer_types"][2] = "sliding_attention";
+                }),
+                {"text_config.layer_types[2] must be one of full_attention, linear_attention"});
+  ExpectInvalid(edited([](json& t) { t["layer_types"] = {"full_attention"}; }),
+                {"text_config.layer_types must be a list of num_hidden_layers (8)"});
+  ExpectInvalid(
+      edited([](json& t) { t["rope_parameters"]["partial_rotary_factor"] = 0.27; }),
+      {"text_config.rope_parameters.partial_rotary_factor gives a rotary dimension of 69"});
+  ExpectInvalid(edited([](json& t) { t["rope_parameters"]["partial_rotary_factor"] = 2.0; }),
+                {"partial_rotary_factor gives a rotary dimension of 512"});
+  ExpectInvalid(edited([](json& t) { t["model_type"] = "qwen3"; }),
+                {"text_config.model_type must be \"qwen3_5_text\""});
+  ExpectInvalid(edited([](json& t) { t.erase("vocab_size"); }), {"text_config.vocab_size"});
+  json no_text = Qwen35Config();
+  no_text.erase("text_config");
+  ExpectInvalid(no_text, {"text_config is required"});
+}
+
+TEST(ModelConfig, Qwen35TiesByTheWrappersKeyAndFallsBackToTextConfigs) {
+  json j = Qwen35Config();
+  j["tie_word_embeddings"] = false;
+  j["text_config"]["tie_word_embeddings"] = true;
+  EXPECT_FALSE(Parse(j)->tie_word_embeddings);
+  j.erase("tie_word_embeddings");
+  EXPECT_TRUE(Parse(j)->tie_word_embeddings);
 }
 
 class LoadModelConfigTest : public ::testing::Test {
