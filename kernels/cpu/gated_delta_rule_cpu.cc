@@ -7,9 +7,9 @@
 //   o_t = S_t^T q_t
 // is computed in chunks of C = 64 tokens (the last chunk of a document may be
 // shorter; nothing is padded). In a chunk of length L, with S0 the state it
-// starts from, G_i = sum_{j <= i} g_j, E_ij = exp(G_i - G_j) for j <= i (else
-// 0), K~_j = exp(G_L - G_j) k_j, Q~_i = exp(G_i) q_i, and unrolling the
-// recurrence:
+// starts from, G_i = sum_{j <= i} g_j (G_L: the whole chunk's, at its last
+// token), E_ij = exp(G_i - G_j) for j <= i (else 0), K~_j = exp(G_L - G_j) k_j,
+// Q~_i = exp(G_i) q_i, and unrolling the recurrence:
 //   A   = strict_lower(beta_i E_ij k_i . k_j)          (C, C)
 //   T   = (I + A)^-1                                   (C, C) unit lower triangular
 //   W_v = T (beta v)   W_k = T (beta exp(G) k)          (C, Dv), (C, Dk)  "WY factors"
