@@ -7,6 +7,9 @@ Tensors are named as the text model's checkpoint names them
 ("model.layers.0.linear_attn.A_log"); LoRA adapters, when given, as
 "<module>.lora_A.weight" / "<module>.lora_B.weight" beside the base weight.
 One document at a time (the recurrence and the conv start fresh for each)."""
+import json
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -23,10 +26,44 @@ def rope(x, cos, sin):
     return torch.cat([rot * cos[:, None] + rotated * sin[:, None], rest], -1)
 
 
+def chunked_delta_rule(q, k, v, g, beta, chunk=64):
+    """The recurrence of Reference.gated_delta_net in chunks, in q's dtype
+    (transformers' torch_chunk_gated_delta_rule without its casts to fp32):
+    the same sums re-associated, for documents whose token-by-token autograd
+    graph would not fit in memory. q, k, v (T, H, D) with q scaled and q, k
+    normalised; g, beta (T, H). Returns (T, H, Dv)."""
+    t, h, dk = k.shape
+    pad = (chunk - t % chunk) % chunk
+    q, k, v = (F.pad(x.transpose(0, 1), (0, 0, 0, pad)) for x in (q, k, v))   # (H, T', D)
+    g, beta = (F.pad(x.transpose(0, 1), (0, pad)) for x in (g, beta))       # (H, T')
+    n = q.shape[1] // chunk
+    q, k, v = (x.reshape(h, n, chunk, -1) for x in (q, k, v))
+    beta, g = beta.reshape(h, n, chunk), g.reshape(h, n, chunk).cumsum(-1)
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    upper = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    # (I + strict_lower(diag(beta) K K^T * decay)) [u | w] = [V beta | K beta exp(g)]
+    system = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1) + torch.eye(chunk, dtype=q.dtype)
+    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False,
+                                      unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay  # decay is 0 above the diagonal
+    state = torch.zeros(h, dk, v.shape[-1], dtype=q.dtype)
+    outs = []
+    for i in range(n):
+        v_new = u[:, i] - w[:, i] @ state
+        outs.append((q[:, i] * g[:, i, :, None].exp()) @ state + intra[:, i] @ v_new)
+        state = state * g[:, i, -1, None, None].exp() + \
+            (k[:, i] * (g[:, i, -1:] - g[:, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+    return torch.cat(outs, 1)[:, :t].transpose(0, 1)
+
+
 class Reference:
-    def __init__(self, params, config, lora_scaling=None):
-        """params: name -> float64 tensor; config: the text config (a dict)."""
-        self.p, self.c, self.scaling = params, config, lora_scaling
+    def __init__(self, params, config, lora_scaling=None, chunked=False):
+        """params: name -> float64 tensor; config: the text config (a dict).
+        chunked: the delta rule by chunked_delta_rule rather than token by
+        token."""
+        self.p, self.c, self.scaling, self.chunked = params, config, lora_scaling, chunked
 
     def linear(self, x, module):
         y = x @ self.p[module + ".weight"].T
@@ -56,15 +93,18 @@ class Reference:
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = torch.sigmoid(b)
         g = -torch.exp(p[prefix + "A_log"]) * F.softplus(a + p[prefix + "dt_bias"])
-        state = torch.zeros(hv, dk, dv, dtype=x.dtype)
-        outs = []
-        for i in range(t):
-            # S = exp(g) S + beta k (v - exp(g) S^T k)^T;  o = S^T q
-            state = state * torch.exp(g[i])[:, None, None]
-            delta = (v[i] - torch.einsum("hkv,hk->hv", state, k[i])) * beta[i][:, None]
-            state = state + torch.einsum("hk,hv->hkv", k[i], delta)
-            outs.append(torch.einsum("hkv,hk->hv", state, q[i]))
-        o = torch.stack(outs)                                              # (T, Hv, Dv)
+        if self.chunked:
+            o = chunked_delta_rule(q, k, v, g, beta)
+        else:
+            state = torch.zeros(hv, dk, dv, dtype=x.dtype)
+            outs = []
+            for i in range(t):
+                # S = exp(g) S + beta k (v - exp(g) S^T k)^T;  o = S^T q
+                state = state * torch.exp(g[i])[:, None, None]
+                delta = (v[i] - torch.einsum("hkv,hk->hv", state, k[i])) * beta[i][:, None]
+                state = state + torch.einsum("hk,hv->hkv", k[i], delta)
+                outs.append(torch.einsum("hkv,hk->hv", state, q[i]))
+            o = torch.stack(outs)                                          # (T, Hv, Dv)
         o = p[prefix + "norm.weight"] * o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) +
                                                        c["rms_norm_eps"]) * F.silu(z)
         return self.linear(o.reshape(t, hv * dv), prefix + "out_proj")
@@ -118,3 +158,34 @@ class Reference:
             total = total + F.cross_entropy(logits[:-1], torch.tensor(r["input_ids"][1:]),
                                             reduction="sum")
         return total
+
+
+def load(model_dir, adapter=None, chunked=False):
+    """A Reference over the checkpoint's text tensors in float64 (leaves that
+    require grad), and the map from its names to the checkpoint's. With
+    `adapter`, the PEFT adapter's tensors are the leaves."""
+    from safetensors.torch import load_file
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    text = config.get("text_config", config)
+    prefix = "model.language_model." if "text_config" in config else "model."
+    stored = {}
+    for name in os.listdir(model_dir):
+        if name.endswith(".safetensors"):
+            stored.update(load_file(os.path.join(model_dir, name)))
+    params, names = {}, {}
+    for name, t in stored.items():
+        if name.startswith(prefix) or name == "lm_head.weight":
+            ours = "model." + name[len(prefix):] if name.startswith(prefix) else name
+            params[ours], names[ours] = t.double().requires_grad_(adapter is None), name
+    scaling = None
+    if adapter:
+        with open(os.path.join(adapter, "adapter_config.json")) as f:
+            adapter_config = json.load(f)
+        scaling = adapter_config["lora_alpha"] / adapter_config["r"]
+        for name, t in load_file(os.path.join(adapter, "adapter_model.safetensors")).items():
+            stored_name = name[len("base_model.model."):]
+            ours = "model." + stored_name[len(prefix):]
+            params[ours], names[ours] = t.double().requires_grad_(), stored_name
+    return Reference(params, text, scaling, chunked), names

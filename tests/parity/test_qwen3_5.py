@@ -19,6 +19,7 @@ import subprocess
 import pytest
 import torch
 
+from qwen3_5_reference import load as load_reference
 from reference import (TRAIN, ballast_logits, base_spec, hf_logits, make_dataset, make_model,
                        model_class, read_metrics, reference_train, relative_error, run_train,
                        write_spec)
@@ -67,39 +68,6 @@ def test_logits_match_transformers_and_packing_equals_each_document_alone(arch, 
 
 # ---------------------------------------------------------------------------
 # Gradients of every parameter kind against float64
-
-
-def load_reference(model_dir, adapter=None):
-    """qwen3_5_reference.Reference over the checkpoint's text tensors in
-    float64 (leaves that require grad), and the map from its names to the
-    checkpoint's. With `adapter`, the PEFT adapter's tensors are the leaves."""
-    from safetensors.torch import load_file
-
-    from qwen3_5_reference import Reference
-
-    with open(os.path.join(model_dir, "config.json")) as f:
-        config = json.load(f)
-    text = config.get("text_config", config)
-    prefix = "model.language_model." if "text_config" in config else "model."
-    stored = {}
-    for name in os.listdir(model_dir):
-        if name.endswith(".safetensors"):
-            stored.update(load_file(os.path.join(model_dir, name)))
-    params, names = {}, {}
-    for name, t in stored.items():
-        if name.startswith(prefix) or name == "lm_head.weight":
-            ours = "model." + name[len(prefix):] if name.startswith(prefix) else name
-            params[ours], names[ours] = t.double().requires_grad_(adapter is None), name
-    scaling = None
-    if adapter:
-        with open(os.path.join(adapter, "adapter_config.json")) as f:
-            adapter_config = json.load(f)
-        scaling = adapter_config["lora_alpha"] / adapter_config["r"]
-        for name, t in load_file(os.path.join(adapter, "adapter_model.safetensors")).items():
-            stored_name = name[len("base_model.model."):]
-            ours = "model." + stored_name[len(prefix):]
-            params[ours], names[ours] = t.double().requires_grad_(), stored_name
-    return Reference(params, text, scaling), names
 
 
 def ballast_gradients(model_dir, data, out, adapter=None):

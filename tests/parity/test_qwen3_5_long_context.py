@@ -1,14 +1,14 @@
 """One LoRA step of a tiny Qwen3.5 hybrid on 131,072 tokens (2^17, past the
 65,536 where the seed's run got grad_norm inf and NaN), on the CPU with
-gradient checkpointing: ballast-train's loss and grad_norm equal transformers
-5.x + peft in float64, and its peak RSS is reported.
+gradient checkpointing: ballast-train's loss and grad_norm equal a float64
+reference (qwen3_5_reference, itself checked against transformers 5.x in
+test_qwen3_5.py) from a PEFT adapter, and its peak RSS is reported.
 
 Two rows, because a 2-core CPU cannot afford what one would cost:
 - packed: Gated DeltaNet and a gated full-attention layer of head_dim 256 (the
   seed's head size), on one row of 32 documents of 4,096 tokens. Every
   kernel indexes a 131,072-token row; the conv window and the recurrent state
-  restart 31 times. The reference runs each document alone (transformers'
-  torch path ignores document boundaries, transformers #46851).
+  restart 31 times. The reference runs each document alone.
 - one document: 131,072 tokens of one document through two Gated DeltaNet
   layers, so the recurrent state is carried across 2,048 chunks.
 One document of 131,072 tokens through a head_dim-256 attention layer costs
@@ -27,9 +27,8 @@ import psutil
 import pytest
 import torch
 
-sys.modules.setdefault("fla", None)  # transformers' torch path: fla's kernels need a GPU
-
-from reference import TRAIN, base_spec, read_metrics, write_spec  # noqa: E402
+from qwen3_5_reference import load as load_reference
+from reference import TRAIN, base_spec, read_metrics, write_spec
 
 TOKENS = 131_072
 
@@ -77,22 +76,19 @@ def make_adapter(model_dir, path):
 
 
 def reference_step(model_dir, adapter_dir, documents):
-    """Token-normalised CE over the documents, each run alone in float64, and
-    the global norm of the adapter's gradients."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
-    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True).to(torch.float64)
+    """Token-normalised CE over the documents, each alone, and the global norm
+    of the adapter's gradients, in float64 (qwen3_5_reference: transformers
+    computes its norms and delta rule in fp32 even in a float64 model)."""
+    reference, _ = load_reference(model_dir, adapter_dir, chunked=True)
     supervised = sum(len(d) - 1 for d in documents)
     total = 0.0
-    for ids in documents:
-        batch = torch.tensor([ids])
-        logits = model(input_ids=batch).logits[0]
-        ce = torch.nn.functional.cross_entropy(logits[:-1], batch[0, 1:], reduction="sum")
+    for ids in documents:  # a backward per document keeps one graph alive
+        logits = reference.logits(ids)
+        ce = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]),
+                                               reduction="sum")
         (ce / supervised).backward()
         total += ce.item()
-    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    grads = [t.grad for t in reference.p.values() if t.requires_grad]
     return total / supervised, torch.sqrt(sum((g * g).sum() for g in grads)).item()
 
 
