@@ -121,8 +121,8 @@ def main():
                             ("fla", "fla naive_chunk_gated_delta_rule")):
             theirs = measure([sys.executable, __file__, "--baseline", name, "--tokens", str(tokens)])
             print(f"gated_delta_rule_cpu fwd+bwd/T={tokens} (Hk {HK}, Hv {HV}, Dk=Dv {DK}) "
-                  f"vs {label}: {ours['seconds'] / theirs['seconds']:.2f}x time, "
-                  f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x peak memory "
+                  f"vs {label}: {ours['seconds'] / theirs['seconds']:.2g}x time, "
+                  f"{ours['peak_bytes'] / theirs['peak_bytes']:.2g}x peak memory "
                   f"({ours['seconds']:.3f} s vs {theirs['seconds']:.3f} s, "
                   f"{ours['peak_bytes'] / 2**20:,.0f} MiB vs {theirs['peak_bytes'] / 2**20:,.0f} MiB, "
                   f"{ours['threads']} threads)", flush=True)
