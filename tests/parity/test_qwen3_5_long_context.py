@@ -101,7 +101,8 @@ def train_one_step(tmp_path, model_dir, adapter_dir, documents):
     spec = base_spec(model_dir, data, max_steps=1, gradient_checkpointing=True,
                      lora={"r": 8, "lora_alpha": 16, "target_modules": ["all-linear"],
                            "init_adapter": adapter_dir},
-                     data={"seq_len": TOKENS, "micro_batch_size": 1, "grad_accum_steps": 1},
+                     data={"seq_len": TOKENS, "packing": True, "micro_batch_size": 1,
+                           "grad_accum_steps": 1},
                      schedule={"kind": "constant", "warmup_steps": 0})
     write_spec(tmp_path / "job.yaml", **spec)
     out = str(tmp_path / "out")
