@@ -48,13 +48,19 @@ def chunked_delta_rule(q, k, v, g, beta, chunk=64):
     w = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False,
                                       unitriangular=True)
     intra = (q @ k.transpose(-1, -2)) * decay  # decay is 0 above the diagonal
+    # Per-chunk pieces by unbind, whose backward is one stack: indexing the
+    # whole tensor in the loop would make a full-size gradient per chunk,
+    # quadratic in T.
+    u, w, intra = u.unbind(1), w.unbind(1), intra.unbind(1)
+    q_decayed = (q * g.exp()[..., None]).unbind(1)
+    k_decayed = (k * (g[..., -1:] - g).exp()[..., None]).transpose(-1, -2).unbind(1)
+    chunk_decay = g[..., -1].exp()[..., None, None].unbind(1)
     state = torch.zeros(h, dk, v.shape[-1], dtype=q.dtype)
     outs = []
     for i in range(n):
-        v_new = u[:, i] - w[:, i] @ state
-        outs.append((q[:, i] * g[:, i, :, None].exp()) @ state + intra[:, i] @ v_new)
-        state = state * g[:, i, -1, None, None].exp() + \
-            (k[:, i] * (g[:, i, -1:] - g[:, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        v_new = u[i] - w[i] @ state
+        outs.append(q_decayed[i] @ state + intra[i] @ v_new)
+        state = state * chunk_decay[i] + k_decayed[i] @ v_new
     return torch.cat(outs, 1)[:, :t].transpose(0, 1)
 
 
