@@ -21,10 +21,10 @@ import sys
 import tempfile
 import time
 
-import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
+from reference import run_measuring_rss  # noqa: E402
 from train_jobs import save_qwen3_5_tiny, save_qwen3_tiny, write_lora_job  # noqa: E402
 
 MODELS = {"qwen3": save_qwen3_tiny, "qwen3_5": save_qwen3_5_tiny}
@@ -82,16 +82,8 @@ def tokens_per_s(step_times):
 
 def measure(cmd):
     """Runs cmd, polling its RSS; returns (stdout, peak RSS in bytes)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ps, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, ps.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.01)
-    out, err = proc.communicate()
-    if proc.returncode != 0:
+    code, out, err, peak = run_measuring_rss(cmd)
+    if code != 0:
         raise SystemExit(f"{cmd[0]} failed:\n{err}")
     return out, peak
 

@@ -227,6 +227,29 @@ def run_train(spec_path, out_dir, *extra, check=True):
     return r
 
 
+def run_measuring_rss(cmd):
+    """Runs cmd to its end, polling its RSS every 10 ms; returns (exit code,
+    stdout, stderr, peak RSS in bytes). The output goes through files, so a
+    chatty process never blocks on a full pipe while it is polled."""
+    import tempfile
+    import time
+
+    import psutil
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        ps, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, ps.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), peak
+
+
 def read_metrics(out_dir):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]

@@ -18,16 +18,13 @@ test_long_context.py covers attention at positions past 2^16 on CPU.
 """
 import json
 import math
-import os
-import subprocess
 import time
 
-import psutil
 import pytest
 import torch
 
 from qwen3_5_reference import load as load_reference
-from reference import TRAIN, base_spec, read_metrics, write_spec
+from reference import TRAIN, base_spec, read_metrics, run_measuring_rss, write_spec
 
 TOKENS = 131_072
 
@@ -105,17 +102,10 @@ def train_one_step(tmp_path, model_dir, adapter_dir, documents):
                      schedule={"kind": "constant", "warmup_steps": 0})
     write_spec(tmp_path / "job.yaml", **spec)
     out = str(tmp_path / "out")
-    proc = subprocess.Popen([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    ps, peak, started = psutil.Process(proc.pid), 0, time.time()
-    while proc.poll() is None:
-        try:
-            peak = max(peak, ps.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.05)
-    err = proc.stderr.read()
-    assert proc.returncode == 0, f"ballast-train failed ({proc.returncode}):\n{err}"
+    started = time.time()
+    code, _, err, peak = run_measuring_rss([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out",
+                                            out])
+    assert code == 0, f"ballast-train failed ({code}):\n{err}"
     [step] = read_metrics(out)
     return step, peak, time.time() - started
 
