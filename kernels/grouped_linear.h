@@ -18,8 +18,10 @@
 // on the host, which would cost a synchronisation per call.
 //
 // Implementations: on CPU the threaded kernel of kernels/cpu/
-// grouped_linear_cpu.h; on CUDA ATen's grouped GEMM (kernels/cuda/
-// grouped_linear_cuda.h).
+// grouped_linear_cpu.h, the same bits at any thread count; on CUDA ATen's
+// grouped GEMM (kernels/cuda/grouped_linear_cuda.h), which needs in and out to
+// be multiples of 8 in bf16 and of 4 in fp32 (16-byte rows; LoRA ranks of 8
+// and up qualify) and refuses other widths by name.
 #ifndef BALLAST_KERNELS_GROUPED_LINEAR_H_
 #define BALLAST_KERNELS_GROUPED_LINEAR_H_
 
