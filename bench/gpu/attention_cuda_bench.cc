@@ -10,7 +10,7 @@
 // bf16, Hq = Hkv; heads shrink as T grows so that each shape runs a fraction
 // of a second. FLOPs are counted the FlashAttention way for a causal mask:
 // forward 2 T^2 D H (two products over the lower triangle), backward 2.5x
-// that, the same count for both kernels. Time is the median of kReps runs,
+// that, the same count for both kernels. Time is the median of 5 runs,
 // each synchronised, after one warm-up run.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -26,26 +26,12 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/gpu/median_seconds.h"
 #include "kernels/attention.h"
 
 namespace {
 
-constexpr int kReps = 5;
-
-double MedianSeconds(const std::function<void()>& run) {
-  run();
-  torch::cuda::synchronize();
-  std::vector<double> times;
-  for (int i = 0; i < kReps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    torch::cuda::synchronize();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[kReps / 2];
-}
+using ballast::bench::MedianSeconds;
 
 // Only SDPA's flash backend may run while this lives.
 class OnlyFlashSdpa {
