@@ -195,11 +195,11 @@ TEST_F(JobSpecFilesTest, AConfigTheDecoderCannotRunIsRefusedAtSubmission) {
 }
 
 TEST_F(JobSpecFilesTest, UnsupportedModelTypeNamesTheFileAndTheAllowedTypes) {
-  WriteConfig(R"({"model_type": "qwen3_moe", "max_position_embeddings": 1024})");
+  WriteConfig(R"({"model_type": "mixtral", "max_position_embeddings": 1024})");
   const absl::Status s = ValidateJobSpecFiles(spec_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr((dir_ / "model" / "config.json").string()));
-  EXPECT_THAT(s.message(), HasSubstr("model_type 'qwen3_moe'"));
+  EXPECT_THAT(s.message(), HasSubstr("model_type 'mixtral'"));
   EXPECT_THAT(s.message(), HasSubstr("allowed: llama, qwen2, qwen3, sdar"));
 }
 
@@ -338,10 +338,11 @@ TEST_F(SdarCheckpointTest, SdarsMixtureOfExpertsTrainsByBlockDiffusionWithQwen3M
   ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
   EXPECT_EQ(spec_.block_diffusion().block_length(), 4);
 
-  spec_.set_task("causal_lm");
-  EXPECT_THAT(PrepareJobSpec(&spec_).message(),
+  v1::JobSpec causal = spec_;
+  causal.set_task("causal_lm");
+  causal.clear_block_diffusion();
+  EXPECT_THAT(PrepareJobSpec(&causal).message(),
               HasSubstr("(model_type sdar_moe); it trains with task: block_diffusion"));
-  spec_.set_task("block_diffusion");
 
   // What SDAR's engine does not do is refused by name.
   WriteConfig(SdarMoeConfig(R"(, "noise": 1)"));

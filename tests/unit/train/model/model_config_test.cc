@@ -233,8 +233,8 @@ TEST(ModelConfig, LlamaAttentionBiasFollowsKey) {
 
 TEST(ModelConfig, RejectsUnknownModelType) {
   json j = Qwen3Config();
-  j["model_type"] = "qwen3_moe";
-  ExpectInvalid(j, {"model_type", "qwen3_moe", "llama, qwen2, qwen3, sdar"});
+  j["model_type"] = "mixtral";
+  ExpectInvalid(j, {"model_type", "mixtral", "llama, qwen2, qwen3, sdar"});
 }
 
 TEST(ModelConfig, RejectsMissingRequiredKey) {
