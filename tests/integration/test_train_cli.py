@@ -89,11 +89,11 @@ def test_unsupported_model_type_is_refused_as_at_submission(tmp_path, model_and_
     model = tmp_path / "model"
     shutil.copytree(model_and_data[0], model)
     config = json.loads((model / "config.json").read_text())
-    config["model_type"] = "qwen3_moe"
+    config["model_type"] = "mixtral"
     (model / "config.json").write_text(json.dumps(config))
     r = run(tmp_path, base_spec(str(model), model_and_data[1]))
     assert r.returncode == 2, r.stderr
-    assert (f"{model / 'config.json'} has model_type 'qwen3_moe', which is not supported; "
+    assert (f"{model / 'config.json'} has model_type 'mixtral', which is not supported; "
             "allowed: llama, qwen2, qwen3, sdar") in r.stderr
     assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
 

@@ -122,11 +122,11 @@ TEST_F(BallastdTest, SubmitRefusesAnUnsupportedModelTypeWithInvalidArgument) {
   v1::SubmitJobRequest submit;
   *submit.mutable_spec() = ValidSpec(dir_.path());
   std::ofstream(dir_.path() / "model" / "config.json")
-      << R"({"model_type": "qwen3_moe", "max_position_embeddings": 2048})";
+      << R"({"model_type": "mixtral", "max_position_embeddings": 2048})";
   v1::Job job;
   grpc::Status refused = jobs_->SubmitJob(Context().get(), submit, &job);
   EXPECT_EQ(refused.error_code(), grpc::INVALID_ARGUMENT);
-  EXPECT_THAT(refused.error_message(), HasSubstr("model_type 'qwen3_moe'"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("model_type 'mixtral'"));
   EXPECT_THAT(refused.error_message(), HasSubstr("allowed: llama, qwen2, qwen3, sdar"));
   v1::ListJobsResponse list;
   ASSERT_TRUE(jobs_->ListJobs(Context().get(), v1::ListJobsRequest(), &list).ok());
