@@ -19,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A config.json whose shape the decoder can run: the shape keys, then `rest`.
 std::string ConfigJson(absl::string_view rest) {
@@ -236,6 +237,31 @@ TEST_F(JobSpecFilesTest, PrepareFillsDefaultsThenChecksRangesBeforeFiles) {
 
   spec_.mutable_lora()->set_r(8);
   EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("data.path"));
+}
+
+// A moe section would be ignored on a dense model: refused, naming the keys
+// the user wrote (not the ones the defaults would add), by PrepareJobSpec and
+// by ValidateJobSpecFiles alike; a dense spec gets no moe section.
+TEST_F(JobSpecFilesTest, AMoeSectionOnADenseModelIsRefusedNamingItsKeys) {
+  spec_.mutable_optimizer()->set_lr(1e-4);
+  spec_.set_max_steps(10);
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_FALSE(spec_.has_moe());
+
+  spec_.mutable_moe()->set_balance("aux_free");
+  const absl::Status s = PrepareJobSpec(&spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("moe.balance is set, but "));
+  EXPECT_THAT(s.message(), HasSubstr("is a dense model (no num_experts)"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss")));
+  EXPECT_FALSE(spec_.moe().has_aux_free_rate()) << "refused before the defaults";
+
+  spec_.mutable_moe()->set_aux_free_rate(0.01);
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
+              HasSubstr("moe.balance, moe.aux_free_rate are set, but "));
+  // `moe: {}` alone is a section too.
+  spec_.mutable_moe()->Clear();
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("moe is set, but "));
 }
 
 // An SDAR config.json as JetLM's SDAR checkpoints carry it: Qwen3's keys
