@@ -35,7 +35,7 @@ at::Tensor BlockDiffusion::BalancedTokens(const PackedBatch& batch) const {
     // Each document is [x_t ; x_0], two halves of equal length.
     noisy.narrow(0, bounds[d], (bounds[d + 1] - bounds[d]) / 2).fill_(true);
   }
-  return noisy.to(batch.input_ids.device());
+  return noisy;
 }
 
 }  // namespace ballast::train

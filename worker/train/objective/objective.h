@@ -39,7 +39,7 @@ class Objective {
 
   // The tokens of `batch` whose routing a mixture of experts balances: the
   // load-balancing loss counts them alone and gives them alone its
-  // gradient. (T) bool on the batch's device, or undefined: every token.
+  // gradient. (T) bool on the CPU, or undefined: every token.
   virtual at::Tensor BalancedTokens(const PackedBatch& batch) const { return at::Tensor(); }
 
   // A ranker's score of each document of `batch` (its candidates), for
