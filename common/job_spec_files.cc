@@ -147,7 +147,7 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
         "', which is not supported; allowed: ", SupportedModelTypesText()));
   }
 
-  if (model_type->get<std::string>() == kSdarModelType) {
+  if (IsSdarModelType(model_type->get<std::string>())) {
     if (absl::Status s = CheckSdarConfig(config, spec, config_name); !s.ok()) return s;
   }
 

@@ -1,5 +1,6 @@
 #include "common/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -267,7 +268,73 @@ absl::Status RefuseExperts(const Fields& f) {
   return absl::OkStatus();
 }
 
+// Qwen3-MoE's keys, with transformers 4.57.6's Qwen3MoeConfig defaults for
+// absent ones.
+absl::StatusOr<MoeConfig> ParseExperts(const Fields& f, int64_t layers) {
+  MoeConfig m;
+  const std::pair<const char*, int64_t*> sizes[] = {
+      {"num_experts", &m.num_experts},
+      {"num_experts_per_tok", &m.top_k},
+      {"moe_intermediate_size", &m.moe_intermediate_size},
+      {"decoder_sparse_step", &m.decoder_sparse_step},
+  };
+  const int64_t defaults[] = {128, 8, 768, 1};
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *sizes[i].second = defaults[i];
+    if (f.Find(sizes[i].first) != nullptr) {
+      BALLAST_ASSIGN_OR_RETURN(*sizes[i].second, f.PositiveInt(sizes[i].first, kMaxWidth));
+    }
+  }
+  if (m.top_k > m.num_experts) {
+    return Invalid(f.Name("num_experts_per_tok"),
+                   absl::StrCat("must be <= num_experts (", m.num_experts, "), got ", m.top_k));
+  }
+  if (const json* only = f.Find("mlp_only_layers"); only != nullptr) {
+    if (!only->is_array()) {
+      return Invalid(f.Name("mlp_only_layers"),
+                     absl::StrCat("must be a list of layer indices, got ", only->dump()));
+    }
+    for (const json& entry : *only) {
+      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
+          entry.get<int64_t>() >= layers) {
+        return Invalid(f.Name("mlp_only_layers"),
+                       absl::StrCat("must hold layer indices in 0..", layers - 1, ", got ",
+                                    entry.dump()));
+      }
+      m.mlp_only_layers.push_back(entry.get<int64_t>());
+    }
+  }
+  std::optional<bool> norm;
+  BALLAST_ASSIGN_OR_RETURN(norm, f.OptionalBool("norm_topk_prob"));
+  m.norm_topk_prob = norm.value_or(false);
+  std::optional<double> coef;
+  BALLAST_ASSIGN_OR_RETURN(coef, f.OptionalDouble("router_aux_loss_coef"));
+  m.router_aux_loss_coef = coef.value_or(0.001);
+  if (!std::isfinite(m.router_aux_loss_coef) || m.router_aux_loss_coef < 0) {
+    return Invalid(f.Name("router_aux_loss_coef"),
+                   absl::StrCat("must be a finite number >= 0, got ", m.router_aux_loss_coef));
+  }
+  // Accepted and not read (MoeConfig::router_aux_loss_coef says why); its type is checked.
+  std::optional<bool> output_router_logits;
+  BALLAST_ASSIGN_OR_RETURN(output_router_logits, f.OptionalBool("output_router_logits"));
+  return m;
+}
+
 }  // namespace
+
+bool MoeConfig::sparse(int64_t layer) const {
+  return num_experts > 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) ==
+             mlp_only_layers.end() &&
+         (layer + 1) % decoder_sparse_step == 0;
+}
+
+bool ModelConfig::has_experts() const {
+  for (int64_t i = 0; i < num_hidden_layers; ++i) {
+    if (moe.sparse(i)) return true;
+  }
+  return false;
+}
 
 bool ModelConfig::has_linear_attention() const {
   for (TokenMixer m : layer_types) {
@@ -463,7 +530,25 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return Invalid(f.Name("attention_dropout"), absl::StrCat("must be 0, got ", *dropout));
   }
 
-  if (absl::Status s = RefuseExperts(f); !s.ok()) return s;
+  if (c.model_type == "qwen3_moe" || c.model_type == "sdar_moe") {
+    BALLAST_ASSIGN_OR_RETURN(c.moe, ParseExperts(f, c.num_hidden_layers));
+    // SDAR's engine (common/sdar_checkpoint.h) always renormalises the top-k
+    // weights and has no dense layers among sparse ones.
+    std::optional<bool> norm;
+    BALLAST_ASSIGN_OR_RETURN(norm, f.OptionalBool("norm_topk_prob"));
+    if (c.model_type == "sdar_moe" && !norm.value_or(true)) {
+      return Invalid(f.Name("norm_topk_prob"),
+                     "must be true or absent for sdar_moe (SDAR's engine renormalises the "
+                     "top-k weights)");
+    }
+    if (c.model_type == "sdar_moe") c.moe.norm_topk_prob = true;
+    if (c.model_type == "sdar_moe" && !c.moe.mlp_only_layers.empty()) {
+      return Invalid(f.Name("mlp_only_layers"),
+                     "must be empty for sdar_moe (SDAR's engine does not read it)");
+    }
+  } else if (absl::Status s = RefuseExperts(f); !s.ok()) {
+    return s;
+  }
   BALLAST_ASSIGN_OR_RETURN(c.layer_types, ParseLayerTypes(f, c.num_hidden_layers, qwen3_5));
 
   if (qwen3_5) {
@@ -484,8 +569,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return c;
   }
 
-  // SDAR's decoder is Qwen3's (common/sdar_checkpoint.h checks its own keys).
-  c.qk_norm = c.model_type == "qwen3" || c.model_type == "sdar";
+  // SDAR's decoder is Qwen3's (common/sdar_checkpoint.h checks its own keys),
+  // and Qwen3-MoE's attention is too.
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "sdar" || c.model_type == "qwen3_moe" ||
+              c.model_type == "sdar_moe";
   return c;
 }
 

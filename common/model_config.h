@@ -1,11 +1,12 @@
 // ModelConfig: the decoder's shape and numerics, read from an HF config.json.
 //
 // Supported model_type: kSupportedModelTypes (common/model_types.h, the list
-// submission checks too: llama, qwen2, qwen3, sdar, qwen3_5, qwen3_5_text).
-// Anything the decoder does not implement (an unknown model_type, hidden_act
-// other than silu, a rope_scaling type other than linear/llama3/default, a
-// layer type other than full_attention/linear_attention, Qwen3.5's
-// attn_output_gate false, mixture-of-experts keys, a missing required key, a
+// submission checks too: llama, qwen2, qwen3, sdar, qwen3_5, qwen3_5_text,
+// qwen3_moe). Anything the decoder does not implement (an unknown
+// model_type, hidden_act other than silu, a rope_scaling type other than
+// linear/llama3/default, a layer type other than
+// full_attention/linear_attention, Qwen3.5's attn_output_gate false,
+// mixture-of-experts keys outside qwen3_moe, a missing required key, a
 // value of the wrong type or out of range, sizes that do not divide) is an
 // INVALID_ARGUMENT that names the key, so a model never runs with a silently
 // ignored setting. Submission parses it too (common/job_spec_files.cc), so
@@ -57,8 +58,30 @@ struct GatedDeltaNetConfig {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
+// Qwen3-MoE's sparse layers (transformers 4.57.6 Qwen3MoeConfig, whose
+// defaults stand in for absent keys). A sparse layer's MLP is a router over
+// num_experts SwiGLU experts of moe_intermediate_size, top_k of them per token.
+struct MoeConfig {
+  int64_t num_experts = 0;            // 0: every layer is dense
+  int64_t top_k = 0;                  // num_experts_per_tok, <= num_experts
+  int64_t moe_intermediate_size = 0;  // each expert's SwiGLU width
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;  // layers kept dense whatever the step
+  bool norm_topk_prob = false;           // renormalise the top-k probabilities to sum 1
+  // The load-balancing loss's weight. transformers adds it only when
+  // output_router_logits is true (false in the released configs); Ballast
+  // adds it whenever it is > 0, and accepts output_router_logits without
+  // reading it, so that a finetune of a released checkpoint keeps balancing
+  // its experts (README, Mixture of Experts).
+  double router_aux_loss_coef = 0.0;
+
+  // HF's rule: layer i is sparse when the model has experts, i is not in
+  // mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+  bool sparse(int64_t layer) const;
+};
+
 struct ModelConfig {
-  // llama | qwen2 | qwen3 | sdar (Qwen3's decoder) | qwen3_5 | qwen3_5_text
+  // llama | qwen2 | qwen3 | sdar (Qwen3's decoder) | qwen3_5 | qwen3_5_text | qwen3_moe
   std::string model_type;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -89,6 +112,7 @@ struct ModelConfig {
   // dense families.
   std::vector<TokenMixer> layer_types;
   GatedDeltaNetConfig linear_attention;  // set when any layer is kGatedDeltaNet
+  MoeConfig moe;                         // qwen3_moe only; num_experts 0 elsewhere
   // Where the checkpoint keeps the decoder's tensors that the trainer names
   // "model.*": "model." itself, or "model.language_model." in Qwen3.5's
   // vision-language checkpoint (lm_head.weight is at the root in both).
@@ -96,6 +120,8 @@ struct ModelConfig {
 
   // True when some layer is Gated DeltaNet.
   bool has_linear_attention() const;
+  // True when some layer is a mixture of experts.
+  bool has_experts() const;
 };
 
 // Parses the text of a config.json.

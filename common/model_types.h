@@ -16,9 +16,11 @@ namespace ballast {
 // sdar is Qwen3's decoder under block-diffusion training (common/sdar_checkpoint.h).
 // qwen3_5 is Qwen3.5's released vision-language checkpoint, of which the
 // trainer reads and trains the text decoder; qwen3_5_text is that decoder
-// alone (transformers' Qwen3_5ForCausalLM).
-inline constexpr std::array<absl::string_view, 6> kSupportedModelTypes = {
-    "llama", "qwen2", "qwen3", "sdar", "qwen3_5", "qwen3_5_text"};
+// alone (transformers' Qwen3_5ForCausalLM). qwen3_moe is Qwen3's decoder with
+// mixture-of-experts MLPs (transformers' Qwen3MoeForCausalLM), and sdar_moe
+// is that decoder under block-diffusion training (SDAR-30B-A3B).
+inline constexpr std::array<absl::string_view, 8> kSupportedModelTypes = {
+    "llama", "qwen2", "qwen3", "sdar", "qwen3_5", "qwen3_5_text", "qwen3_moe", "sdar_moe"};
 
 // True when `model_type` is one of kSupportedModelTypes (exact, case-sensitive).
 bool IsSupportedModelType(absl::string_view model_type);

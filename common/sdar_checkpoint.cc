@@ -50,6 +50,12 @@ constexpr std::array<absl::string_view, 31> kQwen3Keys = {"model_type",
                                                           "transformers_version",
                                                           "_name_or_path"};
 
+// The keys of transformers' Qwen3MoeConfig beyond Qwen3Config's, which an
+// sdar_moe config.json holds (the decoder's config parser reads them).
+constexpr std::array<absl::string_view, 8> kQwen3MoeKeys = {
+    "num_experts",  "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+    "mlp_only_layers", "norm_topk_prob",   "router_aux_loss_coef",  "output_router_logits"};
+
 // SDAR's own keys; sdar_checkpoint.h says what becomes of each.
 constexpr std::array<absl::string_view, 6> kSdarKeys = {
     "block_size", "mask_token_id",     "fuse_cross_entropy", "enable_block_generation",
@@ -60,10 +66,12 @@ bool Contains(const std::array<absl::string_view, N>& keys, absl::string_view ke
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
-bool IsSdar(const nlohmann::json& config) {
+std::string ModelType(const nlohmann::json& config) {
   const auto type = config.find("model_type");
-  return type != config.end() && type->is_string() && type->get<std::string>() == kSdarModelType;
+  return type != config.end() && type->is_string() ? type->get<std::string>() : "";
 }
+
+bool IsSdar(const nlohmann::json& config) { return IsSdarModelType(ModelType(config)); }
 
 // The config's integer `key` > 0 (< 0 when absent or null); `*bad` is set
 // when present but not such an integer.
@@ -85,6 +93,10 @@ absl::Status Refuse(absl::string_view config_name, absl::string_view key, absl::
 
 }  // namespace
 
+bool IsSdarModelType(absl::string_view model_type) {
+  return model_type == kSdarModelType || model_type == kSdarMoeModelType;
+}
+
 void ApplySdarDefaults(const nlohmann::json& config, v1::JobSpec* spec) {
   if (!config.is_object() || !IsSdar(config) || spec->task() != "block_diffusion") return;
   v1::BlockDiffusionSpec* b = spec->mutable_block_diffusion();
@@ -101,13 +113,17 @@ void ApplySdarDefaults(const nlohmann::json& config, v1::JobSpec* spec) {
 
 absl::Status CheckSdarConfig(const nlohmann::json& config, const v1::JobSpec& spec,
                              absl::string_view config_name) {
+  const std::string model_type = ModelType(config);
+  const bool moe = model_type == kSdarMoeModelType;
   if (spec.task() != "block_diffusion") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.path: ", config_name, " is an SDAR block-diffusion checkpoint (model_type sdar); ",
-        "it trains with task: block_diffusion, not task: ", spec.task()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path: ", config_name, " is an SDAR block-diffusion checkpoint ",
+                     "(model_type ", model_type, "); it trains with task: block_diffusion, not ",
+                     "task: ", spec.task()));
   }
   for (const auto& [key, value] : config.items()) {
-    if (!Contains(kQwen3Keys, key) && !Contains(kSdarKeys, key)) {
+    if (!Contains(kQwen3Keys, key) && !Contains(kSdarKeys, key) &&
+        !(moe && Contains(kQwen3MoeKeys, key))) {
       return Refuse(config_name, key,
                     "is neither Qwen3's nor one of SDAR's that Ballast knows (block_size, "
                     "mask_token_id, fuse_cross_entropy, enable_block_generation, auto_map, "
@@ -148,13 +164,15 @@ absl::Status CheckSdarConfig(const nlohmann::json& config, const v1::JobSpec& sp
                   "noised block, which is not the block-diffusion mask Ballast trains");
   }
   if (const auto it = config.find("architectures"); it != config.end() && !it->is_null()) {
-    const bool known = it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& a) {
-                         return a == "SDARForCausalLM" || a == "Qwen3ForCausalLM";
+    const std::string sdar = moe ? "SDARMoeForCausalLM" : "SDARForCausalLM";
+    const std::string qwen3 = moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+    const bool known = it->is_array() && std::all_of(it->begin(), it->end(), [&](const auto& a) {
+                         return a == sdar || a == qwen3;
                        });
     if (!known) {
       return Refuse(config_name, "architectures",
-                    absl::StrCat("must be [\"SDARForCausalLM\"], got ", it->dump(),
-                                 " (SDAR's mixture-of-experts models are not supported)"));
+                    absl::StrCat("must be [\"", sdar, "\"], got ", it->dump(),
+                                 moe ? "" : " (SDAR's mixture of experts has model_type sdar_moe)"));
     }
   }
   if (const auto it = config.find("layer_types"); it != config.end() && !it->is_null()) {

@@ -1,6 +1,13 @@
 // SDAR checkpoints: block-diffusion models (JetLM's SDAR) whose decoder is
 // Qwen3's, weight for weight, and whose config.json says model_type "sdar"
-// and carries a few keys of its own. Ballast trains them with
+// and carries a few keys of its own; or, for SDAR's mixture of experts
+// (SDAR-30B-A3B), Qwen3-MoE's under model_type "sdar_moe". That layout was
+// read from SDAR's own engine (JetEngine, jetengine/models/sdar_moe.py and
+// jetengine/utils/loader.py at github.com/Labman42/JetEngine 11563d1, which
+// JetAstra/SDAR's README points to): the router mlp.gate and per-expert
+// mlp.experts.{e}.{gate,up,down}_proj weights as Qwen3-MoE's, a layer sparse
+// when (i + 1) % decoder_sparse_step == 0, the top-k weights always
+// renormalised (so norm_topk_prob must be true) and no mlp_only_layers. Ballast trains them with
 // task: block_diffusion, and every key their config.json holds is either one
 // the Qwen3 decoder reads, one whose effect Ballast reproduces, or refused
 // by name: none is silently ignored. Thread-safe (no state).
@@ -23,7 +30,9 @@
 //                         noised block token-causal, which is not the
 //                         block-diffusion mask that Ballast trains.
 //   architectures         must name SDARForCausalLM (or Qwen3ForCausalLM);
-//                         SDAR's mixture-of-experts models are refused.
+//                         for sdar_moe SDARMoeForCausalLM (or
+//                         Qwen3MoeForCausalLM).
+// sdar_moe also takes Qwen3-MoE's keys (common/model_config.h's MoeConfig).
 // Any other key that is not one of Qwen3's is refused, naming it.
 #ifndef BALLAST_COMMON_SDAR_CHECKPOINT_H_
 #define BALLAST_COMMON_SDAR_CHECKPOINT_H_
@@ -37,6 +46,10 @@
 namespace ballast {
 
 inline constexpr absl::string_view kSdarModelType = "sdar";
+inline constexpr absl::string_view kSdarMoeModelType = "sdar_moe";
+
+// True for an SDAR model_type: sdar or sdar_moe.
+bool IsSdarModelType(absl::string_view model_type);
 
 // Fills the spec's block-diffusion keys that it leaves unset from an SDAR
 // `config` (block_size, mask_token_id). Does nothing for other model types

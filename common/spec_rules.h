@@ -128,9 +128,11 @@ inline constexpr SpecRule kSpecRules[] = {
      .text = "q_proj, v_proj",
      .allowed_kind = SpecAllowed::kOneOf,
      .choices = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, "
-                "in_proj_z, in_proj_b, in_proj_a, out_proj",
+                "in_proj_z, in_proj_b, in_proj_a, out_proj, gate",
      .meaning = "the linears to adapt, or the single entry `all-linear` (every one the model "
-                "has; `in_proj_*` and `out_proj` are Qwen3.5's Gated DeltaNet layers)"},
+                "has but a mixture of experts' router; `in_proj_*` and `out_proj` are "
+                "Qwen3.5's Gated DeltaNet layers; `gate_proj`, `up_proj` and `down_proj` "
+                "adapt every expert too, and `gate` is Qwen3-MoE's router)"},
     {.key = "lora.init_lora_weights",
      .default_kind = SpecDefault::kText,
      .text = "kaiming",

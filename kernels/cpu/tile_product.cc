@@ -18,19 +18,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/fortran_blas.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define BALLAST_HAS_AVX512_KERNEL 1
 #endif
-
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-            const float* beta, float* c, const int* ldc);
-void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
-            const double* beta, double* c, const int* ldc);
-}
 
 namespace ballast::kernels {
 namespace {

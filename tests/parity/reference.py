@@ -43,7 +43,23 @@ QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2
                       temporal_patch_size=2, spatial_merge_size=2)
 
 
-def make_config(arch):
+# Qwen3-MoE (transformers 4.57.6's Qwen3MoeForCausalLM) at a tiny size: 8
+# experts, top-2, 3 layers of which layer 0 is dense (mlp_only_layers), head_dim
+# explicit as in the real family. output_router_logits makes transformers add
+# the load-balancing loss (Ballast always adds it; README, Mixture of Experts);
+# the coefficient is large enough that its gradient shows in every curve.
+QWEN3_MOE = dict(vocab_size=320, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1e6,
+                 tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[0],
+                 norm_topk_prob=True, router_aux_loss_coef=0.1, output_router_logits=True)
+
+
+def make_config(arch, **overrides):
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+        return Qwen3MoeConfig(**{**QWEN3_MOE, **overrides})
     if arch == "qwen3_5_text":
         from transformers import Qwen3_5TextConfig
         return Qwen3_5TextConfig(**QWEN3_5_TEXT, tie_word_embeddings=False)
@@ -140,10 +156,11 @@ def add_mtp_tensors(path, seed):
     return sorted(mtp)
 
 
-def make_model(arch, path, seed):
+def make_model(arch, path, seed, **config):
     """A random model saved at `path`. Every tensor (biases and norms too) is
     drawn at random so that no term of the forward is trivially zero or one.
-    A Qwen3.5 VLM ("qwen3_5") also gets mtp.* tensors and a sharded layout."""
+    A Qwen3.5 VLM ("qwen3_5") also gets mtp.* tensors and a sharded layout.
+    `config` overrides keys of the tiny config (Qwen3-MoE only)."""
     torch.manual_seed(seed)
     if arch == "qwen3_5":
         # An explicit class, not an Auto one: AutoModelForCausalLM makes the text model alone.
@@ -151,13 +168,16 @@ def make_model(arch, path, seed):
     else:
         # transformers 5 renamed torch_dtype to dtype; 4.57 (the dense archs) has the old name.
         dtype = {"dtype" if arch.startswith("qwen3_5") else "torch_dtype": torch.float32}
-        model = model_class(arch).from_config(make_config(arch), **dtype)
+        model = model_class(arch).from_config(make_config(arch, **config), **dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if arch.startswith("qwen3_5"):
                 randomize_qwen3_5(name, p)
             elif "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):
+                # A router that prefers some experts per token, as a trained one does.
+                p.normal_(0, 0.5)
             else:
                 p.normal_(0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
@@ -255,6 +275,25 @@ def read_metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
+def write_rows(path, rows):
+    """Documents as a tokens JSONL (input_ids, labels)."""
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def ballast_gradients(model_dir, data, out, adapter=None):
+    """`ballast-train logits --gradients`: each trainable tensor's gradient
+    by its checkpoint name (inference.h says of which loss)."""
+    cmd = [TRAIN, "logits", "--model", model_dir, "--tokens", data, "--out", out, "--gradients"]
+    if adapter:
+        cmd += ["--adapter", adapter]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    from safetensors.torch import load_file
+    return {k[len("grad."):]: v for k, v in load_file(out).items() if k.startswith("grad.")}
+
+
 def ballast_logits(model_dir, tokens_path, out_path, adapter_dir=None):
     from safetensors.torch import load_file
 
@@ -272,6 +311,26 @@ def hf_logits(model, rows):
         return torch.cat([model(torch.tensor([r["input_ids"]])).logits[0].float() for r in rows])
 
 
+def check_adapter_round_trip(tmp_path, model_dir, data, rows, adapter, trained, load_base,
+                             tolerance):
+    """A trained adapter folder as users take it: PEFT loads it onto the base
+    (`load_base(path)` loads a model folder) to the logits of `trained`, the
+    reference model that took the same steps (within `tolerance`);
+    ballast-train reads it back to PEFT's logits, and `ballast-train merge`
+    folds it into a model that gives them too (within 1e-5, fp32 both sides)."""
+    from peft import PeftModel
+
+    peft_logits = hf_logits(PeftModel.from_pretrained(load_base(model_dir), adapter), rows)
+    assert relative_error(peft_logits, hf_logits(trained, rows)) <= tolerance
+    ours = ballast_logits(model_dir, data, str(tmp_path / "l.safetensors"), adapter_dir=adapter)
+    assert relative_error(ours["logits"], peft_logits) <= 1e-5
+    r = subprocess.run([TRAIN, "merge", "--model", model_dir, "--adapter", adapter, "--out",
+                        str(tmp_path / "merged")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert relative_error(hf_logits(load_base(str(tmp_path / "merged")), rows),
+                          peft_logits) <= 1e-5
+
+
 def lr_lambda(kind, warmup, max_steps):
     from transformers import (get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup,
                               get_linear_schedule_with_warmup)
@@ -280,11 +339,28 @@ def lr_lambda(kind, warmup, max_steps):
             "cosine": lambda o: get_cosine_schedule_with_warmup(o, warmup, max_steps)}[kind]
 
 
+def routed_experts(router_logits, top_k):
+    """The set of experts that the top-k of `router_logits` (tokens, E) chooses."""
+    return set(torch.topk(router_logits.softmax(-1), top_k, dim=-1).indices.flatten().tolist())
+
+
 def reference_train(model, rows, spec):
     """The reference loop: per optimizer step, every micro-batch's summed
     token CE divided by the step's supervised-token count, backward,
-    clip_grad_norm_, AdamW, scheduler. Returns per-step (loss, grad_norm)."""
+    clip_grad_norm_, AdamW, scheduler. Returns per-step (loss, grad_norm).
+
+    A mixture of experts (config.num_experts) adds transformers'
+    load_balancing_loss_func of each micro-batch's documents (their router
+    logits concatenated, as one padded forward of them gives it) times
+    router_aux_loss_coef, averaged over the step's micro-batches, and its loss
+    includes that. Every expert of every sparse layer must be routed to in
+    every step (asserted): transformers leaves an unrouted expert's gradient
+    None and AdamW skips it, where Ballast gives it a zero gradient."""
     data, opt_spec, sched = spec["data"], spec["optimizer"], spec.get("schedule", {})
+    config = model.config
+    experts = getattr(config, "num_experts", 0)
+    if experts:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opt_spec["lr"], betas=(opt_spec.get("beta1", 0.9),
                             opt_spec.get("beta2", 0.999)), eps=opt_spec.get("eps", 1e-8),
@@ -298,12 +374,32 @@ def reference_train(model, rows, spec):
         cursor += per_step
         n = sum(sum(1 for t in r["labels"][1:] if t != -100) for r in step_rows)
         total = 0.0
-        for r in step_rows:
-            logits = model(torch.tensor([r["input_ids"]])).logits[0].float()
-            ce = F.cross_entropy(logits[:-1], torch.tensor(r["labels"][1:]), ignore_index=-100,
-                                 reduction="sum")
-            (ce / n).backward()
-            total += ce.item()
+        micro, accum = data.get("micro_batch_size", 1), data.get("grad_accum_steps", 1)
+        routed = {}
+        for m in range(accum):
+            router_logits, micro_loss = [], 0.0
+            for r in step_rows[m * micro:(m + 1) * micro]:
+                out = model(torch.tensor([r["input_ids"]]), **(
+                    {"output_router_logits": True} if experts else {}))
+                logits = out.logits[0].float()
+                ce = F.cross_entropy(logits[:-1], torch.tensor(r["labels"][1:]),
+                                     ignore_index=-100, reduction="sum")
+                total += ce.item()
+                if not experts:
+                    (ce / n).backward()
+                    continue
+                micro_loss = micro_loss + ce / n
+                router_logits += list(out.router_logits)
+                for layer, z in enumerate(out.router_logits):
+                    routed.setdefault(layer, set()).update(
+                        routed_experts(z.detach(), config.num_experts_per_tok))
+            if experts:
+                aux = load_balancing_loss_func(tuple(router_logits), experts,
+                                               config.num_experts_per_tok)
+                (micro_loss + config.router_aux_loss_coef * aux / accum).backward()
+                total += n * config.router_aux_loss_coef * aux.item() / accum
+        for layer, hit in routed.items():
+            assert hit == set(range(experts)), f"sparse layer {layer} left experts out: {hit}"
         norm = torch.nn.utils.clip_grad_norm_(params, opt_spec.get("max_grad_norm", 1.0))
         opt.step()
         scheduler.step()

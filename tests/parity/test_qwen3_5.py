@@ -14,14 +14,14 @@ import json
 import math
 import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 from qwen3_5_reference import load as load_reference
-from reference import (TRAIN, ballast_logits, base_spec, hf_logits, make_dataset, make_model,
-                       model_class, read_metrics, reference_train, relative_error, run_train,
+from reference import (ballast_gradients, ballast_logits, base_spec,
+                       check_adapter_round_trip, hf_logits, make_dataset, make_model, model_class,
+                       read_metrics, reference_train, relative_error, run_train, write_rows,
                        write_spec)
 
 ARCHS = ["qwen3_5_text", "qwen3_5"]
@@ -70,25 +70,9 @@ def test_logits_match_transformers_and_packing_equals_each_document_alone(arch, 
 # Gradients of every parameter kind against float64
 
 
-def ballast_gradients(model_dir, data, out, adapter=None):
-    cmd = [TRAIN, "logits", "--model", model_dir, "--tokens", data, "--out", out, "--gradients"]
-    if adapter:
-        cmd += ["--adapter", adapter]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    from safetensors.torch import load_file
-    return {k[len("grad."):]: v for k, v in load_file(out).items() if k.startswith("grad.")}
-
-
 def float64_gradients(reference, names, rows):
     reference.loss(rows).backward()
     return {names[n]: t.grad for n, t in reference.p.items() if t.requires_grad}
-
-
-def write_rows(path, rows):
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
 
 
 # Every kind of tensor the hybrid trains, by the end of its name.
@@ -212,19 +196,11 @@ def test_lora_on_every_linear_matches_peft(arch, tmp_path):
     assert not any("visual" in n or "mtp" in n for n in peft_names(adapter))
     with open(os.path.join(adapter, "adapter_config.json")) as f:
         assert sorted(json.load(f)["target_modules"]) == sorted(TEXT_LINEARS)
-    # ...PEFT loads it into the trained reference's model, and ballast-train
-    # reads it back to the same logits...
-    loaded = PeftModel.from_pretrained(cls.from_pretrained(model_dir), adapter)
-    peft_logits = hf_logits(loaded, rows)
-    assert relative_error(peft_logits, hf_logits(ref, rows)) <= CURVE_TOLERANCE
-    ours = ballast_logits(model_dir, data, str(tmp_path / "l.safetensors"), adapter_dir=adapter)
-    assert relative_error(ours["logits"], peft_logits) <= LOGITS_TOLERANCE
-    # ...and the merged export (vision tower and mtp kept) is the adapter applied.
-    r = subprocess.run([TRAIN, "merge", "--model", model_dir, "--adapter", adapter, "--out",
-                        str(tmp_path / "merged")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    merged = cls.from_pretrained(str(tmp_path / "merged"))
-    assert relative_error(hf_logits(merged, rows), peft_logits) <= LOGITS_TOLERANCE
+    # ...PEFT loads it into the trained reference's model, ballast-train
+    # reads it back to the same logits, and the merged export (vision tower
+    # and mtp kept) is the adapter applied.
+    check_adapter_round_trip(tmp_path, model_dir, data, rows, adapter, ref, cls.from_pretrained,
+                             CURVE_TOLERANCE)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -343,6 +343,40 @@ TEST_F(SdarCheckpointTest, EveryOtherKeyIsRefusedByName) {
   WriteConfig(moe);
   EXPECT_THAT(PrepareJobSpec(&spec_).message(),
               HasSubstr("key architectures must be [\"SDARForCausalLM\"]"));
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("model_type sdar_moe"));
+}
+
+// SDAR-30B-A3B's shape of config.json: Qwen3-MoE's keys under model_type sdar_moe.
+std::string SdarMoeConfig(const std::string& extra) {
+  std::string text = kSdarConfig;
+  text.replace(text.find("SDARForCausalLM\"]"), 15, "SDARMoeForCausalLM");
+  text.replace(text.find("\"sdar\""), 6, "\"sdar_moe\"");
+  text.replace(text.find("%s"), 2,
+               R"(, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,
+                  "router_aux_loss_coef": 0.001, "output_router_logits": false)" +
+                   extra);
+  return text;
+}
+
+TEST_F(SdarCheckpointTest, SdarsMixtureOfExpertsTrainsByBlockDiffusionWithQwen3MoesKeys) {
+  WriteConfig(SdarMoeConfig(""));
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.block_diffusion().block_length(), 4);
+
+  spec_.set_task("causal_lm");
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(),
+              HasSubstr("(model_type sdar_moe); it trains with task: block_diffusion"));
+  spec_.set_task("block_diffusion");
+
+  // What SDAR's engine does not do is refused by name.
+  WriteConfig(SdarMoeConfig(R"(, "noise": 1)"));
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("key noise is neither"));
+  std::string unnormalised = SdarMoeConfig("");
+  unnormalised.replace(unnormalised.find("\"norm_topk_prob\": true"), 22,
+                       "\"norm_topk_prob\": false");
+  WriteConfig(unnormalised);
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("norm_topk_prob must be true or absent"));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/expert_layout.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/pretrained.h"
 #include "worker/train/model/tensor_names.h"
@@ -21,7 +22,11 @@ absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_d
   fs::create_directories(out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   std::map<std::string, at::Tensor> by_name;
-  for (const auto& [name, t] : tensors) by_name[CheckpointName(config, name)] = t.detach();
+  for (const auto& [name, t] : tensors) {
+    for (auto& [stored, piece] : CheckpointTensors(config, name, t.detach())) {
+      by_name[stored] = piece;
+    }
+  }
   const std::vector<std::string> kept = TensorsOutsideDecoder(base_dir, config);
   if (!kept.empty()) {
     absl::StatusOr<SafetensorsCheckpoint> base = SafetensorsCheckpoint::Open(base_dir);

@@ -11,6 +11,7 @@
 #include "worker/train/model/activation_checkpoint.h"
 #include "worker/train/model/attention_mixer.h"
 #include "worker/train/model/gated_delta_net.h"
+#include "worker/train/model/sparse_moe.h"
 #include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
@@ -78,10 +79,12 @@ Decoder::Decoder(ModelConfig config, const ParamStore* params, std::optional<Lor
       gradient_checkpointing_(gradient_checkpointing),
       inv_freq_(RopeInvFreq(config_).to(params->device())) {}
 
-at::Tensor Decoder::Weight(const std::string& name) const {
+at::Tensor Decoder::Weight(const std::string& name) const { return Weight(name, compute_dtype_); }
+
+at::Tensor Decoder::Weight(const std::string& name, at::ScalarType dtype) const {
   const at::Tensor& w = params_->get(name);
   // Differentiable cast: in bf16 compute the gradient flows back to the fp32 master.
-  return w.scalar_type() == compute_dtype_ ? w : w.to(compute_dtype_);
+  return w.scalar_type() == dtype ? w : w.to(dtype);
 }
 
 const at::Tensor& Decoder::lm_head_weight() const {
@@ -165,6 +168,7 @@ at::Tensor Decoder::LayerForward(int64_t layer, const at::Tensor& h, const at::T
   // MLP block; gate and up read the same x, so they are one projection, and
   // the gate reads it whole.
   x = Norm(out, p + "post_attention_layernorm.weight");
+  if (config_.moe.sparse(layer)) return out + SparseMoe(*this, layer, x, training);
   at::Tensor gate_up = Project(p + "mlp.", {"gate_proj", "up_proj"}, x, training);
   return out + Project(p + "mlp.", {"down_proj"}, kernels::swiglu(gate_up), training);
 }

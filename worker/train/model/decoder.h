@@ -6,7 +6,10 @@
 //                                      softmax attention (attention_mixer.h,
 //                                      with Qwen3.5's output gate and partial
 //                                      RoPE) or Gated DeltaNet (gated_delta_net.h)
-//              h += down(silu(gate(x)) * up(x))           x = norm(h)
+//              h += down(silu(gate(x)) * up(x))           x = norm(h), a dense MLP,
+//                                                          or a mixture of experts
+//                                                          (sparse_moe.h) in the
+//                                                          layers config.moe.sparse()
 //   hidden = norm(h)                                       (T, H)
 // RMSNorm computes in fp32 and casts back (zero-centred, 1 + w, for Qwen3.5);
 // RoPE is rotate-half over the first rotary_dim channels of each head; GQA
@@ -24,6 +27,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +35,7 @@
 #include "common/model_config.h"
 #include "kernels/attention.h"
 #include "worker/train/data/packed_batch.h"
+#include "worker/train/model/load_balancing.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/param_store.h"
 
@@ -59,6 +64,11 @@ class Decoder {
 
   // Hands every layer to `runner` (not owned; nullptr: the decoder's own).
   void set_layer_runner(LayerRunner* runner) { layer_runner_ = runner; }
+  // Where the sparse layers of the forwards from now on record their routing
+  // and find the load-balancing loss's weight (load_balancing.h); nullptr:
+  // they record nothing and add no loss. The caller sets one per forward.
+  void set_routing(std::shared_ptr<RoutingStats> routing) { routing_ = std::move(routing); }
+  const std::shared_ptr<RoutingStats>& routing() const { return routing_; }
 
   // Final-normed hidden states, (T, H) in the compute dtype, differentiable
   // in every trainable tensor. `training` turns LoRA dropout on.
@@ -80,6 +90,10 @@ class Decoder {
   // How the token mixers (attention_mixer.h, gated_delta_net.h) read their
   // weights. The tensor under `name` in the compute dtype (a differentiable cast).
   at::Tensor Weight(const std::string& name) const;
+  // The same in `dtype` (the router computes in fp32 whatever the compute dtype).
+  at::Tensor Weight(const std::string& name, at::ScalarType dtype) const;
+  bool HasTensor(const std::string& name) const { return params_->contains(name); }
+  const std::optional<LoraConfig>& lora() const { return lora_; }
   // x (T, in) through the linear modules prefix + modules[i] (e.g. q_proj,
   // k_proj, v_proj of one layer) with their LoRA adapters: one GEMM over the
   // concatenated weights and one over the adapters, so the products are fewer
@@ -98,6 +112,7 @@ class Decoder {
   at::ScalarType compute_dtype_;
   bool gradient_checkpointing_;
   LayerRunner* layer_runner_ = nullptr;
+  std::shared_ptr<RoutingStats> routing_;
   at::Tensor inv_freq_;  // (rotary_dim / 2) fp32 on the params' device, with rope_scaling applied
 };
 

@@ -6,9 +6,10 @@
 #include "worker/train/data/tokenized_dataset.h"
 #include "worker/train/io/safetensors.h"
 #include "worker/train/model/decoder.h"
+#include "worker/train/model/expert_layout.h"
+#include "worker/train/model/load_balancing.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/pretrained.h"
-#include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
 
@@ -42,9 +43,26 @@ absl::Status WriteLogits(const std::string& model_dir, const std::string& adapte
   Decoder decoder(model->config, &model->params, model->lora, torch::kFloat,
                   /*gradient_checkpointing=*/false);
   PackedBatch batch = docs->Pack(0, docs->rows_per_epoch());
+  const MoeConfig& moe = model->config.moe;
+  // A forward's routing: the packed documents are one forward.
+  auto routing = [&](double weight, bool keep_logits) {
+    return model->config.has_experts()
+               ? std::make_shared<RoutingStats>(model->config.num_hidden_layers, moe.num_experts,
+                                                moe.top_k, weight, keep_logits)
+               : nullptr;
+  };
+  decoder.set_routing(routing(0, /*keep_logits=*/true));
   std::map<std::string, at::Tensor> out = {{"logits", decoder.Logits(batch)},
                                            {"cu_seqlens", batch.cu_seqlens}};
+  if (const std::shared_ptr<RoutingStats>& stats = decoder.routing()) {
+    out["aux_loss"] = stats->AuxLoss().reshape({1});
+    for (size_t layer = 0; layer < stats->router_logits().size(); ++layer) {
+      const at::Tensor& logits = stats->router_logits()[layer];
+      if (logits.defined()) out[absl::StrCat("router_logits.", layer)] = logits;
+    }
+  }
   if (gradients) {
+    decoder.set_routing(routing(moe.router_aux_loss_coef, /*keep_logits=*/false));
     ParamStore& params = model->params;
     if (!model->lora) {
       for (const std::string& name : params.names()) params.SetTrainable(name);
@@ -54,8 +72,10 @@ absl::Status WriteLogits(const std::string& model_dir, const std::string& adapte
     at::cross_entropy_loss(logits, batch.targets, {}, at::Reduction::Sum, kIgnoreLabel).backward();
     for (const std::string& name : params.TrainableNames()) {
       const at::Tensor& grad = params.get(name).grad();
-      out["grad." + CheckpointName(model->config, name)] =
-          grad.defined() ? grad : at::zeros_like(params.get(name));
+      for (auto& [stored, piece] : CheckpointTensors(
+               model->config, name, grad.defined() ? grad : at::zeros_like(params.get(name)))) {
+        out["grad." + stored] = piece;
+      }
     }
   }
   return WriteSafetensors(out_path, out);

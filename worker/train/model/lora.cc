@@ -7,9 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/regular_file.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/expert_layout.h"
 #include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
@@ -31,30 +33,44 @@ const std::vector<std::string>& LinearModules() {
 }
 
 // A layer's linear modules in PEFT's order (the order of the HF module tree:
-// transformers registers Gated DeltaNet's out_proj before its in_proj_*).
-const std::vector<std::string>& LayerLinearModules(TokenMixer mixer) {
+// transformers registers Gated DeltaNet's out_proj before its in_proj_*, and
+// a sparse MLP's router before its experts).
+const std::vector<std::string>& LayerLinearModules(const ModelConfig& c, int64_t layer) {
   static const std::vector<std::string> kAttention = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                       "gate_proj", "up_proj", "down_proj"};
   static const std::vector<std::string> kGatedDeltaNet = {"out_proj",  "in_proj_qkv", "in_proj_z",
                                                           "in_proj_b", "in_proj_a",   "gate_proj",
                                                           "up_proj",   "down_proj"};
-  return mixer == TokenMixer::kGatedDeltaNet ? kGatedDeltaNet : kAttention;
+  static const std::vector<std::string> kSparse = {"q_proj", "k_proj",  "v_proj",   "o_proj",
+                                                   "gate",   "gate_proj", "up_proj", "down_proj"};
+  if (c.moe.sparse(layer)) return kSparse;
+  return c.layer_types[layer] == TokenMixer::kGatedDeltaNet ? kGatedDeltaNet : kAttention;
 }
 
-std::string ModulePath(int64_t layer, const std::string& short_name) {
+bool IsMlpModule(const std::string& short_name) {
+  return short_name == "gate_proj" || short_name == "up_proj" || short_name == "down_proj";
+}
+
+// The ParamStore path of a module, to which ".lora_A.weight" is appended: a
+// sparse layer's expert projections are stacked (expert_layout.h).
+std::string ModulePath(const ModelConfig& c, int64_t layer, const std::string& short_name) {
   const bool attn = short_name == "q_proj" || short_name == "k_proj" || short_name == "v_proj" ||
                     short_name == "o_proj";
-  const bool mlp =
-      short_name == "gate_proj" || short_name == "up_proj" || short_name == "down_proj";
+  if (c.moe.sparse(layer) && IsMlpModule(short_name)) return ExpertsPrefix(layer) + short_name;
   return absl::StrCat("model.layers.", layer,
-                      attn ? ".self_attn." : (mlp ? ".mlp." : ".linear_attn."), short_name);
+                      attn ? ".self_attn."
+                           : (IsMlpModule(short_name) || short_name == "gate" ? ".mlp."
+                                                                              : ".linear_attn."),
+                      short_name);
 }
 
-// (out, in) of a linear module.
-std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& m) {
+// (out, in) of a linear module of `layer` (of each expert's, for a sparse layer's MLP).
+std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, int64_t layer,
+                                        const std::string& m) {
   const int64_t q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim;
   const GatedDeltaNetConfig& g = c.linear_attention;
+  const int64_t width = c.moe.sparse(layer) ? c.moe.moe_intermediate_size : c.intermediate_size;
   if (m == "q_proj") return {c.attention_output_gate ? 2 * q : q, c.hidden_size};
   if (m == "k_proj" || m == "v_proj") return {kv, c.hidden_size};
   if (m == "o_proj") return {c.hidden_size, q};
@@ -62,15 +78,16 @@ std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string&
   if (m == "in_proj_z") return {g.value_dim(), c.hidden_size};
   if (m == "in_proj_b" || m == "in_proj_a") return {g.num_value_heads, c.hidden_size};
   if (m == "out_proj") return {c.hidden_size, g.value_dim()};
-  if (m == "down_proj") return {c.hidden_size, c.intermediate_size};
-  return {c.intermediate_size, c.hidden_size};  // gate_proj, up_proj
+  if (m == "gate") return {c.moe.num_experts, c.hidden_size};
+  if (m == "down_proj") return {c.hidden_size, width};
+  return {width, c.hidden_size};  // gate_proj, up_proj
 }
 
 // The targets that some layer of the model has, in name order.
 std::vector<std::string> ModelTargets(const ModelConfig& c, const LoraConfig& lora) {
   std::set<std::string> found;
-  for (TokenMixer mixer : c.layer_types) {
-    for (const std::string& m : LayerLinearModules(mixer)) {
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    for (const std::string& m : LayerLinearModules(c, layer)) {
       if (lora.targets(m)) found.insert(m);
     }
   }
@@ -135,23 +152,33 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
         "); its layers have ",
         config.has_linear_attention() ? "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, "
                                       : "",
-        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+        "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+        config.has_experts() ? ", gate" : ""));
   }
   torch::NoGradGuard no_grad;
-  // PEFT's module order: per layer, its token mixer's linears, then the MLP's.
+  // PEFT's module order: per layer, its token mixer's linears, then the
+  // MLP's; a sparse layer's experts one after another, each with its own A.
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    for (const std::string& m : LayerLinearModules(config.layer_types[layer])) {
+    for (const std::string& m : LayerLinearModules(config, layer)) {
       if (!lora.targets(m)) continue;
-      const auto [out, in] = LinearShape(config, m);
-      at::Tensor a = torch::empty({lora.r, in}, torch::kFloat);
-      if (lora.init_lora_weights == "gaussian") {
-        a.normal_(0.0, 1.0 / static_cast<double>(lora.r));
-      } else {
-        torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+      const auto [out, in] = LinearShape(config, layer, m);
+      const bool stacked = config.moe.sparse(layer) && IsMlpModule(m);
+      std::vector<int64_t> a_shape = {lora.r, in}, b_shape = {out, lora.r};
+      if (stacked) {
+        a_shape.insert(a_shape.begin(), config.moe.num_experts);
+        b_shape.insert(b_shape.begin(), config.moe.num_experts);
       }
-      const std::string path = ModulePath(layer, m);
+      at::Tensor a = torch::empty(a_shape, torch::kFloat);
+      for (at::Tensor expert : stacked ? a.unbind(0) : std::vector<at::Tensor>{a}) {
+        if (lora.init_lora_weights == "gaussian") {
+          expert.normal_(0.0, 1.0 / static_cast<double>(lora.r));
+        } else {
+          torch::nn::init::kaiming_uniform_(expert, std::sqrt(5.0));
+        }
+      }
+      const std::string path = ModulePath(config, layer, m);
       params->Add(path + ".lora_A.weight", a, layer, /*trainable=*/true);
-      params->Add(path + ".lora_B.weight", torch::zeros({out, lora.r}, torch::kFloat), layer,
+      params->Add(path + ".lora_B.weight", torch::zeros(b_shape, torch::kFloat), layer,
                   /*trainable=*/true);
     }
   }
@@ -216,18 +243,19 @@ absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
   // adapter the job lacks: either means the target modules differ.
   int64_t matched = 0;
   for (const std::string& name : params->TrainableNames()) {
-    const std::string key = kPeftPrefix + CheckpointName(model, name);
-    absl::StatusOr<at::Tensor> t = ckpt->tensor(key);
+    // A stacked adapter (a sparse layer's experts) is one tensor per expert there.
+    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, model, name, params->get(name).sizes().vec(),
+                                             kPeftPrefix, dir, /*keep_dtype=*/false);
+    if (absl::IsNotFound(t.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(t.status().message(), "; target_modules differ?"));
+    }
     if (!t.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": adapter has no tensor ", key, "; target_modules differ?"));
-    }
-    if (t->sizes() != params->get(name).sizes()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": ", key, " has another shape than r implies"));
+          absl::StrCat(t.status().message(), " (another shape than r implies)"));
     }
     params->Assign(name, *t);
-    ++matched;
+    for (const auto& pieces : PiecesOf(model, name).per_expert) matched += pieces.size();
   }
   if (matched != static_cast<int64_t>(ckpt->names().size())) {
     return absl::FailedPreconditionError(
@@ -245,7 +273,9 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_mod
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::map<std::string, at::Tensor> tensors;
   for (const std::string& name : params.TrainableNames()) {
-    tensors[kPeftPrefix + CheckpointName(model, name)] = params.get(name).detach();
+    for (auto& [stored, piece] : CheckpointTensors(model, name, params.get(name).detach())) {
+      tensors[kPeftPrefix + stored] = piece;
+    }
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(),
                                         tensors, {{"format", "pt"}});
@@ -289,13 +319,27 @@ std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& 
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> out;
   const std::string a_suffix = ".lora_A.weight";
+  // W + scaling * B @ A of `module` (batched over the experts when stacked),
+  // or W when it has no adapter.
+  auto merged = [&](const at::Tensor& w, const std::string& module) {
+    if (!params.contains(module + a_suffix)) return w;
+    return w + lora.scaling() * at::matmul(params.get(module + ".lora_B.weight"),
+                                           params.get(module + a_suffix));
+  };
   for (const std::string& name : params.names()) {
     if (name.find(".lora_") != std::string::npos) continue;
     at::Tensor value = params.get(name).detach();
-    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-    if (params.contains(module + a_suffix) && name == module + ".weight") {
-      value = value + lora.scaling() * at::matmul(params.get(module + ".lora_B.weight"),
-                                                  params.get(module + a_suffix));
+    if (absl::EndsWith(name, ".experts.gate_up_proj")) {
+      // Stacked experts: gate rows, then up rows (expert_layout.h).
+      const std::string experts = name.substr(0, name.size() - std::string("gate_up_proj").size());
+      const std::vector<at::Tensor> halves = value.chunk(2, 1);
+      value = at::cat({merged(halves[0], experts + "gate_proj"),
+                       merged(halves[1], experts + "up_proj")},
+                      1);
+    } else if (absl::EndsWith(name, ".experts.down_proj")) {
+      value = merged(value, name);
+    } else if (absl::EndsWith(name, ".weight")) {
+      value = merged(value, name.substr(0, name.size() - std::string(".weight").size()));
     }
     out.emplace_back(name, value);
   }

@@ -2,10 +2,9 @@
 
 #include <torch/torch.h>
 
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "worker/train/io/safetensors.h"
+#include "worker/train/model/expert_layout.h"
 #include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
@@ -19,27 +18,20 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
   const int64_t kv_out = c.num_key_value_heads * c.head_dim;
   const GatedDeltaNetConfig& g = c.linear_attention;
   absl::Status status;
-  // `name` is the decoder's (tensor_names.h); the checkpoint may keep it elsewhere.
+  // `name` is the decoder's (tensor_names.h); the checkpoint may keep it
+  // elsewhere, or per expert (expert_layout.h).
   auto load = [&](const std::string& name, std::vector<int64_t> shape, int64_t layer) {
     if (!status.ok()) return;
-    const std::string stored = CheckpointName(c, name);
-    absl::StatusOr<at::Tensor> t = ckpt->tensor(stored);
+    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, c, name, shape, /*key_prefix=*/"", dir,
+                                             tensors == PretrainedTensors::kMapped);
     if (!t.ok()) {
-      status = absl::NotFoundError(absl::StrCat(dir, ": checkpoint has no tensor ", stored));
+      status = t.status();
       return;
     }
-    if (t->sizes() != at::IntArrayRef(shape)) {
-      std::ostringstream msg;
-      msg << dir << ": tensor " << stored << " has shape " << t->sizes() << ", config.json implies "
-          << at::IntArrayRef(shape);
-      status = absl::FailedPreconditionError(msg.str());
-      return;
-    }
-    // Own an fp32 copy: the mapping is read-only and masters are fp32.
-    store.Add(name,
-              tensors == PretrainedTensors::kMapped
-                  ? *t
-                  : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true),
+    // Own an fp32 copy: the mapping is read-only and masters are fp32 (a
+    // stacked tensor is one already).
+    const bool owned = tensors == PretrainedTensors::kMapped || PiecesOf(c, name).stacked;
+    store.Add(name, owned ? *t : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true),
               layer, trainable);
   };
   load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, ParamStore::kNoLayer);
@@ -75,9 +67,16 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
       }
     }
     load(p + "post_attention_layernorm.weight", {c.hidden_size}, i);
-    load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, i);
-    load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, i);
-    load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, i);
+    if (c.moe.sparse(i)) {
+      const int64_t experts = c.moe.num_experts, width = c.moe.moe_intermediate_size;
+      load(p + "mlp.gate.weight", {experts, c.hidden_size}, i);
+      load(ExpertsPrefix(i) + "gate_up_proj", {experts, 2 * width, c.hidden_size}, i);
+      load(ExpertsPrefix(i) + "down_proj", {experts, c.hidden_size, width}, i);
+    } else {
+      load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, i);
+      load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, i);
+      load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, i);
+    }
   }
   load("model.norm.weight", {c.hidden_size}, ParamStore::kNoLayer);
   if (!c.tie_word_embeddings) {

@@ -351,13 +351,26 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   const double injected = injection_.LossFactor(step, rerun);
   at::Tensor loss_sum =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  at::Tensor aux_loss_sum = torch::zeros_like(loss_sum);
   for (const PackedBatch& batch : micro_batches) {
     state_->BeginForward();
+    // A mixture of experts balances its load per micro-batch, as transformers
+    // does per forward: the objective gains coef * aux of each micro-batch,
+    // averaged over the step's micro-batches (grad_accum_steps of them over
+    // all ranks, so the mean does not depend on the world size).
+    if (config_.has_experts()) {
+      const MoeConfig& moe = config_.moe;
+      decoder_.set_routing(std::make_shared<RoutingStats>(
+          config_.num_hidden_layers, moe.num_experts, moe.top_k,
+          moe.router_aux_loss_coef / static_cast<double>(spec_.data().grad_accum_steps())));
+    }
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
     const at::Tensor sum = injected == 1 ? ls.sum : ls.sum * injected;
     (sum / n).backward();
     state_->FinishBackward();
     loss_sum += sum.detach();
+    if (decoder_.routing()) aux_loss_sum += decoder_.routing()->AuxLoss().to(aux_loss_sum.device());
+    decoder_.set_routing(nullptr);
   }
 
   // Reduce: the loss sum and the gradient's per-tensor sums of squares over
@@ -368,15 +381,17 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
     grads.push_back(trained.get(name).grad());
   injection_.PoisonGradient(step, rerun, grads);
   kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
-  at::Tensor sums = torch::cat({loss_sum.reshape({1}), gn.sum_squares});  // fp64
-  collectives_->SumInPlace(sums);                                         // (1 + tensors)
+  at::Tensor sums =
+      torch::cat({loss_sum.reshape({1}), aux_loss_sum.reshape({1}), gn.sum_squares});  // fp64
+  collectives_->SumInPlace(sums);  // (2 + tensors)
   // The step's one read from the device: the counts and the sums.
   const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
   const double* r = read.const_data_ptr<double>();
   out.tokens = static_cast<int64_t>(r[0]);
   out.supervised_tokens = static_cast<int64_t>(r[1]);
   out.loss_sum = r[2];
-  out.sum_squares.assign(r + 3, r + 3 + grads.size());
+  out.aux_loss_sum = r[3];
+  out.sum_squares.assign(r + 4, r + 4 + grads.size());
   return out;
 }
 
@@ -392,6 +407,11 @@ StepHealth Trainer::Measure(const StepNumbers& numbers, v1::StepMetrics* m, Tens
     return health;
   }
   m->set_loss(numbers.loss_sum / static_cast<double>(numbers.supervised_tokens));
+  if (config_.has_experts()) {
+    // transformers' loss: the task's plus coef * aux (the mean over micro-batches).
+    m->set_aux_loss(numbers.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps()));
+    m->set_loss(m->loss() + config_.moe.router_aux_loss_coef * m->aux_loss());
+  }
   double sum_squares = 0;
   for (double s : numbers.sum_squares) sum_squares += s;
   // grad_norm is the fp32 global L2 norm.

@@ -132,6 +132,9 @@ class Trainer {
     int64_t tokens = 0;
     int64_t supervised_tokens = 0;
     double loss_sum = 0;
+    // A mixture of experts' load-balancing loss (load_balancing.h, without
+    // its coefficient), summed over the step's micro-batches on all ranks.
+    double aux_loss_sum = 0;
     // Per tensor of what the optimizer updates (a sharded model's flat
     // buckets), over all ranks; empty when no forward ran.
     std::vector<double> sum_squares;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "worker/train/io/file_tree.h"
 
@@ -555,6 +556,115 @@ TEST_F(LoadModelConfigTest, ParseErrorNamesPath) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(dir_ + "/config.json"));
   EXPECT_THAT(s.message(), HasSubstr("hidden_act"));
+}
+
+// Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B on the Hub).
+json Qwen3MoeConfig() {
+  return json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": true,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": false,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": null,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": null,
+    "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16",
+    "use_cache": true,
+    "use_sliding_window": false,
+    "vocab_size": 151936
+  })");
+}
+
+TEST(ModelConfig, ParsesQwen3Moe) {
+  absl::StatusOr<ModelConfig> c = Parse(Qwen3MoeConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.num_experts, 128);
+  EXPECT_EQ(c->moe.top_k, 8);
+  EXPECT_EQ(c->moe.moe_intermediate_size, 768);
+  EXPECT_TRUE(c->moe.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c->moe.router_aux_loss_coef, 0.001);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 128);
+  for (int64_t i = 0; i < 48; ++i) EXPECT_TRUE(c->moe.sparse(i)) << i;
+  EXPECT_TRUE(c->has_experts());
+}
+
+TEST(ModelConfig, Qwen3MoeSparseLayersFollowHfsRule) {
+  json j = Qwen3MoeConfig();
+  j["num_hidden_layers"] = 6;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  absl::StatusOr<ModelConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Sparse when not in mlp_only_layers and (i + 1) % step == 0: layers 1 and 5.
+  const std::vector<bool> want = {false, true, false, false, false, true};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(c->moe.sparse(i), want[i]) << i;
+
+  // Absent keys take Qwen3MoeConfig's defaults (transformers 4.57.6).
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                          "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob",
+                          "router_aux_loss_coef"}) {
+    j.erase(key);
+  }
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe.num_experts, 128);
+  EXPECT_EQ(c->moe.top_k, 8);
+  EXPECT_EQ(c->moe.moe_intermediate_size, 768);
+  EXPECT_FALSE(c->moe.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c->moe.router_aux_loss_coef, 0.001);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_TRUE(c->moe.sparse(i)) << i;
+}
+
+TEST(ModelConfig, RefusesBadExpertKeysNamingThem) {
+  auto edited = [](const std::function<void(json&)>& edit) {
+    json j = Qwen3MoeConfig();
+    edit(j);
+    return j;
+  };
+  ExpectInvalid(edited([](json& j) { j["num_experts_per_tok"] = 129; }),
+                {"num_experts_per_tok must be <= num_experts (128), got 129"});
+  ExpectInvalid(edited([](json& j) { j["num_experts"] = 0; }), {"num_experts must be > 0"});
+  ExpectInvalid(edited([](json& j) { j["moe_intermediate_size"] = -4; }),
+                {"moe_intermediate_size must be > 0, got -4"});
+  ExpectInvalid(edited([](json& j) { j["num_experts_per_tok"] = 0; }),
+                {"num_experts_per_tok must be > 0"});
+  ExpectInvalid(edited([](json& j) { j["decoder_sparse_step"] = 0; }),
+                {"decoder_sparse_step must be > 0"});
+  ExpectInvalid(edited([](json& j) { j["mlp_only_layers"] = {48}; }),
+                {"mlp_only_layers must hold layer indices in 0..47, got 48"});
+  ExpectInvalid(edited([](json& j) { j["router_aux_loss_coef"] = -1; }),
+                {"router_aux_loss_coef must be a finite number >= 0"});
+  ExpectInvalid(edited([](json& j) { j["output_router_logits"] = "yes"; }),
+                {"output_router_logits must be a boolean"});
+}
+
+TEST(ModelConfig, ExpertKeysStayRefusedForTheDenseFamilies) {
+  json j = Qwen3Config();
+  j["num_experts"] = 8;
+  ExpectInvalid(j, {"num_experts is 8", "mixture-of-experts"});
 }
 
 }  // namespace

@@ -1,0 +1,93 @@
+#include "worker/train/model/sparse_moe.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/expert_order.h"
+#include "kernels/grouped_linear.h"
+#include "kernels/swiglu.h"
+#include "worker/train/model/decoder.h"
+#include "worker/train/model/expert_layout.h"
+#include "worker/train/model/load_balancing.h"
+#include "worker/train/model/tensor_names.h"
+
+namespace ballast::train {
+namespace {
+
+// The LoRA update of the experts' projection `module` (gate_proj, up_proj,
+// down_proj) for rows x (N, in) in expert order: scaling * B_e A_e x per
+// row's expert e, two grouped GEMMs; undefined when it is not adapted.
+at::Tensor ExpertAdapter(const Decoder& decoder, const std::string& module, const at::Tensor& x,
+                         const at::Tensor& offsets, bool training) {
+  const std::optional<LoraConfig>& lora = decoder.lora();
+  if (!lora || !decoder.HasTensor(module + ".lora_A.weight")) return at::Tensor();
+  const at::Tensor down = kernels::grouped_linear(at::dropout(x, lora->lora_dropout, training),
+                                                  decoder.Weight(module + ".lora_A.weight"),
+                                                  offsets);  // (N, r)
+  return kernels::grouped_linear(down, decoder.Weight(module + ".lora_B.weight"), offsets) *
+         lora->scaling();
+}
+
+// The router's logits (T, E) in fp32, with its adapter (in fp32 too) when
+// LoRA targets "gate".
+at::Tensor RouterLogits(const Decoder& decoder, const std::string& prefix, const at::Tensor& x,
+                        bool training) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor logits = at::linear(x32, decoder.Weight(prefix + "gate.weight", at::kFloat));
+  const std::optional<LoraConfig>& lora = decoder.lora();
+  if (!lora || !decoder.HasTensor(prefix + "gate.lora_A.weight")) return logits;
+  const at::Tensor down = at::linear(at::dropout(x32, lora->lora_dropout, training),
+                                     decoder.Weight(prefix + "gate.lora_A.weight", at::kFloat));
+  return logits +
+         at::linear(down, decoder.Weight(prefix + "gate.lora_B.weight", at::kFloat)) *
+             lora->scaling();
+}
+
+}  // namespace
+
+at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x, bool training) {
+  const MoeConfig& moe = decoder.config().moe;
+  const std::string prefix = LayerPrefix(layer) + "mlp.";
+  const std::string experts = ExpertsPrefix(layer);
+  const std::shared_ptr<RoutingStats>& routing = decoder.routing();
+
+  at::Tensor logits = RouterLogits(decoder, prefix, x, training);  // (T, E) fp32
+  if (routing) logits = BalanceRouterLogits(logits, routing);
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+  auto [weights, selected] = at::topk(probs, moe.top_k, -1);  // (T, k), (T, k) int64
+  if (moe.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  if (routing) routing->Record(layer, selected, probs, logits);
+
+  // The (token, choice) rows in expert order; each expert's rows are a
+  // contiguous segment that ends at offsets[e].
+  const kernels::ExpertOrder order = kernels::SortByExpert(selected, moe.num_experts);
+  const at::Tensor rows = x.index_select(0, order.token);  // (T k, H)
+  at::Tensor gate_up =
+      kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets);
+  const at::Tensor gate_update =
+      ExpertAdapter(decoder, experts + "gate_proj", rows, order.offsets, training);
+  const at::Tensor up_update =
+      ExpertAdapter(decoder, experts + "up_proj", rows, order.offsets, training);
+  if (gate_update.defined() || up_update.defined()) {
+    std::vector<at::Tensor> halves = gate_up.chunk(2, 1);  // gate (T k, I), up (T k, I)
+    if (gate_update.defined()) halves[0] = halves[0] + gate_update;
+    if (up_update.defined()) halves[1] = halves[1] + up_update;
+    gate_up = at::cat(halves, 1);
+  }
+  const at::Tensor hidden = kernels::swiglu(gate_up);  // (T k, I)
+  at::Tensor out_rows =
+      kernels::grouped_linear(hidden, decoder.Weight(experts + "down_proj"), order.offsets);
+  const at::Tensor down_update =
+      ExpertAdapter(decoder, experts + "down_proj", hidden, order.offsets, training);
+  if (down_update.defined()) out_rows = out_rows + down_update;  // (T k, H)
+
+  // Each row weighted by its choice's routing weight, then summed into its
+  // token; the rows of a token come in expert order, as HF adds them.
+  const at::Tensor row_weights = weights.reshape({-1}).index_select(0, order.slot).unsqueeze(1);
+  return at::zeros_like(x).index_add(0, order.token, out_rows * row_weights);
+}
+
+}  // namespace ballast::train

@@ -1,0 +1,45 @@
+// The MLP of a mixture-of-experts layer (transformers 4.57.6's
+// Qwen3MoeSparseMoeBlock), dropless:
+//
+//   logits = x W_router^T                       (T, E), fp32 (x and the router widened)
+//   p      = softmax(logits)                    fp32
+//   w, idx = topk(p, k)                         torch.topk's order; w / sum(w) when
+//                                               norm_topk_prob; w in the compute dtype
+//   out[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]),
+//            expert_e(x) = down_e(silu(gate_e(x)) * up_e(x))
+//
+// The T * k (token, choice) rows are sorted by expert (kernels/expert_order.h)
+// and each projection is one grouped GEMM over the experts' contiguous
+// segments (kernels/grouped_linear.h): no loop over experts, no capacity, no
+// token dropped. The rows are scattered back to their tokens by index_add,
+// whose backward gathers through the same permutation. An expert no token
+// chose takes part with no rows, and its gradient is zero, not undefined, at
+// any world size and accumulation (HF leaves such a gradient None and AdamW
+// skips the tensor; the README names the difference).
+//
+// LoRA: gate_proj / up_proj / down_proj adapt every expert (per-expert A and B,
+// stacked as the weights are, expert_layout.h, and computed by the same
+// grouped GEMMs); "gate" adapts the router, in fp32.
+//
+// The routing is recorded for the load-balancing loss (load_balancing.h)
+// when the decoder has a RoutingStats, and the logits pass through
+// BalanceRouterLogits so that its gradient reaches the router.
+#ifndef BALLAST_WORKER_TRAIN_MODEL_SPARSE_MOE_H_
+#define BALLAST_WORKER_TRAIN_MODEL_SPARSE_MOE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace ballast::train {
+
+class Decoder;
+
+// x (T, H), the normed input of sparse layer `layer`'s MLP in the compute
+// dtype. Returns (T, H), differentiable in x, the router, every expert and
+// their adapters.
+at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x, bool training);
+
+}  // namespace ballast::train
+
+#endif  // BALLAST_WORKER_TRAIN_MODEL_SPARSE_MOE_H_
