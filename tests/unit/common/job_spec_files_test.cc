@@ -248,20 +248,40 @@ TEST_F(JobSpecFilesTest, AMoeSectionOnADenseModelIsRefusedNamingItsKeys) {
   ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
   EXPECT_FALSE(spec_.has_moe());
 
-  spec_.mutable_moe()->set_balance("aux_free");
+  spec_.mutable_moe()->set_aux_loss_scope("per_layer");
   const absl::Status s = PrepareJobSpec(&spec_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("moe.balance is set, but "));
+  EXPECT_THAT(s.message(), HasSubstr("moe.aux_loss_scope is set, but "));
   EXPECT_THAT(s.message(), HasSubstr("is a dense model (no num_experts)"));
   EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss")));
-  EXPECT_FALSE(spec_.moe().has_aux_free_rate()) << "refused before the defaults";
+  EXPECT_TRUE(spec_.moe().aux_loss().empty()) << "refused before the defaults";
 
-  spec_.mutable_moe()->set_aux_free_rate(0.01);
+  spec_.mutable_moe()->set_router_aux_loss_coef(0.01);
   EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
-              HasSubstr("moe.balance, moe.aux_free_rate are set, but "));
+              HasSubstr("moe.aux_loss_scope, moe.router_aux_loss_coef are set, but "));
   // `moe: {}` alone is a section too.
   spec_.mutable_moe()->Clear();
   EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("moe is set, but "));
+}
+
+// A model with experts gets the moe section and its defaults (global
+// balancing), and a user's key stays.
+TEST_F(JobSpecFilesTest, AModelWithExpertsGetsTheMoeSectionAndItsDefaults) {
+  WriteConfig(ConfigJson(R"("model_type": "qwen3_moe", "max_position_embeddings": 1024, )"
+                         R"("num_experts": 4, "num_experts_per_tok": 2, )"
+                         R"("moe_intermediate_size": 32)"));
+  spec_.mutable_optimizer()->set_lr(1e-4);
+  spec_.set_max_steps(10);
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.moe().aux_loss(), "global");
+  EXPECT_EQ(spec_.moe().aux_loss_scope(), "all_layers");
+  EXPECT_FALSE(spec_.moe().has_router_aux_loss_coef());
+
+  spec_.clear_moe();
+  spec_.mutable_moe()->set_aux_loss("micro_batch");
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.moe().aux_loss(), "micro_batch");
+  EXPECT_EQ(spec_.moe().aux_loss_scope(), "all_layers");
 }
 
 // An SDAR config.json as JetLM's SDAR checkpoints carry it: Qwen3's keys

@@ -229,8 +229,6 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
              "guard.moe_collapse_share = 0.3 is out of range; allowed: 0 (off) or [0.5, 1)"},
         Case{"moe.aux_loss=per_step", "moe.aux_loss = 'per_step' is not supported"},
         Case{"moe.aux_loss_scope=mean", "moe.aux_loss_scope = 'mean'"},
-        Case{"moe.balance=none", "moe.balance = 'none'"},
-        Case{"moe.aux_free_rate=0", "moe.aux_free_rate = 0 is out of range; allowed: (0, 1]"},
         Case{"moe.router_aux_loss_coef=-0.1", "moe.router_aux_loss_coef = -0.1"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
@@ -255,8 +253,6 @@ TEST(JobSpec, MoeDefaultsFillOnlyASpecWithAMoeSection) {
   ASSERT_TRUE(moe.ok()) << moe.status();
   EXPECT_EQ(moe->moe().aux_loss(), "global");
   EXPECT_EQ(moe->moe().aux_loss_scope(), "all_layers");
-  EXPECT_EQ(moe->moe().balance(), "aux_loss");
-  EXPECT_DOUBLE_EQ(moe->moe().aux_free_rate(), 1e-3);
   EXPECT_FALSE(moe->moe().has_router_aux_loss_coef());
 }
 
