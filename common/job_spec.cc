@@ -481,7 +481,7 @@ void ApplyDefaults(v1::JobSpec* spec) {
     const SpecRule& rule = kSpecRules[i];
     if (rule.default_kind == SpecDefault::kRequired || rule.default_kind == SpecDefault::kDerived ||
         (rule.default_kind == SpecDefault::kText && rule.text.empty()) ||
-        (!rule.task.empty() && spec->task() != rule.task)) {
+        (!rule.task.empty() && spec->task() != rule.task) || (rule.moe_only && !spec->has_moe())) {
       continue;
     }
     const FieldDescriptor* f = paths[i].back();
@@ -560,6 +560,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (size_t i = 0; i < std::size(kSpecRules); ++i) {
     const SpecRule& rule = kSpecRules[i];
     if (!rule.task.empty() && spec.task() != rule.task) continue;
+    if (rule.moe_only && !spec.has_moe()) continue;
     if (rule.allowed_kind != SpecAllowed::kRange && rule.allowed_kind != SpecAllowed::kOneOf) {
       continue;
     }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/job_spec_paths.h"
 #include "common/model_config.h"
@@ -87,6 +88,41 @@ absl::Status CheckPeftAdapter(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// The object that holds the decoder's keys: config.json itself, or its
+// text_config for a vision-language wrapper.
+const nlohmann::json& DecoderKeys(const nlohmann::json& config) {
+  const auto model_type = config.find("model_type");
+  if (model_type == config.end() || !model_type->is_string()) return config;
+  const std::string text_key(TextConfigKey(model_type->get<std::string>()));
+  if (text_key.empty() || !config.contains(text_key) || !config.at(text_key).is_object()) {
+    return config;
+  }
+  return config.at(text_key);
+}
+
+// A Mixture-of-Experts model: its decoder keys state a positive num_experts
+// (the name in Qwen3-MoE, Qwen3.5-MoE and SDAR's MoE configs).
+bool HasExperts(const nlohmann::json& config) {
+  const auto experts = DecoderKeys(config).find("num_experts");
+  return experts != DecoderKeys(config).end() && experts->is_number_integer() &&
+         experts->get<int64_t>() > 0;
+}
+
+// A moe section is for a model with experts; on a dense one it would be
+// ignored, so it is refused, naming the keys it sets.
+absl::Status CheckMoeSection(const v1::JobSpec& spec, const nlohmann::json& config,
+                             const std::string& config_name) {
+  if (!spec.has_moe() || HasExperts(config)) return absl::OkStatus();
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  spec.moe().GetReflection()->ListFields(spec.moe(), &set);
+  std::vector<std::string> keys;
+  for (const google::protobuf::FieldDescriptor* f : set) keys.push_back("moe." + f->name());
+  if (keys.empty()) keys.push_back("moe");
+  return absl::InvalidArgumentError(absl::StrCat(
+      absl::StrJoin(keys, ", "), keys.size() == 1 ? " is" : " are", " set, but ", config_name,
+      " is a dense model (no num_experts); the moe section is for Mixture-of-Experts models"));
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std::string>& roots) {
@@ -118,13 +154,11 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
   // The trainer cannot build rotary embeddings without it, so a config that
   // lacks it is refused here rather than after the job is queued. A
   // vision-language wrapper keeps it with the decoder's keys, in text_config.
-  const std::string text_key(TextConfigKey(model_type->get<std::string>()));
-  const nlohmann::json* decoder_keys = &config;
-  std::string max_pos_key = "max_position_embeddings";
-  if (!text_key.empty() && config.contains(text_key) && config.at(text_key).is_object()) {
-    decoder_keys = &config.at(text_key);
-    max_pos_key = text_key + ".max_position_embeddings";
-  }
+  const nlohmann::json* decoder_keys = &DecoderKeys(config);
+  const std::string max_pos_key =
+      decoder_keys == &config
+          ? "max_position_embeddings"
+          : absl::StrCat(TextConfigKey(model_type->get<std::string>()), ".max_position_embeddings");
   const auto max_pos = decoder_keys->find("max_position_embeddings");
   if (max_pos == decoder_keys->end() || !max_pos->is_number_integer() ||
       max_pos->get<int64_t>() < 1) {
@@ -157,6 +191,7 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
         "task causal_lm or generative_reranker, or a model of full_attention layers only"));
   }
 
+  if (absl::Status s = CheckMoeSection(spec, config, config_name); !s.ok()) return s;
   if (absl::Status s = CheckModelFiles(spec.model().path()); !s.ok()) return s;
   if (const std::string& adapter = spec.lora().init_adapter(); !adapter.empty()) {
     if (absl::Status s = CheckPeftAdapter(adapter); !s.ok()) return s;
@@ -182,15 +217,22 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
 }
 
 absl::Status PrepareJobSpec(v1::JobSpec* spec, const std::vector<std::string>& roots) {
-  ApplyDefaults(spec);
-  // An SDAR checkpoint's config.json supplies block-diffusion defaults; an
-  // unreadable one (or one past the roots) is reported by
-  // ValidateJobSpecFiles, after the ranges.
-  if (spec->task() == "block_diffusion" && !spec->model().path().empty() &&
-      CheckSpecPaths(*spec, roots).ok()) {
-    absl::StatusOr<nlohmann::json> config = ReadModelConfig(*spec, ConfigName(*spec));
-    if (config.ok()) ApplySdarDefaults(*config, spec);
+  // The model's config.json supplies defaults: a model with experts gets a
+  // moe section (which ApplyDefaults fills), and an SDAR checkpoint
+  // block-diffusion keys. An unreadable one (or one past the roots) is
+  // reported by ValidateJobSpecFiles, after the ranges.
+  absl::StatusOr<nlohmann::json> config = absl::NotFoundError("model.path not read");
+  if (!spec->model().path().empty() && CheckSpecPaths(*spec, roots).ok()) {
+    config = ReadModelConfig(*spec, ConfigName(*spec));
   }
+  if (config.ok()) {
+    // Before the defaults fill the section, so that the error names the keys
+    // the user wrote.
+    if (absl::Status s = CheckMoeSection(*spec, *config, ConfigName(*spec)); !s.ok()) return s;
+    if (HasExperts(*config)) spec->mutable_moe();
+  }
+  ApplyDefaults(spec);
+  if (config.ok() && spec->task() == "block_diffusion") ApplySdarDefaults(*config, spec);
   if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
   return ValidateJobSpecFiles(*spec, roots);
 }

@@ -19,7 +19,8 @@ namespace ballast {
 // common/job_spec_paths.h; no roots: anywhere), model.path/config.json
 // exists and parses as a JSON object, its model_type is supported
 // (common/model_types.h), it states a positive integer
-// max_position_embeddings, data.seq_len is at most that, the model folder's
+// max_position_embeddings, data.seq_len is at most that, a moe section is
+// set only for a model with experts (num_experts), the model folder's
 // *.safetensors and *.json are regular files, lora.init_adapter (when set)
 // is a PEFT adapter folder, and data.path is an existing regular file.
 // Otherwise INVALID_ARGUMENT naming the field, the path, and the allowed
@@ -31,6 +32,9 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec,
 // Every rule a spec must pass before it runs, in order: ApplyDefaults, then
 // ValidateJobSpec (ranges), then ValidateJobSpecFiles. Returns the first
 // failure, as those do; fills `spec`'s defaults on success and failure alike.
+// Before the defaults it reads config.json, when it can: a model with
+// experts gets a moe section (so its keys are defaulted), and a moe section
+// for a dense model is refused then, naming the keys the user set.
 absl::Status PrepareJobSpec(v1::JobSpec* spec, const std::vector<std::string>& roots = {});
 
 }  // namespace ballast

@@ -142,7 +142,8 @@ std::string SpecTableMarkdown() {
     }
     absl::StrAppend(&table, "| `", rule.key, "` | ", cell(DefaultCell(rule, LastField(i))), " | ",
                     cell(allowed), " | ", cell(rule.meaning),
-                    rule.task.empty() ? "" : absl::StrCat(" (task `", rule.task, "`)"), " |\n");
+                    rule.task.empty() ? "" : absl::StrCat(" (task `", rule.task, "`)"),
+                    rule.moe_only ? " (Mixture-of-Experts models)" : "", " |\n");
   }
   return table;
 }

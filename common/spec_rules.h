@@ -50,6 +50,10 @@ struct SpecRule {
   absl::string_view key;
   // Set and checked only for specs of this task; empty for every task.
   absl::string_view task = {};
+  // Set and checked only for Mixture-of-Experts models: ApplyDefaults fills
+  // such a key when the spec has its section (PrepareJobSpec gives one to a
+  // spec whose model has experts, and refuses one whose model has none).
+  bool moe_only = false;
   SpecDefault default_kind = SpecDefault::kNumber;
   double number = 0;
   absl::string_view text = {};
@@ -311,6 +315,31 @@ inline constexpr SpecRule kSpecRules[] = {
      .hi = 1,
      .hi_open = true,
      .meaning = "the floor of the masking probability"},
+    {.key = "moe.aux_loss",
+     .moe_only = true,
+     .default_kind = SpecDefault::kText,
+     .text = "global",
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "global, micro_batch",
+     .meaning = "the tokens the load-balancing loss counts expert shares and router "
+                "probabilities over: all of the optimizer step's, over micro-batches and ranks "
+                "(global-batch balancing), or each forward's own, as transformers"},
+    {.key = "moe.aux_loss_scope",
+     .moe_only = true,
+     .default_kind = SpecDefault::kText,
+     .text = "all_layers",
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "all_layers, per_layer",
+     .meaning = "one loss over the MoE layers' routings concatenated (transformers), or the mean "
+                "of per-layer losses (Megatron)"},
+    {.key = "moe.router_aux_loss_coef",
+     .moe_only = true,
+     .default_kind = SpecDefault::kDerived,
+     .shown = "config.json's `router_aux_loss_coef`",
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 0,
+     .hi = 100,
+     .meaning = "the load-balancing loss's coefficient"},
     {.key = "optimizer.lr",
      .default_kind = SpecDefault::kRequired,
      .allowed_kind = SpecAllowed::kRange,
@@ -444,14 +473,24 @@ inline constexpr SpecRule kSpecRules[] = {
      .allowed_kind = SpecAllowed::kRange,
      .lo = 0,
      .hi = 100000,
-     .meaning = "steps in a row of a loss below collapse_loss, or of a constant grad_norm, that "
-                "make a collapse; 0 off"},
+     .meaning = "steps in a row of a loss below collapse_loss, of a constant grad_norm, or of a "
+                "router collapse (`moe_collapse_share`), that make a collapse; 0 off"},
     {.key = "guard.collapse_loss",
      .number = 1e-4,
      .allowed_kind = SpecAllowed::kRange,
      .lo = 0,
      .hi = 1,
      .meaning = "the loss below which a step counts towards a collapse"},
+    {.key = "guard.moe_collapse_share",
+     .number = 0.9,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 0.5,
+     .hi = 1,
+     .hi_open = true,
+     .zero_off = true,
+     .meaning = "router collapse (MoE models): `collapse_window` steps in a row in which some "
+                "layer's k most loaded experts take more than this share of its routed "
+                "(token, choice) pairs; 0 off"},
     {.key = "guard.snapshot_every",
      .number = 10,
      .allowed_kind = SpecAllowed::kRange,

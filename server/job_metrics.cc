@@ -11,7 +11,8 @@ namespace ballast::server {
 namespace {
 
 // The guard's triggers, each with a series from the start.
-constexpr const char* kAnomalyKinds[] = {"non_finite", "no_supervision", "spike", "collapse"};
+constexpr const char* kAnomalyKinds[] = {"non_finite", "no_supervision", "spike", "collapse",
+                                         "router_collapse"};
 
 }  // namespace
 
@@ -132,6 +133,24 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
        [](const JobSample& j) -> std::optional<double> {
          if (!j.last_step) return std::nullopt;
          return static_cast<double>(j.last_step->supervised_tokens());
+       }},
+      // A Mixture-of-Experts model's only: a dense job has no series.
+      {"ballast_job_moe_aux_loss",
+       "A Mixture-of-Experts model's load-balancing loss in the last step, without "
+       "router_aux_loss_coef.",
+       MetricType::Gauge,
+       [](const JobSample& j) -> std::optional<double> {
+         if (!j.last_step || !j.last_step->has_aux_loss()) return std::nullopt;
+         return j.last_step->aux_loss();
+       }},
+      {"ballast_job_moe_expert_load_max_ratio",
+       "A Mixture-of-Experts model's largest expert load over the mean load, in its least "
+       "balanced layer, in the last step: 1 when balanced, experts / experts per token when "
+       "the router collapsed.",
+       MetricType::Gauge,
+       [](const JobSample& j) -> std::optional<double> {
+         if (!j.last_step || !j.last_step->has_moe()) return std::nullopt;
+         return j.last_step->moe().expert_load_max_ratio();
        }},
       {"ballast_job_rollbacks_total",
        "Rollbacks the guard took by itself over the job's life. A user's `ballast rollback` "

@@ -218,18 +218,28 @@ async function jobView(jobId) {
     loss: svgEl("svg", { class: "chart", id: "chart-loss" }),
     grad_norm: svgEl("svg", { class: "chart", id: "chart-grad-norm" }),
     lr: svgEl("svg", { class: "chart", id: "chart-lr" }),
+    // A Mixture-of-Experts job's routing; their cards appear with its first step.
+    aux_loss: svgEl("svg", { class: "chart", id: "chart-moe-aux-loss" }),
+    load_ratio: svgEl("svg", { class: "chart", id: "chart-moe-load-ratio" }),
   };
   const ranks = el("table", { id: "ranks" });
   const log = el("div", { id: "log" });
   const card = (title, ...body) => el("div", { class: "card" }, el("h2", {}, title), ...body);
+  const grid = el("div", { class: "grid" },
+    card("Loss", charts.loss), card("Global grad_norm (log scale)", charts.grad_norm),
+    card("Learning rate", charts.lr), card("Step time per rank", ranks),
+    card("Events", log), card("Spec", el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2))));
   app.replaceChildren(
-    el("h1", {}, `${job.id} `, el("span", { class: "muted" }, job.spec?.name || "")), facts,
-    el("div", { class: "grid" },
-      card("Loss", charts.loss), card("Global grad_norm (log scale)", charts.grad_norm),
-      card("Learning rate", charts.lr), card("Step time per rank", ranks),
-      card("Events", log), card("Spec", el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)))));
+    el("h1", {}, `${job.id} `, el("span", { class: "muted" }, job.spec?.name || "")), facts, grid);
+  let moe = false;
+  const showMoe = () => {
+    if (moe) return;
+    moe = true;
+    grid.insertBefore(card("MoE load-balancing loss (without its coefficient)", charts.aux_loss), grid.children[3]);
+    grid.insertBefore(card("MoE expert load, max / mean, least balanced layer", charts.load_ratio), grid.children[4]);
+  };
 
-  const points = [];  // {step, loss, grad_norm, lr, skipped, run}
+  const points = [];  // {step, loss, grad_norm, lr, aux_loss, load_ratio, skipped, run}
   const rollbacks = [];
   let run = 0, lastStep = 0, lastAttempt = null, pending = false;
   const draw = () => {
@@ -238,6 +248,10 @@ async function jobView(jobId) {
     chart(charts.loss, series("loss"), rollbacks);
     chart(charts.grad_norm, series("grad_norm"), rollbacks, { log: true, color: "#2ca02c" });
     chart(charts.lr, series("lr"), rollbacks, { color: "#9467bd" });
+    if (moe) {
+      chart(charts.aux_loss, series("aux_loss"), rollbacks, { color: "#d62728" });
+      chart(charts.load_ratio, series("load_ratio"), rollbacks, { color: "#8c564b" });
+    }
   };
   const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
   const addLog = (cls, text, time) => {
@@ -257,7 +271,9 @@ async function jobView(jobId) {
       if ((lastAttempt !== null && e.attempt !== lastAttempt) || (points.length && step <= lastStep)) run++;
       lastAttempt = e.attempt; lastStep = step;
       const num = (v) => (v === undefined || v === null ? NaN : Number(v));
+      if (m.moe || m.aux_loss !== undefined) showMoe();
       points.push({ step, loss: num(m.loss), grad_norm: num(m.grad_norm), lr: num(m.lr),
+                    aux_loss: num(m.aux_loss), load_ratio: num(m.moe?.expert_load_max_ratio),
                     skipped: !!m.skipped, run });
       redraw();
     } else if (t.guard) {
@@ -282,6 +298,8 @@ async function jobView(jobId) {
       fact("Step", `${j.step || 0}/${j.spec?.max_steps || 0}`),
       fact("Loss", fmt(j.last_step?.loss)), fact("grad_norm", fmt(j.last_step?.grad_norm)),
       fact("Tokens/s", fmt(j.last_step?.tokens_per_s, 3)),
+      ...(j.last_step?.moe ? [fact("Aux loss", fmt(j.last_step.aux_loss)),
+                              fact("Max load ratio", fmt(j.last_step.moe.expert_load_max_ratio, 3))] : []),
       fact("Rollbacks", j.guard_rollbacks || 0), fact("Restarts", j.restarts || 0),
       fact("Checkpoint", j.checkpoint_step || "—"));
     const { ranks: stats = [] } = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}/ranks`);

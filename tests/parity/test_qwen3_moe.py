@@ -17,7 +17,8 @@ import subprocess
 import pytest
 import torch
 
-from reference import (TRAIN, ballast_gradients, ballast_logits, base_spec,
+from reference import base_spec as dense_spec
+from reference import (TRAIN, ballast_gradients, ballast_logits,
                        check_adapter_round_trip, hf_logits, make_dataset, make_model, read_metrics,
                        reference_train, relative_error, routed_experts, run_train, write_rows,
                        write_spec)
@@ -32,6 +33,13 @@ GRAD_TOLERANCE = 1e-4
 # The decoder's linears as PEFT names them for Qwen3-MoE: gate_proj, up_proj
 # and down_proj match the dense layer's MLP and every expert's; "gate" is the router.
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def base_spec(model_dir, data, **overrides):
+    """The parity spec with transformers' per-forward balancing (moe.aux_loss
+    micro_batch), which reference_train computes; the default, global, is
+    tests/parity/test_moe_balancing.py's."""
+    return dense_spec(model_dir, data, moe={"aux_loss": "micro_batch"}, **overrides)
 
 
 def aux_loss_of(model, rows):

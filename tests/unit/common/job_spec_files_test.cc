@@ -19,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A config.json whose shape the decoder can run: the shape keys, then `rest`.
 std::string ConfigJson(absl::string_view rest) {
@@ -236,6 +237,51 @@ TEST_F(JobSpecFilesTest, PrepareFillsDefaultsThenChecksRangesBeforeFiles) {
 
   spec_.mutable_lora()->set_r(8);
   EXPECT_THAT(PrepareJobSpec(&spec_).message(), HasSubstr("data.path"));
+}
+
+// A moe section would be ignored on a dense model: refused, naming the keys
+// the user wrote (not the ones the defaults would add), by PrepareJobSpec and
+// by ValidateJobSpecFiles alike; a dense spec gets no moe section.
+TEST_F(JobSpecFilesTest, AMoeSectionOnADenseModelIsRefusedNamingItsKeys) {
+  spec_.mutable_optimizer()->set_lr(1e-4);
+  spec_.set_max_steps(10);
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_FALSE(spec_.has_moe());
+
+  spec_.mutable_moe()->set_aux_loss_scope("per_layer");
+  const absl::Status s = PrepareJobSpec(&spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("moe.aux_loss_scope is set, but "));
+  EXPECT_THAT(s.message(), HasSubstr("is a dense model (no num_experts)"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss")));
+  EXPECT_TRUE(spec_.moe().aux_loss().empty()) << "refused before the defaults";
+
+  spec_.mutable_moe()->set_router_aux_loss_coef(0.01);
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
+              HasSubstr("moe.aux_loss_scope, moe.router_aux_loss_coef are set, but "));
+  // `moe: {}` alone is a section too.
+  spec_.mutable_moe()->Clear();
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("moe is set, but "));
+}
+
+// A model with experts gets the moe section and its defaults (global
+// balancing), and a user's key stays.
+TEST_F(JobSpecFilesTest, AModelWithExpertsGetsTheMoeSectionAndItsDefaults) {
+  WriteConfig(ConfigJson(R"("model_type": "qwen3_moe", "max_position_embeddings": 1024, )"
+                         R"("num_experts": 4, "num_experts_per_tok": 2, )"
+                         R"("moe_intermediate_size": 32)"));
+  spec_.mutable_optimizer()->set_lr(1e-4);
+  spec_.set_max_steps(10);
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.moe().aux_loss(), "global");
+  EXPECT_EQ(spec_.moe().aux_loss_scope(), "all_layers");
+  EXPECT_FALSE(spec_.moe().has_router_aux_loss_coef());
+
+  spec_.clear_moe();
+  spec_.mutable_moe()->set_aux_loss("micro_batch");
+  ASSERT_TRUE(PrepareJobSpec(&spec_).ok()) << PrepareJobSpec(&spec_);
+  EXPECT_EQ(spec_.moe().aux_loss(), "micro_batch");
+  EXPECT_EQ(spec_.moe().aux_loss_scope(), "all_layers");
 }
 
 // An SDAR config.json as JetLM's SDAR checkpoints carry it: Qwen3's keys

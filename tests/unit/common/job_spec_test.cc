@@ -224,7 +224,12 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"guard.inject.zero_tokens_at_steps=[0]", "guard.inject.zero_tokens_at_steps = 0"},
         Case{"guard.inject.on_rank=1",
              "guard.inject.on_rank = 1 is out of range; allowed: 0..devices-1"},
-        Case{"keep_checkpoints=-1", "keep_checkpoints = -1"}}) {
+        Case{"keep_checkpoints=-1", "keep_checkpoints = -1"},
+        Case{"guard.moe_collapse_share=0.3",
+             "guard.moe_collapse_share = 0.3 is out of range; allowed: 0 (off) or [0.5, 1)"},
+        Case{"moe.aux_loss=per_step", "moe.aux_loss = 'per_step' is not supported"},
+        Case{"moe.aux_loss_scope=mean", "moe.aux_loss_scope = 'mean'"},
+        Case{"moe.router_aux_loss_coef=-0.1", "moe.router_aux_loss_coef = -0.1"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;
@@ -233,6 +238,22 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.override_;
     EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.override_;
   }
+}
+
+// The moe section's defaults fill a spec that has the section (PrepareJobSpec
+// gives one to a model with experts), and only such a spec: a dense model's
+// spec stays without one. router_aux_loss_coef stays config.json's.
+TEST(JobSpec, MoeDefaultsFillOnlyASpecWithAMoeSection) {
+  absl::StatusOr<v1::JobSpec> dense = ParseValidated(kValid);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_FALSE(dense->has_moe());
+  EXPECT_DOUBLE_EQ(dense->guard().moe_collapse_share(), 0.9);
+
+  absl::StatusOr<v1::JobSpec> moe = ParseValidated(absl::StrCat(kValid, "moe: {}\n"));
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->moe().aux_loss(), "global");
+  EXPECT_EQ(moe->moe().aux_loss_scope(), "all_layers");
+  EXPECT_FALSE(moe->moe().has_router_aux_loss_coef());
 }
 
 TEST(JobSpec, AGangOfUpTo1024DevicesIsValid) {

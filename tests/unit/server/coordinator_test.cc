@@ -616,7 +616,8 @@ TEST_F(CoordinatorTest, GuardEventsCountOnTheJobAndInTheCountersFromZero) {
   ASSERT_TRUE(Report(w, {Started(a), Step(a, 1)}).ok());
   const std::string id = job.id();
   std::string text = metrics_->Encode();
-  for (const char* kind : {"non_finite", "no_supervision", "spike", "collapse"}) {
+  for (const char* kind :
+       {"non_finite", "no_supervision", "spike", "collapse", "router_collapse"}) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("ballast_job_anomalies_total{job_id=\"", id,
                                              "\",kind=\"", kind, "\"} 0\n")));
   }
@@ -918,6 +919,29 @@ TEST_F(CoordinatorTest, AStepWithoutLossHasNoLossSampleButKeepsItsOtherGauges) {
   EXPECT_THAT(text, Not(HasSubstr("ballast_job_loss{job_id=\"" + job.id() + "\"}")));
   EXPECT_THAT(text, HasSubstr("ballast_job_grad_norm{job_id=\"" + job.id() + "\"} 0.75\n"));
   EXPECT_THAT(text, HasSubstr("ballast_job_step{job_id=\"" + job.id() + "\"} 2\n"));
+}
+
+// A Mixture-of-Experts job's step carries its routing: the two MoE gauges
+// have its values; a dense job's step has none, and no MoE series.
+TEST_F(CoordinatorTest, MoeGaugesComeFromAMoeStepOnlyAndADenseJobHasNone) {
+  const std::string w = Register("node-1", 2);
+  const v1::Job moe = Submit();
+  const v1::Job dense = Submit();
+  const std::vector<v1::Assignment> assigned = Drain(w);
+  const v1::Assignment a = StartOf(assigned, moe.id());
+  const v1::Assignment b = StartOf(assigned, dense.id());
+  v1::RankEvent step = Step(a, 3);
+  v1::StepMetrics* m = step.mutable_training()->mutable_step_metrics();
+  m->set_aux_loss(1.125);
+  m->mutable_moe()->set_expert_load_max_ratio(3.5);
+  ASSERT_TRUE(Report(w, {Started(a), step, Started(b), Step(b, 3)}).ok());
+  const std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_job_moe_aux_loss{job_id=\"" + moe.id() + "\"} 1.125\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_job_moe_expert_load_max_ratio{job_id=\"" + moe.id() +
+                              "\"} 3.5\n"));
+  EXPECT_THAT(text, Not(HasSubstr("ballast_job_moe_aux_loss{job_id=\"" + dense.id())));
+  EXPECT_THAT(text, Not(HasSubstr("ballast_job_moe_expert_load_max_ratio{job_id=\"" + dense.id())));
+  EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + dense.id() + "\"} 2.5\n"));
 }
 
 TEST_F(CoordinatorTest, AJobBeforeItsFirstStepHasNoPerStepSamples) {

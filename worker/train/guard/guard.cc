@@ -33,6 +33,7 @@ GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec) {
   options.grad_norm_spike_zscore = spec.grad_norm_spike_zscore();
   options.collapse_window = spec.collapse_window();
   options.collapse_loss = spec.collapse_loss();
+  options.moe_collapse_share = spec.moe_collapse_share();
   options.lr_cut = spec.lr_cut();
   options.rewarm_steps = spec.rewarm_steps();
   return options;
@@ -48,6 +49,8 @@ const char* TriggerName(GuardTrigger trigger) {
       return "spike";
     case GuardTrigger::kCollapse:
       return "collapse";
+    case GuardTrigger::kRouterCollapse:
+      return "router_collapse";
     case GuardTrigger::kNone:
       break;
   }
@@ -72,6 +75,17 @@ std::string Guard::Spike(const std::deque<double>& window, double value, double 
   return absl::StrCat(what, " spike: ", value, " is ", absl::SixDigits(z),
                       " robust standard deviations above the median ", median, " of the last ",
                       window.size(), " healthy steps (threshold ", zscore, ")");
+}
+
+const MoeLayerStats* Guard::CollapsedLayer(const StepHealth& health) const {
+  const double share = options_.moe_collapse_share;
+  // With k >= E every token reaches every expert: there is no choice to
+  // collapse.
+  if (!health.moe || share <= 0 || health.moe->top_k >= health.moe->num_experts) return nullptr;
+  for (const MoeLayerStats& layer : health.moe->layers) {
+    if (layer.top_k_share > share) return &layer;
+  }
+  return nullptr;
 }
 
 void Guard::Escalate(GuardVerdict* verdict, bool roll_back_now, int64_t episode_start) const {
@@ -147,6 +161,20 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
     if (!verdict.reason.empty()) {
       verdict.trigger = GuardTrigger::kCollapse;
       Escalate(&verdict, /*roll_back_now=*/true, health.step - run);
+      return verdict;
+    }
+    const MoeLayerStats* collapsed = CollapsedLayer(health);
+    if (collapsed != nullptr && router_collapse_run_ + 1 >= window) {
+      verdict.trigger = GuardTrigger::kRouterCollapse;
+      verdict.reason = absl::StrCat(
+          "router collapse: for ", window, " steps a MoE layer's ", health.moe->top_k,
+          " busiest experts took more than ", options_.moe_collapse_share,
+          " of its routed (token, choice) pairs (now layer ", collapsed->layer, ", experts ",
+          absl::StrJoin(collapsed->busiest_experts, ", "), ": ",
+          absl::SixDigits(collapsed->top_k_share), ", ",
+          absl::SixDigits(collapsed->idle_expert_fraction * 100), "% of the ",
+          health.moe->num_experts, " experts idle)");
+      Escalate(&verdict, /*roll_back_now=*/true, health.step - router_collapse_run_);
     }
   }
   return verdict;
@@ -165,6 +193,7 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
       push(losses_, health.loss);
       push(grad_norms_, health.grad_norm);
       low_loss_run_ = health.loss < options_.collapse_loss ? low_loss_run_ + 1 : 0;
+      router_collapse_run_ = CollapsedLayer(health) != nullptr ? router_collapse_run_ + 1 : 0;
       if (pinned_run_ > 0 && Pinned(health.grad_norm, pinned_grad_norm_)) {
         ++pinned_run_;
       } else {
@@ -183,6 +212,7 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
       clean_steps_ = 0;
       low_loss_run_ = 0;
       pinned_run_ = 0;
+      router_collapse_run_ = 0;
       applied_since_rollback_ = 0;
       ++rollbacks_;
       break;

@@ -22,6 +22,12 @@
 // value; either means nothing is being learned, though every number is
 // finite (DESIGN.md: a loss of exactly 0 with a constant grad_norm for 5,000
 // steps).
+// Router collapse (Mixture-of-Experts models), a trigger of its own:
+// `collapse_window` steps in a row in which some MoE layer's k most loaded
+// experts take more than `moe_collapse_share` of its routed (token, choice)
+// pairs (MoeLayerStats::top_k_share, model/moe_step_stats.h, says why k and
+// not fewer): the router sends (nearly) every token to the same k experts
+// and the others stop learning. Like a collapse, it rolls back.
 //
 // The guard sees only global values (all ranks reduced), so every rank
 // reaches the same verdict; the trainer still agrees on the most severe one
@@ -33,10 +39,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 
 #include "ballast/v1/job_spec.pb.h"
 #include "common/spec_rules.h"
+#include "worker/train/model/moe_step_stats.h"
 
 namespace ballast::train {
 
@@ -47,7 +55,14 @@ enum class GuardAction : int64_t { kApply = 0, kSkip = 1, kRollback = 2 };
 enum class RerunVerdict { kNotRerun, kTransient, kDeterministic };
 
 // What made a step unhealthy.
-enum class GuardTrigger { kNone, kNonFinite, kNoSupervision, kSpike, kCollapse };
+enum class GuardTrigger {
+  kNone,
+  kNonFinite,
+  kNoSupervision,
+  kSpike,
+  kCollapse,
+  kRouterCollapse,
+};
 
 // The spec's guard section (proto/ballast/v1/job_spec.proto, GuardSpec),
 // with the spec's defaults (common/spec_rules.h), so that a guard made here
@@ -64,6 +79,9 @@ struct GuardOptions {
   // Steps in a row of a collapsed loss or a constant grad_norm; 0 off.
   int64_t collapse_window = SpecDefaultNumber("guard.collapse_window");
   double collapse_loss = SpecDefaultNumber("guard.collapse_loss");
+  // The top-k share above which a MoE layer's step counts towards a router
+  // collapse (over collapse_window steps); 0 off.
+  double moe_collapse_share = SpecDefaultNumber("guard.moe_collapse_share");
   // The LR multiplier right after a rollback, and the applied steps over
   // which it rises back to 1 (0: it stays).
   double lr_cut = SpecDefaultNumber("guard.lr_cut");
@@ -86,6 +104,8 @@ struct StepHealth {
   // when none does.
   std::string first_nonfinite;
   int nonfinite_rank = -1;
+  // A Mixture-of-Experts model's routing over the step; absent for a dense one.
+  std::optional<MoeStepStats> moe;
 };
 
 struct GuardVerdict {
@@ -102,8 +122,8 @@ struct GuardVerdict {
   int64_t episode_start = 0;
 };
 
-// "non_finite", "no_supervision", "spike", "collapse"; "" for kNone. The
-// names of events and metrics.
+// "non_finite", "no_supervision", "spike", "collapse", "router_collapse"; ""
+// for kNone. The names of events and metrics.
 const char* TriggerName(GuardTrigger trigger);
 
 class Guard {
@@ -132,6 +152,9 @@ class Guard {
   void Escalate(GuardVerdict* verdict, bool roll_back_now, int64_t episode_start) const;
   std::string Spike(const std::deque<double>& window, double value, double zscore,
                     const char* what) const;
+  // The first MoE layer of `health` whose top-k share passes
+  // moe_collapse_share, or nullptr (none, a dense model, or the check off).
+  const MoeLayerStats* CollapsedLayer(const StepHealth& health) const;
 
   GuardOptions options_;
   int64_t consecutive_bad_ = 0;
@@ -145,6 +168,8 @@ class Guard {
   int64_t low_loss_run_ = 0;
   int64_t pinned_run_ = 0;
   double pinned_grad_norm_ = 0;
+  // Applied steps in a row with a collapsed MoE layer (CollapsedLayer).
+  int64_t router_collapse_run_ = 0;
 };
 
 }  // namespace ballast::train

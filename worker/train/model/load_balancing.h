@@ -11,6 +11,18 @@
 // comes from a top-k), and it is the same for every token of every layer:
 //   d(weight * aux) / d p[t, e] = w[e] = weight * E * sum_k f[k, e] / T_all,
 // so through the softmax  d/d logits[t] = p[t] * (w - <p[t], w>).
+// Scope per_layer (Megatron; moe.aux_loss_scope) is the mean over the L
+// recorded layers of each layer's loss: w_l[e] = weight * E * sum_k f_l[k, e]
+// / (L * T_l), layer by layer.
+//
+// Global balancing (moe.aux_loss global, step_routing.h): UseStepCounts
+// replaces this forward's f and T by the whole step's (all micro-batches and
+// ranks); the same w summed over the step's forwards is then the gradient of
+// the step's one loss, with weight = router_aux_loss_coef.
+//
+// Counted tokens (set_counted): the objective's BalancedTokens (block
+// diffusion: the noisy half); the others neither count in f and P nor get
+// the gradient.
 //
 // The layers do not return their logits (activation checkpointing and the
 // sharded model run a layer inside an autograd function whose only output is
@@ -34,6 +46,8 @@
 #include <memory>
 #include <vector>
 
+#include "worker/train/model/step_routing.h"
+
 namespace ballast::train {
 
 // One forward's routing, layer by layer, and its load-balancing loss.
@@ -46,9 +60,21 @@ class RoutingStats {
   RoutingStats(int64_t num_layers, int64_t num_experts, int64_t top_k, double weight,
                bool keep_logits = false);
 
+  // The tokens that count, (T) bool, and how many are true; undefined: all.
+  // Set before the forward.
+  void set_counted(at::Tensor counted, int64_t count);
+  // moe.aux_loss_scope; all_layers until set.
+  void set_scope(AuxLossScope scope) { scope_ = scope; }
+  // Global balancing: f and T of the gradient are `step`'s, the whole
+  // step's reduced totals, from now on (before the backward).
+  void UseStepCounts(const StepRouting& step);
+  // Adds the records to the step's totals.
+  void AddTo(StepRouting* step) const;
+
   // Layer `layer`'s routing of the forward's tokens: `selected` (T, k) int64,
   // each token's experts in top-k order, and `probs` (T, E) fp32, the router
-  // softmax. Replaces an earlier record of the same layer.
+  // softmax; only the counted tokens are kept. Replaces an earlier record of
+  // the same layer.
   void Record(int64_t layer, const at::Tensor& selected, const at::Tensor& probs,
               const at::Tensor& logits);
 
@@ -56,9 +82,10 @@ class RoutingStats {
   // layer's tokens: a 0-dim fp32 tensor on the records' device, no graph.
   // 0 when nothing was recorded.
   at::Tensor AuxLoss() const;
-  // w (E) fp32: the gradient of weight * AuxLoss() w.r.t. each token's router
-  // probabilities, the same for every token and layer.
-  at::Tensor ProbabilityGradient() const;
+  // w (E) fp32: the gradient of weight * the loss (the scope's; the step's
+  // under global balancing) w.r.t. each counted token's router probabilities
+  // in layer `layer`.
+  at::Tensor ProbabilityGradient(int64_t layer) const;
 
   double weight() const { return weight_; }
   int64_t num_experts() const { return num_experts_; }
@@ -68,7 +95,16 @@ class RoutingStats {
   // Per layer, (T, E) fp32 router logits when kept; undefined otherwise.
   const std::vector<at::Tensor>& router_logits() const { return logits_; }
 
+  // Per layer: Σ over counted tokens of p (E) fp32, and of the router's
+  // entropy −Σ_e p ln p (0-dim fp32); undefined for a layer that did not record.
+  const std::vector<at::Tensor>& prob_sums() const { return prob_sums_; }
+  const std::vector<at::Tensor>& entropy_sums() const { return entropy_sums_; }
+  const at::Tensor& counted() const { return counted_; }
+
  private:
+  // The layers that recorded, in order.
+  std::vector<int64_t> RecordedLayers() const;
+
   int64_t num_experts_;
   int64_t top_k_;
   double weight_;
@@ -76,6 +112,13 @@ class RoutingStats {
   std::vector<at::Tensor> counts_;      // per layer (k, E) int64
   std::vector<at::Tensor> prob_sums_;   // per layer (E) fp32: sum over tokens of p
   std::vector<int64_t> tokens_;         // per layer
+  std::vector<at::Tensor> entropy_sums_;  // per layer, 0-dim
+  AuxLossScope scope_ = AuxLossScope::kAllLayers;
+  at::Tensor counted_;  // (T) bool, or undefined: every token
+  int64_t counted_count_ = 0;
+  // Global balancing: the step's per-layer expert counts (E, summed over
+  // the choice slots) and tokens (0-dim), fp64; empty: this forward's own.
+  std::vector<at::Tensor> step_counts_, step_tokens_;
   std::vector<at::Tensor> logits_;      // per layer (T, E), when kept
 };
 
@@ -84,7 +127,7 @@ class RoutingStats {
 // (the softmax is recomputed from the saved logits). The graph keeps `stats`
 // alive. Without grad mode, or with a weight of 0, it returns the logits.
 at::Tensor BalanceRouterLogits(const at::Tensor& router_logits,
-                               std::shared_ptr<const RoutingStats> stats);
+                               std::shared_ptr<const RoutingStats> stats, int64_t layer);
 
 }  // namespace ballast::train
 

@@ -54,7 +54,7 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   const std::shared_ptr<RoutingStats>& routing = decoder.routing();
 
   at::Tensor logits = RouterLogits(decoder, prefix, x, training);  // (T, E) fp32
-  if (routing) logits = BalanceRouterLogits(logits, routing);
+  if (routing) logits = BalanceRouterLogits(logits, routing, layer);
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   auto [weights, selected] = at::topk(probs, moe.top_k, -1);  // (T, k), (T, k) int64
   if (moe.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);

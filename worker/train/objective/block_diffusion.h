@@ -14,6 +14,9 @@ class BlockDiffusion : public Objective {
  public:
   kernels::LossSum Loss(const Decoder& decoder, const PackedBatch& batch,
                         bool training) const override;
+  // The noisy half x_t of each document, whose tokens the loss trains; the
+  // clean half x_0 is there to be attended to (see the .cc for SDAR's code).
+  at::Tensor BalancedTokens(const PackedBatch& batch) const override;
 };
 
 }  // namespace ballast::train

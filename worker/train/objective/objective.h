@@ -37,6 +37,11 @@ class Objective {
   // targets for a language model, groups or candidates for a reranker.
   virtual int64_t Targets(const PackedBatch& batch) const { return batch.supervised_tokens; }
 
+  // The tokens of `batch` whose routing a mixture of experts balances: the
+  // load-balancing loss counts them alone and gives them alone its
+  // gradient. (T) bool on the CPU, or undefined: every token.
+  virtual at::Tensor BalancedTokens(const PackedBatch& batch) const { return at::Tensor(); }
+
   // A ranker's score of each document of `batch` (its candidates), for
   // evaluation; nullopt for an objective that does not rank.
   virtual std::optional<at::Tensor> CandidateScores(const Decoder& decoder,

@@ -16,24 +16,41 @@ namespace {
 
 namespace pb = google::protobuf;
 
-// The mapping's line, then the file's forms (see metrics_log.h) for every
-// field of those two types, found by the message's descriptor.
-nlohmann::json MetricsLine(const v1::StepMetrics& m) {
-  nlohmann::json line = nlohmann::json::parse(ToJson(m));
+// The file's forms (see metrics_log.h) for every int64 and double field of
+// `m`, found by its descriptor, and of the messages it holds (the moe
+// section), into `json`, the mapping's object of `m`.
+void ApplyFileForms(const pb::Message& m, nlohmann::json& json) {
   const pb::Descriptor* descriptor = m.GetDescriptor();
   const pb::Reflection* reflection = m.GetReflection();
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const pb::FieldDescriptor* field = descriptor->field(i);
-    if (field->is_repeated()) continue;
-    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) {
-      line[field->name()] = reflection->GetInt64(m, field);
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!json.contains(field->name())) continue;
+      nlohmann::json& held = json[field->name()];
+      if (!field->is_repeated()) {
+        ApplyFileForms(reflection->GetMessage(m, field), held);
+        continue;
+      }
+      for (int k = 0; k < reflection->FieldSize(m, field); ++k) {
+        ApplyFileForms(reflection->GetRepeatedMessage(m, field, k), held[k]);
+      }
+    } else if (field->is_repeated()) {
+      continue;
+    } else if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) {
+      json[field->name()] = reflection->GetInt64(m, field);
     } else if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE) {
       const double value = reflection->GetDouble(m, field);
       const bool present = !field->has_presence() || reflection->HasField(m, field);
-      line[field->name()] =
+      json[field->name()] =
           present && std::isfinite(value) ? nlohmann::json(value) : nlohmann::json();
     }
   }
+}
+
+// The mapping's line, then the file's forms.
+nlohmann::json MetricsLine(const v1::StepMetrics& m) {
+  nlohmann::json line = nlohmann::json::parse(ToJson(m));
+  ApplyFileForms(m, line);
   return line;
 }
 

@@ -4,11 +4,16 @@
 // StepMetrics reaches the file too:
 //   {"step", "max_steps", "loss", "grad_norm", "lr", "tokens",
 //    "supervised_tokens", "tokens_per_s", "step_time_s", "skipped",
-//    "peak_memory_bytes", "communicated_bytes"[, "skip_reason"]}
+//    "peak_memory_bytes", "communicated_bytes", "aux_loss"[, "moe"]
+//    [, "skip_reason"]}
+// "aux_loss" is null and "moe" absent for a dense model; "moe" is a Mixture-
+// of-Experts model's routing: {"expert_load_max_ratio", "layers": [{"layer",
+// "expert_load_max_ratio", "idle_expert_fraction", "router_entropy",
+// "top_k_share"}]}.
 // Two forms differ from the mapping's and keep the file's since its first
 // line, which its readers (scripts, tests, the resume below) do arithmetic
 // on: 64-bit integers are JSON numbers, not strings, and a double that is
-// absent or not finite is null ("loss" for a step without supervised tokens,
+// absent or not finite is null, in "moe" too ("loss" for a step without supervised tokens,
 // never 0 or NaN; "grad_norm" when it is not finite). "skip_reason", the
 // guard's reason, is there only for a skipped step.
 //

@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     }
     absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model().path());
     if (!config.ok()) return config.status();
+    if (spec.moe().has_router_aux_loss_coef()) {
+      config->moe.router_aux_loss_coef = spec.moe().router_aux_loss_coef();
+    }
     // Tokenized once per job: restarts and the ranks of one machine read the
     // cache that the first one built.
     absl::StatusOr<TrainingData> data =
@@ -122,6 +125,11 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
                  state_->trained()),
+      global_balancing_(spec_.moe().aux_loss().empty()
+                            ? SpecDefaultText("moe.aux_loss") == "global"
+                            : spec_.moe().aux_loss() == "global"),
+      aux_loss_scope_(spec_.moe().aux_loss_scope() == "per_layer" ? AuxLossScope::kPerLayer
+                                                                   : AuxLossScope::kAllLayers),
       guard_(GuardOptionsFromSpec(spec_.guard())),
       injection_(spec_.guard().inject(), collectives_->rank()),
       recovery_(spec_,
@@ -139,6 +147,22 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                                     " parameter bytes, ", bytes.gradients, " gradient bytes, ",
                                     2 * bytes.gradients, " optimizer bytes, and gathers up to ",
                                     bytes.gathered, " bytes of whole units"));
+  if (config_.has_experts()) {
+    reports_.Log(
+        "info",
+        absl::StrCat("load balancing: ", global_balancing_ ? "global" : "micro_batch",
+                     " aux loss, ",
+                     aux_loss_scope_ == AuxLossScope::kPerLayer ? "per layer" : "all layers",
+                     ", coefficient ", config_.moe.router_aux_loss_coef,
+                     spec_.task() == "block_diffusion"
+                         ? "; it counts the noisy half x_t of each document only, as SDAR "
+                           "routes and trains it"
+                         : "",
+                     global_balancing_ && spec_.data().grad_accum_steps() > collectives_->world_size()
+                         ? "; each step runs a routing pre-pass (a forward without autograd of "
+                           "each micro-batch)"
+                         : ""));
+  }
   // A vision-language checkpoint (Qwen3.5) holds more than the text decoder
   // this job trains: say what happens to the rest.
   const std::vector<std::string> outside = TensorsOutsideDecoder(spec_.model().path(), config_);
@@ -322,6 +346,49 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   return m;
 }
 
+std::vector<int64_t> Trainer::SparseLayers() const {
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    if (config_.moe.sparse(i)) layers.push_back(i);
+  }
+  return layers;
+}
+
+std::shared_ptr<RoutingStats> Trainer::NewRoutingStats(const PackedBatch& batch,
+                                                       double weight) const {
+  auto stats = std::make_shared<RoutingStats>(config_.num_hidden_layers, config_.moe.num_experts,
+                                              config_.moe.top_k, weight);
+  stats->set_scope(aux_loss_scope_);
+  if (const at::Tensor counted = objective_->BalancedTokens(batch); counted.defined()) {
+    stats->set_counted(counted.to(device_), counted.sum().item<int64_t>());
+  }
+  return stats;
+}
+
+StepRouting Trainer::RoutingPrePass(const std::vector<PackedBatch>& micro_batches) {
+  // From the generator state the training forwards start from, so that
+  // dropout draws the same masks and the routing is theirs.
+  const std::map<std::string, at::Tensor> generators = GeneratorStates(device_);
+  StepRouting counts(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
+  {
+    torch::NoGradGuard no_grad;
+    for (const PackedBatch& batch : micro_batches) {
+      state_->BeginForward();
+      const std::shared_ptr<RoutingStats> stats = NewRoutingStats(batch, /*weight=*/0);
+      decoder_.set_routing(stats);
+      objective_->Loss(decoder_, batch, /*training=*/true);
+      state_->EndForward();
+      decoder_.set_routing(nullptr);
+      stats->AddTo(&counts);
+    }
+  }
+  SetGeneratorStates(generators, device_);
+  at::Tensor flat = counts.Flat().to(device_);
+  collectives_->SumInPlace(flat);
+  counts.SetFlat(flat);
+  return counts;
+}
+
 Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batches, int64_t step,
                                       bool rerun) {
   // The step's token counts over all ranks, so that the loss scale is known
@@ -352,24 +419,49 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   at::Tensor loss_sum =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   at::Tensor aux_loss_sum = torch::zeros_like(loss_sum);
+  // A mixture of experts' routing over the step (model/step_routing.h). With
+  // global balancing (moe.aux_loss global) every forward's aux-loss gradient
+  // needs f of the whole step before its backward: a rank with more than one
+  // micro-batch counts it in a routing pre-pass (docs/moe-balancing.md), a
+  // rank with one between its forward and its backward.
+  std::optional<StepRouting> routing;
+  std::optional<StepRouting> step_counts;
+  if (config_.has_experts()) {
+    routing.emplace(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
+    if (global_balancing_ && micro_batches.size() > 1) step_counts = RoutingPrePass(micro_batches);
+  }
   for (const PackedBatch& batch : micro_batches) {
     state_->BeginForward();
-    // A mixture of experts balances its load per micro-batch, as transformers
-    // does per forward: the objective gains coef * aux of each micro-batch,
-    // averaged over the step's micro-batches (grad_accum_steps of them over
-    // all ranks, so the mean does not depend on the world size).
-    if (config_.has_experts()) {
-      const MoeConfig& moe = config_.moe;
-      decoder_.set_routing(std::make_shared<RoutingStats>(
-          config_.num_hidden_layers, moe.num_experts, moe.top_k,
-          moe.router_aux_loss_coef / static_cast<double>(spec_.data().grad_accum_steps())));
+    std::shared_ptr<RoutingStats> stats;
+    if (routing) {
+      // Global: the step's one loss, coef * aux. micro_batch: as transformers
+      // per forward, averaged over the step's micro-batches (grad_accum_steps
+      // of them over all ranks, so the mean does not depend on the world size).
+      const double coef = config_.moe.router_aux_loss_coef;
+      stats = NewRoutingStats(
+          batch, global_balancing_
+                     ? coef
+                     : coef / static_cast<double>(spec_.data().grad_accum_steps()));
+      if (step_counts) stats->UseStepCounts(*step_counts);
+      decoder_.set_routing(stats);
     }
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
+    if (routing && global_balancing_ && !step_counts) {
+      StepRouting own(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
+      stats->AddTo(&own);
+      at::Tensor flat = own.Flat().to(device_);
+      collectives_->SumInPlace(flat);
+      own.SetFlat(flat);
+      stats->UseStepCounts(own);
+    }
     const at::Tensor sum = injected == 1 ? ls.sum : ls.sum * injected;
     (sum / n).backward();
     state_->FinishBackward();
     loss_sum += sum.detach();
-    if (decoder_.routing()) aux_loss_sum += decoder_.routing()->AuxLoss().to(aux_loss_sum.device());
+    if (stats) {
+      stats->AddTo(&*routing);
+      if (!global_balancing_) aux_loss_sum += stats->AuxLoss().to(aux_loss_sum.device());
+    }
     decoder_.set_routing(nullptr);
   }
 
@@ -382,8 +474,10 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   injection_.PoisonGradient(step, rerun, grads);
   kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
   at::Tensor sums =
-      torch::cat({loss_sum.reshape({1}), aux_loss_sum.reshape({1}), gn.sum_squares});  // fp64
-  collectives_->SumInPlace(sums);  // (2 + tensors)
+      torch::cat({loss_sum.reshape({1}), aux_loss_sum.reshape({1}),
+                  routing ? routing->Flat().to(device_) : torch::empty({0}, loss_sum.options()),
+                  gn.sum_squares});  // fp64
+  collectives_->SumInPlace(sums);  // (2 + routing + tensors)
   // The step's one read from the device: the counts and the sums.
   const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
   const double* r = read.const_data_ptr<double>();
@@ -391,7 +485,19 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   out.supervised_tokens = static_cast<int64_t>(r[1]);
   out.loss_sum = r[2];
   out.aux_loss_sum = r[3];
-  out.sum_squares.assign(r + 4, r + 4 + grads.size());
+  int64_t next = 4;
+  if (routing) {
+    const int64_t width = routing->Flat().numel();
+    routing->SetFlat(read.narrow(0, next, width));
+    next += width;
+    // The step's aux loss: the global one of the reduced totals, or the mean
+    // of the micro-batches' own.
+    const double aux = global_balancing_
+                           ? routing->AuxLoss(aux_loss_scope_)
+                           : out.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps());
+    out.moe = SummarizeStepRouting(routing->Layers(), config_.moe.top_k, aux);
+  }
+  out.sum_squares.assign(r + next, r + next + grads.size());
   return out;
 }
 
@@ -407,10 +513,21 @@ StepHealth Trainer::Measure(const StepNumbers& numbers, v1::StepMetrics* m, Tens
     return health;
   }
   m->set_loss(numbers.loss_sum / static_cast<double>(numbers.supervised_tokens));
-  if (config_.has_experts()) {
-    // transformers' loss: the task's plus coef * aux (the mean over micro-batches).
-    m->set_aux_loss(numbers.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps()));
+  if (numbers.moe) {
+    // transformers' loss: the task's plus coef * aux.
+    m->set_aux_loss(numbers.moe->aux_loss);
     m->set_loss(m->loss() + config_.moe.router_aux_loss_coef * m->aux_loss());
+    v1::MoeStepMetrics* moe = m->mutable_moe();
+    moe->set_expert_load_max_ratio(MaxLoadRatio(*numbers.moe));
+    for (const MoeLayerStats& layer : numbers.moe->layers) {
+      v1::MoeLayerMetrics* l = moe->add_layers();
+      l->set_layer(static_cast<int32_t>(layer.layer));
+      l->set_expert_load_max_ratio(layer.max_load_ratio);
+      l->set_idle_expert_fraction(layer.idle_expert_fraction);
+      l->set_router_entropy(layer.router_entropy);
+      l->set_top_k_share(layer.top_k_share);
+    }
+    health.moe = numbers.moe;
   }
   double sum_squares = 0;
   for (double s : numbers.sum_squares) sum_squares += s;

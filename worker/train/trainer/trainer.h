@@ -36,6 +36,8 @@
 #include "worker/train/guard/guard.h"
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/lora.h"
+#include "worker/train/model/moe_step_stats.h"
+#include "worker/train/model/step_routing.h"
 #include "worker/train/model/param_store.h"
 #include "worker/train/objective/objective.h"
 #include "worker/train/optim/adamw.h"
@@ -135,6 +137,9 @@ class Trainer {
     // A mixture of experts' load-balancing loss (load_balancing.h, without
     // its coefficient), summed over the step's micro-batches on all ranks.
     double aux_loss_sum = 0;
+    // A mixture of experts' routing over the step, its aux loss the step's
+    // (global, or the mean of the micro-batches'); absent for a dense model.
+    std::optional<MoeStepStats> moe;
     // Per tensor of what the optimizer updates (a sharded model's flat
     // buckets), over all ranks; empty when no forward ran.
     std::vector<double> sum_squares;
@@ -144,6 +149,13 @@ class Trainer {
   // Forward and backward of the step's micro-batches, the reductions, and
   // the step's one read from the device. `rerun`: the guard's second run.
   StepNumbers Compute(const std::vector<PackedBatch>& micro_batches, int64_t step, bool rerun);
+  // A mixture of experts: the decoder indices of its sparse layers; a
+  // forward's routing record for `batch` (its balanced tokens, the scope,
+  // the loss's weight); and the step's routing counts, summed over ranks,
+  // from a forward of each micro-batch without autograd (global balancing).
+  std::vector<int64_t> SparseLayers() const;
+  std::shared_ptr<RoutingStats> NewRoutingStats(const PackedBatch& batch, double weight) const;
+  StepRouting RoutingPrePass(const std::vector<PackedBatch>& micro_batches);
   // Fills the metrics' loss, grad_norm and counts, and returns what the
   // guard judges. When the gradient is not finite, also `norms`, and the
   // first non-finite tensor and its rank in the health (every rank must
@@ -181,6 +193,9 @@ class Trainer {
   Decoder decoder_;
   std::unique_ptr<Objective> objective_;
   AdamW optimizer_;
+  // moe.aux_loss global (else micro_batch), and moe.aux_loss_scope.
+  const bool global_balancing_;
+  const AuxLossScope aux_loss_scope_;
   Guard guard_;
   FaultInjection injection_;
   Recovery recovery_;

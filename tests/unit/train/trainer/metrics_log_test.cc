@@ -102,6 +102,37 @@ TEST_F(MetricsLogTest, AMissingLossAndANonFiniteGradNormAreNullAndASkipSaysWhy) 
   EXPECT_EQ(line["skip_reason"], "no supervised tokens");
 }
 
+// A dense model's line has a null aux_loss and no moe object; an MoE
+// model's has both, its per-layer doubles in the file's forms (a non-finite
+// one null).
+TEST_F(MetricsLogTest, AnMoeStepCarriesItsRoutingAndADenseStepNone) {
+  absl::StatusOr<MetricsLog> log = MetricsLog::Open(path_, 0);
+  ASSERT_TRUE(log.ok()) << log.status();
+  ASSERT_TRUE(log->Append(Applied(1), "").ok());
+  v1::StepMetrics moe = Applied(2);
+  moe.set_aux_loss(1.25);
+  moe.mutable_moe()->set_expert_load_max_ratio(3.5);
+  v1::MoeLayerMetrics* layer = moe.mutable_moe()->add_layers();
+  layer->set_layer(3);
+  layer->set_expert_load_max_ratio(3.5);
+  layer->set_idle_expert_fraction(0.25);
+  layer->set_router_entropy(std::numeric_limits<double>::infinity());
+  layer->set_top_k_share(0.5);
+  ASSERT_TRUE(log->Append(moe, "").ok());
+  const nlohmann::json dense = nlohmann::json::parse(Lines().at(0));
+  EXPECT_TRUE(dense["aux_loss"].is_null());
+  EXPECT_FALSE(dense.contains("moe"));
+  const nlohmann::json line = nlohmann::json::parse(Lines().at(1));
+  EXPECT_EQ(line["aux_loss"].get<double>(), 1.25);
+  EXPECT_EQ(line["moe"]["expert_load_max_ratio"].get<double>(), 3.5);
+  ASSERT_EQ(line["moe"]["layers"].size(), 1u);
+  const nlohmann::json& l = line["moe"]["layers"][0];
+  EXPECT_EQ(l["layer"], 3);
+  EXPECT_EQ(l["idle_expert_fraction"].get<double>(), 0.25);
+  EXPECT_EQ(l["top_k_share"].get<double>(), 0.5);
+  EXPECT_TRUE(l["router_entropy"].is_null());
+}
+
 TEST_F(MetricsLogTest, OpeningAtAStepDropsTheLinesOfLaterSteps) {
   {
     absl::StatusOr<MetricsLog> log = MetricsLog::Open(path_, 0);
