@@ -17,7 +17,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/gpu/median_time.h"
 #include "kernels/attention.h"
 
 namespace {
@@ -33,18 +33,7 @@ namespace {
 constexpr int kReps = 5;
 
 double MedianSeconds(const std::function<void()>& run) {
-  run();
-  torch::cuda::synchronize();
-  std::vector<double> times;
-  for (int i = 0; i < kReps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    torch::cuda::synchronize();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[kReps / 2];
+  return ballast::bench::MedianSeconds(run, kReps);
 }
 
 // Only SDPA's flash backend may run while this lives.

@@ -107,12 +107,6 @@ void Transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
 }
 
-struct Chunk {
-  int64_t doc;
-  int64_t begin;   // first token
-  int64_t length;  // 1..kC
-};
-
 // Rows of q, k or v as given: fp32 or bf16, unit stride in the head dim, any
 // token and head strides (views of a fused projection are read in place).
 struct Rows {
@@ -141,8 +135,7 @@ struct Rows {
 struct Problem {
   int64_t tokens, hk, hv, dk, dv, group, docs;
   float scale, eps;
-  std::vector<int64_t> cu;           // (N + 1)
-  std::vector<Chunk> chunks;         // in token order
+  std::vector<GdrChunk> chunks;      // in token order
   std::vector<int64_t> first_chunk;  // (N + 1): document n's chunks are [first[n], first[n+1])
   Rows q, k, v;                      // as given
   at::Tensor g, beta;                // (T, Hv) fp32 contiguous
@@ -171,15 +164,10 @@ Problem MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.group = p.hv / p.hk;
   p.scale = static_cast<float>(scale);
   p.eps = static_cast<float>(eps);
-  const at::Tensor cu = cu_seqlens.contiguous();
-  p.docs = cu.numel() - 1;
-  p.cu.assign(cu.const_data_ptr<int64_t>(), cu.const_data_ptr<int64_t>() + p.docs + 1);
-  for (int64_t n = 0; n < p.docs; ++n) {
-    p.first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
-    for (int64_t t = p.cu[n]; t < p.cu[n + 1]; t += kC)
-      p.chunks.push_back({n, t, std::min(kC, p.cu[n + 1] - t)});
-  }
-  p.first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
+  GdrChunkTable table = gdr_chunk_table(cu_seqlens);
+  p.chunks = std::move(table.chunks);
+  p.first_chunk = std::move(table.first);
+  p.docs = static_cast<int64_t>(p.first_chunk.size()) - 1;
   p.g = g.to(at::kFloat).contiguous();
   p.beta = beta.to(at::kFloat).contiguous();
   return p;
@@ -213,7 +201,7 @@ class ChunkWork {
 
   // Chunk c for value head h: q and k of its key head normalised (read again
   // only when the chunk or the key head changes), v, the decays and beta.
-  void Load(const Chunk& c, int64_t h) {
+  void Load(const GdrChunk& c, int64_t h) {
     const int64_t kh = h / p_.group, dk = p_.dk;
     if (c.begin != begin_ || kh != kh_ || c.length != len_) {
       for (int64_t i = 0; i < c.length; ++i) {
@@ -338,15 +326,28 @@ void ForEachDocumentHead(const Problem& p, const Body& body) {
 
 }  // namespace
 
-GdrCpuForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& g,
-                                           const at::Tensor& beta, const at::Tensor& cu_seqlens,
-                                           const at::Tensor& initial_state, double scale,
-                                           double l2norm_eps) {
+GdrChunkTable gdr_chunk_table(const at::Tensor& cu_seqlens) {
+  const at::Tensor cu = cu_seqlens.contiguous();
+  const int64_t* c = cu.const_data_ptr<int64_t>();
+  GdrChunkTable table;
+  for (int64_t n = 0; n + 1 < cu.numel(); ++n) {
+    table.first.push_back(static_cast<int64_t>(table.chunks.size()));
+    for (int64_t t = c[n]; t < c[n + 1]; t += kC)
+      table.chunks.push_back({t, std::min(kC, c[n + 1] - t)});
+  }
+  table.first.push_back(static_cast<int64_t>(table.chunks.size()));
+  return table;
+}
+
+GdrForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& g,
+                                        const at::Tensor& beta, const at::Tensor& cu_seqlens,
+                                        const at::Tensor& initial_state, double scale,
+                                        double l2norm_eps) {
   const Problem p = MakeProblem(q, k, v, g, beta, cu_seqlens, scale, l2norm_eps);
   const int64_t dk = p.dk, dv = p.dv, hv = p.hv, ss = p.state_size(), chunks = p.num_chunks();
   const at::TensorOptions f32 = p.f32();
-  GdrCpuForward result;
+  GdrForward result;
   result.chunk_states = at::empty({chunks, hv, dk, dv}, f32);
   result.final_state = p.StateOrZeros(initial_state);
   at::Tensor wv = at::empty({p.tokens, hv, dv}, f32);  // W_v, then U
@@ -398,18 +399,17 @@ GdrCpuForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor
   return result;
 }
 
-GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const at::Tensor& g,
-                                          const at::Tensor& beta, const at::Tensor& cu_seqlens,
-                                          const at::Tensor& chunk_states, const at::Tensor& d_out,
-                                          const at::Tensor& d_final, double scale,
-                                          double l2norm_eps) {
+GdrGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& g,
+                                       const at::Tensor& beta, const at::Tensor& cu_seqlens,
+                                       const at::Tensor& chunk_states, const at::Tensor& d_out,
+                                       const at::Tensor& d_final, double scale, double l2norm_eps) {
   const Problem p = MakeProblem(q, k, v, g, beta, cu_seqlens, scale, l2norm_eps);
   const int64_t dk = p.dk, dv = p.dv, hv = p.hv, ss = p.state_size(), chunks = p.num_chunks();
   const at::TensorOptions f32 = p.f32();
   const at::Tensor d_o =
       d_out.defined() ? d_out.to(at::kFloat).contiguous() : at::zeros({p.tokens, hv, dv}, f32);
-  GdrCpuGrads grads;
+  GdrGrads grads;
   grads.d_state = p.StateOrZeros(d_final);  // dS_L of each document's last chunk, then dS0
   at::Tensor du = at::empty({p.tokens, hv, dv}, f32);          // dU_p, then dU
   at::Tensor wk = at::empty({p.tokens, hv, dk}, f32);          // W_k
@@ -486,7 +486,7 @@ GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor&
     std::vector<float> dG(kC), db(kC);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t c = item / p.hk, kh = item % p.hk;
-      const Chunk& chunk = p.chunks[c];
+      const GdrChunk& chunk = p.chunks[c];
       const int64_t n = chunk.length, last = n - 1;
       std::fill(dq.begin(), dq.end(), 0.0f);
       std::fill(dkk.begin(), dkk.end(), 0.0f);
