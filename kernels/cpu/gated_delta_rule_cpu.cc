@@ -324,6 +324,26 @@ void ForEachDocumentHead(const Problem& p, const Body& body) {
   });
 }
 
+// Runs body(chunk_work, chunk_index, head, row, P, Q~) for every (chunk,
+// head), in parallel, once the chunk's P = E * (Q K^T) (C, C) and Q~ (L, Dk)
+// are made; W_k goes to the rows of wk (a (T, Hv, Dk) buffer) where given.
+template <typename Body>
+void ForEachChunkAttention(const Problem& p, float* wk, const Body& body) {
+  at::parallel_for(0, p.num_chunks() * p.hv, 1, [&](int64_t begin, int64_t end) {
+    ChunkWork w(p);
+    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * p.dk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c = item / p.hv, h = item % p.hv;
+      w.Load(p.chunks[c], h);
+      const int64_t row = p.chunks[c].begin * p.hv + h;
+      w.Factor(nullptr, 0, wk == nullptr ? nullptr : wk + row * p.dk, p.ldw());
+      w.Attention(qk.data(), pm.data());
+      w.DecayedQueries(qtilde.data());
+      body(w, c, h, row, pm.data(), qtilde.data());
+    }
+  });
+}
+
 }  // namespace
 
 GdrChunkTable gdr_chunk_table(const at::Tensor& cu_seqlens) {
@@ -379,22 +399,15 @@ GdrForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor& k
   });
   wk.reset();
   // 3. O = Q~ S0 + P U per (chunk, head).
-  at::parallel_for(0, chunks * hv, 1, [&](int64_t begin, int64_t end) {
-    ChunkWork w(p);
-    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * dk);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / hv, h = item % hv;
-      w.Load(p.chunks[c], h);
-      const int64_t row = p.chunks[c].begin * hv + h, len = w.len_;
-      w.Factor(nullptr, 0, nullptr, 0);
-      w.Attention(qk.data(), pm.data());
-      w.DecayedQueries(qtilde.data());
-      TileProduct(len, dv, dk, 1.0f, qtilde.data(), dk, 1, states + (c * hv + h) * ss, dv, false,
-                  outp + row * dv, p.ldv());
-      TileProduct(len, dv, len, 1.0f, pm.data(), kC, 1, wvp + row * dv, p.ldv(), true,
-                  outp + row * dv, p.ldv());
-    }
-  });
+  ForEachChunkAttention(
+      p, nullptr,
+      [&](ChunkWork& w, int64_t c, int64_t h, int64_t row, const float* pm, const float* qtilde) {
+        const int64_t len = w.len_;
+        TileProduct(len, dv, dk, 1.0f, qtilde, dk, 1, states + (c * hv + h) * ss, dv, false,
+                    outp + row * dv, p.ldv());
+        TileProduct(len, dv, len, 1.0f, pm, kC, 1, wvp + row * dv, p.ldv(), true, outp + row * dv,
+                    p.ldv());
+      });
   result.out = out.to(v.scalar_type());
   return result;
 }
@@ -422,24 +435,17 @@ GdrGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
   float* dfinal = grads.d_state.mutable_data_ptr<float>();
 
   // 1. dU_p = P^T dO and X = Q~^T dO - W_k^T dU_p per (chunk, head).
-  at::parallel_for(0, chunks * hv, 1, [&](int64_t begin, int64_t end) {
-    ChunkWork w(p);
-    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * dk);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / hv, h = item % hv;
-      w.Load(p.chunks[c], h);
-      const int64_t row = p.chunks[c].begin * hv + h, len = w.len_;
-      w.Factor(nullptr, 0, wkp + row * dk, p.ldw());
-      w.Attention(qk.data(), pm.data());
-      w.DecayedQueries(qtilde.data());
-      float* x = dsp + (c * hv + h) * ss;
-      TileProduct(len, dv, len, 1.0f, pm.data(), 1, kC, dop + row * dv, p.ldv(), false,
-                  dup + row * dv, p.ldv());
-      TileProduct(dk, dv, len, 1.0f, qtilde.data(), 1, dk, dop + row * dv, p.ldv(), false, x, dv);
-      TileProduct(dk, dv, len, -1.0f, wkp + row * dk, 1, p.ldw(), dup + row * dv, p.ldv(), true, x,
-                  dv);
-    }
-  });
+  ForEachChunkAttention(
+      p, wkp,
+      [&](ChunkWork& w, int64_t c, int64_t h, int64_t row, const float* pm, const float* qtilde) {
+        const int64_t len = w.len_;
+        float* x = dsp + (c * hv + h) * ss;
+        TileProduct(len, dv, len, 1.0f, pm, 1, kC, dop + row * dv, p.ldv(), false, dup + row * dv,
+                    p.ldv());
+        TileProduct(dk, dv, len, 1.0f, qtilde, 1, dk, dop + row * dv, p.ldv(), false, x, dv);
+        TileProduct(dk, dv, len, -1.0f, wkp + row * dk, 1, p.ldw(), dup + row * dv, p.ldv(), true,
+                    x, dv);
+      });
   // 2. Chunks in reverse: with Y = K~ dS_L, dU = dU_p + Y and
   // dS0 = exp(G_L) dS_L + X - W_k^T Y (X holds the dU_p part already).
   ForEachDocumentHead(p, [&](ChunkWork& w, int64_t n, int64_t h) {

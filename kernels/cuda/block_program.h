@@ -1,12 +1,12 @@
 // Block programs: a CUDA kernel's per-block code written once, as a
 // __host__ __device__ function object, so that the same code runs as the
 // kernel on a GPU (kernels/cuda/block_program.cuh launches it) and, block
-// after block on one thread, on the CPU (HostLaunch below). The Gated DeltaNet
-// kernels (kernels/cuda/gated_delta_rule_blocks.h, causal_conv1d_blocks.h) are
-// written this way so that their indexing and chunk math are tested in every
-// build, against the CPU kernels, without a GPU; only what a single thread
-// cannot show (a missing barrier, two threads writing one element) is left to
-// the GPU tests.
+// after block, on the CPU (kernels/cuda/host_launch.h, for the tests). The
+// Gated DeltaNet kernels (kernels/cuda/gated_delta_rule_blocks.h,
+// causal_conv1d_blocks.h) are written this way so that their indexing and
+// chunk math are tested in every build, against the CPU kernels, without a
+// GPU; what the host cannot show for certain (a missing barrier, two threads
+// writing one element, the launches) is left to the GPU tests.
 //
 // A body is called as body(block, x, y, z) for every block (x, y, z) of its
 // grid. `block` offers tid(), threads(), sync() (a barrier: __syncthreads on
@@ -23,8 +23,6 @@
 #define BALLAST_KERNELS_CUDA_BLOCK_PROGRAM_H_
 
 #include <cstdint>
-#include <limits>
-#include <vector>
 
 // BALLAST_HD_INLINE for the small helpers that every body calls many times:
 // inlined on the device, so that no call passes views through a stack frame.
@@ -120,30 +118,6 @@ struct SmemPlan {
 
 struct Grid {
   int64_t x = 1, y = 1, z = 1;
-};
-
-// One block on the host: a single thread, barriers are no-ops.
-struct HostBlock {
-  float* smem;
-  int tid() const { return 0; }
-  int threads() const { return 1; }
-  void sync() const {}
-};
-
-// Runs a body over its grid on the calling thread, block after block, with a
-// fresh (NaN-filled, so that a read of something never written shows) shared
-// memory of `smem_floats` per block.
-struct HostLaunch {
-  template <class Body>
-  void operator()(Grid grid, int64_t smem_floats, const Body& body) const {
-    std::vector<float> smem(static_cast<size_t>(smem_floats));
-    for (int64_t z = 0; z < grid.z; ++z)
-      for (int64_t y = 0; y < grid.y; ++y)
-        for (int64_t x = 0; x < grid.x; ++x) {
-          for (float& f : smem) f = std::numeric_limits<float>::quiet_NaN();
-          body(HostBlock{smem.data()}, x, y, z);
-        }
-  }
 };
 
 }  // namespace ballast::kernels::block_program

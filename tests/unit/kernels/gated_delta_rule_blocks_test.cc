@@ -1,10 +1,12 @@
 // The CUDA kernels' block programs (kernels/cuda/gated_delta_rule_blocks.h,
-// causal_conv1d_blocks.h) run on the CPU, one block after another on one
-// thread (block_program::HostLaunch), against the CPU kernels: the same
-// code as on the GPU, its indexing, chunk tables, tiles over Dv and
-// document boundaries, checked in every build. What one thread cannot show
-// (a missing barrier, two threads on one element) is left to the
-// GatedDeltaRuleCuda tests on a GPU.
+// causal_conv1d_blocks.h) run on the CPU, one block after another
+// (block_program::HostLaunch), against the CPU kernels: the same code as on
+// the GPU, its indexing, chunk tables, tiles over Dv and document
+// boundaries, checked in every build. Most cases run a block on one thread;
+// one runs each block on 3 threads with real barriers, which
+// exercises the division of work among threads and the block sums. A
+// missing barrier shows there only if the threads race; that, and the
+// launches, are left to the GatedDeltaRuleCuda tests on a GPU.
 //
 // Tolerance, relative (Frobenius): fp32 on both sides, in other orders
 // (forward substitution against the CPU's explicit inverse, sums by element
@@ -21,8 +23,8 @@
 
 #include "kernels/cpu/causal_conv1d_cpu.h"
 #include "kernels/cpu/gated_delta_rule_cpu.h"
-#include "kernels/cuda/block_program.h"
 #include "kernels/cuda/causal_conv1d_blocks.h"
+#include "kernels/cuda/host_launch.h"
 #include "tests/unit/kernels/gated_delta_rule_reference.h"
 #include "tests/unit/kernels/seeded_test.h"
 
@@ -54,15 +56,16 @@ std::string Describe(const Case& c) {
 // The block programs' forward and backward against the CPU kernel's, on the
 // same inputs and upstream gradients: every output and gradient, and the
 // per-chunk states the backward starts from.
-void ExpectBlocksMatchCpuKernel(const Case& c, bool with_d_final = true) {
-  SCOPED_TRACE(Describe(c));
+void ExpectBlocksMatchCpuKernel(const Case& c, bool with_d_final = true,
+                                HostLaunch launch = HostLaunch{}) {
+  SCOPED_TRACE(Describe(c) + ", " + std::to_string(launch.threads) + " thread(s) a block");
   const Inputs in = RandomInputs(c.lengths, c.hk, c.hv, c.dk, c.dv, c.with_state, c.dtype);
   const int64_t tokens = in.q.size(0), docs = static_cast<int64_t>(c.lengths.size());
   const at::Tensor d_out = torch::randn({tokens, c.hv, c.dv}).to(c.dtype);
   const at::Tensor d_final = with_d_final ? torch::randn({docs, c.hv, c.dk, c.dv}) : at::Tensor();
   const GdrForward want = gated_delta_rule_cpu_forward(
       in.q, in.k, in.v, in.g, in.beta, in.cu_seqlens, in.initial_state, in.scale, kL2Eps);
-  const GdrForward got = gdr_blocks::ForwardPass(HostLaunch{}, in.q, in.k, in.v, in.g, in.beta,
+  const GdrForward got = gdr_blocks::ForwardPass(launch, in.q, in.k, in.v, in.g, in.beta,
                                                  in.cu_seqlens, in.initial_state, in.scale, kL2Eps);
   const double tolerance = c.dtype == torch::kFloat ? 1e-5 : 1e-2;
   EXPECT_EQ(got.out.scalar_type(), c.dtype);
@@ -73,7 +76,7 @@ void ExpectBlocksMatchCpuKernel(const Case& c, bool with_d_final = true) {
       gated_delta_rule_cpu_backward(in.q, in.k, in.v, in.g, in.beta, in.cu_seqlens,
                                     want.chunk_states, d_out, d_final, in.scale, kL2Eps);
   const GdrGrads got_grads =
-      gdr_blocks::BackwardPass(HostLaunch{}, in.q, in.k, in.v, in.g, in.beta, in.cu_seqlens,
+      gdr_blocks::BackwardPass(launch, in.q, in.k, in.v, in.g, in.beta, in.cu_seqlens,
                                got.chunk_states, d_out, d_final, in.scale, kL2Eps);
   for (const auto& [name, g, w] : std::vector<std::tuple<std::string, at::Tensor, at::Tensor>>{
            {"d_q", got_grads.d_q, want_grads.d_q},
@@ -107,6 +110,16 @@ TEST_F(GatedDeltaRuleBlocks, MatchCpuKernelOnPackedDocuments) {
     ExpectBlocksMatchCpuKernel({{100, 0, 1, 64, 130}, 1, 3, 16, 33, with_state});
   ExpectBlocksMatchCpuKernel({{70, 60}, 2, 2, 16, 16, /*with_state=*/true},
                              /*with_d_final=*/false);
+}
+
+// Each block run by 3 threads sharing its shared memory, with barriers: the
+// bodies' loops split unevenly among threads (3 divides none of the sizes),
+// and the block sum of <S0, dS_L> over the threads' shares. Small, since every
+// barrier costs a wake-up of three host threads.
+TEST_F(GatedDeltaRuleBlocks, MatchCpuKernelWithSeveralThreadsABlock) {
+  SCOPED_TRACE(SeedTrace());
+  ExpectBlocksMatchCpuKernel({{70, 0, 1, 64}, 1, 2, 24, 40, /*with_state=*/true},
+                             /*with_d_final=*/true, HostLaunch{3});
 }
 
 // Qwen3.5's head dims (Dk = Dv = 128, four Dv tiles), and bf16 inputs.
@@ -155,7 +168,7 @@ class CausalConv1dBlocks : public SeededTest {};
 // The conv's block programs against the CPU kernel: documents shorter than
 // the window and an empty one, more channels than one block of threads (and
 // not a multiple of it), with and without a window, fp32 and bf16. y and every
-// gradient.
+// gradient; the backward with 3 threads a block.
 TEST_F(CausalConv1dBlocks, MatchCpuKernel) {
   SCOPED_TRACE(SeedTrace());
   const at::Tensor cu = CuSeqlens({3, 100, 0, 1, 70});
@@ -174,7 +187,7 @@ TEST_F(CausalConv1dBlocks, MatchCpuKernel) {
                               causal_conv1d_silu_cpu_forward(x, w, cu, window)),
                 tolerance)
           << "y";
-      const CausalConv1dGrads got = conv_blocks::BackwardPass(HostLaunch{}, x, w, cu, window, dy);
+      const CausalConv1dGrads got = conv_blocks::BackwardPass(HostLaunch{3}, x, w, cu, window, dy);
       const CausalConv1dGrads want = causal_conv1d_silu_cpu_backward(x, w, cu, window, dy);
       EXPECT_LT(RelativeError(got.d_x, want.d_x), tolerance) << "d_x";
       EXPECT_LT(RelativeError(got.d_weight, want.d_weight), tolerance) << "d_weight";
