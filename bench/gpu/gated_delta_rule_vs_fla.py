@@ -43,6 +43,13 @@ def time_fla(shape):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except Exception as e:  # any import failure is a reason to print, not a crash
         return None, f"fla not importable: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    try:
+        return _time_fla_on(torch, chunk_gated_delta_rule, shape), None
+    except Exception as e:  # fla present but unable to run here: a reason, not a crash
+        return None, f"fla failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def _time_fla_on(torch, chunk_gated_delta_rule, shape):
     tokens, docs, hk, hv, d = (shape[key] for key in ("tokens", "docs", "hk", "hv", "d"))
     torch.manual_seed(0)
     dev = "cuda"
@@ -66,10 +73,7 @@ def time_fla(shape):
         o, final = run()
         ((o * grad).sum() + final.sum()).backward()
 
-    try:
-        return (median_ms(torch, fwd), median_ms(torch, fwd_bwd)), None
-    except Exception as e:
-        return None, f"fla failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return median_ms(torch, fwd), median_ms(torch, fwd_bwd)
 
 
 def main():

@@ -70,7 +70,7 @@ struct ConvProblem {
   }
 };
 
-BALLAST_HD inline float Sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+BALLAST_HD_INLINE float Sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
 // Calls fn(t, c) for the tokens of token block x and the channels of
 // channel block y that this thread owns.
@@ -88,7 +88,7 @@ struct ForwardBody {
   ConvProblem p;
   float* y;
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
     ForEachOwned(b, p, x, yb, [&](int64_t t, int64_t c) {
       const float a = p.PreActivation(p.DocOf(t), t, c);
       y[t * p.channels + c] = a * Sigmoid(a);
@@ -102,7 +102,7 @@ struct ActivationGradBody {
   const float* dy;
   float* da;
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
     ForEachOwned(b, p, x, yb, [&](int64_t t, int64_t c) {
       const float a = p.PreActivation(p.DocOf(t), t, c);
       const float s = Sigmoid(a);
@@ -120,7 +120,7 @@ struct InputGradBody {
   float* dx;
   float* partial;
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t x, int64_t yb, int64_t) const {
     const int64_t ch = p.channels, taps = p.taps;
     for (int64_t c = yb * kBlockThreads + b.tid(); c < (yb + 1) * kBlockThreads && c < ch;
          c += b.threads())
@@ -146,7 +146,7 @@ struct WindowGradBody {
   const float* da;
   float* dwindow;  // (N, K - 1, C)
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t n, int64_t yb, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t n, int64_t yb, int64_t) const {
     const int64_t ch = p.channels, taps = p.taps;
     for (int64_t c = yb * kBlockThreads + b.tid(); c < (yb + 1) * kBlockThreads && c < ch;
          c += b.threads()) {

@@ -121,8 +121,9 @@ struct DecayOffsets {
 // and times mult (x r mult, r = (x . x + eps)^-1/2, as the CPU kernel); r (C)
 // is scratch. Ends with a barrier.
 template <class Block>
-BALLAST_HD void LoadNormalized(const Block& b, const Problem& p, const Rows& x, int64_t begin,
-                               int64_t n, int64_t kh, float mult, float* dst, float* r) {
+BALLAST_HD_INLINE void LoadNormalized(const Block& b, const Problem& p, const Rows& x,
+                                      int64_t begin, int64_t n, int64_t kh, float mult, float* dst,
+                                      float* r) {
   const int64_t dk = p.dk, ld = p.ldk();
   for (int64_t idx = b.tid(); idx < n * dk; idx += b.threads())
     dst[(idx / dk) * ld + idx % dk] = x(begin + idx / dk, kh, idx % dk);
@@ -141,7 +142,7 @@ BALLAST_HD void LoadNormalized(const Block& b, const Problem& p, const Rows& x, 
 }
 
 // G_L, the chunk's whole log decay, summed in the order LoadDecays sums it.
-BALLAST_HD inline float ChunkLogDecay(const Problem& p, int64_t begin, int64_t n, int64_t h) {
+BALLAST_HD_INLINE float ChunkLogDecay(const Problem& p, int64_t begin, int64_t n, int64_t h) {
   float running = 0.0f;
   for (int64_t i = 0; i < n; ++i) running += p.g[(begin + i) * p.hv + h];
   return running;
@@ -149,8 +150,8 @@ BALLAST_HD inline float ChunkLogDecay(const Problem& p, int64_t begin, int64_t n
 
 // The chunk's Decays. Ends with a barrier.
 template <class Block>
-BALLAST_HD void LoadDecays(const Block& b, const Problem& p, int64_t begin, int64_t n, int64_t h,
-                           const Decays& s) {
+BALLAST_HD_INLINE void LoadDecays(const Block& b, const Problem& p, int64_t begin, int64_t n,
+                                  int64_t h, const Decays& s) {
   if (b.tid() == 0) {
     float running = 0.0f;
     for (int64_t i = 0; i < n; ++i) {
@@ -167,7 +168,8 @@ BALLAST_HD void LoadDecays(const Block& b, const Problem& p, int64_t begin, int6
 
 // A (C, kLdC) <- strict_lower(beta_i E_ij gram_ij) from gram, in place or not.
 template <class Block>
-BALLAST_HD void DecayGram(const Block& b, int64_t n, const Decays& s, const float* gram, float* a) {
+BALLAST_HD_INLINE void DecayGram(const Block& b, int64_t n, const Decays& s, const float* gram,
+                                 float* a) {
   for (int64_t idx = b.tid(); idx < n * n; idx += b.threads()) {
     const int64_t i = idx / n, j = idx % n;
     a[i * kLdC + j] = j < i ? s.beta[i] * expf(s.cum[i] - s.cum[j]) * gram[i * kLdC + j] : 0.0f;
@@ -217,7 +219,7 @@ struct FactorBody {
   }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
     const int64_t begin = p.chunks[2 * c], n = p.chunks[2 * c + 1];
     const int64_t dk = p.dk, dv = p.dv, hv = p.hv, ld = p.ldk(), row = begin * hv + h;
     const Layout l = Plan(dk);
@@ -276,7 +278,7 @@ struct RecurrenceBody {
   }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t doc, int64_t h, int64_t tile) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t doc, int64_t h, int64_t tile) const {
     const int64_t dk = p.dk, dv = p.dv, hv = p.hv;
     const ValueTile vt(tile, dv);
     const int64_t bv = vt.width;
@@ -328,8 +330,8 @@ struct AttentionOffsets {
 // q (times scale) and k normalised, the decays, P = E * (Q K^T) on j <= i,
 // then q turned into Q~ = exp(G) q. Ends with a barrier.
 template <class Block>
-BALLAST_HD void LoadDecayedAttention(const Block& b, const Problem& p, int64_t begin, int64_t n,
-                                     int64_t h, const AttentionOffsets& o) {
+BALLAST_HD_INLINE void LoadDecayedAttention(const Block& b, const Problem& p, int64_t begin,
+                                            int64_t n, int64_t h, const AttentionOffsets& o) {
   const int64_t dk = p.dk, ld = p.ldk();
   float* qn = b.smem + o.qn;
   float* kn = b.smem + o.kn;
@@ -369,7 +371,7 @@ struct OutputBody {
   }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
     const int64_t begin = p.chunks[2 * c], n = p.chunks[2 * c + 1];
     const int64_t dk = p.dk, dv = p.dv, hv = p.hv, row = begin * hv + h;
     const Layout l = Plan(dk);
@@ -395,7 +397,7 @@ struct DupBody {
   BALLAST_HD static Layout Plan(int64_t dk) { return OutputBody::Plan(dk); }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
     const int64_t begin = p.chunks[2 * c], n = p.chunks[2 * c + 1];
     const int64_t dk = p.dk, dv = p.dv, hv = p.hv, row = begin * hv + h;
     const Layout l = Plan(dk);
@@ -424,7 +426,7 @@ struct BackRecurrenceBody {
   BALLAST_HD static Layout Plan(int64_t dk) { return RecurrenceBody::Plan(dk); }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t doc, int64_t h, int64_t tile) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t doc, int64_t h, int64_t tile) const {
     const int64_t dk = p.dk, dv = p.dv, hv = p.hv;
     const ValueTile vt(tile, dv);
     const int64_t bv = vt.width, j0 = vt.j0;
@@ -506,7 +508,7 @@ struct GradsBody {
   }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t c, int64_t h, int64_t) const {
     const int64_t begin = p.chunks[2 * c], n = p.chunks[2 * c + 1];
     const int64_t dkk = p.dk, dv = p.dv, hv = p.hv, ld = p.ldk(), row = begin * hv + h;
     const int64_t st = p.state(c, h);
@@ -670,7 +672,7 @@ struct NormsBody {
   }
 
   template <class Block>
-  BALLAST_HD void operator()(const Block& b, int64_t tok, int64_t kh, int64_t) const {
+  BALLAST_HD_INLINE void operator()(const Block& b, int64_t tok, int64_t kh, int64_t) const {
     const int64_t dkk = p.dk;
     const Layout l = Plan(dkk);
     float* dy = b.smem + l.dy;

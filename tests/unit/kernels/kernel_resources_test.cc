@@ -5,8 +5,7 @@
 // function the launches use).
 //
 // Fails when a hot kernel (attention forward / dQ / dK-dV / Delta,
-// cross-entropy tiles, grad_norm, the Gated DeltaNet and conv1d block
-// programs; bf16 / fp16 / fp32) has a stack frame or
+// cross-entropy tiles, grad_norm; bf16 / fp16 / fp32) has a stack frame or
 // local memory, which is where register spills go. The threshold is 0
 // bytes: none of them has any (the tile kernels' __launch_bounds__ lets
 // ptxas use 128 registers; at its default of 64 the head-dim-256 and dK/dV
@@ -108,10 +107,9 @@ std::vector<KernelUsage> ParseResourceUsage(const std::string& text) {
 // exp() may call a subroutine with a stack frame.
 bool IsHot(const std::string& name) {
   if (name.find("double") != std::string::npos) return false;
-  for (const char* hot :
-       {"AttentionForwardKernel", "AttentionQueryGradKernel", "AttentionKeyValueGradKernel",
-        "AttentionDeltaKernel", "LseTileKernel", "GradTileKernel", "chunk_sum_squares",
-        "segment_sum", "BlockProgramKernel"}) {
+  for (const char* hot : {"AttentionForwardKernel", "AttentionQueryGradKernel",
+                          "AttentionKeyValueGradKernel", "AttentionDeltaKernel", "LseTileKernel",
+                          "GradTileKernel", "chunk_sum_squares", "segment_sum"}) {
     if (name.rfind(hot, 0) == 0) return true;
   }
   return false;
