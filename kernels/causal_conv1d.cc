@@ -1,5 +1,5 @@
-// causal_conv1d_silu(): argument checks, the dispatch between the CPU kernel
-// and the op-by-op path, and the op-by-op path itself.
+// causal_conv1d_silu(): argument checks, the dispatch between the CPU kernel,
+// the CUDA kernel and the op-by-op path, and the op-by-op path itself.
 #include "kernels/causal_conv1d.h"
 
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/causal_conv1d_cpu.h"
 #include "kernels/cu_seqlens_check.h"
+#include "kernels/cuda/causal_conv1d_cuda.h"
 
 namespace ballast::kernels {
 namespace {
@@ -48,9 +49,10 @@ void CheckInputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   }
 }
 
-// The CPU kernel under autograd: keeps x, weight and the window, and
-// recomputes the pre-activation in the backward.
-class CausalConv1dCpuFunction : public torch::autograd::Function<CausalConv1dCpuFunction> {
+// The kernel under autograd, the CPU's or the CUDA one by x's device (both
+// have one contract): keeps x, weight and the window, and recomputes the
+// pre-activation in the backward.
+class CausalConv1dKernelFunction : public torch::autograd::Function<CausalConv1dKernelFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight,
@@ -59,14 +61,19 @@ class CausalConv1dCpuFunction : public torch::autograd::Function<CausalConv1dCpu
     const at::Tensor window = initial_window.value_or(at::Tensor());
     ctx->save_for_backward({x, weight, window});
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
-    return causal_conv1d_silu_cpu_forward(x, weight, cu_seqlens, window);
+    return x.is_cuda() ? causal_conv1d_silu_cuda_forward(x, weight, cu_seqlens, window)
+                       : causal_conv1d_silu_cpu_forward(x, weight, cu_seqlens, window);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    CausalConv1dGrads grads = causal_conv1d_silu_cpu_backward(
-        saved[0], saved[1], ctx->saved_data["cu_seqlens"].toTensor(), saved[2], grad_outputs[0]);
+    const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
+    CausalConv1dGrads grads = saved[0].is_cuda()
+                                  ? causal_conv1d_silu_cuda_backward(saved[0], saved[1], cu_seqlens,
+                                                                     saved[2], grad_outputs[0])
+                                  : causal_conv1d_silu_cpu_backward(saved[0], saved[1], cu_seqlens,
+                                                                    saved[2], grad_outputs[0]);
     return {grads.d_x, grads.d_weight, grads.d_window, at::Tensor()};
   }
 };
@@ -117,8 +124,8 @@ at::Tensor causal_conv1d_silu_aten(const at::Tensor& x, const at::Tensor& weight
 at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
                               const at::Tensor& cu_seqlens, const at::Tensor& initial_window) {
   CheckInputs(x, weight, cu_seqlens, initial_window);
-  if (x.device().is_cpu())
-    return CausalConv1dCpuFunction::apply(
+  if (x.device().is_cpu() || causal_conv1d_cuda_supports(x.device()))
+    return CausalConv1dKernelFunction::apply(
         x, weight,
         initial_window.defined() ? std::optional<at::Tensor>(initial_window) : std::nullopt,
         cu_seqlens);

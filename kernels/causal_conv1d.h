@@ -16,7 +16,9 @@
 // argument on inconsistent shapes.
 //
 // Implementations: on CPU the hand-written kernel (kernels/cpu/
-// causal_conv1d_cpu.h); on any other device the op-by-op path below.
+// causal_conv1d_cpu.h); on CUDA the kernel of kernels/cuda/
+// causal_conv1d_cuda.h where the build has it; elsewhere the op-by-op path
+// below.
 #ifndef BALLAST_KERNELS_CAUSAL_CONV1D_H_
 #define BALLAST_KERNELS_CAUSAL_CONV1D_H_
 

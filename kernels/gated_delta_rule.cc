@@ -1,5 +1,5 @@
-// gated_delta_rule(): argument checks, the dispatch between the CPU kernel and
-// the op-by-op path, and the op-by-op path itself.
+// gated_delta_rule(): argument checks, the dispatch between the CPU kernel,
+// the CUDA kernel and the op-by-op path, and the op-by-op path itself.
 //
 // The op-by-op path, per document of length L and per value head, in chunks
 // of C = 64 tokens (the last one padded with g = 0, beta = 0, k = 0, which
@@ -24,6 +24,7 @@
 
 #include "kernels/cpu/gated_delta_rule_cpu.h"
 #include "kernels/cu_seqlens_check.h"
+#include "kernels/cuda/gated_delta_rule_cuda.h"
 
 namespace ballast::kernels {
 namespace {
@@ -128,9 +129,12 @@ std::pair<at::Tensor, at::Tensor> ChunkedDocument(at::Tensor q, at::Tensor k, at
   return {at::stack(outs, 1).view({heads, chunks * kChunk, dv}).narrow(1, 0, length), s};
 }
 
-// The CPU kernel under autograd. Keeps the inputs and the state each chunk
-// starts from; the backward recomputes the rest (kernels/cpu/gated_delta_rule_cpu.cc).
-class GatedDeltaRuleCpuFunction : public torch::autograd::Function<GatedDeltaRuleCpuFunction> {
+// The kernel under autograd, the CPU's or the CUDA one by q's device (both
+// have one contract). Keeps the inputs and the state each chunk starts from;
+// the backward recomputes the rest (kernels/cpu/gated_delta_rule_cpu.cc,
+// kernels/cuda/gated_delta_rule_blocks.h).
+class GatedDeltaRuleKernelFunction
+    : public torch::autograd::Function<GatedDeltaRuleKernelFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& q, const at::Tensor& k,
@@ -139,8 +143,11 @@ class GatedDeltaRuleCpuFunction : public torch::autograd::Function<GatedDeltaRul
                                                 const std::optional<at::Tensor>& initial_state,
                                                 const at::Tensor& cu_seqlens, double scale,
                                                 double l2norm_eps) {
-    GdrCpuForward fwd = gated_delta_rule_cpu_forward(
-        q, k, v, g, beta, cu_seqlens, initial_state.value_or(at::Tensor()), scale, l2norm_eps);
+    const at::Tensor state = initial_state.value_or(at::Tensor());
+    GdrForward fwd =
+        q.is_cuda()
+            ? gated_delta_rule_cuda_forward(q, k, v, g, beta, cu_seqlens, state, scale, l2norm_eps)
+            : gated_delta_rule_cpu_forward(q, k, v, g, beta, cu_seqlens, state, scale, l2norm_eps);
     ctx->save_for_backward({q, k, v, g, beta, fwd.chunk_states});
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["scale"] = scale;
@@ -152,10 +159,16 @@ class GatedDeltaRuleCpuFunction : public torch::autograd::Function<GatedDeltaRul
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    GdrCpuGrads grads = gated_delta_rule_cpu_backward(
-        saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["cu_seqlens"].toTensor(),
-        saved[5], grad_outputs[0], grad_outputs[1], ctx->saved_data["scale"].toDouble(),
-        ctx->saved_data["eps"].toDouble());
+    const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    GdrGrads grads = saved[0].is_cuda()
+                         ? gated_delta_rule_cuda_backward(
+                               saved[0], saved[1], saved[2], saved[3], saved[4], cu_seqlens,
+                               saved[5], grad_outputs[0], grad_outputs[1], scale, eps)
+                         : gated_delta_rule_cpu_backward(
+                               saved[0], saved[1], saved[2], saved[3], saved[4], cu_seqlens,
+                               saved[5], grad_outputs[0], grad_outputs[1], scale, eps);
     at::Tensor d_state = ctx->saved_data["has_state"].toBool() ? grads.d_state : at::Tensor();
     return {grads.d_q, grads.d_k,    grads.d_v,    grads.d_g,   grads.d_beta,
             d_state,   at::Tensor(), at::Tensor(), at::Tensor()};
@@ -211,8 +224,8 @@ GatedDeltaRuleOutput gated_delta_rule(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& cu_seqlens, const at::Tensor& initial_state,
                                       double scale, double l2norm_eps) {
   CheckInputs(q, k, v, g, beta, cu_seqlens, initial_state, scale, l2norm_eps);
-  if (q.device().is_cpu()) {
-    torch::autograd::variable_list out = GatedDeltaRuleCpuFunction::apply(
+  if (q.device().is_cpu() || gated_delta_rule_cuda_supports(q.size(2), q.device())) {
+    torch::autograd::variable_list out = GatedDeltaRuleKernelFunction::apply(
         q, k, v, g, beta,
         initial_state.defined() ? std::optional<at::Tensor>(initial_state) : std::nullopt,
         cu_seqlens, scale, l2norm_eps);

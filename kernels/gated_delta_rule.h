@@ -35,7 +35,10 @@
 // naming the argument when shapes, dtypes or cu_seqlens are inconsistent.
 //
 // Implementations: on CPU the hand-written kernel (kernels/cpu/
-// gated_delta_rule_cpu.h); on any other device the op-by-op path below.
+// gated_delta_rule_cpu.h); on CUDA the kernel of kernels/cuda/
+// gated_delta_rule_cuda.h where the build has it and the device gives it the
+// shared memory Dk needs (Dk <= 128 on sm_80, <= 256 on sm_90); on any other
+// device, or where that does not hold, the op-by-op path below.
 #ifndef BALLAST_KERNELS_GATED_DELTA_RULE_H_
 #define BALLAST_KERNELS_GATED_DELTA_RULE_H_
 

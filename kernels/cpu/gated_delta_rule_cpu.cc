@@ -107,12 +107,6 @@ void Transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
 }
 
-struct Chunk {
-  int64_t doc;
-  int64_t begin;   // first token
-  int64_t length;  // 1..kC
-};
-
 // Rows of q, k or v as given: fp32 or bf16, unit stride in the head dim, any
 // token and head strides (views of a fused projection are read in place).
 struct Rows {
@@ -141,8 +135,7 @@ struct Rows {
 struct Problem {
   int64_t tokens, hk, hv, dk, dv, group, docs;
   float scale, eps;
-  std::vector<int64_t> cu;           // (N + 1)
-  std::vector<Chunk> chunks;         // in token order
+  std::vector<GdrChunk> chunks;      // in token order
   std::vector<int64_t> first_chunk;  // (N + 1): document n's chunks are [first[n], first[n+1])
   Rows q, k, v;                      // as given
   at::Tensor g, beta;                // (T, Hv) fp32 contiguous
@@ -171,15 +164,10 @@ Problem MakeProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.group = p.hv / p.hk;
   p.scale = static_cast<float>(scale);
   p.eps = static_cast<float>(eps);
-  const at::Tensor cu = cu_seqlens.contiguous();
-  p.docs = cu.numel() - 1;
-  p.cu.assign(cu.const_data_ptr<int64_t>(), cu.const_data_ptr<int64_t>() + p.docs + 1);
-  for (int64_t n = 0; n < p.docs; ++n) {
-    p.first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
-    for (int64_t t = p.cu[n]; t < p.cu[n + 1]; t += kC)
-      p.chunks.push_back({n, t, std::min(kC, p.cu[n + 1] - t)});
-  }
-  p.first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
+  GdrChunkTable table = gdr_chunk_table(cu_seqlens);
+  p.chunks = std::move(table.chunks);
+  p.first_chunk = std::move(table.first);
+  p.docs = static_cast<int64_t>(p.first_chunk.size()) - 1;
   p.g = g.to(at::kFloat).contiguous();
   p.beta = beta.to(at::kFloat).contiguous();
   return p;
@@ -213,7 +201,7 @@ class ChunkWork {
 
   // Chunk c for value head h: q and k of its key head normalised (read again
   // only when the chunk or the key head changes), v, the decays and beta.
-  void Load(const Chunk& c, int64_t h) {
+  void Load(const GdrChunk& c, int64_t h) {
     const int64_t kh = h / p_.group, dk = p_.dk;
     if (c.begin != begin_ || kh != kh_ || c.length != len_) {
       for (int64_t i = 0; i < c.length; ++i) {
@@ -336,17 +324,50 @@ void ForEachDocumentHead(const Problem& p, const Body& body) {
   });
 }
 
+// Runs body(chunk_work, chunk_index, head, row, P, Q~) for every (chunk,
+// head), in parallel, once the chunk's P = E * (Q K^T) (C, C) and Q~ (L, Dk)
+// are made; W_k goes to the rows of wk (a (T, Hv, Dk) buffer) where given.
+template <typename Body>
+void ForEachChunkAttention(const Problem& p, float* wk, const Body& body) {
+  at::parallel_for(0, p.num_chunks() * p.hv, 1, [&](int64_t begin, int64_t end) {
+    ChunkWork w(p);
+    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * p.dk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c = item / p.hv, h = item % p.hv;
+      w.Load(p.chunks[c], h);
+      const int64_t row = p.chunks[c].begin * p.hv + h;
+      w.Factor(nullptr, 0, wk == nullptr ? nullptr : wk + row * p.dk, p.ldw());
+      w.Attention(qk.data(), pm.data());
+      w.DecayedQueries(qtilde.data());
+      body(w, c, h, row, pm.data(), qtilde.data());
+    }
+  });
+}
+
 }  // namespace
 
-GdrCpuForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& g,
-                                           const at::Tensor& beta, const at::Tensor& cu_seqlens,
-                                           const at::Tensor& initial_state, double scale,
-                                           double l2norm_eps) {
+GdrChunkTable gdr_chunk_table(const at::Tensor& cu_seqlens) {
+  const at::Tensor cu = cu_seqlens.contiguous();
+  const int64_t* c = cu.const_data_ptr<int64_t>();
+  GdrChunkTable table;
+  for (int64_t n = 0; n + 1 < cu.numel(); ++n) {
+    table.first.push_back(static_cast<int64_t>(table.chunks.size()));
+    for (int64_t t = c[n]; t < c[n + 1]; t += kC)
+      table.chunks.push_back({t, std::min(kC, c[n + 1] - t)});
+  }
+  table.first.push_back(static_cast<int64_t>(table.chunks.size()));
+  return table;
+}
+
+GdrForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& g,
+                                        const at::Tensor& beta, const at::Tensor& cu_seqlens,
+                                        const at::Tensor& initial_state, double scale,
+                                        double l2norm_eps) {
   const Problem p = MakeProblem(q, k, v, g, beta, cu_seqlens, scale, l2norm_eps);
   const int64_t dk = p.dk, dv = p.dv, hv = p.hv, ss = p.state_size(), chunks = p.num_chunks();
   const at::TensorOptions f32 = p.f32();
-  GdrCpuForward result;
+  GdrForward result;
   result.chunk_states = at::empty({chunks, hv, dk, dv}, f32);
   result.final_state = p.StateOrZeros(initial_state);
   at::Tensor wv = at::empty({p.tokens, hv, dv}, f32);  // W_v, then U
@@ -378,38 +399,30 @@ GdrCpuForward gated_delta_rule_cpu_forward(const at::Tensor& q, const at::Tensor
   });
   wk.reset();
   // 3. O = Q~ S0 + P U per (chunk, head).
-  at::parallel_for(0, chunks * hv, 1, [&](int64_t begin, int64_t end) {
-    ChunkWork w(p);
-    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * dk);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / hv, h = item % hv;
-      w.Load(p.chunks[c], h);
-      const int64_t row = p.chunks[c].begin * hv + h, len = w.len_;
-      w.Factor(nullptr, 0, nullptr, 0);
-      w.Attention(qk.data(), pm.data());
-      w.DecayedQueries(qtilde.data());
-      TileProduct(len, dv, dk, 1.0f, qtilde.data(), dk, 1, states + (c * hv + h) * ss, dv, false,
-                  outp + row * dv, p.ldv());
-      TileProduct(len, dv, len, 1.0f, pm.data(), kC, 1, wvp + row * dv, p.ldv(), true,
-                  outp + row * dv, p.ldv());
-    }
-  });
+  ForEachChunkAttention(
+      p, nullptr,
+      [&](ChunkWork& w, int64_t c, int64_t h, int64_t row, const float* pm, const float* qtilde) {
+        const int64_t len = w.len_;
+        TileProduct(len, dv, dk, 1.0f, qtilde, dk, 1, states + (c * hv + h) * ss, dv, false,
+                    outp + row * dv, p.ldv());
+        TileProduct(len, dv, len, 1.0f, pm, kC, 1, wvp + row * dv, p.ldv(), true, outp + row * dv,
+                    p.ldv());
+      });
   result.out = out.to(v.scalar_type());
   return result;
 }
 
-GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const at::Tensor& g,
-                                          const at::Tensor& beta, const at::Tensor& cu_seqlens,
-                                          const at::Tensor& chunk_states, const at::Tensor& d_out,
-                                          const at::Tensor& d_final, double scale,
-                                          double l2norm_eps) {
+GdrGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& g,
+                                       const at::Tensor& beta, const at::Tensor& cu_seqlens,
+                                       const at::Tensor& chunk_states, const at::Tensor& d_out,
+                                       const at::Tensor& d_final, double scale, double l2norm_eps) {
   const Problem p = MakeProblem(q, k, v, g, beta, cu_seqlens, scale, l2norm_eps);
   const int64_t dk = p.dk, dv = p.dv, hv = p.hv, ss = p.state_size(), chunks = p.num_chunks();
   const at::TensorOptions f32 = p.f32();
   const at::Tensor d_o =
       d_out.defined() ? d_out.to(at::kFloat).contiguous() : at::zeros({p.tokens, hv, dv}, f32);
-  GdrCpuGrads grads;
+  GdrGrads grads;
   grads.d_state = p.StateOrZeros(d_final);  // dS_L of each document's last chunk, then dS0
   at::Tensor du = at::empty({p.tokens, hv, dv}, f32);          // dU_p, then dU
   at::Tensor wk = at::empty({p.tokens, hv, dk}, f32);          // W_k
@@ -422,24 +435,17 @@ GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor&
   float* dfinal = grads.d_state.mutable_data_ptr<float>();
 
   // 1. dU_p = P^T dO and X = Q~^T dO - W_k^T dU_p per (chunk, head).
-  at::parallel_for(0, chunks * hv, 1, [&](int64_t begin, int64_t end) {
-    ChunkWork w(p);
-    std::vector<float> qk(kC * kC), pm(kC * kC), qtilde(kC * dk);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / hv, h = item % hv;
-      w.Load(p.chunks[c], h);
-      const int64_t row = p.chunks[c].begin * hv + h, len = w.len_;
-      w.Factor(nullptr, 0, wkp + row * dk, p.ldw());
-      w.Attention(qk.data(), pm.data());
-      w.DecayedQueries(qtilde.data());
-      float* x = dsp + (c * hv + h) * ss;
-      TileProduct(len, dv, len, 1.0f, pm.data(), 1, kC, dop + row * dv, p.ldv(), false,
-                  dup + row * dv, p.ldv());
-      TileProduct(dk, dv, len, 1.0f, qtilde.data(), 1, dk, dop + row * dv, p.ldv(), false, x, dv);
-      TileProduct(dk, dv, len, -1.0f, wkp + row * dk, 1, p.ldw(), dup + row * dv, p.ldv(), true, x,
-                  dv);
-    }
-  });
+  ForEachChunkAttention(
+      p, wkp,
+      [&](ChunkWork& w, int64_t c, int64_t h, int64_t row, const float* pm, const float* qtilde) {
+        const int64_t len = w.len_;
+        float* x = dsp + (c * hv + h) * ss;
+        TileProduct(len, dv, len, 1.0f, pm, 1, kC, dop + row * dv, p.ldv(), false, dup + row * dv,
+                    p.ldv());
+        TileProduct(dk, dv, len, 1.0f, qtilde, 1, dk, dop + row * dv, p.ldv(), false, x, dv);
+        TileProduct(dk, dv, len, -1.0f, wkp + row * dk, 1, p.ldw(), dup + row * dv, p.ldv(), true,
+                    x, dv);
+      });
   // 2. Chunks in reverse: with Y = K~ dS_L, dU = dU_p + Y and
   // dS0 = exp(G_L) dS_L + X - W_k^T Y (X holds the dU_p part already).
   ForEachDocumentHead(p, [&](ChunkWork& w, int64_t n, int64_t h) {
@@ -486,7 +492,7 @@ GdrCpuGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor&
     std::vector<float> dG(kC), db(kC);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t c = item / p.hk, kh = item % p.hk;
-      const Chunk& chunk = p.chunks[c];
+      const GdrChunk& chunk = p.chunks[c];
       const int64_t n = chunk.length, last = n - 1;
       std::fill(dq.begin(), dq.end(), 0.0f);
       std::fill(dkk.begin(), dkk.end(), 0.0f);

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/causal_conv1d_cuda.h"
+#include "kernels/cuda/gated_delta_rule_cuda.h"
 #include "kernels/cuda/grad_norm_cuda.h"
 #include "kernels/cuda/linear_cross_entropy_cuda.h"
 
@@ -47,6 +49,36 @@ LceGrads linear_cross_entropy_cuda_backward(const at::Tensor&, const at::Tensor&
   TORCH_CHECK(false,
               "linear_cross_entropy: CUDA kernel not available in this build; move the tensors "
               "to CPU");
+}
+
+// False: gated_delta_rule() takes its op-by-op path on a CUDA device.
+bool gated_delta_rule_cuda_supports(int64_t, const at::Device&) { return false; }
+
+GdrForward gated_delta_rule_cuda_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, double, double) {
+  TORCH_CHECK(false, "gated_delta_rule: CUDA kernel not available in this build");
+}
+
+GdrGrads gated_delta_rule_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        double, double) {
+  TORCH_CHECK(false, "gated_delta_rule: CUDA kernel not available in this build");
+}
+
+// False: causal_conv1d_silu() takes its op-by-op path on a CUDA device.
+bool causal_conv1d_cuda_supports(const at::Device&) { return false; }
+
+at::Tensor causal_conv1d_silu_cuda_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&) {
+  TORCH_CHECK(false, "causal_conv1d_silu: CUDA kernel not available in this build");
+}
+
+CausalConv1dGrads causal_conv1d_silu_cuda_backward(const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&) {
+  TORCH_CHECK(false, "causal_conv1d_silu: CUDA kernel not available in this build");
 }
 
 }  // namespace ballast::kernels

@@ -49,6 +49,34 @@ inline Inputs RandomInputs(const std::vector<int64_t>& lengths, int64_t hk, int6
   return in;
 }
 
+// Document n of a packed row, tokens [begin, begin + length), as a row of
+// its own with its initial state.
+inline Inputs DocumentAlone(const Inputs& packed, int64_t n, int64_t begin, int64_t length) {
+  Inputs alone = packed;
+  alone.q = packed.q.narrow(0, begin, length);
+  alone.k = packed.k.narrow(0, begin, length);
+  alone.v = packed.v.narrow(0, begin, length);
+  alone.g = packed.g.narrow(0, begin, length);
+  alone.beta = packed.beta.narrow(0, begin, length);
+  alone.cu_seqlens = CuSeqlens({length});
+  if (packed.initial_state.defined()) alone.initial_state = packed.initial_state.narrow(0, n, 1);
+  return alone;
+}
+
+// q, k (T, Hk, Dk) and v (T, Hv, Dv) as views of one random (T, 2 Hk Dk +
+// Hv Dv) projection, as the model slices in_proj_qkv's output.
+struct FusedQkv {
+  at::Tensor fused, q, k, v;
+};
+inline FusedQkv FusedProjection(int64_t tokens, int64_t hk, int64_t hv, int64_t dk, int64_t dv) {
+  FusedQkv f;
+  f.fused = torch::randn({tokens, 2 * hk * dk + hv * dv});
+  f.q = f.fused.narrow(1, 0, hk * dk).view({tokens, hk, dk});
+  f.k = f.fused.narrow(1, hk * dk, hk * dk).view({tokens, hk, dk});
+  f.v = f.fused.narrow(1, 2 * hk * dk, hv * dv).view({tokens, hv, dv});
+  return f;
+}
+
 struct Output {
   at::Tensor out;          // (T, Hv, Dv) float64
   at::Tensor final_state;  // (N, Hv, Dk, Dv) float64

@@ -174,14 +174,7 @@ TEST_F(GatedDeltaRuleTest, PackedRowEqualsDocumentsAlone) {
   int64_t begin = 0;
   for (size_t n = 0; n < lengths.size(); ++n) {
     const int64_t length = lengths[n];
-    Inputs alone = packed;
-    alone.q = packed.q.narrow(0, begin, length);
-    alone.k = packed.k.narrow(0, begin, length);
-    alone.v = packed.v.narrow(0, begin, length);
-    alone.g = packed.g.narrow(0, begin, length);
-    alone.beta = packed.beta.narrow(0, begin, length);
-    alone.cu_seqlens = gdr_reference::CuSeqlens({length});
-    alone.initial_state = packed.initial_state.narrow(0, n, 1);
+    const Inputs alone = gdr_reference::DocumentAlone(packed, n, begin, length);
     const Result one = RunWithGrads(alone, d_out.narrow(0, begin, length), d_final.narrow(0, n, 1),
                                     kDispatched, torch::kFloat);
     SCOPED_TRACE("document " + std::to_string(n));
@@ -229,10 +222,8 @@ TEST_F(GatedDeltaRuleTest, SameBitsAtAnyThreadCount) {
 TEST_F(GatedDeltaRuleTest, ReadsStridedViewsOfAFusedProjection) {
   SCOPED_TRACE(SeedTrace());
   const int64_t tokens = 150, hk = 2, hv = 4, dk = 16, dv = 8;
-  const at::Tensor fused = torch::randn({tokens, 2 * hk * dk + hv * dv});
-  const at::Tensor q = fused.narrow(1, 0, hk * dk).view({tokens, hk, dk});
-  const at::Tensor k = fused.narrow(1, hk * dk, hk * dk).view({tokens, hk, dk});
-  const at::Tensor v = fused.narrow(1, 2 * hk * dk, hv * dv).view({tokens, hv, dv});
+  const gdr_reference::FusedQkv f = gdr_reference::FusedProjection(tokens, hk, hv, dk, dv);
+  const at::Tensor &fused = f.fused, &q = f.q, &k = f.k, &v = f.v;
   ASSERT_FALSE(q.is_contiguous());
   Inputs in = RandomInputs({90, 60}, hk, hv, dk, dv, /*with_state=*/true);
   const at::Tensor d_out = torch::randn({tokens, hv, dv});
