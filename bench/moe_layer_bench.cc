@@ -72,9 +72,8 @@ std::function<void()> LayerStep(const Shape& s) {
     auto [weights, selected] = probs.topk(s.top_k, 1);
     weights = weights / weights.sum(1, /*keepdim=*/true);
     const kernels::ExpertOrder order = kernels::SortByExpert(selected, s.experts);
-    const at::Tensor act =
-        kernels::swiglu(kernels::grouped_linear(x.index_select(0, order.token), gate_up,
-                                                order.offsets));
+    const at::Tensor act = kernels::swiglu(
+        kernels::grouped_linear(x.index_select(0, order.token), gate_up, order.offsets));
     const at::Tensor rows = kernels::grouped_linear(act, down, order.offsets);
     const at::Tensor row_weights = weights.reshape({-1}).index_select(0, order.slot);
     const at::Tensor out = at::zeros({s.tokens, s.hidden}, x.options())
@@ -96,7 +95,8 @@ std::function<void()> ProductsStep(const Shape& s, bool grouped) {
   if (grouped) {
     const at::Tensor gate_up =
         torch::randn({s.experts, 2 * s.intermediate, s.hidden}).requires_grad_(true);
-    const at::Tensor down = torch::randn({s.experts, s.hidden, s.intermediate}).requires_grad_(true);
+    const at::Tensor down =
+        torch::randn({s.experts, s.hidden, s.intermediate}).requires_grad_(true);
     const at::Tensor xl = x.requires_grad_(true), al = act.requires_grad_(true);
     return [=] {
       kernels::grouped_linear(xl, gate_up, offsets).backward(d_gu);

@@ -17,9 +17,9 @@ ExpertOrder SortByExpert(const at::Tensor& selected_experts, int64_t num_experts
   const at::Tensor flat = selected_experts.reshape({-1});
   if (flat.numel() > 0) {
     const bool in_range = at::logical_and(flat >= 0, flat < num_experts).all().item<bool>();
-    TORCH_CHECK(in_range, "SortByExpert: selected_experts must be in [0, num_experts = ",
-                num_experts, "), got values in [", flat.min().item<int64_t>(), ", ",
-                flat.max().item<int64_t>(), "]");
+    TORCH_CHECK(
+        in_range, "SortByExpert: selected_experts must be in [0, num_experts = ", num_experts,
+        "), got values in [", flat.min().item<int64_t>(), ", ", flat.max().item<int64_t>(), "]");
   }
   ExpertOrder order;
   order.slot = std::get<1>(at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));

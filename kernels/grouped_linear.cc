@@ -29,15 +29,16 @@ void CheckInputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
               offsets.scalar_type());
 
   const at::Device device = x.device();
-  TORCH_CHECK(device.is_cpu() || device.is_cuda(),
-              "grouped_linear: x must be on CPU or CUDA, got ", device);
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "grouped_linear: x must be on CPU or CUDA, got ",
+              device);
   TORCH_CHECK(weight.device() == device, "grouped_linear: weight must be on x's device ", device,
               ", got ", weight.device());
   TORCH_CHECK(offsets.device() == device, "grouped_linear: offsets must be on x's device ", device,
               ", got ", offsets.device());
   const at::ScalarType dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || (dtype == at::kDouble && device.is_cpu()),
-              "grouped_linear: x must be float32 or bfloat16 (or float64 on CPU), got ", dtype);
+  TORCH_CHECK(
+      dtype == at::kFloat || dtype == at::kBFloat16 || (dtype == at::kDouble && device.is_cpu()),
+      "grouped_linear: x must be float32 or bfloat16 (or float64 on CPU), got ", dtype);
   TORCH_CHECK(weight.scalar_type() == dtype, "grouped_linear: weight must have x's dtype ", dtype,
               ", got ", weight.scalar_type());
 
@@ -51,8 +52,8 @@ void CheckInputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   const int32_t* e = ends.const_data_ptr<int32_t>();
   int64_t previous = 0;
   for (int64_t i = 0; i < experts; ++i) {
-    TORCH_CHECK(e[i] >= previous, "grouped_linear: offsets must be non-decreasing from 0, got [",
-                i, "] = ", e[i], " after ", previous);
+    TORCH_CHECK(e[i] >= previous, "grouped_linear: offsets must be non-decreasing from 0, got [", i,
+                "] = ", e[i], " after ", previous);
     previous = e[i];
   }
   TORCH_CHECK(previous == x.size(0), "grouped_linear: offsets must end at N = ", x.size(0),
@@ -90,7 +91,8 @@ class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunc
 
 }  // namespace
 
-at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& offsets) {
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& offsets) {
   CheckInputs(x, weight, offsets);
   return GroupedLinearFunction::apply(x, weight, offsets);
 }

@@ -34,8 +34,10 @@ void Row(int64_t tokens, int64_t experts, int64_t top_k, int64_t hidden, int64_t
   const at::Tensor offsets = ballast::kernels::SortByExpert(selected, experts).offsets;
   const at::Tensor x = torch::randn({rows, hidden}, bf16).requires_grad_(true);
   const at::Tensor act = torch::randn({rows, inter}, bf16).requires_grad_(true);
-  const at::Tensor gate_up = (torch::randn({experts, 2 * inter, hidden}, bf16) * 0.02).requires_grad_(true);
-  const at::Tensor down = (torch::randn({experts, hidden, inter}, bf16) * 0.02).requires_grad_(true);
+  const at::Tensor gate_up =
+      (torch::randn({experts, 2 * inter, hidden}, bf16) * 0.02).requires_grad_(true);
+  const at::Tensor down =
+      (torch::randn({experts, hidden, inter}, bf16) * 0.02).requires_grad_(true);
   const at::Tensor d_gu = torch::randn({rows, 2 * inter}, bf16);
   const at::Tensor d_y = torch::randn({rows, hidden}, bf16);
   const double grouped = MedianSeconds([&] {

@@ -42,8 +42,7 @@ TEST_F(GroupedLinearCuda, MatchesCpuKernel) {
     const at::Tensor w = (torch::randn({experts, out, in}) / 45).to(dtype);
     const at::Tensor dy = torch::randn({rows, out}).to(dtype);
     const ProductsOf cpu = RunKernel(x, w, Offsets(counts), dy);
-    const ProductsOf gpu =
-        RunKernel(x.cuda(), w.cuda(), Offsets(counts).cuda(), dy.cuda());
+    const ProductsOf gpu = RunKernel(x.cuda(), w.cuda(), Offsets(counts).cuda(), dy.cuda());
     const double tolerance = dtype == torch::kFloat ? 1e-5 : 1e-2;
     EXPECT_EQ(gpu.y.scalar_type(), dtype);
     EXPECT_LT(RelativeError(gpu.y, cpu.y), tolerance) << "y, " << dtype;

@@ -51,7 +51,7 @@ inline ProductsOf Reference(const at::Tensor& x, const at::Tensor& w, const at::
 // grouped_linear's y and its gradients of sum(y * dy), on x's device, as CPU
 // tensors.
 inline ProductsOf RunKernel(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets,
-                      const at::Tensor& dy) {
+                            const at::Tensor& dy) {
   const at::Tensor xl = x.detach().clone().requires_grad_(true);
   const at::Tensor wl = w.detach().clone().requires_grad_(true);
   const at::Tensor y = grouped_linear(xl, wl, offsets);

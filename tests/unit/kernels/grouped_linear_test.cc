@@ -45,9 +45,9 @@ class GroupedLinear : public SeededTest {
       const ProductsOf got = RunKernel(x, w, offsets, dy);
       const ProductsOf want = Reference(x, w, offsets, dy);
       const double tolerance = dtype == torch::kFloat ? 1e-5 : 5e-3;
-      const std::string where = std::string(c10::toString(dtype)) + ", " +
-                                std::to_string(experts) + " experts, " + std::to_string(rows) +
-                                " rows, in " + std::to_string(in) + ", out " + std::to_string(out);
+      const std::string where = std::string(c10::toString(dtype)) + ", " + std::to_string(experts) +
+                                " experts, " + std::to_string(rows) + " rows, in " +
+                                std::to_string(in) + ", out " + std::to_string(out);
       ASSERT_EQ(got.y.sizes(), (std::vector<int64_t>{rows, out})) << where;
       ASSERT_EQ(got.d_x.sizes(), x.sizes()) << where;
       ASSERT_EQ(got.d_w.sizes(), w.sizes()) << where;
@@ -184,8 +184,11 @@ TEST(GroupedLinearErrors, NameTheArgument) {
   ExpectErrorNaming([&] { grouped_linear(x, w, Offsets({6})); }, "offsets must be (E,)");
   ExpectErrorNaming([&] { grouped_linear(x, w, offsets.to(torch::kLong)); },
                     "offsets must be int32");
-  ExpectErrorNaming([&] { grouped_linear(x, w, torch::tensor({6, 4}, torch::kInt)); },
-                    "non-decreasing");
+  ExpectErrorNaming(
+      [&] {
+        grouped_linear(x, w, torch::tensor({6, 4}, torch::kInt));
+      },
+      "non-decreasing");
   ExpectErrorNaming([&] { grouped_linear(x, w, Offsets({2, 3})); }, "offsets must end at N = 6");
   ExpectErrorNaming([&] { grouped_linear(x.to(torch::kHalf), w.to(torch::kHalf), offsets); },
                     "x must be float32 or bfloat16");
