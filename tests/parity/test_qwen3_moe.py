@@ -35,11 +35,12 @@ GRAD_TOLERANCE = 1e-4
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def base_spec(model_dir, data, **overrides):
+def base_spec(model_dir, data_path, **overrides):
     """The parity spec with transformers' per-forward balancing (moe.aux_loss
     micro_batch), which reference_train computes; the default, global, is
     tests/parity/test_moe_balancing.py's."""
-    return dense_spec(model_dir, data, moe={"aux_loss": "micro_batch"}, **overrides)
+    overrides["moe"] = {"aux_loss": "micro_batch", **overrides.get("moe", {})}
+    return dense_spec(model_dir, data_path, **overrides)
 
 
 def aux_loss_of(model, rows):
