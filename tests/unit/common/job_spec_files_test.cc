@@ -253,7 +253,8 @@ TEST_F(JobSpecFilesTest, AMoeSectionOnADenseModelIsRefusedNamingItsKeys) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("moe.aux_loss_scope is set, but "));
   EXPECT_THAT(s.message(), HasSubstr("is a dense model (no num_experts)"));
-  EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss")));
+  EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss,")));
+  EXPECT_THAT(s.message(), Not(HasSubstr("moe.aux_loss ")));
   EXPECT_TRUE(spec_.moe().aux_loss().empty()) << "refused before the defaults";
 
   spec_.mutable_moe()->set_router_aux_loss_coef(0.01);
