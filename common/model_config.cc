@@ -297,9 +297,8 @@ absl::StatusOr<MoeConfig> ParseExperts(const Fields& f, int64_t layers) {
     for (const json& entry : *only) {
       if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
           entry.get<int64_t>() >= layers) {
-        return Invalid(f.Name("mlp_only_layers"),
-                       absl::StrCat("must hold layer indices in 0..", layers - 1, ", got ",
-                                    entry.dump()));
+        return Invalid(f.Name("mlp_only_layers"), absl::StrCat("must hold layer indices in 0..",
+                                                               layers - 1, ", got ", entry.dump()));
       }
       m.mlp_only_layers.push_back(entry.get<int64_t>());
     }

@@ -53,8 +53,8 @@ constexpr std::array<absl::string_view, 31> kQwen3Keys = {"model_type",
 // The keys of transformers' Qwen3MoeConfig beyond Qwen3Config's, which an
 // sdar_moe config.json holds (the decoder's config parser reads them).
 constexpr std::array<absl::string_view, 8> kQwen3MoeKeys = {
-    "num_experts",  "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-    "mlp_only_layers", "norm_topk_prob",   "router_aux_loss_coef",  "output_router_logits"};
+    "num_experts",     "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+    "mlp_only_layers", "norm_topk_prob",      "router_aux_loss_coef",  "output_router_logits"};
 
 // SDAR's own keys; sdar_checkpoint.h says what becomes of each.
 constexpr std::array<absl::string_view, 6> kSdarKeys = {
@@ -116,10 +116,9 @@ absl::Status CheckSdarConfig(const nlohmann::json& config, const v1::JobSpec& sp
   const std::string model_type = ModelType(config);
   const bool moe = model_type == kSdarMoeModelType;
   if (spec.task() != "block_diffusion") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.path: ", config_name, " is an SDAR block-diffusion checkpoint ",
-                     "(model_type ", model_type, "); it trains with task: block_diffusion, not ",
-                     "task: ", spec.task()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.path: ", config_name, " is an SDAR block-diffusion checkpoint ", "(model_type ",
+        model_type, "); it trains with task: block_diffusion, not ", "task: ", spec.task()));
   }
   for (const auto& [key, value] : config.items()) {
     if (!Contains(kQwen3Keys, key) && !Contains(kSdarKeys, key) &&
@@ -170,9 +169,10 @@ absl::Status CheckSdarConfig(const nlohmann::json& config, const v1::JobSpec& sp
                          return a == sdar || a == qwen3;
                        });
     if (!known) {
-      return Refuse(config_name, "architectures",
-                    absl::StrCat("must be [\"", sdar, "\"], got ", it->dump(),
-                                 moe ? "" : " (SDAR's mixture of experts has model_type sdar_moe)"));
+      return Refuse(
+          config_name, "architectures",
+          absl::StrCat("must be [\"", sdar, "\"], got ", it->dump(),
+                       moe ? "" : " (SDAR's mixture of experts has model_type sdar_moe)"));
     }
   }
   if (const auto it = config.find("layer_types"); it != config.end() && !it->is_null()) {

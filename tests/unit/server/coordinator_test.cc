@@ -937,8 +937,8 @@ TEST_F(CoordinatorTest, MoeGaugesComeFromAMoeStepOnlyAndADenseJobHasNone) {
   ASSERT_TRUE(Report(w, {Started(a), step, Started(b), Step(b, 3)}).ok());
   const std::string text = metrics_->Encode();
   EXPECT_THAT(text, HasSubstr("ballast_job_moe_aux_loss{job_id=\"" + moe.id() + "\"} 1.125\n"));
-  EXPECT_THAT(text, HasSubstr("ballast_job_moe_expert_load_max_ratio{job_id=\"" + moe.id() +
-                              "\"} 3.5\n"));
+  EXPECT_THAT(
+      text, HasSubstr("ballast_job_moe_expert_load_max_ratio{job_id=\"" + moe.id() + "\"} 3.5\n"));
   EXPECT_THAT(text, Not(HasSubstr("ballast_job_moe_aux_loss{job_id=\"" + dense.id())));
   EXPECT_THAT(text, Not(HasSubstr("ballast_job_moe_expert_load_max_ratio{job_id=\"" + dense.id())));
   EXPECT_THAT(text, HasSubstr("ballast_job_loss{job_id=\"" + dense.id() + "\"} 2.5\n"));

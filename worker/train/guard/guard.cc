@@ -166,14 +166,14 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
     const MoeLayerStats* collapsed = CollapsedLayer(health);
     if (collapsed != nullptr && router_collapse_run_ + 1 >= window) {
       verdict.trigger = GuardTrigger::kRouterCollapse;
-      verdict.reason = absl::StrCat(
-          "router collapse: for ", window, " steps a MoE layer's ", health.moe->top_k,
-          " busiest experts took more than ", options_.moe_collapse_share,
-          " of its routed (token, choice) pairs (now layer ", collapsed->layer, ", experts ",
-          absl::StrJoin(collapsed->busiest_experts, ", "), ": ",
-          absl::SixDigits(collapsed->top_k_share), ", ",
-          absl::SixDigits(collapsed->idle_expert_fraction * 100), "% of the ",
-          health.moe->num_experts, " experts idle)");
+      verdict.reason =
+          absl::StrCat("router collapse: for ", window, " steps a MoE layer's ", health.moe->top_k,
+                       " busiest experts took more than ", options_.moe_collapse_share,
+                       " of its routed (token, choice) pairs (now layer ", collapsed->layer,
+                       ", experts ", absl::StrJoin(collapsed->busiest_experts, ", "), ": ",
+                       absl::SixDigits(collapsed->top_k_share), ", ",
+                       absl::SixDigits(collapsed->idle_expert_fraction * 100), "% of the ",
+                       health.moe->num_experts, " experts idle)");
       Escalate(&verdict, /*roll_back_now=*/true, health.step - router_collapse_run_);
     }
   }

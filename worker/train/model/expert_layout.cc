@@ -35,9 +35,7 @@ std::string ShapeText(at::IntArrayRef shape) {
 
 }  // namespace
 
-std::string ExpertsPrefix(int64_t layer) {
-  return absl::StrCat("model.layers.", layer, kExperts);
-}
+std::string ExpertsPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, kExperts); }
 
 CheckpointPieces PiecesOf(const ModelConfig& config, const std::string& name) {
   CheckpointPieces out;
@@ -82,7 +80,8 @@ absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
     for (const std::string& piece : names) {
       const std::string key = key_prefix + piece;
       absl::StatusOr<at::Tensor> t = checkpoint.tensor(key);
-      if (!t.ok()) return absl::NotFoundError(absl::StrCat(where, ": checkpoint has no tensor ", key));
+      if (!t.ok())
+        return absl::NotFoundError(absl::StrCat(where, ": checkpoint has no tensor ", key));
       if (t->sizes() != at::IntArrayRef(piece_shape)) {
         return absl::FailedPreconditionError(
             absl::StrCat(where, ": tensor ", key, " has shape ", ShapeText(t->sizes()),
@@ -94,8 +93,8 @@ absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
   }
   if (!pieces.stacked) return experts.front();
   // One copy, in the target dtype: the mapped pieces are read-only.
-  at::Tensor stacked = at::empty(shape, at::TensorOptions().dtype(
-                                            keep_dtype ? experts.front().scalar_type() : at::kFloat));
+  at::Tensor stacked = at::empty(
+      shape, at::TensorOptions().dtype(keep_dtype ? experts.front().scalar_type() : at::kFloat));
   for (size_t e = 0; e < experts.size(); ++e) {
     stacked.select(0, static_cast<int64_t>(e)).copy_(experts[e]);
   }

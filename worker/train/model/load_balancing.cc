@@ -22,8 +22,8 @@ struct BalanceFunction : public torch::autograd::Function<BalanceFunction> {
                             std::shared_ptr<const RoutingStats> stats, int64_t layer) {
     ctx->save_for_backward({logits});
     ctx->saved_data["layer"] = layer;
-    ctx->saved_data["stats"] = c10::IValue::make_capsule(
-        c10::make_intrusive<StatsCapsule>(std::move(stats)));
+    ctx->saved_data["stats"] =
+        c10::IValue::make_capsule(c10::make_intrusive<StatsCapsule>(std::move(stats)));
     // An alias would share the input's autograd identity; the output is a
     // tensor of its own, as any other op's.
     return logits.clone();
@@ -31,13 +31,13 @@ struct BalanceFunction : public torch::autograd::Function<BalanceFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const at::Tensor logits = ctx->get_saved_variables()[0];
-    const auto holder = c10::static_intrusive_pointer_cast<StatsCapsule>(
-        ctx->saved_data["stats"].toCapsule());
+    const auto holder =
+        c10::static_intrusive_pointer_cast<StatsCapsule>(ctx->saved_data["stats"].toCapsule());
     const RoutingStats& stats = *holder->stats;
     const at::Tensor w =
         stats.ProbabilityGradient(ctx->saved_data["layer"].toInt()).to(logits.options());  // (E)
-    const at::Tensor p = at::softmax(logits, -1);                                           // (T, E)
-    const at::Tensor mean_w = at::matmul(p, w).unsqueeze(1);                                // (T, 1)
+    const at::Tensor p = at::softmax(logits, -1);                                          // (T, E)
+    const at::Tensor mean_w = at::matmul(p, w).unsqueeze(1);                               // (T, 1)
     at::Tensor grad = p * (w.unsqueeze(0) - mean_w);
     if (stats.counted().defined()) grad = grad * stats.counted().unsqueeze(1).to(grad.dtype());
     if (grad_out[0].defined()) grad = grad + grad_out[0];
@@ -92,8 +92,8 @@ std::vector<int64_t> RoutingStats::RecordedLayers() const {
 void RoutingStats::Record(int64_t layer, const at::Tensor& all_selected,
                           const at::Tensor& all_probs, const at::Tensor& logits) {
   torch::NoGradGuard no_grad;
-  TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(counts_.size()),
-              "RoutingStats: layer ", layer, " out of range");
+  TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(counts_.size()), "RoutingStats: layer ",
+              layer, " out of range");
   const at::Tensor selected = counted_.defined() ? all_selected.index({counted_}) : all_selected;
   const at::Tensor probs = counted_.defined() ? all_probs.index({counted_}) : all_probs;
   // counts[j, e] = tokens whose j-th choice is e: one scatter over the flat (k, E).
@@ -129,9 +129,8 @@ at::Tensor RoutingStats::ProbabilityGradient(int64_t layer) const {
   at::Tensor per_expert, tokens;
   for (int64_t l : per_layer ? std::vector<int64_t>{layer} : recorded) {
     const at::Tensor c = step ? step_counts_[l] : counts_[l].sum(0).to(at::kDouble);
-    const at::Tensor t = step ? step_tokens_[l]
-                              : at::scalar_tensor(static_cast<double>(tokens_[l]),
-                                                  c.options());
+    const at::Tensor t =
+        step ? step_tokens_[l] : at::scalar_tensor(static_cast<double>(tokens_[l]), c.options());
     per_expert = per_expert.defined() ? per_expert + c : c;
     tokens = tokens.defined() ? tokens + t : t;
   }

@@ -623,9 +623,9 @@ TEST(ModelConfig, Qwen3MoeSparseLayersFollowHfsRule) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(c->moe.sparse(i), want[i]) << i;
 
   // Absent keys take Qwen3MoeConfig's defaults (transformers 4.57.6).
-  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                          "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob",
-                          "router_aux_loss_coef"}) {
+  for (const char* key :
+       {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+        "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef"}) {
     j.erase(key);
   }
   c = Parse(j);
