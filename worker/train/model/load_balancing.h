@@ -109,9 +109,9 @@ class RoutingStats {
   int64_t top_k_;
   double weight_;
   bool keep_logits_;
-  std::vector<at::Tensor> counts_;      // per layer (k, E) int64
-  std::vector<at::Tensor> prob_sums_;   // per layer (E) fp32: sum over tokens of p
-  std::vector<int64_t> tokens_;         // per layer
+  std::vector<at::Tensor> counts_;        // per layer (k, E) int64
+  std::vector<at::Tensor> prob_sums_;     // per layer (E) fp32: sum over tokens of p
+  std::vector<int64_t> tokens_;           // per layer
   std::vector<at::Tensor> entropy_sums_;  // per layer, 0-dim
   AuxLossScope scope_ = AuxLossScope::kAllLayers;
   at::Tensor counted_;  // (T) bool, or undefined: every token
@@ -119,7 +119,7 @@ class RoutingStats {
   // Global balancing: the step's per-layer expert counts (E, summed over
   // the choice slots) and tokens (0-dim), fp64; empty: this forward's own.
   std::vector<at::Tensor> step_counts_, step_tokens_;
-  std::vector<at::Tensor> logits_;      // per layer (T, E), when kept
+  std::vector<at::Tensor> logits_;  // per layer (T, E), when kept
 };
 
 // `router_logits` (T, E) fp32 unchanged. In backward, the gradient of

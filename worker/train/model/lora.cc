@@ -41,7 +41,7 @@ const std::vector<std::string>& LayerLinearModules(const ModelConfig& c, int64_t
   static const std::vector<std::string> kGatedDeltaNet = {"out_proj",  "in_proj_qkv", "in_proj_z",
                                                           "in_proj_b", "in_proj_a",   "gate_proj",
                                                           "up_proj",   "down_proj"};
-  static const std::vector<std::string> kSparse = {"q_proj", "k_proj",  "v_proj",   "o_proj",
+  static const std::vector<std::string> kSparse = {"q_proj", "k_proj",    "v_proj",  "o_proj",
                                                    "gate",   "gate_proj", "up_proj", "down_proj"};
   if (c.moe.sparse(layer)) return kSparse;
   return c.layer_types[layer] == TokenMixer::kGatedDeltaNet ? kGatedDeltaNet : kAttention;
@@ -57,16 +57,15 @@ std::string ModulePath(const ModelConfig& c, int64_t layer, const std::string& s
   const bool attn = short_name == "q_proj" || short_name == "k_proj" || short_name == "v_proj" ||
                     short_name == "o_proj";
   if (c.moe.sparse(layer) && IsMlpModule(short_name)) return ExpertsPrefix(layer) + short_name;
-  return absl::StrCat("model.layers.", layer,
-                      attn ? ".self_attn."
-                           : (IsMlpModule(short_name) || short_name == "gate" ? ".mlp."
-                                                                              : ".linear_attn."),
-                      short_name);
+  return absl::StrCat(
+      "model.layers.", layer,
+      attn ? ".self_attn."
+           : (IsMlpModule(short_name) || short_name == "gate" ? ".mlp." : ".linear_attn."),
+      short_name);
 }
 
 // (out, in) of a linear module of `layer` (of each expert's, for a sparse layer's MLP).
-std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, int64_t layer,
-                                        const std::string& m) {
+std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, int64_t layer, const std::string& m) {
   const int64_t q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim;
   const GatedDeltaNetConfig& g = c.linear_attention;
@@ -323,8 +322,8 @@ std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& 
   // or W when it has no adapter.
   auto merged = [&](const at::Tensor& w, const std::string& module) {
     if (!params.contains(module + a_suffix)) return w;
-    return w + lora.scaling() * at::matmul(params.get(module + ".lora_B.weight"),
-                                           params.get(module + a_suffix));
+    return w + lora.scaling() *
+                   at::matmul(params.get(module + ".lora_B.weight"), params.get(module + a_suffix));
   };
   for (const std::string& name : params.names()) {
     if (name.find(".lora_") != std::string::npos) continue;
@@ -333,9 +332,8 @@ std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& 
       // Stacked experts: gate rows, then up rows (expert_layout.h).
       const std::string experts = name.substr(0, name.size() - std::string("gate_up_proj").size());
       const std::vector<at::Tensor> halves = value.chunk(2, 1);
-      value = at::cat({merged(halves[0], experts + "gate_proj"),
-                       merged(halves[1], experts + "up_proj")},
-                      1);
+      value = at::cat(
+          {merged(halves[0], experts + "gate_proj"), merged(halves[1], experts + "up_proj")}, 1);
     } else if (absl::EndsWith(name, ".experts.down_proj")) {
       value = merged(value, name);
     } else if (absl::EndsWith(name, ".weight")) {

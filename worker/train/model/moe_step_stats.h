@@ -37,10 +37,10 @@ namespace ballast::train {
 
 // One MoE layer's routing over a step, summed over micro-batches and ranks.
 struct LayerRouting {
-  int64_t layer = 0;           // the decoder layer's index
-  std::vector<double> load;    // (E): (token, choice) pairs routed to each expert
-  double tokens = 0;           // routed tokens T (padding left out)
-  double entropy_sum = 0;      // Σ over those tokens of the router's entropy, in nats
+  int64_t layer = 0;         // the decoder layer's index
+  std::vector<double> load;  // (E): (token, choice) pairs routed to each expert
+  double tokens = 0;         // routed tokens T (padding left out)
+  double entropy_sum = 0;    // Σ over those tokens of the router's entropy, in nats
 };
 
 // What the metrics and the guard read of one layer (see the file comment).

@@ -31,8 +31,8 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
     // Own an fp32 copy: the mapping is read-only and masters are fp32 (a
     // stacked tensor is one already).
     const bool owned = tensors == PretrainedTensors::kMapped || PiecesOf(c, name).stacked;
-    store.Add(name, owned ? *t : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true),
-              layer, trainable);
+    store.Add(name, owned ? *t : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true), layer,
+              trainable);
   };
   load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, ParamStore::kNoLayer);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

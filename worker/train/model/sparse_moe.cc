@@ -40,9 +40,8 @@ at::Tensor RouterLogits(const Decoder& decoder, const std::string& prefix, const
   if (!lora || !decoder.HasTensor(prefix + "gate.lora_A.weight")) return logits;
   const at::Tensor down = at::linear(at::dropout(x32, lora->lora_dropout, training),
                                      decoder.Weight(prefix + "gate.lora_A.weight", at::kFloat));
-  return logits +
-         at::linear(down, decoder.Weight(prefix + "gate.lora_B.weight", at::kFloat)) *
-             lora->scaling();
+  return logits + at::linear(down, decoder.Weight(prefix + "gate.lora_B.weight", at::kFloat)) *
+                      lora->scaling();
 }
 
 }  // namespace

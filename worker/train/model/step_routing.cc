@@ -37,9 +37,7 @@ at::Tensor StepRouting::Flat() const {
   return at::cat(totals_);
 }
 
-void StepRouting::SetFlat(const at::Tensor& flat) {
-  totals_ = flat.to(at::kDouble).split(width());
-}
+void StepRouting::SetFlat(const at::Tensor& flat) { totals_ = flat.to(at::kDouble).split(width()); }
 
 at::Tensor StepRouting::ExpertCounts(int64_t index) const {
   return totals_.at(index).narrow(0, 0, top_k_ * num_experts_).view({top_k_, num_experts_}).sum(0);

@@ -125,11 +125,10 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       optimizer_(AdamWConfig{spec_.optimizer().beta1(), spec_.optimizer().beta2(),
                              spec_.optimizer().eps(), spec_.optimizer().weight_decay()},
                  state_->trained()),
-      global_balancing_(spec_.moe().aux_loss().empty()
-                            ? SpecDefaultText("moe.aux_loss") == "global"
-                            : spec_.moe().aux_loss() == "global"),
+      global_balancing_(spec_.moe().aux_loss().empty() ? SpecDefaultText("moe.aux_loss") == "global"
+                                                       : spec_.moe().aux_loss() == "global"),
       aux_loss_scope_(spec_.moe().aux_loss_scope() == "per_layer" ? AuxLossScope::kPerLayer
-                                                                   : AuxLossScope::kAllLayers),
+                                                                  : AuxLossScope::kAllLayers),
       guard_(GuardOptionsFromSpec(spec_.guard())),
       injection_(spec_.guard().inject(), collectives_->rank()),
       recovery_(spec_,
@@ -150,18 +149,18 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
   if (config_.has_experts()) {
     reports_.Log(
         "info",
-        absl::StrCat("load balancing: ", global_balancing_ ? "global" : "micro_batch",
-                     " aux loss, ",
-                     aux_loss_scope_ == AuxLossScope::kPerLayer ? "per layer" : "all layers",
-                     ", coefficient ", config_.moe.router_aux_loss_coef,
-                     spec_.task() == "block_diffusion"
-                         ? "; it counts the noisy half x_t of each document only, as SDAR "
-                           "routes and trains it"
-                         : "",
-                     global_balancing_ && spec_.data().grad_accum_steps() > collectives_->world_size()
-                         ? "; each step runs a routing pre-pass (a forward without autograd of "
-                           "each micro-batch)"
-                         : ""));
+        absl::StrCat(
+            "load balancing: ", global_balancing_ ? "global" : "micro_batch", " aux loss, ",
+            aux_loss_scope_ == AuxLossScope::kPerLayer ? "per layer" : "all layers",
+            ", coefficient ", config_.moe.router_aux_loss_coef,
+            spec_.task() == "block_diffusion"
+                ? "; it counts the noisy half x_t of each document only, as SDAR "
+                  "routes and trains it"
+                : "",
+            global_balancing_ && spec_.data().grad_accum_steps() > collectives_->world_size()
+                ? "; each step runs a routing pre-pass (a forward without autograd of "
+                  "each micro-batch)"
+                : ""));
   }
   // A vision-language checkpoint (Qwen3.5) holds more than the text decoder
   // this job trains: say what happens to the rest.
@@ -439,9 +438,8 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
       // of them over all ranks, so the mean does not depend on the world size).
       const double coef = config_.moe.router_aux_loss_coef;
       stats = NewRoutingStats(
-          batch, global_balancing_
-                     ? coef
-                     : coef / static_cast<double>(spec_.data().grad_accum_steps()));
+          batch,
+          global_balancing_ ? coef : coef / static_cast<double>(spec_.data().grad_accum_steps()));
       if (step_counts) stats->UseStepCounts(*step_counts);
       decoder_.set_routing(stats);
     }
@@ -477,7 +475,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
       torch::cat({loss_sum.reshape({1}), aux_loss_sum.reshape({1}),
                   routing ? routing->Flat().to(device_) : torch::empty({0}, loss_sum.options()),
                   gn.sum_squares});  // fp64
-  collectives_->SumInPlace(sums);  // (2 + routing + tensors)
+  collectives_->SumInPlace(sums);    // (2 + routing + tensors)
   // The step's one read from the device: the counts and the sums.
   const at::Tensor read = torch::cat({counts.to(torch::kDouble), sums}).cpu();
   const double* r = read.const_data_ptr<double>();
@@ -492,9 +490,9 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
     next += width;
     // The step's aux loss: the global one of the reduced totals, or the mean
     // of the micro-batches' own.
-    const double aux = global_balancing_
-                           ? routing->AuxLoss(aux_loss_scope_)
-                           : out.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps());
+    const double aux =
+        global_balancing_ ? routing->AuxLoss(aux_loss_scope_)
+                          : out.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps());
     out.moe = SummarizeStepRouting(routing->Layers(), config_.moe.top_k, aux);
   }
   out.sum_squares.assign(r + next, r + next + grads.size());
