@@ -3,6 +3,12 @@ BUILD_DIR ?= build
 BALLAST_CUDA ?= AUTO
 JOBS ?= $(shell nproc)
 PYTHON ?= python3
+# ctest runs JOBS tests at once, so each gets nproc / JOBS intra-op threads.
+# Left at torch's default (every core), two tests side by side oversubscribe
+# the CPU and their OpenMP threads spin at each other's barriers: a one-step
+# 131k-token run took 72 s alone and over 900 s beside another test on CI's
+# 2 cores. Tests that check thread counts set their own.
+TEST_THREADS ?= $(shell echo $$(( $$(nproc) / $(JOBS) > 1 ? $$(nproc) / $(JOBS) : 1 )))
 
 # ccache shares hits across clones (CCACHE_BASEDIR) and accepts the torch
 # precompiled header (sloppiness below is what ccache's manual asks for PCH).
@@ -29,7 +35,7 @@ build: configure
 
 test: setup
 	@$(MAKE) --no-print-directory build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && OMP_NUM_THREADS=$(TEST_THREADS) ctest --output-on-failure -j $(JOBS)
 
 # libFuzzer on the parsers of untrusted input (tests/fuzz, scripts/fuzz), in a
 # clang build of its own; FUZZ_SECONDS per target (default 60).
