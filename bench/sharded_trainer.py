@@ -6,6 +6,9 @@ of fp32 masters, gradients and AdamW moments at N = 1, so that the state and
 not LibTorch's own ~0.5 GB dominates a rank's memory), seq 128; a full finetune
 (every parameter sharded, fp32 masters and AdamW moments); one step is 4
 micro-batches of 1 document, so 1, 2 and 4 ranks take 4, 2 and 1 of them.
+--model qwen3_moe trains the Mixture-of-Experts of model_config instead:
+every rank gathers every expert (issue 32's never-hang rule), so its peak
+is the dense figure's pattern with more to gather.
 The ranks share this machine's cores (torch threads per rank = cores / N, at
 least 1), so tokens/s shows the cost of sharding here, not the speed-up of
 N machines.
@@ -36,15 +39,30 @@ import psutil
 SEQ, GAS, STEPS, WARMUP = 128, 4, 4, 1
 
 
-def make_inputs(root):
+def model_config(model):
+    """qwen3: the dense 8 layers above. qwen3_moe: the same attention and
+    vocabulary with 8 layers of 8 experts, 2 active per token, of width 512
+    (134M parameters, 101M of them experts), so that a rank's share of the
+    experts is most of what sharding saves."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    common = dict(vocab_size=8192, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=64, max_position_embeddings=1024,
+                  tie_word_embeddings=True)
+    if model == "qwen3_moe":
+        return Qwen3MoeConfig(**common, intermediate_size=2816, num_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=512,
+                              decoder_sparse_step=1, norm_topk_prob=True,
+                              router_aux_loss_coef=0.001, output_router_logits=True)
+    return Qwen3Config(**common, intermediate_size=2816)
+
+
+def make_inputs(root, model_name):
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=64,
-                      max_position_embeddings=1024, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(cfg)
+    model = AutoModelForCausalLM.from_config(model_config(model_name))
     model.save_pretrained(os.path.join(root, "model"))
     numel = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(1)
@@ -99,22 +117,24 @@ def run(binary, root, n):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default="build/bin")
+    parser.add_argument("--model", choices=["qwen3", "qwen3_moe"], default="qwen3")
     args = parser.parse_args()
+    name = {"qwen3": "qwen3-8L", "qwen3_moe": "qwen3-moe-8L-8x2"}[args.model]
     binary = os.path.abspath(os.path.join(args.bin, "ballast-train"))
     root = tempfile.mkdtemp(prefix="ballast-sharded-bench-")
     try:
-        numel = make_inputs(root)
+        numel = make_inputs(root, args.model)
         results = {n: run(binary, root, n) for n in (1, 2, 4)}
         rss1, tps1, _ = results[1]
         for n in (2, 4):
             rss, tps, sent = results[n]
-            print(f"zero3_cpu/qwen3-8L full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
+            print(f"zero3_cpu/{name} full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
                   f"({rss / 2**20:.0f} vs {rss1 / 2**20:.0f} MiB), {tps / tps1:.2f}x tokens/s "
                   f"({tps:.0f} vs {tps1:.0f}, {os.cpu_count()} cores shared)")
         for n in (2, 4):
             sent = results[n][2]
             zero3 = 3 * 4 * numel * (n - 1) / n
-            print(f"zero3_cpu/qwen3-8L full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
+            print(f"zero3_cpu/{name} full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
                   f"3x params x (N-1)/N: {sent / zero3:.2f}x ({sent / 2**20:.1f} vs "
                   f"{zero3 / 2**20:.1f} MiB; Gloo's reduce-scatter is an allreduce)")
     finally:

@@ -1,4 +1,4 @@
-"""What the ballast-train benchmarks share: the tiny Qwen3 and Qwen3.5 they train, the
+"""What the ballast-train benchmarks share: the tiny Qwen3, Qwen3.5 and Qwen3-MoE they train, the
 LoRA job they write, and one run of ballast-train read back from its
 metrics.jsonl."""
 import json
@@ -38,13 +38,38 @@ def save_qwen3_5_tiny(path):
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
 
 
-def write_lora_job(root, name, model, data, steps, **fields):
-    """Writes root/name.yaml, a LoRA r16 all-linear job at lr 1e-4 for `steps`
-    steps on the model folder `model` with `data` as its data section, and
-    `fields` as more top-level fields; returns its path."""
+def save_qwen3_moe_tiny(path):
+    """The benchmarks' Qwen3-MoE at the width of save_qwen3_tiny: 4 layers,
+    all sparse, of 16 experts with 4 active per token and an expert width of
+    192, so that a token's active MLP (4 x 192) is the dense model's 768;
+    router_aux_loss_coef 0.001 and output_router_logits, so that
+    transformers adds the load-balancing loss as Ballast always does."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, intermediate_size=768,
+                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                         head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True,
+                         num_experts=16, num_experts_per_tok=4, moe_intermediate_size=192,
+                         decoder_sparse_step=1, norm_topk_prob=True, router_aux_loss_coef=0.001,
+                         output_router_logits=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+
+
+# LoRA on every linear layer but a MoE's router, named as PEFT names them, so
+# that both sides adapt the same modules: PEFT's "all-linear" also takes the
+# router (mlp.gate), which Ballast's leaves out (README, Mixture of Experts).
+LINEAR_BUT_ROUTER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def write_lora_job(root, name, model, data, steps, target_modules=("all-linear",), **fields):
+    """Writes root/name.yaml, a LoRA r16 job on `target_modules` at lr 1e-4 for
+    `steps` steps on the model folder `model` with `data` as its data section,
+    and `fields` as more top-level fields; returns its path."""
     import yaml
     spec = {"model": {"path": model}, "method": "lora",
-            "lora": {"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
+            "lora": {"r": 16, "lora_alpha": 32, "target_modules": list(target_modules)},
             "data": data, "optimizer": {"lr": 1e-4}, "max_steps": steps, **fields}
     path = os.path.join(root, f"{name}.yaml")
     with open(path, "w") as f:

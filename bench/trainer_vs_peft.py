@@ -2,10 +2,13 @@
 model, data and optimizer, on CPU, measured side by side in one run.
 
 Setup (issue 3): 4 layers, hidden 256, 8 heads, vocab 4096, seq 512, LoRA r=16
-all-linear, fp32, AdamW. --model qwen3 (the default) or qwen3_5, the hybrid of
+all-linear, fp32, AdamW. --model qwen3 (the default), qwen3_5, the hybrid of
 bench/train_jobs.py, whose reference runs under transformers 5.x (the venv
 build/hf5) with transformers' torch fallback of the gated delta rule and the
-conv, which is what users without fla and causal-conv1d train with. Each side runs as its own process; tokens/s is taken
+conv, which is what users without fla and causal-conv1d train with, or
+qwen3_moe, 16 experts top-4 against transformers 4.x's Qwen3MoeSparseMoeBlock
+(a loop over experts), LoRA on attention and every expert but not the router
+on both sides, with the load-balancing loss on both sides. Each side runs as its own process; tokens/s is taken
 over the steps after warm-up, peak RSS by polling the process every 10 ms.
 The sides alternate for ROUNDS rounds and each reports its median, because a
 single 10-step run on these shared machines varies by +-10%.
@@ -25,9 +28,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
 from reference import run_measuring_rss  # noqa: E402
-from train_jobs import save_qwen3_5_tiny, save_qwen3_tiny, write_lora_job  # noqa: E402
+from train_jobs import (LINEAR_BUT_ROUTER, save_qwen3_5_tiny, save_qwen3_moe_tiny,  # noqa: E402
+                        save_qwen3_tiny, write_lora_job)
 
-MODELS = {"qwen3": save_qwen3_tiny, "qwen3_5": save_qwen3_5_tiny}
+MODELS = {"qwen3": save_qwen3_tiny, "qwen3_5": save_qwen3_5_tiny, "qwen3_moe": save_qwen3_moe_tiny}
 HF5_PYTHON = os.path.join(HERE, "..", "build", "hf5", "bin", "python")
 
 SEQ, MBS, STEPS, WARMUP, ROUNDS = 512, 4, 12, 2, 3
@@ -44,7 +48,12 @@ def make_inputs(root, model):
                     + "\n")
 
 
-def run_reference(root):
+def target_modules(model):
+    """LoRA's targets as PEFT takes them ("all-linear" is a string there)."""
+    return LINEAR_BUT_ROUTER if model == "qwen3_moe" else "all-linear"
+
+
+def run_reference(root, model_name):
     """transformers + peft + torch.optim.AdamW, batched [MBS, SEQ] as HF Trainer runs it."""
     # fla, when installed, replaces transformers' torch path of the gated
     # delta rule with Triton kernels that need a GPU; on CPU the torch path is
@@ -56,7 +65,7 @@ def run_reference(root):
 
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(os.path.join(root, "model")),
-                           LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                           LoraConfig(r=16, lora_alpha=32, target_modules=target_modules(model_name),
                                       task_type="CAUSAL_LM"))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -99,7 +108,7 @@ def main():
         make_inputs(args.make_inputs, args.model)
         return
     if args.reference:
-        run_reference(args.reference)
+        run_reference(args.reference, args.model)
         return
 
     with tempfile.TemporaryDirectory() as root:
@@ -109,9 +118,12 @@ def main():
                            check=True)
         else:
             make_inputs(root, args.model)
+        targets = target_modules(args.model)
         job = write_lora_job(root, "job", os.path.join(root, "model"),
                              {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
-                              "micro_batch_size": MBS, "shuffle": False}, STEPS, precision="fp32")
+                              "micro_batch_size": MBS, "shuffle": False}, STEPS,
+                             target_modules=([targets] if isinstance(targets, str) else targets),
+                             precision="fp32")
         ours_tps, ours_rss, ref_tps, ref_rss = [], [], [], []
         for _ in range(ROUNDS):
             out_dir = os.path.join(root, "out")
@@ -121,7 +133,7 @@ def main():
             with open(os.path.join(out_dir, "metrics.jsonl")) as f:
                 ours_tps.append(tokens_per_s([json.loads(line)["step_time_s"] for line in f]))
             ours_rss.append(rss)
-            out, rss = measure([python, __file__, "--reference", root])
+            out, rss = measure([python, __file__, "--reference", root, "--model", args.model])
             ref_tps.append(tokens_per_s(json.loads(out)["step_time_s"]))
             ref_rss.append(rss)
 

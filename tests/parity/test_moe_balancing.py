@@ -10,6 +10,8 @@ cannot.
 - GA 4x1 = 1x4 (four micro-batches of one row against one of four rows) in
   global mode, curves included; in micro_batch mode the aux loss differs.
 - `--nproc 2` = 1 rank in global mode.
+- Packed = unpacked: the same documents in one packed row or one row each
+  give the same curve, aux loss included, in both modes.
 
 The model is reference.QWEN3_MOE (8 experts, top-2, layer 0 dense), fp32.
 """
@@ -18,7 +20,7 @@ import torch
 
 import load_balancing_reference as lb
 from reference import (base_spec, make_dataset, make_model, read_metrics, relative_error,
-                       run_train, write_spec)
+                       run_train, write_rows, write_spec)
 
 ARCH = "qwen3_moe"
 K = 2
@@ -100,6 +102,25 @@ def test_two_ranks_equal_one_in_global_mode(inputs, tmp_path):
     two = train(tmp_path, "n2", model_dir, data, "--nproc", "2", devices=2)
     for key in ("loss", "aux_loss", "grad_norm"):
         a, b = [m[key] for m in one], [m[key] for m in two]
+        assert relative_error(a, b) <= TOLERANCE, (key, a, b)
+
+
+@pytest.mark.parametrize("mode", ["global", "micro_batch"])
+def test_packed_equals_unpacked(mode, inputs, tmp_path):
+    """Four documents (under 240 tokens) are each step's whole batch: one
+    packed row of 256 tokens, or four rows of one document each. Each
+    document's tokens count once in f and P either way, and its padding
+    never; the step is one forward, so micro_batch mode must agree too."""
+    _, model_dir, _, rows = inputs
+    data = str(tmp_path / "four.jsonl")
+    write_rows(data, rows[:4])
+    packed = train(tmp_path, f"packed-{mode}", model_dir, data, moe={"aux_loss": mode},
+                   packing=True, seq_len=256, micro_batch_size=1, grad_accum_steps=1)
+    unpacked = train(tmp_path, f"unpacked-{mode}", model_dir, data, moe={"aux_loss": mode},
+                     seq_len=256, micro_batch_size=4, grad_accum_steps=1)
+    assert [m["supervised_tokens"] for m in packed] == [m["supervised_tokens"] for m in unpacked]
+    for key in ("loss", "aux_loss", "grad_norm"):
+        a, b = [m[key] for m in packed], [m[key] for m in unpacked]
         assert relative_error(a, b) <= TOLERANCE, (key, a, b)
 
 
