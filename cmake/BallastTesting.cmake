@@ -33,8 +33,11 @@ endfunction()
 # CTest test. Exit code 5 (nothing collected) is a failure, never a pass.
 # HF5: runs under build/hf5/bin/python, the transformers 5.x reference venv
 # that `make setup` makes (scripts/python-requirements-hf5.txt says why).
+# WHOLE_MACHINE: a test of one long step that needs every core (make test
+# gives each test nproc / JOBS threads): ctest runs it alone, with as many
+# threads as the machine has cores.
 function(ballast_pytest)
-  cmake_parse_arguments(ARG "HF5" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "HF5;WHOLE_MACHINE" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 900)
   endif()
@@ -50,4 +53,9 @@ function(ballast_pytest)
     TIMEOUT ${ARG_TIMEOUT}
     SKIP_RETURN_CODE 77
     ENVIRONMENT "BALLAST_BIN_DIR=${CMAKE_BINARY_DIR}/bin;BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR};PYTHONDONTWRITEBYTECODE=1")
+  if(ARG_WHOLE_MACHINE)
+    cmake_host_system_information(RESULT _cores QUERY NUMBER_OF_LOGICAL_CORES)
+    set_tests_properties(${ARG_NAME} PROPERTIES RUN_SERIAL TRUE)
+    set_property(TEST ${ARG_NAME} APPEND PROPERTY ENVIRONMENT "OMP_NUM_THREADS=${_cores}")
+  endif()
 endfunction()

@@ -75,6 +75,47 @@ inline std::string WriteTinyQwen3(
   return dir;
 }
 
+// The tiny Qwen3 as a Qwen3-MoE (transformers 4.57's layout): every layer's
+// MLP is a router (mlp.gate) over kExperts experts, top-2, each an MLP of
+// kExpertWidth stored one tensor per expert and projection, as released
+// checkpoints store them.
+struct TinyMoe {
+  static constexpr int64_t kExperts = 4;
+  static constexpr int64_t kExpertWidth = 24;
+};
+inline std::string WriteTinyQwen3Moe(const std::string& dir, uint64_t seed) {
+  using M = TinyModel;
+  at::Generator gen = at::detail::createCPUGenerator(seed + 1);
+  auto randn = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, 0.2, shape, gen, at::TensorOptions().dtype(torch::kFloat));
+  };
+  WriteTinyQwen3(dir, seed, [&](std::map<std::string, at::Tensor>& t) {
+    for (int64_t i = 0; i < M::kLayers; ++i) {
+      const std::string mlp = LayerPrefix(i) + "mlp.";
+      for (const char* dense : {"gate_proj", "up_proj", "down_proj"}) {
+        t.erase(absl::StrCat(mlp, dense, ".weight"));
+      }
+      t[mlp + "gate.weight"] = randn({TinyMoe::kExperts, M::kHidden});
+      for (int64_t e = 0; e < TinyMoe::kExperts; ++e) {
+        const std::string expert = absl::StrCat(mlp, "experts.", e, ".");
+        t[expert + "gate_proj.weight"] = randn({TinyMoe::kExpertWidth, M::kHidden});
+        t[expert + "up_proj.weight"] = randn({TinyMoe::kExpertWidth, M::kHidden});
+        t[expert + "down_proj.weight"] = randn({M::kHidden, TinyMoe::kExpertWidth});
+      }
+    }
+  });
+  std::ofstream(std::filesystem::path(dir) / "config.json") << absl::StrCat(
+      R"({"model_type": "qwen3_moe", "vocab_size": )", M::kVocab, R"(, "hidden_size": )",
+      M::kHidden, R"(, "intermediate_size": )", M::kIntermediate, R"(, "num_hidden_layers": )",
+      M::kLayers, R"(, "num_attention_heads": )", M::kHeads, R"(, "num_key_value_heads": )",
+      M::kKvHeads, R"(, "head_dim": )", M::kHeadDim, R"(, "max_position_embeddings": )",
+      M::kMaxPositions, R"(, "num_experts": )", TinyMoe::kExperts,
+      R"(, "num_experts_per_tok": 2, "moe_intermediate_size": )", TinyMoe::kExpertWidth,
+      R"(, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,)",
+      R"( "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false})");
+  return dir;
+}
+
 // Writes `count` documents of 4..12 random tokens to `path`; every
 // `unsupervised_every`-th one (when > 0) has no supervised label.
 inline std::string WriteTokenData(const std::string& path, int count, uint64_t seed,

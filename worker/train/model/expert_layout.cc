@@ -62,11 +62,9 @@ CheckpointPieces PiecesOf(const ModelConfig& config, const std::string& name) {
   return out;
 }
 
-absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
-                                     const ModelConfig& config, const std::string& name,
-                                     const std::vector<int64_t>& shape,
-                                     const std::string& key_prefix, const std::string& where,
-                                     bool keep_dtype) {
+absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
+    const SafetensorsCheckpoint& checkpoint, const ModelConfig& config, const std::string& name,
+    const std::vector<int64_t>& shape, const std::string& key_prefix, const std::string& where) {
   const CheckpointPieces pieces = PiecesOf(config, name);
   // Each piece's shape: the whole, or one expert's slice split in its pieces' rows.
   std::vector<int64_t> piece_shape = shape;
@@ -74,9 +72,8 @@ absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
     piece_shape.erase(piece_shape.begin());
     piece_shape[0] /= static_cast<int64_t>(pieces.per_expert.front().size());
   }
-  std::vector<at::Tensor> experts;
+  std::vector<at::Tensor> out;
   for (const std::vector<std::string>& names : pieces.per_expert) {
-    std::vector<at::Tensor> rows;
     for (const std::string& piece : names) {
       const std::string key = key_prefix + piece;
       absl::StatusOr<at::Tensor> t = checkpoint.tensor(key);
@@ -87,16 +84,27 @@ absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
             absl::StrCat(where, ": tensor ", key, " has shape ", ShapeText(t->sizes()),
                          ", config.json implies ", ShapeText(piece_shape)));
       }
-      rows.push_back(*t);
+      out.push_back(*t);
     }
-    experts.push_back(rows.size() == 1 ? rows.front() : at::cat(rows, 0));
   }
-  if (!pieces.stacked) return experts.front();
-  // One copy, in the target dtype: the mapped pieces are read-only.
-  at::Tensor stacked = at::empty(
-      shape, at::TensorOptions().dtype(keep_dtype ? experts.front().scalar_type() : at::kFloat));
-  for (size_t e = 0; e < experts.size(); ++e) {
-    stacked.select(0, static_cast<int64_t>(e)).copy_(experts[e]);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
+                                     const ModelConfig& config, const std::string& name,
+                                     const std::vector<int64_t>& shape,
+                                     const std::string& key_prefix, const std::string& where) {
+  absl::StatusOr<std::vector<at::Tensor>> pieces =
+      ReadParamPieces(checkpoint, config, name, shape, key_prefix, where);
+  if (!pieces.ok()) return pieces.status();
+  if (!PiecesOf(config, name).stacked) return pieces->front();
+  // One fp32 copy (the mapped pieces are read-only), the pieces' elements in order.
+  at::Tensor stacked = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor flat = stacked.view({-1});
+  int64_t offset = 0;
+  for (const at::Tensor& piece : *pieces) {
+    flat.narrow(0, offset, piece.numel()).copy_(piece.reshape({-1}));
+    offset += piece.numel();
   }
   return stacked;
 }

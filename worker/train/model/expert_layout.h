@@ -45,17 +45,25 @@ struct CheckpointPieces {
 };
 CheckpointPieces PiecesOf(const ModelConfig& config, const std::string& name);
 
+// The checkpoint tensors (views of the mapped files) whose elements, one
+// after another, are the ParamStore tensor `name` of `shape` flattened: its
+// pieces in expert order when it is stacked, else the one tensor. Errors as
+// ReadParam's. A sharded rank copies its ranges of them
+// (ParamStore::AddPieces) and never stacks the experts whole.
+absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
+    const SafetensorsCheckpoint& checkpoint, const ModelConfig& config, const std::string& name,
+    const std::vector<int64_t>& shape, const std::string& key_prefix, const std::string& where);
+
 // The ParamStore tensor `name` of `shape` read from `checkpoint`, stacked
 // from its pieces when it is; `key_prefix` goes before every checkpoint name
 // (PEFT's "base_model.model."). NOT_FOUND names the first missing piece,
 // FAILED_PRECONDITION a piece whose shape disagrees with `shape` (both with
-// `where`, the folder, in front). A stacked tensor is a new fp32 tensor
-// (`keep_dtype`: in the file's dtype); one that is not is the file's view.
+// `where`, the folder, in front). A stacked tensor is a new fp32 tensor;
+// one that is not is the file's view.
 absl::StatusOr<at::Tensor> ReadParam(const SafetensorsCheckpoint& checkpoint,
                                      const ModelConfig& config, const std::string& name,
                                      const std::vector<int64_t>& shape,
-                                     const std::string& key_prefix, const std::string& where,
-                                     bool keep_dtype);
+                                     const std::string& key_prefix, const std::string& where);
 
 // The reverse: `value` of the ParamStore tensor `name` as the checkpoint
 // tensors it is made of (views of it), under their checkpoint names.

@@ -243,8 +243,8 @@ absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
   int64_t matched = 0;
   for (const std::string& name : params->TrainableNames()) {
     // A stacked adapter (a sparse layer's experts) is one tensor per expert there.
-    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, model, name, params->get(name).sizes().vec(),
-                                             kPeftPrefix, dir, /*keep_dtype=*/false);
+    absl::StatusOr<at::Tensor> t =
+        ReadParam(*ckpt, model, name, params->get(name).sizes().vec(), kPeftPrefix, dir);
     if (absl::IsNotFound(t.status())) {
       return absl::FailedPreconditionError(
           absl::StrCat(t.status().message(), "; target_modules differ?"));

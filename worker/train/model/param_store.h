@@ -28,6 +28,19 @@ class ParamStore {
   // tensors get requires_grad. Names are unique (throws c10::Error otherwise).
   void Add(const std::string& name, at::Tensor value, int64_t layer, bool trainable);
 
+  // Adds a tensor of `shape`, in the pieces' dtype, whose elements flattened
+  // are the `pieces`' elements one after another (each a whole tensor, such
+  // as a mapped checkpoint tensor), without copying them into one: a rank of
+  // a sharded model copies only its ranges (CopyFlatRange), so the experts a
+  // checkpoint stores one by one are never stacked whole on any rank. Its
+  // get() is a meta tensor (shape and dtype, no elements), and MoveTo
+  // refuses it.
+  void AddPieces(const std::string& name, const std::vector<int64_t>& shape,
+                 std::vector<at::Tensor> pieces, int64_t layer, bool trainable);
+  // Copies elements [begin, begin + out.numel()) of `name` flattened into
+  // `out` (a 1-D view of the destination), from its pieces when it has them.
+  void CopyFlatRange(const std::string& name, int64_t begin, at::Tensor out) const;
+
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // The tensor under `name`; throws c10::Error naming it when absent.
   const at::Tensor& get(const std::string& name) const;
@@ -65,6 +78,7 @@ class ParamStore {
     at::Tensor value;
     int64_t layer;
     bool trainable;
+    std::vector<at::Tensor> pieces;  // AddPieces' elements, in flat order
   };
   std::vector<std::string> names_;
   std::map<std::string, Entry> index_;

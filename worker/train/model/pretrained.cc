@@ -22,14 +22,24 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
   // elsewhere, or per expert (expert_layout.h).
   auto load = [&](const std::string& name, std::vector<int64_t> shape, int64_t layer) {
     if (!status.ok()) return;
-    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, c, name, shape, /*key_prefix=*/"", dir,
-                                             tensors == PretrainedTensors::kMapped);
+    // Mapped experts stay the checkpoint's pieces: each rank copies its share.
+    if (tensors == PretrainedTensors::kMapped && PiecesOf(c, name).stacked) {
+      absl::StatusOr<std::vector<at::Tensor>> pieces =
+          ReadParamPieces(*ckpt, c, name, shape, /*key_prefix=*/"", dir);
+      if (pieces.ok()) {
+        store.AddPieces(name, shape, *std::move(pieces), layer, trainable);
+      } else {
+        status = pieces.status();
+      }
+      return;
+    }
+    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, c, name, shape, /*key_prefix=*/"", dir);
     if (!t.ok()) {
       status = t.status();
       return;
     }
     // Own an fp32 copy: the mapping is read-only and masters are fp32 (a
-    // stacked tensor is one already).
+    // stacked tensor is one already). Mapped, keep the view.
     const bool owned = tensors == PretrainedTensors::kMapped || PiecesOf(c, name).stacked;
     store.Add(name, owned ? *t : t->to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true), layer,
               trainable);

@@ -22,6 +22,8 @@ namespace ballast::train {
 // kMapped leaves each tensor a read-only view of the mapped file, in the
 // file's dtype, for a caller that copies only what it keeps: a rank of a
 // sharded job reads its own ranges, so no rank ever holds the whole model.
+// Experts the checkpoint keeps one by one stay its pieces there
+// (ParamStore::AddPieces), not stacked into a copy.
 enum class PretrainedTensors { kOwnedFp32, kMapped };
 absl::StatusOr<ParamStore> LoadPretrained(
     const std::string& dir, const ModelConfig& config, bool trainable,

@@ -184,8 +184,7 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     for (const FlatEntry& e : plan.entries) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(begin + s, e.offset + e.numel);
       if (lo >= hi) continue;
-      shard.narrow(0, lo - begin, hi - lo)
-          .copy_(full.get(e.name).detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo));
+      full.CopyFlatRange(e.name, lo - e.offset, shard.narrow(0, lo - begin, hi - lo));
     }
     for (const FlatEntry& e : plan.entries) {
       // Placeholders until the unit is first gathered.

@@ -76,6 +76,44 @@ TEST(ParamStore, MoveToKeepsTrainableMastersInFp32AndFrozenWeightsInTheComputeDt
   }
 }
 
+// Experts kept as the checkpoint's per-expert pieces: every range a shard
+// can take, across piece boundaries, equals the stacked tensor's.
+TEST(ParamStore, PiecesGiveTheStackedTensorsRangesWithoutStackingIt) {
+  at::Tensor stacked = torch::randn({3, 4, 5}, torch::kBFloat16);  // 3 experts, gate and up rows
+  std::vector<at::Tensor> pieces;
+  for (at::Tensor expert : stacked.unbind(0)) {
+    for (at::Tensor rows : expert.chunk(2, 0)) pieces.push_back(rows.clone());
+  }
+  ParamStore s;
+  s.AddPieces("model.layers.0.mlp.experts.gate_up_proj", {3, 4, 5}, pieces, 0, true);
+  const at::Tensor& meta = s.get("model.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_TRUE(meta.is_meta());
+  EXPECT_EQ(meta.sizes(), stacked.sizes());
+  EXPECT_EQ(meta.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(meta.requires_grad());
+  EXPECT_EQ(s.Numel(), 60);
+  const at::Tensor flat = stacked.reshape({-1}).to(torch::kFloat);
+  for (int64_t begin = 0; begin < 60; begin += 7) {
+    for (const int64_t length : std::initializer_list<int64_t>{1, 9, 23, 60 - begin}) {
+      if (begin + length > 60) continue;
+      at::Tensor out = torch::full({length}, -1.0f);
+      s.CopyFlatRange("model.layers.0.mlp.experts.gate_up_proj", begin, out);
+      EXPECT_TRUE(torch::equal(out, flat.narrow(0, begin, length))) << begin << "+" << length;
+    }
+  }
+  EXPECT_THROW(s.MoveTo(c10::kCPU, torch::kFloat), c10::Error);
+}
+
+TEST(ParamStore, PiecesMustHoldTheShapesElements) {
+  ParamStore s;
+  EXPECT_THROW(s.AddPieces("x", {2, 3}, {torch::zeros({2, 2})}, 0, false), c10::Error);
+  EXPECT_THROW(s.AddPieces("y", {2, 3}, {}, 0, false), c10::Error);
+  at::Tensor out = torch::zeros({4});
+  s.Add("z", torch::arange(6, torch::kFloat), 0, false);
+  s.CopyFlatRange("z", 2, out);
+  EXPECT_TRUE(torch::equal(out, torch::arange(2, 6, torch::kFloat)));
+}
+
 TEST(ParamStore, RefusesDuplicateAndUnknownNames) {
   ParamStore s = ThreeGroups();
   EXPECT_THROW(s.Add("model.norm.weight", torch::ones({4}), ParamStore::kNoLayer, false),

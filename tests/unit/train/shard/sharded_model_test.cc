@@ -105,6 +105,37 @@ TEST_F(ShardedModelTest, LayoutGroupsUnitsInForwardOrderAndKeepsOffsetsAcrossWor
   EXPECT_EQ(lora.entries[2].name, "model.layers.0.self_attn.v_proj.lora_A.weight");
 }
 
+// A sharded job maps the checkpoint and copies each rank's ranges: experts
+// stored one by one stay their pieces (never stacked whole on a rank), and
+// shard to the same values as the stacked copy.
+TEST_F(ShardedModelTest, MappedExpertsStayPiecesAndShardAsTheirStackedCopy) {
+  const std::string moe = WriteTinyQwen3Moe((fs::path(dir_) / "moe").string(), /*seed=*/6);
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(moe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<ParamStore> mapped =
+      LoadPretrained(moe, *config, /*trainable=*/true, PretrainedTensors::kMapped);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  absl::StatusOr<ParamStore> owned = LoadPretrained(moe, *config, /*trainable=*/true);
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  for (const char* stacked : {"gate_up_proj", "down_proj"}) {
+    const std::string name = absl::StrCat("model.layers.1.mlp.experts.", stacked);
+    EXPECT_TRUE(mapped->get(name).is_meta()) << name;
+    EXPECT_EQ(mapped->get(name).sizes(), owned->get(name).sizes()) << name;
+  }
+  EXPECT_FALSE(mapped->get("model.layers.1.mlp.gate.weight").is_meta());
+
+  SingleRank rank;
+  ShardedModel from_pieces(*std::move(mapped), &rank, torch::kFloat, torch::kCPU);
+  ShardedModel from_copy(*std::move(owned), &rank, torch::kFloat, torch::kCPU);
+  const auto got = from_pieces.GatherFullTensors(/*trainable_only=*/false);
+  const auto want = from_copy.GatherFullTensors(/*trainable_only=*/false);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first);
+    EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << got[i].first;
+  }
+}
+
 TEST_F(ShardedModelTest, OneRankGivesThePlainDecodersLossAndGradients) {
   const PackedBatch batch = Batch();
   for (bool full : {false, true}) {
