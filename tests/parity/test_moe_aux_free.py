@@ -1,0 +1,245 @@
+"""Auxiliary-loss-free load balancing (issue 32, moe.balance aux_free;
+DeepSeek-V3, arXiv 2412.19437 section 2.1.2) on the tiny Qwen3-MoE of
+reference.py (8 experts, top-2, layers 1 and 2 sparse), fp32:
+
+- the update rule: the biases ballast-train checkpoints after each step equal
+  a replay in transformers 4.57.6 whose sparse blocks choose topk(p + b) and
+  weight by p, with b moved by rate * sign(mean load - load) from the replay's
+  own loads. The replay runs at a learning rate of 1e-12, so that the weights
+  stay those of the model folder and only the biases move the routing (which
+  they do: the check of that is part of the test);
+- GA 4x1 = 1x4 and `--nproc 2` = 1 rank: the same biases, and the same curves
+  (a rank whose biases differed would route, and so train, otherwise);
+- a resume from a checkpoint continues the uninterrupted run exactly;
+- the export carries the biases under DeepSeek-V3's name, and the log says so;
+- on a router made to collapse onto one expert, aux_free brings the max/mean
+  load down where no balancing leaves it.
+"""
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from reference import base_spec, make_dataset, make_model, read_metrics, run_train, write_spec
+
+ARCH = "qwen3_moe"
+K = 2
+E = 8
+SPARSE = (1, 2)
+RATE = 0.05
+
+
+def bias_name(layer):
+    return f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
+
+
+def spec_for(model_dir, data, max_steps, moe=None, devices=1, **data_keys):
+    return base_spec(model_dir, data, max_steps=max_steps, method="full", devices=devices,
+                     data={"micro_batch_size": 1, "grad_accum_steps": 4, **data_keys},
+                     moe=moe if moe is not None else {"balance": "aux_free",
+                                                      "aux_free_rate": RATE})
+
+
+def train(tmp_path, name, spec, *extra):
+    path = tmp_path / f"{name}.yaml"
+    write_spec(path, **spec)
+    r = run_train(str(path), str(tmp_path / name), *extra)
+    return read_metrics(tmp_path / name), r.stdout + r.stderr
+
+
+def exported_biases(out_dir):
+    tensors = load_file(os.path.join(out_dir, "model", "model.safetensors"))
+    return [tensors[bias_name(layer)] for layer in SPARSE]
+
+
+def checkpoint_biases(out_dir, step):
+    tensors = load_file(os.path.join(out_dir, "checkpoints", f"step-{step:08d}",
+                                     "buffers.safetensors"))
+    return [tensors[bias_name(layer)] for layer in SPARSE]
+
+
+class BiasedRouting:
+    """Makes each sparse block of transformers' `model` choose topk(p + b)
+    and weight by the unbiased p (renormalised, norm_topk_prob), recording
+    every token's choices per layer; `step` then moves b as the rule says."""
+
+    def __init__(self, model):
+        self.model = model
+        self.bias = [torch.zeros(E) for _ in SPARSE]
+        self.chosen = [[] for _ in SPARSE]
+        # The smallest gap between the k-th and the (k+1)-th biased score:
+        # near fp32's resolution the choice would be a coin toss.
+        self.margin = float("inf")
+        for i, layer in enumerate(SPARSE):
+            block = model.model.layers[layer].mlp
+            block.forward = self._forward(i, block)
+
+    def _forward(self, i, block):
+        def forward(hidden_states):
+            b, s, h = hidden_states.shape
+            x = hidden_states.view(-1, h)
+            logits = block.gate(x)
+            p = torch.softmax(logits, dim=1, dtype=torch.float)
+            scores = p + self.bias[i]
+            top = torch.topk(scores, K + 1, dim=-1).values
+            self.margin = min(self.margin, (top[:, K - 1] - top[:, K]).min().item())
+            selected = torch.topk(scores, K, dim=-1).indices
+            w = p.gather(-1, selected)
+            w = w / w.sum(-1, keepdim=True)
+            every = torch.stack([expert(x) for expert in block.experts])  # (E, T, H)
+            rows = torch.arange(x.shape[0])
+            out = sum(w[:, j, None] * every[selected[:, j], rows] for j in range(K))
+            self.chosen[i].append(selected)
+            return out.view(b, s, h), logits
+        return forward
+
+    def step(self, rows):
+        """Routes one optimizer step's documents (each alone, as rows without
+        packing are) and moves the biases by their loads."""
+        self.chosen = [[] for _ in SPARSE]
+        with torch.no_grad():
+            for r in rows:
+                self.model(torch.tensor([r["input_ids"]]))
+        for i in range(len(SPARSE)):
+            load = torch.bincount(torch.cat(self.chosen[i]).flatten(), minlength=E).double()
+            self.bias[i] = self.bias[i] + (torch.sign(load.mean() - load) * RATE).float()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("moe-aux-free")
+    model = make_model(ARCH, str(tmp / "model"), seed=21)
+    rows = make_dataset(tmp / "docs.jsonl", n=24, vocab=320, seed=22, max_len=40)
+    return model, str(tmp / "model"), str(tmp / "docs.jsonl"), rows
+
+
+def test_biases_follow_a_transformers_replay_of_each_steps_routing(inputs, tmp_path):
+    model, model_dir, data, rows = inputs
+    steps = 5
+    spec = spec_for(model_dir, data, steps, checkpoint_every=1)
+    spec["optimizer"] = {"lr": 1e-12, "weight_decay": 0.0, "max_grad_norm": 1.0}
+    spec["checkpoint_every"] = 1
+    metrics, log = train(tmp_path, "replay", spec)
+    assert len(metrics) == steps
+    assert "load balancing: aux_free (a per-expert routing bias, rate 0.05" in log
+    assert "from zero)" in log
+    assert "(measured and reported, not trained on)" in log
+    # aux_free still reports the load metrics and the aux loss.
+    assert all(len(m["moe"]["layers"]) == 2 and m["aux_loss"] > 0 for m in metrics)
+
+    replay = BiasedRouting(model)
+    unbiased_choices = None
+    for step in range(1, steps + 1):
+        replay.step(rows[4 * (step - 1):4 * step])
+        got = checkpoint_biases(tmp_path / "replay", step)
+        for layer, want, have in zip(SPARSE, replay.bias, got):
+            assert torch.equal(have, want), (step, layer, have, want)
+        if step == 1:
+            unbiased_choices = [torch.cat(c) for c in replay.chosen]
+    assert replay.margin > 1e-5, f"a near-tie ({replay.margin}) makes the replay ambiguous"
+    # The biases moved the routing: step 1's documents routed with the final
+    # biases choose otherwise than with none.
+    replay.step(rows[:4])
+    assert any(not torch.equal(a, torch.cat(b)) for a, b in zip(unbiased_choices, replay.chosen))
+    # Nothing else moved them: the biases are not the trained parameters'.
+    assert all(b.abs().max() > 0 for b in replay.bias)
+
+    # The export holds the last step's biases under DeepSeek-V3's name.
+    for have, want in zip(exported_biases(tmp_path / "replay"),
+                          checkpoint_biases(tmp_path / "replay", steps)):
+        assert torch.equal(have, want)
+    assert "e_score_correction_bias (DeepSeek-V3's name" in log
+
+
+def test_ga_4x1_equals_1x4_and_two_ranks_equal_one(inputs, tmp_path):
+    _, model_dir, data, _ = inputs
+    runs = {
+        "1x4": spec_for(model_dir, data, 4),
+        "4x1": spec_for(model_dir, data, 4, micro_batch_size=4, grad_accum_steps=1),
+        "n2": spec_for(model_dir, data, 4, devices=2),
+    }
+    curves = {}
+    for name, spec in runs.items():
+        extra = ("--nproc", "2") if name == "n2" else ()
+        curves[name], _ = train(tmp_path, name, spec, *extra)
+    want = exported_biases(tmp_path / "1x4")
+    assert all(b.abs().max() > 0 for b in want)
+    # An aux_free job from that export goes on from its biases.
+    _, log = train(tmp_path, "again", spec_for(str(tmp_path / "1x4" / "model"), data, 1))
+    assert "from the model folder's biases" in log, log
+    for have, w in zip(checkpoint_biases(tmp_path / "again", 1), want):
+        assert (have - w).abs().max() <= RATE * 1.0001 and not torch.equal(have, w)
+    for name in ("4x1", "n2"):
+        for have, w in zip(exported_biases(tmp_path / name), want):
+            assert torch.equal(have, w), (name, have, w)
+        for key in ("loss", "grad_norm"):
+            a = [m[key] for m in curves["1x4"]]
+            b = [m[key] for m in curves[name]]
+            assert max(abs(x - y) / abs(y) for x, y in zip(a, b)) <= 1e-5, (name, key, a, b)
+
+
+def test_resume_from_a_checkpoint_continues_the_uninterrupted_run(inputs, tmp_path):
+    _, model_dir, data, _ = inputs
+    spec = spec_for(model_dir, data, 6, checkpoint_every=3)
+    spec["checkpoint_every"] = 3
+    full, _ = train(tmp_path, "full", spec)
+    # A run that stopped after step 3: its out dir holds that checkpoint only.
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step-00000003",
+                    resumed_dir / "checkpoints" / "step-00000003")
+    assert any(b.abs().max() > 0 for b in checkpoint_biases(resumed_dir, 3))
+    resumed, log = train(tmp_path, "resumed", spec)
+    assert [m["step"] for m in resumed] == [4, 5, 6], log
+    for key in ("loss", "grad_norm", "aux_loss"):
+        assert [m[key] for m in resumed] == pytest.approx([m[key] for m in full[3:]],
+                                                          rel=1e-6), key
+    for have, want in zip(exported_biases(resumed_dir), exported_biases(tmp_path / "full")):
+        assert torch.equal(have, want)
+    # The resumed run would differ without the step-3 biases: zero them and
+    # the same resume takes another course.
+    zeroed_dir = tmp_path / "zeroed"
+    shutil.copytree(resumed_dir / "checkpoints", zeroed_dir / "checkpoints")
+    buffers = zeroed_dir / "checkpoints" / "step-00000003" / "buffers.safetensors"
+    save_file({k: torch.zeros_like(v) for k, v in load_file(str(buffers)).items()}, str(buffers))
+    zeroed, _ = train(tmp_path, "zeroed", spec)
+    assert [m["loss"] for m in zeroed] != pytest.approx([m["loss"] for m in full[3:]], rel=1e-6)
+
+
+def test_aux_free_brings_a_collapsed_routers_load_down(inputs, tmp_path):
+    _, model_dir, data, _ = inputs
+    # Expert 0's router row scaled up: most tokens choose it first.
+    collapsed = tmp_path / "collapsed"
+    shutil.copytree(model_dir, collapsed)
+    tensors = load_file(str(collapsed / "model.safetensors"))
+    for layer in SPARSE:
+        tensors[f"model.layers.{layer}.mlp.gate.weight"][0] *= 5
+    save_file(tensors, str(collapsed / "model.safetensors"), metadata={"format": "pt"})
+    steps = 6
+    runs = {
+        "none": spec_for(str(collapsed), data, steps,
+                         moe={"balance": "aux_loss", "router_aux_loss_coef": 0.0}),
+        "aux_free": spec_for(str(collapsed), data, steps,
+                             moe={"balance": "aux_free", "aux_free_rate": 0.2}),
+    }
+    ratio = {}
+    for name, spec in runs.items():
+        metrics, _ = train(tmp_path, name, spec)
+        ratio[name] = [m["moe"]["expert_load_max_ratio"] for m in metrics]
+    # Collapsed at the start: near E/k = 4 in both.
+    assert ratio["none"][0] > 2.5 and ratio["aux_free"][0] > 2.5, ratio
+    assert ratio["none"][-1] > 2.5, ratio
+    assert max(ratio["aux_free"][-2:]) < 0.6 * min(ratio["none"][-2:]), ratio
+
+
+def test_a_step_the_guard_skips_leaves_the_biases_alone(inputs, tmp_path):
+    _, model_dir, data, _ = inputs
+    spec = spec_for(model_dir, data, 4)
+    spec["checkpoint_every"] = 1
+    spec["guard"] = {"inject": {"nan_grad_at_step": [3]}, "rerun_bad_step": False}
+    metrics, _ = train(tmp_path, "skip", spec)
+    assert [m.get("skipped", False) for m in metrics] == [False, False, True, False], metrics
+    biases = [checkpoint_biases(tmp_path / "skip", step) for step in (2, 3, 4)]
+    assert all(torch.equal(a, b) for a, b in zip(biases[0], biases[1]))
+    assert any(not torch.equal(a, b) for a, b in zip(biases[1], biases[2]))
