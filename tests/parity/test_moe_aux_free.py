@@ -118,7 +118,7 @@ def inputs(tmp_path_factory):
 def test_biases_follow_a_transformers_replay_of_each_steps_routing(inputs, tmp_path):
     model, model_dir, data, rows = inputs
     steps = 5
-    spec = spec_for(model_dir, data, steps, checkpoint_every=1)
+    spec = spec_for(model_dir, data, steps)
     spec["optimizer"] = {"lr": 1e-12, "weight_decay": 0.0, "max_grad_norm": 1.0}
     spec["checkpoint_every"] = 1
     metrics, log = train(tmp_path, "replay", spec)
@@ -182,8 +182,10 @@ def test_ga_4x1_equals_1x4_and_two_ranks_equal_one(inputs, tmp_path):
 
 def test_resume_from_a_checkpoint_continues_the_uninterrupted_run(inputs, tmp_path):
     _, model_dir, data, _ = inputs
-    spec = spec_for(model_dir, data, 6, checkpoint_every=3)
+    spec = spec_for(model_dir, data, 6)
     spec["checkpoint_every"] = 3
+    # Good as soon as written, so that a resume may start from it.
+    spec["guard"] = {"good_after_steps": 0}
     full, _ = train(tmp_path, "full", spec)
     # A run that stopped after step 3: its out dir holds that checkpoint only.
     resumed_dir = tmp_path / "resumed"
