@@ -204,30 +204,44 @@ def test_resume_from_a_checkpoint_continues_the_uninterrupted_run(inputs, tmp_pa
     assert [m["loss"] for m in zeroed] != pytest.approx([m["loss"] for m in full[3:]], rel=1e-6)
 
 
-def test_aux_free_brings_a_collapsed_routers_load_down(inputs, tmp_path):
-    _, model_dir, data, _ = inputs
-    # Expert 0's router row scaled up: most tokens choose it first.
-    collapsed = tmp_path / "collapsed"
-    shutil.copytree(model_dir, collapsed)
-    tensors = load_file(str(collapsed / "model.safetensors"))
+def test_aux_free_brings_a_collapsed_routers_load_down(tmp_path):
+    """A router pushed towards expert 0 for most tokens (its row gains the
+    mean direction of the layer's inputs), every step the same 16 documents:
+    without balancing the max/mean load stays where it starts; aux_free
+    brings it down step by step. The rate is small for the softmax's
+    near-zero second choices: at 0.05 and above, each sign update moves
+    many tokens' near-tied second choice at once, and the load jumps
+    between steps (seen here: 0.1 swings between 1.6 and 3.6)."""
+    model = make_model(ARCH, str(tmp_path / "model"), seed=21)
+    rows = make_dataset(tmp_path / "docs.jsonl", n=16, vocab=320, seed=23, max_len=40)
+    inputs = {layer: [] for layer in SPARSE}
+    hooks = [model.model.layers[layer].mlp.gate.register_forward_hook(
+        lambda module, args, out, layer=layer: inputs[layer].append(args[0].detach()))
+        for layer in SPARSE]
+    with torch.no_grad():
+        for r in rows:
+            model(torch.tensor([r["input_ids"]]))
+    for h in hooks:
+        h.remove()
+    tensors = load_file(str(tmp_path / "model" / "model.safetensors"))
     for layer in SPARSE:
-        tensors[f"model.layers.{layer}.mlp.gate.weight"][0] *= 5
-    save_file(tensors, str(collapsed / "model.safetensors"), metadata={"format": "pt"})
-    steps = 6
-    runs = {
-        "none": spec_for(str(collapsed), data, steps,
-                         moe={"balance": "aux_loss", "router_aux_loss_coef": 0.0}),
-        "aux_free": spec_for(str(collapsed), data, steps,
-                             moe={"balance": "aux_free", "aux_free_rate": 0.2}),
-    }
+        mean = torch.cat(inputs[layer]).mean(0)
+        tensors[f"model.layers.{layer}.mlp.gate.weight"][0] += 4 * mean / (mean @ mean)
+    save_file(tensors, str(tmp_path / "model" / "model.safetensors"), metadata={"format": "pt"})
+
+    steps = 20
     ratio = {}
-    for name, spec in runs.items():
+    for name, moe in (("none", {"balance": "aux_loss", "router_aux_loss_coef": 0.0}),
+                      ("aux_free", {"balance": "aux_free", "aux_free_rate": 0.02})):
+        spec = spec_for(str(tmp_path / "model"), str(tmp_path / "docs.jsonl"), steps, moe=moe,
+                        micro_batch_size=4, grad_accum_steps=4)
+        spec["optimizer"] = {"lr": 1e-4, "weight_decay": 0.0, "max_grad_norm": 1.0}
         metrics, _ = train(tmp_path, name, spec)
         ratio[name] = [m["moe"]["expert_load_max_ratio"] for m in metrics]
-    # Collapsed at the start: near E/k = 4 in both.
-    assert ratio["none"][0] > 2.5 and ratio["aux_free"][0] > 2.5, ratio
-    assert ratio["none"][-1] > 2.5, ratio
-    assert max(ratio["aux_free"][-2:]) < 0.6 * min(ratio["none"][-2:]), ratio
+    # The same start (~2.5 of E/k = 4); no balancing keeps it.
+    assert ratio["none"][0] > 2 and ratio["aux_free"][0] == ratio["none"][0], ratio
+    assert min(ratio["none"]) > 0.9 * ratio["none"][0], ratio
+    assert max(ratio["aux_free"][-3:]) < 0.8 * min(ratio["none"][-3:]), ratio
 
 
 def test_a_step_the_guard_skips_leaves_the_biases_alone(inputs, tmp_path):
