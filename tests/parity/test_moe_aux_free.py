@@ -12,17 +12,21 @@ reference.py (8 experts, top-2, layers 1 and 2 sparse), fp32:
   (a rank whose biases differed would route, and so train, otherwise);
 - a resume from a checkpoint continues the uninterrupted run exactly;
 - the export carries the biases under DeepSeek-V3's name, and the log says so;
+  a LoRA job writes them beside its adapter, and merge folds them in; a
+  skipped step leaves them alone;
 - on a router made to collapse onto one expert, aux_free brings the max/mean
   load down where no balancing leaves it.
 """
 import os
 import shutil
+import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from reference import base_spec, make_dataset, make_model, read_metrics, run_train, write_spec
+from reference import (TRAIN, base_spec, make_dataset, make_model, read_metrics, run_train,
+                       write_spec)
 
 ARCH = "qwen3_moe"
 K = 2
@@ -144,6 +148,9 @@ def test_biases_follow_a_transformers_replay_of_each_steps_routing(inputs, tmp_p
                           checkpoint_biases(tmp_path / "replay", steps)):
         assert torch.equal(have, want)
     assert "e_score_correction_bias (DeepSeek-V3's name" in log
+    # transformers' Qwen3-MoE loads the export, leaving the biases unused.
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "replay" / "model"))
 
 
 def test_ga_4x1_equals_1x4_and_two_ranks_equal_one(inputs, tmp_path):
@@ -254,3 +261,22 @@ def test_a_step_the_guard_skips_leaves_the_biases_alone(inputs, tmp_path):
     biases = [checkpoint_biases(tmp_path / "skip", step) for step in (2, 3, 4)]
     assert all(torch.equal(a, b) for a, b in zip(biases[0], biases[1]))
     assert any(not torch.equal(a, b) for a, b in zip(biases[1], biases[2]))
+
+
+def test_a_lora_job_writes_the_biases_beside_its_adapter_and_merge_folds_them_in(inputs, tmp_path):
+    _, model_dir, data, _ = inputs
+    spec = spec_for(model_dir, data, 3)
+    spec["method"] = "lora"
+    metrics, log = train(tmp_path, "lora", spec)
+    adapter = tmp_path / "lora" / "adapter"
+    assert "beside the adapter; merge folds them into the model" in log, log
+    beside = load_file(str(adapter / "routing_bias.safetensors"))
+    want = checkpoint_biases(tmp_path / "lora", 3)
+    assert sorted(beside) == [bias_name(layer) for layer in SPARSE]
+    assert all(torch.equal(beside[bias_name(layer)], w) for layer, w in zip(SPARSE, want))
+    assert all(w.abs().max() > 0 for w in want)
+    r = subprocess.run([TRAIN, "merge", "--model", model_dir, "--adapter", str(adapter), "--out",
+                        str(tmp_path / "merged")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert all(torch.equal(merged[bias_name(layer)], w) for layer, w in zip(SPARSE, want))
