@@ -10,7 +10,8 @@ reference.py (8 experts, top-2, layers 1 and 2 sparse), fp32:
   they do: the check of that is part of the test);
 - GA 4x1 = 1x4 and `--nproc 2` = 1 rank: the same biases, and the same curves
   (a rank whose biases differed would route, and so train, otherwise);
-- a resume from a checkpoint continues the uninterrupted run exactly;
+- a resume from a checkpoint continues the uninterrupted run exactly, and a
+  guard rollback puts the biases back with the weights;
 - the export carries the biases under DeepSeek-V3's name, and the log says so;
   a LoRA job writes them beside its adapter, and merge folds them in; a
   skipped step leaves them alone;
@@ -280,3 +281,27 @@ def test_a_lora_job_writes_the_biases_beside_its_adapter_and_merge_folds_them_in
     assert r.returncode == 0, r.stderr
     merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
     assert all(torch.equal(merged[bias_name(layer)], w) for layer, w in zip(SPARSE, want))
+
+
+def test_a_rollback_puts_the_biases_back_with_the_weights(inputs, tmp_path):
+    """A spike at step 10 rolls back to the snapshot of step 6, past the
+    documents of steps 7 to 10. At a learning rate of 1e-12 the biases
+    alone move the routing, so the replay of what the run did (steps 1-6,
+    then 7-12 on the documents after the skipped ones) gives the final
+    biases; without the rollback restoring them, steps 7-9's updates would
+    stay in them."""
+    model, model_dir, data, rows = inputs
+    spec = spec_for(model_dir, data, 12)
+    spec["optimizer"] = {"lr": 1e-12, "weight_decay": 0.0, "max_grad_norm": 1.0}
+    spec["guard"] = {"snapshot_every": 2, "good_after_steps": 2, "spike_window": 8,
+                     "loss_spike_zscore": 20, "inject": {"spike_at_step": [10]}}
+    metrics, log = train(tmp_path, "rollback", spec)
+    assert [m["step"] for m in metrics] == list(range(1, 13)), log
+    assert "rolled back" in log.lower() or "roll back" in log.lower(), log
+
+    replay = BiasedRouting(make_model(ARCH, str(tmp_path / "model"), seed=21))
+    documents = list(range(24)) + list(range(40, 64))
+    for step in range(12):
+        replay.step([rows[d % len(rows)] for d in documents[4 * step:4 * step + 4]])
+    for have, want in zip(exported_biases(tmp_path / "rollback"), replay.bias):
+        assert torch.equal(have, want), (have, want)
