@@ -621,6 +621,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                        std::max(spec.devices(), 1) - 1,
                                        "0..devices-1 (a rank of the job)"));
 
+  // The rate is aux_free's alone: with the aux loss it would be ignored.
+  // Unset, the trainer takes kDefaultAuxFreeRate.
+  if (spec.moe().has_aux_free_rate()) {
+    const double rate = spec.moe().aux_free_rate();
+    if (spec.moe().balance() != "aux_free") {
+      checks.push_back(absl::InvalidArgumentError(
+          absl::StrCat("moe.aux_free_rate is set, but moe.balance is ",
+                       spec.moe().balance().empty() ? "unset (aux_loss)" : spec.moe().balance(),
+                       "; the rate is for moe.balance aux_free")));
+    } else if (!(rate > 0 && rate <= 1)) {
+      checks.push_back(
+          OutOfRange("moe.aux_free_rate", absl::StrCat(rate), AllowedText("moe.aux_free_rate")));
+    }
+  }
+
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "full" && !lora.init_adapter().empty()) {
     checks.push_back(absl::InvalidArgumentError(

@@ -74,6 +74,10 @@ struct SpecRule {
   absl::string_view meaning = {};
 };
 
+// moe.aux_free_rate's default under balance aux_free (DeepSeek-V3's γ for
+// most of its training), which its rule's `shown` says in words.
+inline constexpr double kDefaultAuxFreeRate = 0.001;
+
 // In the README's order. A default that is not zero needs a field with
 // presence (`optional` in job_spec.proto), a string or a list, so that a
 // user's explicit 0 is kept (spec_rules_test checks).
@@ -332,10 +336,26 @@ inline constexpr SpecRule kSpecRules[] = {
      .choices = "all_layers, per_layer",
      .meaning = "one loss over the MoE layers' routings concatenated (transformers), or the mean "
                 "of per-layer losses (Megatron)"},
+    {.key = "moe.balance",
+     .moe_only = true,
+     .default_kind = SpecDefault::kText,
+     .text = "aux_loss",
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "aux_loss, aux_free",
+     .meaning = "the load-balancing loss added to the objective, or DeepSeek-V3's "
+                "auxiliary-loss-free balancing: a per-expert bias on the router's top-k choice, "
+                "moved against each expert's load after every step (docs/moe-balancing.md)"},
+    {.key = "moe.aux_free_rate",
+     .moe_only = true,
+     .default_kind = SpecDefault::kDerived,
+     .shown = "0.001 under `aux_free`",
+     .allowed_kind = SpecAllowed::kInCode,
+     .allowed = "(0, 1], with balance aux_free",
+     .meaning = "how far each step moves an expert's bias (DeepSeek-V3's γ)"},
     {.key = "moe.router_aux_loss_coef",
      .moe_only = true,
      .default_kind = SpecDefault::kDerived,
-     .shown = "config.json's `router_aux_loss_coef`",
+     .shown = "config.json's `router_aux_loss_coef`; 0 under `aux_free`",
      .allowed_kind = SpecAllowed::kRange,
      .lo = 0,
      .hi = 100,

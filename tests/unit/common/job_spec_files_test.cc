@@ -260,6 +260,11 @@ TEST_F(JobSpecFilesTest, AMoeSectionOnADenseModelIsRefusedNamingItsKeys) {
   spec_.mutable_moe()->set_router_aux_loss_coef(0.01);
   EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
               HasSubstr("moe.aux_loss_scope, moe.router_aux_loss_coef are set, but "));
+  spec_.mutable_moe()->Clear();
+  spec_.mutable_moe()->set_balance("aux_free");
+  spec_.mutable_moe()->set_aux_free_rate(0.01);
+  EXPECT_THAT(PrepareJobSpec(&spec_).message(),
+              HasSubstr("moe.balance, moe.aux_free_rate are set, but "));
   // `moe: {}` alone is a section too.
   spec_.mutable_moe()->Clear();
   EXPECT_THAT(ValidateJobSpecFiles(spec_).message(), HasSubstr("moe is set, but "));

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ballast {
 namespace {
@@ -230,7 +231,9 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
              "guard.moe_collapse_share = 0.3 is out of range; allowed: 0 (off) or [0.5, 1)"},
         Case{"moe.aux_loss=per_step", "moe.aux_loss = 'per_step' is not supported"},
         Case{"moe.aux_loss_scope=mean", "moe.aux_loss_scope = 'mean'"},
-        Case{"moe.router_aux_loss_coef=-0.1", "moe.router_aux_loss_coef = -0.1"}}) {
+        Case{"moe.router_aux_loss_coef=-0.1", "moe.router_aux_loss_coef = -0.1"},
+        Case{"moe.balance=sinkhorn",
+             "moe.balance = 'sinkhorn' is not supported; allowed: aux_free, aux_loss"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;
@@ -255,6 +258,47 @@ TEST(JobSpec, MoeDefaultsFillOnlyASpecWithAMoeSection) {
   EXPECT_EQ(moe->moe().aux_loss(), "global");
   EXPECT_EQ(moe->moe().aux_loss_scope(), "all_layers");
   EXPECT_FALSE(moe->moe().has_router_aux_loss_coef());
+  EXPECT_EQ(moe->moe().balance(), "aux_loss");
+  EXPECT_FALSE(moe->moe().has_aux_free_rate());
+}
+
+// moe.aux_free_rate: aux_free's alone, and a positive finite step of at
+// most 1 (the bias moves against probabilities); the errors name the key.
+TEST(JobSpec, AuxFreeRateIsCheckedAndOnlyForBalanceAuxFree) {
+  struct Case {
+    std::vector<std::string> overrides;
+    const char* message;  // empty: valid
+  };
+  for (const Case& c :
+       {Case{{"moe.balance=aux_free"}, ""},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=0.5"}, ""},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=1"}, ""},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=0"},
+             "moe.aux_free_rate = 0 is out of range; allowed: (0, 1], with balance aux_free"},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=-0.001"}, "moe.aux_free_rate = -0.001"},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=1.5"}, "moe.aux_free_rate = 1.5"},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=.nan"}, "moe.aux_free_rate = nan"},
+        Case{{"moe.balance=aux_free", "moe.aux_free_rate=.inf"}, "moe.aux_free_rate = inf"},
+        Case{{"moe.aux_free_rate=0.01"},
+             "moe.aux_free_rate is set, but moe.balance is aux_loss; the rate is for "
+             "moe.balance aux_free"},
+        Case{{"moe.balance=aux_loss", "moe.aux_free_rate=0.01"},
+             "moe.aux_free_rate is set, but moe.balance is aux_loss"}}) {
+    const std::string name = absl::StrJoin(c.overrides, " ");
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+    ASSERT_TRUE(spec.ok());
+    ASSERT_TRUE(ApplyOverrides(c.overrides, &*spec).ok()) << name;
+    ApplyDefaults(&*spec);
+    const absl::Status s = ValidateJobSpec(*spec);
+    if (std::string(c.message).empty()) {
+      EXPECT_TRUE(s.ok()) << name << ": " << s;
+      EXPECT_EQ(spec->moe().balance(), "aux_free") << name;
+      EXPECT_EQ(spec->moe().has_aux_free_rate(), c.overrides.size() > 1) << "not filled: " << name;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << name;
+  }
 }
 
 TEST(JobSpec, AGangOfUpTo1024DevicesIsValid) {

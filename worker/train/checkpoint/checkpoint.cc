@@ -23,6 +23,7 @@ namespace {
 
 constexpr char kPrefix[] = "step-";
 constexpr char kUnverified[] = "UNVERIFIED";
+constexpr char kBuffersFile[] = "buffers.safetensors";
 
 // The step of a checkpoint folder name, or nullopt for any other name.
 std::optional<int64_t> CheckpointStep(const std::string& name) {
@@ -66,7 +67,15 @@ absl::Status BeginCheckpoint(const CheckpointFolder& folder) {
 }
 
 absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position,
-                               CheckpointHealth health) {
+                               CheckpointHealth health,
+                               const std::map<std::string, at::Tensor>& buffers) {
+  if (!buffers.empty()) {
+    if (absl::Status s =
+            WriteSafetensors((fs::path(folder.tmp_dir) / kBuffersFile).string(), buffers);
+        !s.ok()) {
+      return s;
+    }
+  }
   nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
   if (absl::Status s = WriteTextAtomically(fs::path(folder.tmp_dir) / "state.json", state.dump());
       !s.ok()) {
@@ -100,12 +109,14 @@ std::optional<std::string> FirstNonFinite(const std::map<std::string, at::Tensor
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const ParamStore& params,
-                                           const AdamW& optimizer, CheckpointHealth health) {
+                                           const AdamW& optimizer, CheckpointHealth health,
+                                           const std::map<std::string, at::Tensor>& buffers) {
   std::map<std::string, at::Tensor> tensors;
   for (const std::string& name : params.TrainableNames()) tensors[name] = params.get(name).detach();
   const std::map<std::string, at::Tensor> optimizer_state = optimizer.StateDict();
   std::optional<std::string> bad = FirstNonFinite(tensors);
   if (!bad) bad = FirstNonFinite(optimizer_state);
+  if (!bad) bad = FirstNonFinite(buffers);
   if (bad) {
     return absl::FailedPreconditionError(absl::StrCat("not writing checkpoint at step ",
                                                       position.step, ": ", *bad, " is not finite"));
@@ -128,7 +139,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
         !s.ok()) {
       return s;
     }
-    return PublishCheckpoint(folder, position, health);
+    return PublishCheckpoint(folder, position, health, buffers);
   };
   if (absl::Status s = write(); !s.ok()) {
     AbandonCheckpoint(folder);
@@ -262,6 +273,21 @@ absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore*
   if (!rng.ok()) return rng.status();
   SetGeneratorStates(*rng, params->device());
   return reader->position();
+}
+
+absl::StatusOr<std::map<std::string, at::Tensor>> LoadCheckpointBuffers(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kBuffersFile;
+  std::map<std::string, at::Tensor> buffers;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return buffers;
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path.string());
+  if (!file.ok()) return absl::DataLossError(file.status().message());
+  for (const std::string& name : (*file)->names()) {
+    absl::StatusOr<at::Tensor> t = (*file)->tensor(name);
+    if (!t.ok()) return absl::DataLossError(t.status().message());
+    buffers[name] = t->clone();
+  }
+  return buffers;
 }
 
 }  // namespace ballast::train

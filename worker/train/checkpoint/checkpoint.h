@@ -4,6 +4,9 @@
 //   params.safetensors     trainable tensors (fp32 masters)
 //   optimizer.safetensors  AdamW moments and step counter
 //   rng.safetensors        the CPU generator state (dropout, init)
+//   buffers.safetensors    model tensors no gradient trains, the same on
+//                          every rank (moe.balance aux_free's routing bias);
+//                          absent when the model has none
 //   state.json             {"step": 5, "data_cursor": 40}
 //   UNVERIFIED             present until the checkpoint is good
 // A checkpoint is written into a hidden temporary folder and renamed into
@@ -39,8 +42,8 @@ enum class CheckpointHealth { kGood, kUnverified };
 
 // The steps of writing a checkpoint folder, shared by both layouts:
 // BeginCheckpoint empties and creates tmp_dir, the caller writes its files
-// there, and PublishCheckpoint adds state.json and renames tmp_dir to
-// final_dir (replacing a folder of the same step).
+// there, and PublishCheckpoint adds state.json and the buffers and renames
+// tmp_dir to final_dir (replacing a folder of the same step).
 struct CheckpointFolder {
   std::string final_dir;  // checkpoints/step-00000005
   std::string tmp_dir;    // checkpoints/.step-00000005.tmp
@@ -51,17 +54,20 @@ absl::Status BeginCheckpoint(const CheckpointFolder& folder);
 // back and nothing half-written is left beside the good checkpoints.
 void AbandonCheckpoint(const CheckpointFolder& folder);
 absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPosition& position,
-                               CheckpointHealth health);
+                               CheckpointHealth health,
+                               const std::map<std::string, at::Tensor>& buffers = {});
 
 // The name of the first tensor holding a NaN or an infinity, or nullopt.
 std::optional<std::string> FirstNonFinite(const std::map<std::string, at::Tensor>& tensors);
 
 // Writes checkpoint `position.step` under `checkpoints_dir` and returns its
-// folder. FAILED_PRECONDITION (and nothing written) when a trainable tensor
-// or the optimizer's state holds a NaN or an infinity.
+// folder, with `buffers` (see the layout). FAILED_PRECONDITION (and nothing
+// written) when a trainable tensor, the optimizer's state or a buffer holds
+// a NaN or an infinity.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const ParamStore& params,
-                                           const AdamW& optimizer, CheckpointHealth health);
+                                           const AdamW& optimizer, CheckpointHealth health,
+                                           const std::map<std::string, at::Tensor>& buffers = {});
 
 // The folder of the newest good checkpoint at or before step `max_step`, or
 // nullopt when there is none. Leftover temporary folders of an interrupted
@@ -91,6 +97,10 @@ absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep)
 // position. DATA_LOSS names the file or tensor that is missing or corrupt.
 absl::StatusOr<TrainPosition> LoadCheckpoint(const std::string& dir, ParamStore* params,
                                              AdamW* optimizer);
+
+// A checkpoint folder's buffers, of either layout, on the host; none when it
+// has no buffers.safetensors. DATA_LOSS when the file is corrupt.
+absl::StatusOr<std::map<std::string, at::Tensor>> LoadCheckpointBuffers(const std::string& dir);
 
 }  // namespace ballast::train
 

@@ -34,7 +34,7 @@ absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_d
     for (const std::string& name : kept) {
       absl::StatusOr<at::Tensor> t = base->tensor(name);  // a view of the file's bytes
       if (!t.ok()) return t.status();
-      by_name[name] = *t;
+      by_name.try_emplace(name, *t);
     }
   }
   if (absl::Status s = WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), by_name,
@@ -53,6 +53,13 @@ absl::Status ExportHfModel(const std::string& base_dir, const std::string& out_d
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> SaveRoutingBiasBesideAdapter(
+    const std::string& adapter_dir, const std::map<std::string, at::Tensor>& biases) {
+  const std::string path = (fs::path(adapter_dir) / kRoutingBiasFile).string();
+  if (absl::Status s = WriteSafetensors(path, biases); !s.ok()) return s;
+  return path;
+}
+
 absl::Status ExportMergedLora(const std::string& base_dir, const std::string& adapter_dir,
                               const std::string& out_dir) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(base_dir);
@@ -63,7 +70,19 @@ absl::Status ExportMergedLora(const std::string& base_dir, const std::string& ad
   if (!params.ok()) return params.status();
   if (absl::Status s = AddLoraAdapters(*config, *lora, &*params); !s.ok()) return s;
   if (absl::Status s = LoadPeftAdapter(adapter_dir, *config, *lora, &*params); !s.ok()) return s;
-  return ExportHfModel(base_dir, out_dir, *config, MergedTensors(*lora, *params));
+  std::vector<std::pair<std::string, at::Tensor>> merged = MergedTensors(*lora, *params);
+  const fs::path bias_file = fs::path(adapter_dir) / kRoutingBiasFile;
+  if (std::error_code ec; fs::exists(bias_file, ec)) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(bias_file.string());
+    if (!file.ok()) return file.status();
+    for (const std::string& name : (*file)->names()) {
+      absl::StatusOr<at::Tensor> t = (*file)->tensor(name);
+      if (!t.ok()) return t.status();
+      merged.emplace_back(name, *t);
+    }
+  }
+  return ExportHfModel(base_dir, out_dir, *config, merged);
 }
 
 }  // namespace ballast::train

@@ -41,18 +41,19 @@ nlohmann::json LayoutJson(const FlatLayout& layout) {
 
 }  // namespace
 
-absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
-                                                  const TrainPosition& position,
-                                                  const ShardedModel& model, const AdamW& optimizer,
-                                                  Collectives* collectives,
-                                                  CheckpointHealth health) {
+absl::StatusOr<std::string> SaveShardedCheckpoint(
+    const std::string& checkpoints_dir, const TrainPosition& position, const ShardedModel& model,
+    const AdamW& optimizer, Collectives* collectives, CheckpointHealth health,
+    const std::map<std::string, at::Tensor>& buffers) {
   const int rank = collectives->rank();
   std::map<std::string, at::Tensor> tensors = optimizer.StateDict();
   for (const std::string& key : model.masters().names()) {
     tensors[key] = model.masters().get(key).detach();
   }
   absl::Status finite;
-  if (std::optional<std::string> bad = FirstNonFinite(tensors)) {
+  std::optional<std::string> bad = FirstNonFinite(tensors);
+  if (!bad) bad = FirstNonFinite(buffers);
+  if (bad) {
     finite = absl::FailedPreconditionError(absl::StrCat("not writing checkpoint at step ",
                                                         position.step, ": ", *bad, " on rank ",
                                                         rank, " is not finite"));
@@ -81,7 +82,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints
     out << LayoutJson(model.layout()).dump();
     out.flush();
     published =
-        out ? PublishCheckpoint(folder, position, health)
+        out ? PublishCheckpoint(folder, position, health, buffers)
             : absl::InternalError(absl::StrCat("cannot write ", folder.tmp_dir, "/layout.json"));
   }
   if (absl::Status s = Agree(published, collectives, "publishing the checkpoint"); !s.ok()) {

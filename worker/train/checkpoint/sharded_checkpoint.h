@@ -21,6 +21,7 @@
 #ifndef BALLAST_WORKER_TRAIN_CHECKPOINT_SHARDED_CHECKPOINT_H_
 #define BALLAST_WORKER_TRAIN_CHECKPOINT_SHARDED_CHECKPOINT_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,12 +34,13 @@ namespace ballast::train {
 
 // Every rank calls it. Returns the checkpoint's folder. FAILED_PRECONDITION
 // (and nothing written) when a trainable shard or the optimizer's state
-// holds a NaN or an infinity.
+// holds a NaN or an infinity. Rank 0 writes `buffers`, the same on every
+// rank (checkpoint.h).
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& checkpoints_dir,
                                                   const TrainPosition& position,
                                                   const ShardedModel& model, const AdamW& optimizer,
-                                                  Collectives* collectives,
-                                                  CheckpointHealth health);
+                                                  Collectives* collectives, CheckpointHealth health,
+                                                  const std::map<std::string, at::Tensor>& buffers);
 
 // Restores this rank's shards, moments and generator. DATA_LOSS names the
 // missing or corrupt file or tensor.

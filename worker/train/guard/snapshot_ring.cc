@@ -15,7 +15,8 @@ at::Tensor HostCopy(const at::Tensor& t) {
 }  // namespace
 
 void SnapshotRing::Take(const TrainPosition& position, const ParamStore& trained,
-                        const AdamW& optimizer, c10::Device device) {
+                        const AdamW& optimizer, c10::Device device,
+                        std::map<std::string, at::Tensor> buffers) {
   TrainSnapshot snapshot;
   snapshot.position = position;
   for (const std::string& name : trained.TrainableNames()) {
@@ -23,6 +24,7 @@ void SnapshotRing::Take(const TrainPosition& position, const ParamStore& trained
   }
   for (const auto& [name, t] : optimizer.StateDict()) snapshot.optimizer.emplace(name, HostCopy(t));
   snapshot.generators = GeneratorStates(device);
+  snapshot.buffers = std::move(buffers);
   ring_.push_back(std::move(snapshot));
   while (static_cast<int64_t>(ring_.size()) > capacity_) ring_.pop_front();
 }

@@ -1,7 +1,7 @@
 // SnapshotRing: the last few states of a run, in host memory, for the
 // guard's rollbacks. A snapshot is what a checkpoint holds (the trainable
 // tensors, or this rank's shards of them; the optimizer; the generators; the
-// position), taken every guard.snapshot_every steps without touching the
+// buffers; the position), taken every guard.snapshot_every steps without touching the
 // disk, so that a rollback goes back a few steps, not to the last
 // checkpoint, and costs a copy, not a load.
 //
@@ -34,6 +34,9 @@ struct TrainSnapshot {
   std::map<std::string, at::Tensor> trained;    // the trainable tensors, on the host
   std::map<std::string, at::Tensor> optimizer;  // AdamW::StateDict, on the host
   std::map<std::string, at::Tensor> generators;
+  // Model tensors no gradient trains (checkpoint.h), on the host; the
+  // caller, who owns them, puts them back.
+  std::map<std::string, at::Tensor> buffers;
   bool good = false;
 };
 
@@ -42,9 +45,10 @@ class SnapshotRing {
   // `capacity` snapshots at most; the oldest goes first.
   explicit SnapshotRing(int64_t capacity) : capacity_(capacity) {}
 
-  // Copies the state after step `position.step` to the host.
+  // Copies the state after step `position.step` to the host; `buffers`
+  // are host copies already.
   void Take(const TrainPosition& position, const ParamStore& trained, const AdamW& optimizer,
-            c10::Device device);
+            c10::Device device, std::map<std::string, at::Tensor> buffers = {});
 
   // After step `step`, which ends `clean_steps` applied steps in a row:
   // every snapshot with at least `good_after` of them after it is good.

@@ -38,6 +38,7 @@
 #include "worker/train/model/load_balancing.h"
 #include "worker/train/model/lora.h"
 #include "worker/train/model/param_store.h"
+#include "worker/train/model/routing_bias.h"
 
 namespace ballast::train {
 
@@ -69,6 +70,11 @@ class Decoder {
   // they record nothing and add no loss. The caller sets one per forward.
   void set_routing(std::shared_ptr<RoutingStats> routing) { routing_ = std::move(routing); }
   const std::shared_ptr<RoutingStats>& routing() const { return routing_; }
+  // The per-expert bias the sparse layers add to their router probabilities
+  // for the top-k choice (routing_bias.h; moe.balance aux_free); nullptr:
+  // none. Not owned; it must outlive the forwards.
+  void set_routing_bias(const RoutingBias* bias) { routing_bias_ = bias; }
+  const RoutingBias* routing_bias() const { return routing_bias_; }
 
   // Final-normed hidden states, (T, H) in the compute dtype, differentiable
   // in every trainable tensor. `training` turns LoRA dropout on.
@@ -113,6 +119,7 @@ class Decoder {
   bool gradient_checkpointing_;
   LayerRunner* layer_runner_ = nullptr;
   std::shared_ptr<RoutingStats> routing_;
+  const RoutingBias* routing_bias_ = nullptr;
   at::Tensor inv_freq_;  // (rotary_dim / 2) fp32 on the params' device, with rope_scaling applied
 };
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/expert_order.h"
@@ -55,7 +56,16 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   at::Tensor logits = RouterLogits(decoder, prefix, x, training);  // (T, E) fp32
   if (routing) logits = BalanceRouterLogits(logits, routing, layer);
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
-  auto [weights, selected] = at::topk(probs, moe.top_k, -1);  // (T, k), (T, k) int64
+  at::Tensor weights, selected;  // (T, k), (T, k) int64
+  if (const RoutingBias* bias = decoder.routing_bias()) {
+    // aux_free: the bias steers which experts are chosen; their weights
+    // stay the unbiased probabilities (DeepSeek-V3 gates with the scores,
+    // not the biased scores).
+    selected = std::get<1>(at::topk(probs.detach() + bias->of(layer), moe.top_k, -1));
+    weights = probs.gather(-1, selected);
+  } else {
+    std::tie(weights, selected) = at::topk(probs, moe.top_k, -1);
+  }
   if (moe.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type());
   if (routing) routing->Record(layer, selected, probs, logits);

@@ -5,6 +5,8 @@
 //   p      = softmax(logits)                    fp32
 //   w, idx = topk(p, k)                         torch.topk's order; w / sum(w) when
 //                                               norm_topk_prob; w in the compute dtype
+//            (moe.balance aux_free: idx = topk(p + b, k) with the layer's
+//            routing bias b, w = p[idx]; routing_bias.h)
 //   out[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]),
 //            expert_e(x) = down_e(silu(gate_e(x)) * up_e(x))
 //

@@ -9,7 +9,7 @@
 namespace ballast::train {
 
 Recovery::Recovery(const v1::JobSpec& spec, RecoveryOptions options, TrainedState* state,
-                   AdamW* optimizer, Collectives* collectives)
+                   AdamW* optimizer, Collectives* collectives, RoutingBias* routing_bias)
     : spec_(spec),
       options_([&] {
         if (options.kept_checkpoints_dir.empty()) {
@@ -20,6 +20,7 @@ Recovery::Recovery(const v1::JobSpec& spec, RecoveryOptions options, TrainedStat
       state_(state),
       optimizer_(optimizer),
       collectives_(collectives),
+      routing_bias_(routing_bias),
       snapshots_(spec.guard().snapshots()) {}
 
 absl::StatusOr<Recovery::Start> Recovery::Resume() {
@@ -45,12 +46,13 @@ absl::StatusOr<Recovery::Start> Recovery::Resume() {
   if (*resume_from) {
     absl::StatusOr<TrainPosition> loaded = state_->Load(**resume_from, optimizer_);
     if (!loaded.ok()) return loaded.status();
+    if (absl::Status s = LoadBuffers(**resume_from); !s.ok()) return s;
     start.position = *loaded;
     start.checkpoint = **resume_from;
   }
   // The state the run starts from is good (the initial weights, or a good
   // checkpoint): the first snapshot to go back to.
-  snapshots_.Take(start.position, state_->trained(), *optimizer_, options_.device);
+  snapshots_.Take(start.position, state_->trained(), *optimizer_, options_.device, Buffers());
   snapshots_.MarkGood(start.position.step, 0, 0);
   return start;
 }
@@ -67,7 +69,7 @@ absl::StatusOr<std::string> Recovery::SaveCheckpoint(const TrainPosition& positi
                                       ? CheckpointHealth::kUnverified
                                       : CheckpointHealth::kGood;
   absl::StatusOr<std::string> dir =
-      state_->Save(options_.checkpoints_dir, position, *optimizer_, health);
+      state_->Save(options_.checkpoints_dir, position, *optimizer_, health, Buffers());
   if (dir.ok() && health == CheckpointHealth::kUnverified) {
     unverified_checkpoints_.push_back(position.step);
   }
@@ -100,7 +102,7 @@ absl::Status Recovery::AfterAppliedStep(const TrainPosition& position, int64_t c
   }
   const int64_t every = spec_.guard().snapshot_every();
   if (every > 0 && position.step % every == 0) {
-    snapshots_.Take(position, state_->trained(), *optimizer_, options_.device);
+    snapshots_.Take(position, state_->trained(), *optimizer_, options_.device, Buffers());
   }
   return absl::OkStatus();
 }
@@ -123,11 +125,15 @@ absl::StatusOr<std::optional<std::string>> Recovery::RollBack(int64_t before_ste
         !s.ok()) {
       return s;
     }
+    if (routing_bias_ != nullptr) {
+      if (absl::Status s = routing_bias_->Restore(snapshot->buffers); !s.ok()) return s;
+    }
     *position = snapshot->position;
     restored_from = "snapshot";
   } else if (checkpoint) {
     absl::StatusOr<TrainPosition> loaded = state_->Load(*checkpoint, optimizer_);
     if (!loaded.ok()) return loaded.status();
+    if (absl::Status s = LoadBuffers(*checkpoint); !s.ok()) return s;
     *position = *loaded;
     restored_from = *checkpoint;
   } else {
@@ -142,6 +148,21 @@ absl::StatusOr<std::optional<std::string>> Recovery::RollBack(int64_t before_ste
     if (!kept.ok()) return kept.status();
   }
   return restored_from;
+}
+
+std::map<std::string, at::Tensor> Recovery::Buffers() const {
+  if (routing_bias_ == nullptr) return {};
+  return routing_bias_->Tensors();
+}
+
+absl::Status Recovery::LoadBuffers(const std::string& checkpoint) {
+  if (routing_bias_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::map<std::string, at::Tensor>> buffers = LoadCheckpointBuffers(checkpoint);
+  if (!buffers.ok()) return buffers.status();
+  if (absl::Status s = routing_bias_->Restore(*buffers); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(checkpoint, ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ballast::train

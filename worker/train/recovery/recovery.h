@@ -17,6 +17,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "worker/train/checkpoint/checkpoint.h"
 #include "worker/train/collectives/collectives.h"
 #include "worker/train/guard/snapshot_ring.h"
+#include "worker/train/model/routing_bias.h"
 #include "worker/train/optim/adamw.h"
 #include "worker/train/recovery/trained_state.h"
 
@@ -54,10 +56,12 @@ class Recovery {
     std::string checkpoint;
   };
 
-  // `spec`, `state`, `optimizer` and `collectives` are not owned and must
-  // outlive the Recovery.
+  // `spec`, `state`, `optimizer`, `collectives` and `routing_bias` are not
+  // owned and must outlive the Recovery. `routing_bias` (moe.balance
+  // aux_free; null without) is state no gradient trains that checkpoints and
+  // snapshots hold and resume and rollback put back with the weights.
   Recovery(const v1::JobSpec& spec, RecoveryOptions options, TrainedState* state, AdamW* optimizer,
-           Collectives* collectives);
+           Collectives* collectives, RoutingBias* routing_bias = nullptr);
 
   // Creates the checkpoints folder, picks the checkpoint to resume from
   // (rank 0 first applies a rollback's resume_at_or_before to the folder;
@@ -99,11 +103,17 @@ class Recovery {
   absl::StatusOr<std::optional<std::string>> RollBack(int64_t before_step, TrainPosition* position);
 
  private:
+  // The routing bias's tensors (none without one), and putting them back
+  // from a checkpoint folder.
+  std::map<std::string, at::Tensor> Buffers() const;
+  absl::Status LoadBuffers(const std::string& checkpoint);
+
   const v1::JobSpec& spec_;
   const RecoveryOptions options_;
   TrainedState* const state_;
   AdamW* const optimizer_;
   Collectives* const collectives_;
+  RoutingBias* const routing_bias_;
   SnapshotRing snapshots_;
   // Checkpoints saved unverified that may still become good, by step.
   std::vector<int64_t> unverified_checkpoints_;

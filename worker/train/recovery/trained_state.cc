@@ -49,8 +49,9 @@ class WholeState : public TrainedState {
 
   absl::StatusOr<std::string> Save(const std::string& checkpoints_dir,
                                    const TrainPosition& position, const AdamW& optimizer,
-                                   CheckpointHealth health) override {
-    return SaveCheckpoint(checkpoints_dir, position, params_, optimizer, health);
+                                   CheckpointHealth health,
+                                   const std::map<std::string, at::Tensor>& buffers) override {
+    return SaveCheckpoint(checkpoints_dir, position, params_, optimizer, health, buffers);
   }
 
   absl::StatusOr<TrainPosition> Load(const std::string& dir, AdamW* optimizer) override {
@@ -108,9 +109,10 @@ class ShardedState : public TrainedState {
 
   absl::StatusOr<std::string> Save(const std::string& checkpoints_dir,
                                    const TrainPosition& position, const AdamW& optimizer,
-                                   CheckpointHealth health) override {
-    return SaveShardedCheckpoint(checkpoints_dir, position, model_, optimizer, collectives_,
-                                 health);
+                                   CheckpointHealth health,
+                                   const std::map<std::string, at::Tensor>& buffers) override {
+    return SaveShardedCheckpoint(checkpoints_dir, position, model_, optimizer, collectives_, health,
+                                 buffers);
   }
 
   absl::StatusOr<TrainPosition> Load(const std::string& dir, AdamW* optimizer) override {

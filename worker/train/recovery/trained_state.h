@@ -27,6 +27,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,11 +93,13 @@ class TrainedState {
   virtual std::vector<std::pair<std::string, at::Tensor>> FullTensors(bool trainable_only) = 0;
 
   // Writes checkpoint `position.step` under `checkpoints_dir` (every rank
-  // calls it) and returns its folder. FAILED_PRECONDITION, and nothing
-  // written, when a trainable value or the optimizer's state is not finite.
+  // calls it), with `buffers` (checkpoint.h), and returns its folder.
+  // FAILED_PRECONDITION, and nothing written, when a trainable value, the
+  // optimizer's state or a buffer is not finite.
   virtual absl::StatusOr<std::string> Save(const std::string& checkpoints_dir,
                                            const TrainPosition& position, const AdamW& optimizer,
-                                           CheckpointHealth health) = 0;
+                                           CheckpointHealth health,
+                                           const std::map<std::string, at::Tensor>& buffers) = 0;
   // Restores the state, the optimizer and the generator from a checkpoint
   // folder of either layout and returns its position. DATA_LOSS names what
   // is missing or corrupt.

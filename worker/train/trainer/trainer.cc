@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
+#include "common/spec_rules.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/model/pretrained.h"
@@ -47,6 +48,20 @@ std::string TensorGroups(const std::vector<std::string>& names) {
   return text;
 }
 
+// The decoder indices of the model's sparse layers.
+std::vector<int64_t> SparseLayersOf(const ModelConfig& config) {
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (config.moe.sparse(i)) layers.push_back(i);
+  }
+  return layers;
+}
+
+// moe.aux_free_rate, or its default.
+double AuxFreeRate(const v1::MoeSpec& moe) {
+  return moe.has_aux_free_rate() ? moe.aux_free_rate() : kDefaultAuxFreeRate;
+}
+
 int64_t PeakRssBytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -79,6 +94,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     if (!config.ok()) return config.status();
     if (spec.moe().has_router_aux_loss_coef()) {
       config->moe.router_aux_loss_coef = spec.moe().router_aux_loss_coef();
+    } else if (spec.moe().balance() == "aux_free") {
+      // DeepSeek-V3 balances by the bias alone (its sequence-wise loss has
+      // a coefficient of 1e-4): config.json's coefficient is the aux-loss
+      // mode's. One set in the spec adds the aux loss as that complement.
+      config->moe.router_aux_loss_coef = 0;
     }
     // Tokenized once per job: restarts and the ranks of one machine read the
     // cache that the first one built.
@@ -97,15 +117,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const v1::JobSpec& spec
     absl::StatusOr<std::unique_ptr<TrainedState>> state =
         LoadTrainedState(spec, *config, lora, options.collectives, options.device);
     if (!state.ok()) return state.status();
-    return std::unique_ptr<Trainer>(new Trainer(spec, out_dir, options, *std::move(config),
-                                                *std::move(state), std::move(lora),
-                                                *std::move(data), *std::move(objective)));
+    std::unique_ptr<RoutingBias> routing_bias;
+    bool bias_from_model = false;
+    if (config->has_experts() && spec.moe().balance() == "aux_free") {
+      routing_bias = std::make_unique<RoutingBias>(SparseLayersOf(*config), config->moe.num_experts,
+                                                   AuxFreeRate(spec.moe()), options.device);
+      absl::StatusOr<bool> started = routing_bias->StartFrom(spec.model().path(), *config);
+      if (!started.ok()) return started.status();
+      bias_from_model = *started;
+    }
+    return std::unique_ptr<Trainer>(new Trainer(
+        spec, out_dir, options, *std::move(config), *std::move(state), std::move(lora),
+        *std::move(data), *std::move(objective), std::move(routing_bias), bias_from_model));
   });
 }
 
 Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
                  std::unique_ptr<TrainedState> state, std::optional<LoraConfig> lora,
-                 TrainingData data, std::unique_ptr<Objective> objective)
+                 TrainingData data, std::unique_ptr<Objective> objective,
+                 std::unique_ptr<RoutingBias> routing_bias, bool bias_from_model)
     : spec_(std::move(spec)),
       out_dir_(std::move(out_dir)),
       device_(options.device),
@@ -129,6 +159,7 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                                                        : spec_.moe().aux_loss() == "global"),
       aux_loss_scope_(spec_.moe().aux_loss_scope() == "per_layer" ? AuxLossScope::kPerLayer
                                                                   : AuxLossScope::kAllLayers),
+      routing_bias_(std::move(routing_bias)),
       guard_(GuardOptionsFromSpec(spec_.guard())),
       injection_(spec_.guard().inject(), collectives_->rank()),
       recovery_(spec_,
@@ -136,8 +167,9 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                  .kept_checkpoints_dir = options.kept_checkpoints_dir,
                  .resume_at_or_before = options.resume_at_or_before,
                  .device = device_},
-                state_.get(), &optimizer_, collectives_) {
+                state_.get(), &optimizer_, collectives_, routing_bias_.get()) {
   decoder_.set_layer_runner(state_->layer_runner());
+  decoder_.set_routing_bias(routing_bias_.get());
   // AdamW keeps two fp32 moments per trainable element.
   const ResidentBytes bytes = state_->resident_bytes();
   reports_.Log("info", absl::StrCat("rank ", collectives_->rank(), " of ",
@@ -150,14 +182,24 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
     reports_.Log(
         "info",
         absl::StrCat(
-            "load balancing: ", global_balancing_ ? "global" : "micro_batch", " aux loss, ",
+            "load balancing: ",
+            routing_bias_
+                ? absl::StrCat("aux_free (a per-expert routing bias, rate ",
+                               AuxFreeRate(spec_.moe()), ", updated after each applied step, from ",
+                               bias_from_model ? "the model folder's biases" : "zero", "); ")
+                : "aux_loss; ",
+            global_balancing_ ? "global" : "micro_batch", " aux loss, ",
             aux_loss_scope_ == AuxLossScope::kPerLayer ? "per layer" : "all layers",
             ", coefficient ", config_.moe.router_aux_loss_coef,
+            routing_bias_ && config_.moe.router_aux_loss_coef == 0
+                ? " (measured and reported, not trained on)"
+                : "",
             spec_.task() == "block_diffusion"
                 ? "; it counts the noisy half x_t of each document only, as SDAR "
                   "routes and trains it"
                 : "",
-            global_balancing_ && spec_.data().grad_accum_steps() > collectives_->world_size()
+            global_balancing_ && config_.moe.router_aux_loss_coef > 0 &&
+                    spec_.data().grad_accum_steps() > collectives_->world_size()
                 ? "; each step runs a routing pre-pass (a forward without autograd of "
                   "each micro-batch)"
                 : ""));
@@ -296,7 +338,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       ClearGradients();
       SetGeneratorStates(generators, device_);
       v1::StepMetrics again = m;
-      const StepNumbers rerun_numbers = Compute(micro_batches, m.step(), /*rerun=*/true);
+      StepNumbers rerun_numbers = Compute(micro_batches, m.step(), /*rerun=*/true);
       TensorNorms rerun_norms;
       const StepHealth rerun_health = Measure(rerun_numbers, &again, &rerun_norms);
       const GuardVerdict rerun_verdict = Judge(rerun_health);
@@ -311,6 +353,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
         verdict->rerun = RerunVerdict::kTransient;
         m = again;
         health = rerun_health;
+        numbers = std::move(rerun_numbers);
       } else {
         verdict->rerun = RerunVerdict::kDeterministic;
         anomaly_.set_verdict(v1::GuardEvent::VERDICT_DETERMINISTIC);
@@ -335,6 +378,8 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       }
     }
     optimizer_.Step(trained, m.lr());
+    // With the weights: only an applied step moves the bias.
+    if (routing_bias_ && numbers.routing) routing_bias_->Update(*numbers.routing);
     injection_.PoisonWeights(m.step(), trained);
   } else {
     m.set_skipped(true);
@@ -345,13 +390,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   return m;
 }
 
-std::vector<int64_t> Trainer::SparseLayers() const {
-  std::vector<int64_t> layers;
-  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    if (config_.moe.sparse(i)) layers.push_back(i);
-  }
-  return layers;
-}
+std::vector<int64_t> Trainer::SparseLayers() const { return SparseLayersOf(config_); }
 
 std::shared_ptr<RoutingStats> Trainer::NewRoutingStats(const PackedBatch& batch,
                                                        double weight) const {
@@ -423,11 +462,14 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
   // needs f of the whole step before its backward: a rank with more than one
   // micro-batch counts it in a routing pre-pass (docs/moe-balancing.md), a
   // rank with one between its forward and its backward.
+  // Without a coefficient (aux_free's default) the aux loss has no gradient
+  // and needs no f before the backward: the step's counts come with the sums.
   std::optional<StepRouting> routing;
   std::optional<StepRouting> step_counts;
+  const bool aux_gradient = global_balancing_ && config_.moe.router_aux_loss_coef > 0;
   if (config_.has_experts()) {
     routing.emplace(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
-    if (global_balancing_ && micro_batches.size() > 1) step_counts = RoutingPrePass(micro_batches);
+    if (aux_gradient && micro_batches.size() > 1) step_counts = RoutingPrePass(micro_batches);
   }
   for (const PackedBatch& batch : micro_batches) {
     state_->BeginForward();
@@ -444,7 +486,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
       decoder_.set_routing(stats);
     }
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
-    if (routing && global_balancing_ && !step_counts) {
+    if (routing && aux_gradient && !step_counts) {
       StepRouting own(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
       stats->AddTo(&own);
       at::Tensor flat = own.Flat().to(device_);
@@ -494,6 +536,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
         global_balancing_ ? routing->AuxLoss(aux_loss_scope_)
                           : out.aux_loss_sum / static_cast<double>(spec_.data().grad_accum_steps());
     out.moe = SummarizeStepRouting(routing->Layers(), config_.moe.top_k, aux);
+    out.routing = std::move(routing);
   }
   out.sum_squares.assign(r + next, r + next + grads.size());
   return out;
@@ -642,9 +685,11 @@ void Trainer::Evaluate(int64_t step) {
 absl::Status Trainer::Export() {
   // A sharded model is gathered one bucket at a time, on every rank; rank 0
   // writes. The whole model exists once, in fp32, on each rank meanwhile.
-  const std::vector<std::pair<std::string, at::Tensor>> tensors =
+  std::vector<std::pair<std::string, at::Tensor>> tensors =
       state_->FullTensors(/*trainable_only=*/lora_.has_value());
   if (!reports_.writes_shared_files()) return absl::OkStatus();
+  const std::map<std::string, at::Tensor> bias =
+      routing_bias_ ? routing_bias_->Tensors() : std::map<std::string, at::Tensor>();
   absl::Status s;
   fs::path dir;
   if (lora_) {
@@ -652,9 +697,30 @@ absl::Status Trainer::Export() {
     ParamStore adapters;
     for (const auto& [name, t] : tensors) adapters.Add(name, t, ParamStore::kNoLayer, true);
     s = SavePeftAdapter(dir.string(), spec_.model().path(), config_, *lora_, adapters);
+    // Not an adapter tensor (PEFT would refuse it): a file of its own, which
+    // `ballast-train merge` folds into the merged model.
+    if (s.ok() && !bias.empty()) {
+      absl::StatusOr<std::string> path = SaveRoutingBiasBesideAdapter(dir.string(), bias);
+      s = path.status();
+      if (s.ok()) {
+        reports_.Log("info",
+                     absl::StrCat("wrote the ", bias.size(),
+                                  " aux_free routing biases (*.mlp.gate."
+                                  "e_score_correction_bias) to ",
+                                  *path, ", beside the adapter; merge folds them into the model"));
+      }
+    }
   } else {
     dir = fs::path(out_dir_) / "model";
+    tensors.insert(tensors.end(), bias.begin(), bias.end());
     s = ExportHfModel(spec_.model().path(), dir.string(), config_, tensors);
+    if (s.ok() && !bias.empty()) {
+      reports_.Log("info",
+                   absl::StrCat("the exported model holds the ", bias.size(),
+                                " aux_free routing biases as model.layers.*.mlp.gate."
+                                "e_score_correction_bias (DeepSeek-V3's name; transformers' "
+                                "Qwen3-MoE ignores them with a warning and routes without them)"));
+    }
   }
   if (s.ok()) reports_.Log("info", absl::StrCat("exported ", dir.string()));
   return s;

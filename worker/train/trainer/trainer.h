@@ -38,6 +38,7 @@
 #include "worker/train/model/lora.h"
 #include "worker/train/model/moe_step_stats.h"
 #include "worker/train/model/param_store.h"
+#include "worker/train/model/routing_bias.h"
 #include "worker/train/model/step_routing.h"
 #include "worker/train/objective/objective.h"
 #include "worker/train/optim/adamw.h"
@@ -127,7 +128,8 @@ class Trainer {
  private:
   Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, ModelConfig config,
           std::unique_ptr<TrainedState> state, std::optional<LoraConfig> lora, TrainingData data,
-          std::unique_ptr<Objective> objective);
+          std::unique_ptr<Objective> objective, std::unique_ptr<RoutingBias> routing_bias,
+          bool bias_from_model);
 
   // What one run of a step's forward and backward measured, over all ranks.
   struct StepNumbers {
@@ -138,8 +140,11 @@ class Trainer {
     // its coefficient), summed over the step's micro-batches on all ranks.
     double aux_loss_sum = 0;
     // A mixture of experts' routing over the step, its aux loss the step's
-    // (global, or the mean of the micro-batches'); absent for a dense model.
+    // (global, or the mean of the micro-batches'), and the reduced counts it
+    // comes from (what moe.balance aux_free's bias update reads); absent for
+    // a dense model.
     std::optional<MoeStepStats> moe;
+    std::optional<StepRouting> routing;
     // Per tensor of what the optimizer updates (a sharded model's flat
     // buckets), over all ranks; empty when no forward ran.
     std::vector<double> sum_squares;
@@ -196,6 +201,9 @@ class Trainer {
   // moe.aux_loss global (else micro_batch), and moe.aux_loss_scope.
   const bool global_balancing_;
   const AuxLossScope aux_loss_scope_;
+  // moe.balance aux_free's per-expert routing bias; null otherwise. Before
+  // recovery_, which saves and restores it.
+  const std::unique_ptr<RoutingBias> routing_bias_;
   Guard guard_;
   FaultInjection injection_;
   Recovery recovery_;
