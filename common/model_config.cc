@@ -178,9 +178,17 @@ bool SameRope(const RopeScaling& a, const RopeScaling& b) {
          a.original_max_position_embeddings == b.original_max_position_embeddings;
 }
 
-// Qwen3.5's decoder (the VLM's text_config, or the text model alone).
+// Qwen3.5's decoder (the VLM's text_config, or the text model alone), with
+// dense MLPs or with experts.
 bool IsQwen35(const std::string& model_type) {
-  return model_type == "qwen3_5" || model_type == "qwen3_5_text";
+  return model_type == "qwen3_5" || model_type == "qwen3_5_text" || model_type == "qwen3_5_moe" ||
+         model_type == "qwen3_5_moe_text";
+}
+
+// The families whose MLPs are mixtures of experts.
+bool HasMoeLayers(const std::string& model_type) {
+  return model_type == "qwen3_moe" || model_type == "sdar_moe" || model_type == "qwen3_5_moe" ||
+         model_type == "qwen3_5_moe_text";
 }
 
 // layer_types, or Qwen3.5's default from full_attention_interval: layer i is
@@ -268,22 +276,30 @@ absl::Status RefuseExperts(const Fields& f) {
   return absl::OkStatus();
 }
 
-// Qwen3-MoE's keys, with transformers 4.57.6's Qwen3MoeConfig defaults for
-// absent ones.
-absl::StatusOr<MoeConfig> ParseExperts(const Fields& f, int64_t layers) {
+// The mixture-of-experts keys, with the defaults of transformers 4.57.6's
+// Qwen3MoeConfig for absent ones, or of 5.23's Qwen3_5MoeTextConfig when
+// `qwen3_5` (which adds shared_expert_intermediate_size).
+absl::StatusOr<MoeConfig> ParseExperts(const Fields& f, int64_t layers, bool qwen3_5) {
   MoeConfig m;
   const std::pair<const char*, int64_t*> sizes[] = {
       {"num_experts", &m.num_experts},
       {"num_experts_per_tok", &m.top_k},
       {"moe_intermediate_size", &m.moe_intermediate_size},
       {"decoder_sparse_step", &m.decoder_sparse_step},
+      {"shared_expert_intermediate_size", &m.shared_expert_intermediate_size},
   };
-  const int64_t defaults[] = {128, 8, 768, 1};
+  const int64_t defaults[] = {qwen3_5 ? 256 : 128, 8, qwen3_5 ? 512 : 768, 1, qwen3_5 ? 512 : 0};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     *sizes[i].second = defaults[i];
     if (f.Find(sizes[i].first) != nullptr) {
       BALLAST_ASSIGN_OR_RETURN(*sizes[i].second, f.PositiveInt(sizes[i].first, kMaxWidth));
     }
+  }
+  // Qwen3-MoE has no shared expert; a config that asks for one is another model.
+  if (!qwen3_5 && m.shared_expert_intermediate_size > 0) {
+    return Invalid(f.Name("shared_expert_intermediate_size"),
+                   "is not supported for this model_type (Qwen3-MoE has no shared expert); must "
+                   "be absent");
   }
   if (m.top_k > m.num_experts) {
     return Invalid(f.Name("num_experts_per_tok"),
@@ -378,17 +394,26 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   const Fields f(*text, text_key.empty() ? "" : text_key + ".");
   if (!text_key.empty()) {
+    // The wrapper's text_config is its text model's config.
+    const std::string text_type = c.model_type + "_text";
     std::optional<std::string> inner;
     BALLAST_ASSIGN_OR_RETURN(inner, f.OptionalString("model_type"));
-    if (inner && *inner != "qwen3_5_text") {
+    if (inner && *inner != text_type) {
       return Invalid(f.Name("model_type"),
-                     absl::StrCat("must be \"qwen3_5_text\", got \"", *inner, "\""));
+                     absl::StrCat("must be \"", text_type, "\", got \"", *inner, "\""));
     }
   }
+  const bool moe = HasMoeLayers(c.model_type);
 
   BALLAST_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size", kMaxVocab));
   BALLAST_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size", kMaxWidth));
-  BALLAST_ASSIGN_OR_RETURN(c.intermediate_size, f.PositiveInt("intermediate_size", kMaxWidth));
+  // Qwen3.5-MoE has no dense layer, and its config no intermediate_size;
+  // one that is there is checked and not read.
+  if (!(moe && qwen3_5) || f.Find("intermediate_size") != nullptr) {
+    int64_t width = 0;
+    BALLAST_ASSIGN_OR_RETURN(width, f.PositiveInt("intermediate_size", kMaxWidth));
+    if (!(moe && qwen3_5)) c.intermediate_size = width;
+  }
   BALLAST_ASSIGN_OR_RETURN(c.num_hidden_layers, f.PositiveInt("num_hidden_layers", kMaxLayers));
   BALLAST_ASSIGN_OR_RETURN(c.num_attention_heads, f.PositiveInt("num_attention_heads", kMaxHeads));
   BALLAST_ASSIGN_OR_RETURN(c.max_position_embeddings,
@@ -529,21 +554,32 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return Invalid(f.Name("attention_dropout"), absl::StrCat("must be 0, got ", *dropout));
   }
 
-  if (c.model_type == "qwen3_moe" || c.model_type == "sdar_moe") {
-    BALLAST_ASSIGN_OR_RETURN(c.moe, ParseExperts(f, c.num_hidden_layers));
-    // SDAR's engine (common/sdar_checkpoint.h) always renormalises the top-k
-    // weights and has no dense layers among sparse ones.
-    std::optional<bool> norm;
-    BALLAST_ASSIGN_OR_RETURN(norm, f.OptionalBool("norm_topk_prob"));
-    if (c.model_type == "sdar_moe" && !norm.value_or(true)) {
-      return Invalid(f.Name("norm_topk_prob"),
-                     "must be true or absent for sdar_moe (SDAR's engine renormalises the "
-                     "top-k weights)");
-    }
-    if (c.model_type == "sdar_moe") c.moe.norm_topk_prob = true;
-    if (c.model_type == "sdar_moe" && !c.moe.mlp_only_layers.empty()) {
-      return Invalid(f.Name("mlp_only_layers"),
-                     "must be empty for sdar_moe (SDAR's engine does not read it)");
+  if (moe) {
+    BALLAST_ASSIGN_OR_RETURN(c.moe, ParseExperts(f, c.num_hidden_layers, qwen3_5));
+    // SDAR's engine (common/sdar_checkpoint.h) and transformers 5.23's
+    // Qwen3_5MoeTopKRouter always renormalise the top-k weights, and neither
+    // has dense layers among sparse ones: keys that would say otherwise are
+    // refused rather than ignored.
+    if (c.model_type != "qwen3_moe") {
+      const std::string why =
+          c.model_type == "sdar_moe"
+              ? "for sdar_moe (SDAR's engine "
+              : absl::StrCat("for ", c.model_type, " (transformers' Qwen3.5-MoE ");
+      std::optional<bool> norm;
+      BALLAST_ASSIGN_OR_RETURN(norm, f.OptionalBool("norm_topk_prob"));
+      if (!norm.value_or(true)) {
+        return Invalid(f.Name("norm_topk_prob"), absl::StrCat("must be true or absent ", why,
+                                                              "renormalises the top-k weights)"));
+      }
+      c.moe.norm_topk_prob = true;
+      if (!c.moe.mlp_only_layers.empty()) {
+        return Invalid(f.Name("mlp_only_layers"),
+                       absl::StrCat("must be empty ", why, "does not read it)"));
+      }
+      if (qwen3_5 && c.moe.decoder_sparse_step != 1) {
+        return Invalid(f.Name("decoder_sparse_step"),
+                       absl::StrCat("must be 1 or absent ", why, "does not read it)"));
+      }
     }
   } else if (absl::Status s = RefuseExperts(f); !s.ok()) {
     return s;

@@ -2,11 +2,11 @@
 //
 // Supported model_type: kSupportedModelTypes (common/model_types.h, the list
 // submission checks too: llama, qwen2, qwen3, sdar, qwen3_5, qwen3_5_text,
-// qwen3_moe). Anything the decoder does not implement (an unknown
-// model_type, hidden_act other than silu, a rope_scaling type other than
-// linear/llama3/default, a layer type other than
+// qwen3_moe, sdar_moe, qwen3_5_moe, qwen3_5_moe_text). Anything the decoder
+// does not implement (an unknown model_type, hidden_act other than silu, a
+// rope_scaling type other than linear/llama3/default, a layer type other than
 // full_attention/linear_attention, Qwen3.5's attn_output_gate false,
-// mixture-of-experts keys outside qwen3_moe, a missing required key, a
+// mixture-of-experts keys outside the MoE families, a missing required key, a
 // value of the wrong type or out of range, sizes that do not divide) is an
 // INVALID_ARGUMENT that names the key, so a model never runs with a silently
 // ignored setting. Submission parses it too (common/job_spec_files.cc), so
@@ -17,6 +17,8 @@
 // text_config and whose decoder tensors sit under model.language_model.; the
 // trainer reads that decoder only. Its layers are hybrid (layer_types): Gated
 // DeltaNet ("linear_attention") or gated softmax attention ("full_attention").
+// Qwen3.5-MoE (models/qwen3_5_moe: qwen3_5_moe, the wrapper, and
+// qwen3_5_moe_text) is that decoder with a mixture of experts in every layer.
 #ifndef BALLAST_COMMON_MODEL_CONFIG_H_
 #define BALLAST_COMMON_MODEL_CONFIG_H_
 
@@ -61,6 +63,8 @@ struct GatedDeltaNetConfig {
 // Qwen3-MoE's sparse layers (transformers 4.57.6 Qwen3MoeConfig, whose
 // defaults stand in for absent keys). A sparse layer's MLP is a router over
 // num_experts SwiGLU experts of moe_intermediate_size, top_k of them per token.
+// Qwen3.5-MoE's (transformers 5.23 Qwen3_5MoeTextConfig) are every layer,
+// always renormalise the top k, and add a shared expert gated per token.
 struct MoeConfig {
   int64_t num_experts = 0;            // 0: every layer is dense
   int64_t top_k = 0;                  // num_experts_per_tok, <= num_experts
@@ -68,6 +72,10 @@ struct MoeConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;  // layers kept dense whatever the step
   bool norm_topk_prob = false;           // renormalise the top-k probabilities to sum 1
+  // Qwen3.5-MoE: a dense SwiGLU expert of this width that every token goes
+  // through, scaled by sigmoid(shared_expert_gate(x)), added to the routed
+  // experts' output; 0: none (Qwen3-MoE).
+  int64_t shared_expert_intermediate_size = 0;
   // The load-balancing loss's weight. transformers adds it only when
   // output_router_logits is true (false in the released configs); Ballast
   // adds it whenever it is > 0, and accepts output_router_logits without
@@ -81,11 +89,12 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  // llama | qwen2 | qwen3 | sdar (Qwen3's decoder) | qwen3_5 | qwen3_5_text | qwen3_moe
+  // llama | qwen2 | qwen3 | sdar (Qwen3's decoder) | qwen3_5 | qwen3_5_text | qwen3_moe |
+  // sdar_moe | qwen3_5_moe | qwen3_5_moe_text
   std::string model_type;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
+  int64_t intermediate_size = 0;  // the dense MLPs' width; 0 when every layer is sparse
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
@@ -112,7 +121,7 @@ struct ModelConfig {
   // dense families.
   std::vector<TokenMixer> layer_types;
   GatedDeltaNetConfig linear_attention;  // set when any layer is kGatedDeltaNet
-  MoeConfig moe;                         // qwen3_moe only; num_experts 0 elsewhere
+  MoeConfig moe;  // qwen3_moe, sdar_moe, qwen3_5_moe(_text); num_experts 0 elsewhere
   // Where the checkpoint keeps the decoder's tensors that the trainer names
   // "model.*": "model." itself, or "model.language_model." in Qwen3.5's
   // vision-language checkpoint (lm_head.weight is at the root in both).

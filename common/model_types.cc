@@ -14,7 +14,7 @@ bool IsSupportedModelType(absl::string_view model_type) {
 std::string SupportedModelTypesText() { return absl::StrJoin(kSupportedModelTypes, ", "); }
 
 absl::string_view TextConfigKey(absl::string_view model_type) {
-  return model_type == "qwen3_5" ? "text_config" : "";
+  return model_type == "qwen3_5" || model_type == "qwen3_5_moe" ? "text_config" : "";
 }
 
 }  // namespace ballast

@@ -91,7 +91,8 @@ inline constexpr SpecRule kSpecRules[] = {
      .default_kind = SpecDefault::kRequired,
      .meaning = "HF folder: `config.json` + `model.safetensors` or a sharded "
                 "`model.safetensors.index.json`; `model_type` llama, qwen2, qwen3, qwen3_5 (the "
-                "released vision-language checkpoints) or qwen3_5_text"},
+                "released vision-language checkpoints), qwen3_5_text, qwen3_moe, sdar, sdar_moe, "
+                "qwen3_5_moe (the released vision-language checkpoints) or qwen3_5_moe_text"},
     {.key = "method",
      .default_kind = SpecDefault::kText,
      .text = "lora",
@@ -132,11 +133,12 @@ inline constexpr SpecRule kSpecRules[] = {
      .text = "q_proj, v_proj",
      .allowed_kind = SpecAllowed::kOneOf,
      .choices = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, "
-                "in_proj_z, in_proj_b, in_proj_a, out_proj, gate",
+                "in_proj_z, in_proj_b, in_proj_a, out_proj, gate, shared_expert_gate",
      .meaning = "the linears to adapt, or the single entry `all-linear` (every one the model "
                 "has but a mixture of experts' router; `in_proj_*` and `out_proj` are "
                 "Qwen3.5's Gated DeltaNet layers; `gate_proj`, `up_proj` and `down_proj` "
-                "adapt every expert too, and `gate` is Qwen3-MoE's router)"},
+                "adapt every expert and Qwen3.5-MoE's shared expert too, `gate` is the "
+                "router and `shared_expert_gate` Qwen3.5-MoE's shared-expert gate)"},
     {.key = "lora.init_lora_weights",
      .default_kind = SpecDefault::kText,
      .text = "kaiming",

@@ -1,5 +1,6 @@
 """Qwen3.5's text decoder in float64, as plain as the math: the reference of
-the gradient checks (test_qwen3_5.py). transformers casts to fp32 inside its
+the gradient checks (test_qwen3_5.py, and test_qwen3_5_moe.py for its
+mixture of experts with a gated shared expert and the load-balancing loss). transformers casts to fp32 inside its
 norms and its gated delta rule even in a float64 model, so it cannot be the
 float64 reference itself; this is checked against it in fp32 instead.
 
@@ -131,7 +132,30 @@ class Reference:
         o = torch.einsum("hts,shd->thd", weights, v).reshape(t, h * d)
         return self.linear(o * torch.sigmoid(gate), prefix + "o_proj")
 
-    def logits(self, ids):
+    def mlp(self, x, prefix):
+        return self.linear(F.silu(self.linear(x, prefix + "gate_proj")) *
+                           self.linear(x, prefix + "up_proj"), prefix + "down_proj")
+
+    def sparse_moe(self, x, prefix):
+        """Qwen3.5-MoE's MLP: the top-k experts by softmax, their weights
+        renormalised, plus the shared expert scaled by its sigmoid gate.
+        Returns the output and the router logits."""
+        c = self.c
+        router_logits = self.linear(x, prefix + "gate")
+        weights, chosen = torch.topk(torch.softmax(router_logits, -1), c["num_experts_per_tok"])
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(c["num_experts"]):
+            token, slot = torch.where(chosen == e)
+            y = self.mlp(x[token], f"{prefix}experts.{e}.")
+            out = out.index_add(0, token, y * weights[token, slot, None])
+        shared = self.mlp(x, prefix + "shared_expert.")
+        return out + torch.sigmoid(self.linear(x, prefix + "shared_expert_gate")) * shared, \
+            router_logits
+
+    def logits(self, ids, router_logits=None):
+        """The document's logits; a mixture of experts appends each layer's
+        router logits to `router_logits`."""
         c, p, eps = self.c, self.p, self.c["rms_norm_eps"]
         t = len(ids)
         rope_parameters = c["rope_parameters"]
@@ -150,20 +174,36 @@ class Reference:
             else:
                 h = h + self.attention(x, prefix + "self_attn.", cos, sin)
             x = zero_centred_norm(h, p[prefix + "post_attention_layernorm.weight"], eps)
-            mlp = prefix + "mlp."
-            h = h + self.linear(F.silu(self.linear(x, mlp + "gate_proj")) *
-                                self.linear(x, mlp + "up_proj"), mlp + "down_proj")
+            if "num_experts" in c:
+                out, z = self.sparse_moe(x, prefix + "mlp.")
+                h = h + out
+                if router_logits is not None:
+                    router_logits.append(z)
+            else:
+                h = h + self.mlp(x, prefix + "mlp.")
         h = zero_centred_norm(h, p["model.norm.weight"], eps)
         return h @ p.get("lm_head.weight", p["model.embed_tokens.weight"]).T
 
     def loss(self, rows):
-        """The summed next-token cross-entropy of the documents, each alone."""
-        total = 0
+        """The summed next-token cross-entropy of the documents, each alone;
+        a mixture of experts adds router_aux_loss_coef times the
+        load-balancing loss of the documents as one forward (transformers'
+        load_balancing_loss_func: every layer's router logits concatenated)."""
+        from load_balancing_reference import loss_of
+
+        total, per_doc = 0, []
         for r in rows:
-            logits = self.logits(r["input_ids"])
+            router_logits = []
+            logits = self.logits(r["input_ids"], router_logits)
+            per_doc.append(router_logits)
             total = total + F.cross_entropy(logits[:-1], torch.tensor(r["input_ids"][1:]),
                                             reduction="sum")
-        return total
+        if "num_experts" not in self.c:
+            return total
+        layers = [torch.cat([d[i] for d in per_doc]) for i in range(len(per_doc[0]))]
+        mask = torch.ones(layers[0].shape[0])
+        aux = loss_of([(layers, mask)], self.c["num_experts_per_tok"], "all_layers")
+        return total + self.c["router_aux_loss_coef"] * aux
 
 
 def load(model_dir, adapter=None, chunked=False):

@@ -56,7 +56,24 @@ QWEN3_MOE = dict(vocab_size=320, hidden_size=64, intermediate_size=112, num_hidd
                  norm_topk_prob=True, router_aux_loss_coef=0.1, output_router_logits=True)
 
 
+# Qwen3.5-MoE (transformers 5.23's Qwen3_5MoeTextConfig) at a tiny size: the
+# QWEN3_5_TEXT hybrid with a mixture of experts in every layer, 8 experts of
+# width 48, top-2, and a shared expert of width 80 (its config has no
+# intermediate_size: no layer is dense). The aux loss as QWEN3_MOE's.
+QWEN3_5_MOE_TEXT = dict({k: v for k, v in QWEN3_5_TEXT.items() if k != "intermediate_size"},
+                        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                        shared_expert_intermediate_size=80, router_aux_loss_coef=0.1,
+                        output_router_logits=True)
+
+
 def make_config(arch, **overrides):
+    if arch == "qwen3_5_moe_text":
+        from transformers import Qwen3_5MoeTextConfig
+        return Qwen3_5MoeTextConfig(**{**QWEN3_5_MOE_TEXT, **overrides}, tie_word_embeddings=False)
+    if arch == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeConfig
+        return Qwen3_5MoeConfig(text_config={**QWEN3_5_MOE_TEXT, **overrides},
+                                vision_config=QWEN3_5_VISION, tie_word_embeddings=True)
     if arch == "qwen3_moe":
         from transformers import Qwen3MoeConfig
         return Qwen3MoeConfig(**{**QWEN3_MOE, **overrides})
@@ -94,10 +111,12 @@ def use_transformers_torch_gdn():
     torch path (torch_chunk_gated_delta_rule, the F.conv1d causal conv)."""
     import inspect
 
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-                 "causal_conv1d_fn", "causal_conv1d_update"):
-        setattr(m, name, inspect.unwrap(getattr(m, name)))
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+    for m in (modeling_qwen3_5, modeling_qwen3_5_moe):
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                     "causal_conv1d_fn", "causal_conv1d_update"):
+            setattr(m, name, inspect.unwrap(getattr(m, name)))
 
 
 def model_class(arch):
@@ -107,6 +126,9 @@ def model_class(arch):
     if arch == "qwen3_5":
         from transformers import Qwen3_5ForConditionalGeneration
         return Qwen3_5ForConditionalGeneration
+    if arch == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeForConditionalGeneration
+        return Qwen3_5MoeForConditionalGeneration
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM
 
@@ -121,6 +143,10 @@ def randomize_qwen3_5(name, p):
         p.copy_(0.1 * torch.randn_like(p))
     elif "A_log" in name or "dt_bias" in name:
         p.copy_(0.5 * torch.randn_like(p))
+    elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+        # A router that prefers some experts per token, as a trained one
+        # does; a shared-expert gate that differs per token.
+        p.normal_(0, 0.5)
     elif "conv1d" in name:
         p.normal_(0, 0.3)
     else:
@@ -159,12 +185,14 @@ def add_mtp_tensors(path, seed):
 def make_model(arch, path, seed, **config):
     """A random model saved at `path`. Every tensor (biases and norms too) is
     drawn at random so that no term of the forward is trivially zero or one.
-    A Qwen3.5 VLM ("qwen3_5") also gets mtp.* tensors and a sharded layout.
-    `config` overrides keys of the tiny config (Qwen3-MoE only)."""
+    A Qwen3.5 VLM ("qwen3_5", "qwen3_5_moe") also gets mtp.* tensors and a
+    sharded layout. `config` overrides keys of the tiny config (the MoE
+    families only)."""
     torch.manual_seed(seed)
-    if arch == "qwen3_5":
+    vlm = arch in ("qwen3_5", "qwen3_5_moe")
+    if vlm:
         # An explicit class, not an Auto one: AutoModelForCausalLM makes the text model alone.
-        model = model_class(arch)(make_config(arch)).to(torch.float32)
+        model = model_class(arch)(make_config(arch, **config)).to(torch.float32)
     else:
         # transformers 5 renamed torch_dtype to dtype; 4.57 (the dense archs) has the old name.
         dtype = {"dtype" if arch.startswith("qwen3_5") else "torch_dtype": torch.float32}
@@ -181,9 +209,26 @@ def make_model(arch, path, seed, **config):
             else:
                 p.normal_(0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
-    if arch == "qwen3_5":
+    if vlm:
         add_mtp_tensors(path, seed)
     return model
+
+
+def assert_outside_decoder_kept(model_dir, exported_dir):
+    """The export of a Qwen3.5 vision-language checkpoint keeps its
+    model.visual.* and mtp.* tensors byte for byte, in their own dtypes."""
+    from safetensors import safe_open
+
+    with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+        shards = json.load(f)["weight_map"]
+    kept = [n for n in shards if n.startswith(("model.visual.", "mtp."))]
+    assert any(n.startswith("mtp.") for n in kept) and any("visual" in n for n in kept)
+    with safe_open(os.path.join(exported_dir, "model.safetensors"), "pt") as out:
+        for name in kept:
+            with safe_open(os.path.join(model_dir, shards[name]), "pt") as base:
+                a, b = out.get_tensor(name), base.get_tensor(name)
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8),
+                                                      b.view(torch.uint8)), name
 
 
 RERANKER_MARKERS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "rocket"]
@@ -356,11 +401,15 @@ def reference_train(model, rows, spec):
     includes that. Every expert of every sparse layer must be routed to in
     every step (asserted): transformers leaves an unrouted expert's gradient
     None and AdamW skips it, where Ballast gives it a zero gradient."""
+    import inspect
+
     data, opt_spec, sched = spec["data"], spec["optimizer"], spec.get("schedule", {})
-    config = model.config
+    config = getattr(model.config, "text_config", model.config)  # a VLM's decoder keys
     experts = getattr(config, "num_experts", 0)
     if experts:
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+        # The model's own (Qwen3-MoE's, Qwen3.5-MoE's).
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        load_balancing_loss_func = inspect.getmodule(type(base)).load_balancing_loss_func
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opt_spec["lr"], betas=(opt_spec.get("beta1", 0.9),
                             opt_spec.get("beta2", 0.999)), eps=opt_spec.get("eps", 1e-8),

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from qwen3_5_reference import load as load_reference
-from reference import (ballast_gradients, ballast_logits, base_spec,
+from reference import (assert_outside_decoder_kept, ballast_gradients, ballast_logits, base_spec,
                        check_adapter_round_trip, hf_logits, make_dataset, make_model, model_class,
                        read_metrics, reference_train, relative_error, run_train, write_rows,
                        write_spec)
@@ -205,8 +205,6 @@ def test_lora_on_every_linear_matches_peft(arch, tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_finetune_matches_torch_and_the_export_keeps_the_rest(arch, tmp_path):
-    from safetensors import safe_open
-
     model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
     make_model(arch, model_dir, seed=11)
     rows = make_dataset(data, n=24, vocab=320, seed=12)
@@ -236,17 +234,7 @@ def test_full_finetune_matches_torch_and_the_export_keeps_the_rest(arch, tmp_pat
     if arch == "qwen3_5":
         assert re.search(r"the checkpoint's \d+ tensors outside the text decoder .* the "
                          r"exported model keeps them byte for byte", r.stderr), r.stderr
-        # model.visual.* and mtp.* byte for byte, in their own dtypes.
-        with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
-            shards = json.load(f)["weight_map"]
-        kept = [n for n in shards if n.startswith(("model.visual.", "mtp."))]
-        assert any(n.startswith("mtp.") for n in kept) and any("visual" in n for n in kept)
-        with safe_open(os.path.join(exported_dir, "model.safetensors"), "pt") as out:
-            for name in kept:
-                with safe_open(os.path.join(model_dir, shards[name]), "pt") as base:
-                    a, b = out.get_tensor(name), base.get_tensor(name)
-                assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8),
-                                                          b.view(torch.uint8)), name
+        assert_outside_decoder_kept(model_dir, exported_dir)
 
 
 # ---------------------------------------------------------------------------

@@ -66,6 +66,19 @@ absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
     const SafetensorsCheckpoint& checkpoint, const ModelConfig& config, const std::string& name,
     const std::vector<int64_t>& shape, const std::string& key_prefix, const std::string& where) {
   const CheckpointPieces pieces = PiecesOf(config, name);
+  // A checkpoint in transformers 5's fused layout holds the stacked tensor
+  // itself, under the same name.
+  if (const std::string fused = key_prefix + CheckpointName(config, name);
+      pieces.stacked && checkpoint.contains(fused)) {
+    absl::StatusOr<at::Tensor> t = checkpoint.tensor(fused);
+    if (!t.ok()) return t.status();
+    if (t->sizes() != at::IntArrayRef(shape)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": tensor ", fused, " has shape ", ShapeText(t->sizes()),
+                       ", config.json implies ", ShapeText(shape)));
+    }
+    return keep_dtype ? *t : t->to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  }
   // Each piece's shape: the whole, or one expert's slice split in its pieces' rows.
   std::vector<int64_t> piece_shape = shape;
   if (pieces.stacked) {

@@ -1,8 +1,9 @@
 // Expert layout: where a mixture-of-experts layer's tensors lie in HF files
 // and in the ParamStore.
 //
-// HF checkpoints (transformers 4.57's Qwen3-MoE) and PEFT adapters keep one
-// tensor per expert and projection:
+// HF checkpoints (transformers 4.57's Qwen3-MoE, and what transformers 5.23's
+// save_pretrained writes for Qwen3-MoE and Qwen3.5-MoE) and PEFT adapters keep
+// one tensor per expert and projection:
 //   model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
 //   base_model.model.model.layers.{i}.mlp.experts.{e}.gate_proj.lora_A.weight
 // The ParamStore keeps each projection's experts stacked along a leading
@@ -13,7 +14,10 @@
 //   model.layers.{i}.mlp.experts.down_proj      (E, H, I)
 //   model.layers.{i}.mlp.experts.{gate,up,down}_proj.lora_{A,B}.weight  (E, r, in) / (E, out, r)
 // The router (model.layers.{i}.mlp.gate.weight, (E, H)) is one tensor in both.
-// The stacking is done and undone only at the edges that read and write HF
+// A checkpoint may also hold the stacked base tensors themselves (transformers
+// 5's in-memory layout, which it loads as they are); ReadParam takes them
+// when they are there. Exports are always per expert, what save_pretrained
+// writes. The stacking is done and undone only at the edges that read and write HF
 // files (pretrained loading, export, PEFT adapters, gradient dumps), as
 // tensor_names.h does for the decoder's prefix.
 #ifndef BALLAST_WORKER_TRAIN_MODEL_EXPERT_LAYOUT_H_
@@ -56,7 +60,8 @@ absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
 
 // The ParamStore tensor `name` of `shape` read from `checkpoint`, stacked
 // from its pieces when it is; `key_prefix` goes before every checkpoint name
-// (PEFT's "base_model.model."). NOT_FOUND names the first missing piece,
+// (PEFT's "base_model.model."). A checkpoint that holds the stacked tensor
+// under its own name is read in one piece. NOT_FOUND names the first missing piece,
 // FAILED_PRECONDITION a piece whose shape disagrees with `shape` (both with
 // `where`, the folder, in front). A stacked tensor is a new fp32 tensor;
 // one that is not is the file's view.

@@ -23,71 +23,96 @@ namespace fs = std::filesystem;
 constexpr char kPeftPrefix[] = "base_model.model.";
 
 // Every linear module a decoder may have, by short name: softmax attention's,
-// Gated DeltaNet's, the MLP's. "all-linear" is all of them (PEFT's meaning:
-// every nn.Linear but the output head); a layer adapts those it has.
+// Gated DeltaNet's, the MLP's, Qwen3.5-MoE's shared-expert gate. "all-linear"
+// is all of them (PEFT's meaning: every nn.Linear but the output head; the
+// router, an nn.Linear in transformers 4.57's Qwen3-MoE, is left out); a
+// layer adapts those it has.
 const std::vector<std::string>& LinearModules() {
-  static const std::vector<std::string> kModules = {
-      "q_proj",    "k_proj",    "v_proj",   "o_proj",    "in_proj_qkv", "in_proj_z",
-      "in_proj_b", "in_proj_a", "out_proj", "gate_proj", "up_proj",     "down_proj"};
+  static const std::vector<std::string> kModules = {"q_proj",
+                                                    "k_proj",
+                                                    "v_proj",
+                                                    "o_proj",
+                                                    "in_proj_qkv",
+                                                    "in_proj_z",
+                                                    "in_proj_b",
+                                                    "in_proj_a",
+                                                    "out_proj",
+                                                    "gate_proj",
+                                                    "up_proj",
+                                                    "down_proj",
+                                                    "shared_expert_gate"};
   return kModules;
 }
 
+// One linear module of a layer that LoRA can adapt: its short name (what
+// target_modules names), its ParamStore path (to which ".lora_A.weight" is
+// appended), its (out, in), and whether it is a sparse layer's stacked
+// experts (an A and B per expert, expert_layout.h).
+struct LayerLinear {
+  std::string short_name;
+  std::string path;
+  int64_t out = 0;
+  int64_t in = 0;
+  bool stacked = false;
+};
+
 // A layer's linear modules in PEFT's order (the order of the HF module tree:
-// transformers registers Gated DeltaNet's out_proj before its in_proj_*, and
-// a sparse MLP's router before its experts).
-const std::vector<std::string>& LayerLinearModules(const ModelConfig& c, int64_t layer) {
-  static const std::vector<std::string> kAttention = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                      "gate_proj", "up_proj", "down_proj"};
-  static const std::vector<std::string> kGatedDeltaNet = {"out_proj",  "in_proj_qkv", "in_proj_z",
-                                                          "in_proj_b", "in_proj_a",   "gate_proj",
-                                                          "up_proj",   "down_proj"};
-  static const std::vector<std::string> kSparse = {"q_proj", "k_proj",    "v_proj",  "o_proj",
-                                                   "gate",   "gate_proj", "up_proj", "down_proj"};
-  if (c.moe.sparse(layer)) return kSparse;
-  return c.layer_types[layer] == TokenMixer::kGatedDeltaNet ? kGatedDeltaNet : kAttention;
-}
-
-bool IsMlpModule(const std::string& short_name) {
-  return short_name == "gate_proj" || short_name == "up_proj" || short_name == "down_proj";
-}
-
-// The ParamStore path of a module, to which ".lora_A.weight" is appended: a
-// sparse layer's expert projections are stacked (expert_layout.h).
-std::string ModulePath(const ModelConfig& c, int64_t layer, const std::string& short_name) {
-  const bool attn = short_name == "q_proj" || short_name == "k_proj" || short_name == "v_proj" ||
-                    short_name == "o_proj";
-  if (c.moe.sparse(layer) && IsMlpModule(short_name)) return ExpertsPrefix(layer) + short_name;
-  return absl::StrCat(
-      "model.layers.", layer,
-      attn ? ".self_attn."
-           : (IsMlpModule(short_name) || short_name == "gate" ? ".mlp." : ".linear_attn."),
-      short_name);
-}
-
-// (out, in) of a linear module of `layer` (of each expert's, for a sparse layer's MLP).
-std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, int64_t layer, const std::string& m) {
-  const int64_t q = c.num_attention_heads * c.head_dim;
-  const int64_t kv = c.num_key_value_heads * c.head_dim;
-  const GatedDeltaNetConfig& g = c.linear_attention;
-  const int64_t width = c.moe.sparse(layer) ? c.moe.moe_intermediate_size : c.intermediate_size;
-  if (m == "q_proj") return {c.attention_output_gate ? 2 * q : q, c.hidden_size};
-  if (m == "k_proj" || m == "v_proj") return {kv, c.hidden_size};
-  if (m == "o_proj") return {c.hidden_size, q};
-  if (m == "in_proj_qkv") return {g.conv_dim(), c.hidden_size};
-  if (m == "in_proj_z") return {g.value_dim(), c.hidden_size};
-  if (m == "in_proj_b" || m == "in_proj_a") return {g.num_value_heads, c.hidden_size};
-  if (m == "out_proj") return {c.hidden_size, g.value_dim()};
-  if (m == "gate") return {c.moe.num_experts, c.hidden_size};
-  if (m == "down_proj") return {c.hidden_size, width};
-  return {width, c.hidden_size};  // gate_proj, up_proj
+// transformers registers Gated DeltaNet's out_proj before its in_proj_*, a
+// sparse MLP's router before its experts, and a shared expert before its
+// gate).
+std::vector<LayerLinear> LayerLinears(const ModelConfig& c, int64_t layer) {
+  const std::string p = LayerPrefix(layer);
+  const int64_t h = c.hidden_size;
+  std::vector<LayerLinear> out;
+  if (c.layer_types[layer] == TokenMixer::kGatedDeltaNet) {
+    const GatedDeltaNetConfig& g = c.linear_attention;
+    const std::string a = p + "linear_attn.";
+    out = {{"out_proj", a + "out_proj", h, g.value_dim()},
+           {"in_proj_qkv", a + "in_proj_qkv", g.conv_dim(), h},
+           {"in_proj_z", a + "in_proj_z", g.value_dim(), h},
+           {"in_proj_b", a + "in_proj_b", g.num_value_heads, h},
+           {"in_proj_a", a + "in_proj_a", g.num_value_heads, h}};
+  } else {
+    const int64_t q = c.num_attention_heads * c.head_dim;
+    const int64_t kv = c.num_key_value_heads * c.head_dim;
+    const std::string a = p + "self_attn.";
+    out = {{"q_proj", a + "q_proj", c.attention_output_gate ? 2 * q : q, h},
+           {"k_proj", a + "k_proj", kv, h},
+           {"v_proj", a + "v_proj", kv, h},
+           {"o_proj", a + "o_proj", h, q}};
+  }
+  // A SwiGLU MLP of `width` under `prefix`.
+  auto mlp = [&](const std::string& prefix, int64_t width, bool stacked) {
+    out.push_back({"gate_proj", prefix + "gate_proj", width, h, stacked});
+    out.push_back({"up_proj", prefix + "up_proj", width, h, stacked});
+    out.push_back({"down_proj", prefix + "down_proj", h, width, stacked});
+  };
+  if (!c.moe.sparse(layer)) {
+    mlp(p + "mlp.", c.intermediate_size, false);
+    return out;
+  }
+  if (const int64_t shared = c.moe.shared_expert_intermediate_size; shared > 0) {
+    // Qwen3.5-MoE as PEFT sees transformers 5.23's module tree: the router
+    // (Qwen3_5MoeTopKRouter) and the fused experts (3-D parameters) are not
+    // nn.Linear modules, so target_modules reaches only the shared expert
+    // and its gate, and gate_proj / up_proj / down_proj name the shared
+    // expert's. PEFT reaches the experts only through target_parameters, an
+    // adapter form not built here (README, Mixture of Experts).
+    mlp(p + "mlp.shared_expert.", shared, false);
+    out.push_back({"shared_expert_gate", p + "mlp.shared_expert_gate", 1, h});
+    return out;
+  }
+  out.push_back({"gate", p + "mlp.gate", c.moe.num_experts, h});
+  mlp(ExpertsPrefix(layer), c.moe.moe_intermediate_size, true);
+  return out;
 }
 
 // The targets that some layer of the model has, in name order.
 std::vector<std::string> ModelTargets(const ModelConfig& c, const LoraConfig& lora) {
   std::set<std::string> found;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    for (const std::string& m : LayerLinearModules(c, layer)) {
-      if (lora.targets(m)) found.insert(m);
+    for (const LayerLinear& m : LayerLinears(c, layer)) {
+      if (lora.targets(m.short_name)) found.insert(m.short_name);
     }
   }
   return {found.begin(), found.end()};
@@ -152,17 +177,18 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
         config.has_linear_attention() ? "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, "
                                       : "",
         "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
-        config.has_experts() ? ", gate" : ""));
+        config.moe.shared_expert_intermediate_size > 0 ? ", shared_expert_gate"
+        : config.has_experts()                         ? ", gate"
+                                                       : ""));
   }
   torch::NoGradGuard no_grad;
   // PEFT's module order: per layer, its token mixer's linears, then the
   // MLP's; a sparse layer's experts one after another, each with its own A.
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    for (const std::string& m : LayerLinearModules(config, layer)) {
-      if (!lora.targets(m)) continue;
-      const auto [out, in] = LinearShape(config, layer, m);
-      const bool stacked = config.moe.sparse(layer) && IsMlpModule(m);
-      std::vector<int64_t> a_shape = {lora.r, in}, b_shape = {out, lora.r};
+    for (const LayerLinear& m : LayerLinears(config, layer)) {
+      if (!lora.targets(m.short_name)) continue;
+      const bool stacked = m.stacked;
+      std::vector<int64_t> a_shape = {lora.r, m.in}, b_shape = {m.out, lora.r};
       if (stacked) {
         a_shape.insert(a_shape.begin(), config.moe.num_experts);
         b_shape.insert(b_shape.begin(), config.moe.num_experts);
@@ -175,9 +201,8 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
           torch::nn::init::kaiming_uniform_(expert, std::sqrt(5.0));
         }
       }
-      const std::string path = ModulePath(config, layer, m);
-      params->Add(path + ".lora_A.weight", a, layer, /*trainable=*/true);
-      params->Add(path + ".lora_B.weight", torch::zeros(b_shape, torch::kFloat), layer,
+      params->Add(m.path + ".lora_A.weight", a, layer, /*trainable=*/true);
+      params->Add(m.path + ".lora_B.weight", torch::zeros(b_shape, torch::kFloat), layer,
                   /*trainable=*/true);
     }
   }

@@ -82,6 +82,12 @@ absl::StatusOr<ParamStore> LoadPretrained(const std::string& dir, const ModelCon
       load(p + "mlp.gate.weight", {experts, c.hidden_size}, i);
       load(ExpertsPrefix(i) + "gate_up_proj", {experts, 2 * width, c.hidden_size}, i);
       load(ExpertsPrefix(i) + "down_proj", {experts, c.hidden_size, width}, i);
+      if (const int64_t shared = c.moe.shared_expert_intermediate_size; shared > 0) {
+        load(p + "mlp.shared_expert.gate_proj.weight", {shared, c.hidden_size}, i);
+        load(p + "mlp.shared_expert.up_proj.weight", {shared, c.hidden_size}, i);
+        load(p + "mlp.shared_expert.down_proj.weight", {c.hidden_size, shared}, i);
+        load(p + "mlp.shared_expert_gate.weight", {1, c.hidden_size}, i);
+      }
     } else {
       load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, i);
       load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, i);

@@ -96,7 +96,18 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   // Each row weighted by its choice's routing weight, then summed into its
   // token; the rows of a token come in expert order, as HF adds them.
   const at::Tensor row_weights = weights.reshape({-1}).index_select(0, order.slot).unsqueeze(1);
-  return at::zeros_like(x).index_add(0, order.token, out_rows * row_weights);
+  const at::Tensor routed = at::zeros_like(x).index_add(0, order.token, out_rows * row_weights);
+  if (moe.shared_expert_intermediate_size == 0) return routed;
+
+  // Qwen3.5-MoE's shared expert, a dense SwiGLU MLP that every token goes
+  // through, scaled per token by its gate; its linears take LoRA by their
+  // short names, as any dense MLP's.
+  const std::string shared = prefix + "shared_expert.";
+  const at::Tensor shared_out = decoder.Project(
+      shared, {"down_proj"},
+      kernels::swiglu(decoder.Project(shared, {"gate_proj", "up_proj"}, x, training)), training);
+  const at::Tensor gate = decoder.Project(prefix, {"shared_expert_gate"}, x, training);  // (T, 1)
+  return routed + at::sigmoid(gate) * shared_out;
 }
 
 }  // namespace ballast::train
