@@ -77,7 +77,7 @@ absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
           absl::StrCat(where, ": tensor ", fused, " has shape ", ShapeText(t->sizes()),
                        ", config.json implies ", ShapeText(shape)));
     }
-    return keep_dtype ? *t : t->to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    return std::vector<at::Tensor>{*t};
   }
   // Each piece's shape: the whole, or one expert's slice split in its pieces' rows.
   std::vector<int64_t> piece_shape = shape;

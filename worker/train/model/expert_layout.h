@@ -52,7 +52,8 @@ CheckpointPieces PiecesOf(const ModelConfig& config, const std::string& name);
 // The checkpoint tensors (views of the mapped files) whose elements, one
 // after another, are the ParamStore tensor `name` of `shape` flattened: its
 // pieces in expert order when it is stacked, else the one tensor. Errors as
-// ReadParam's. A sharded rank copies its ranges of them
+// ReadParam's. A checkpoint in transformers 5's fused layout holds the
+// stacked tensor itself: one piece. A sharded rank copies its ranges of them
 // (ParamStore::AddPieces) and never stacks the experts whole.
 absl::StatusOr<std::vector<at::Tensor>> ReadParamPieces(
     const SafetensorsCheckpoint& checkpoint, const ModelConfig& config, const std::string& name,
