@@ -140,9 +140,10 @@ TEST_F(JobSpecFilesTest, AcceptsEverySupportedModelType) {
   for (absl::string_view model_type : kSupportedModelTypes) {
     // A vision-language wrapper keeps the decoder's keys in text_config.
     const std::string text_key(TextConfigKey(model_type));
-    const std::string keys = ConfigJson(absl::StrCat(R"("model_type": ")",
-                                                     text_key.empty() ? model_type : "qwen3_5_text",
-                                                     R"(", "max_position_embeddings": 1024)"));
+    const std::string keys = ConfigJson(
+        absl::StrCat(R"("model_type": ")",
+                     text_key.empty() ? std::string(model_type) : absl::StrCat(model_type, "_text"),
+                     R"(", "max_position_embeddings": 1024)"));
     WriteConfig(text_key.empty() ? keys
                                  : absl::StrCat(R"({"model_type": ")", model_type, R"(", ")",
                                                 text_key, R"(": )", keys, "}"));
