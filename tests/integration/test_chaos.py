@@ -218,18 +218,28 @@ async def list_every_job(stub, svc_pb2):
 
 
 async def kill9_under_load(cluster, stubs, burst_spec, watched):
-    """Opens WATCHERS streams over the `watched` jobs and sends SUBMITS
-    submits at once, each with its request id:
+    """clients_through_the_kill on 2 * CHANNELS connections, closed at the end."""
+    _, svc_pb2, svc_grpc, _ = stubs
+    channels = [grpc.aio.insecure_channel(cluster.grpc, options=QUICK_RECONNECT)
+                for _ in range(2 * CHANNELS)]
+    try:
+        return await clients_through_the_kill(cluster, svc_pb2, burst_spec, watched,
+                                              [svc_grpc.JobServiceStub(c) for c in channels])
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def clients_through_the_kill(cluster, svc_pb2, burst_spec, watched, stubs_on):
+    """Opens WATCHERS streams over the `watched` jobs (on the second half of
+    `stubs_on`) and sends SUBMITS submits at once (on the first half), each
+    with its request id:
     - every 4th gives up on its first try after 20 ms to 1 s, and retries;
     - every 10th has a twin, the same request sent beside it at once;
     ballastd is killed -9 once 30% of them are answered, and restarted on
     its store; then every request answered before the kill is sent again.
     Each watched job is cancelled once it has reported 5 steps after the
     restart, which ends its streams. Returns what every client saw."""
-    _, svc_pb2, svc_grpc, _ = stubs
-    stubs_on = [svc_grpc.JobServiceStub(grpc.aio.insecure_channel(cluster.grpc,
-                                                                  options=QUICK_RECONNECT))
-                for _ in range(2 * CHANNELS)]
     watchers = [Watcher(stubs_on[CHANNELS + i % CHANNELS], svc_pb2.WatchJobRequest,
                         watched[i % len(watched)]) for i in range(WATCHERS)]
     watch_tasks = [asyncio.create_task(w.run()) for w in watchers]
