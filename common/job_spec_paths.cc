@@ -135,4 +135,21 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::stri
   return absl::OkStatus();
 }
 
+absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::JobSpec& spec) {
+  const fs::path out = Resolved(out_dir);
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(spec);
+    if (value.empty()) continue;
+    const fs::path input = Resolved(value);
+    const bool out_in_input = IsPathUnder(out, input);
+    if (!out_in_input && !(f.folder && IsPathUnder(input, out))) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the output folder ", out_dir, out_in_input ? " is inside " : " holds ", f.name, " ",
+        value,
+        ": a run writes its checkpoints and export there and would write over its own input; "
+        "give an output folder apart from the inputs"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ballast

@@ -49,6 +49,15 @@ absl::Status CheckPathRoots(const std::vector<std::string>& roots);
 // symlinks; call before any file is opened.
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);
 
+// OK when a run writing into `out_dir` cannot write over what it reads:
+// `out_dir` is not any input path nor inside one (a model folder given as
+// --out), and no input folder (model, adapter, tokenizer) lies inside
+// `out_dir`, where a run's export and checkpoints would land on it. Data
+// files inside the output folder are allowed: a run writes only its own
+// names there. Both sides are compared once symlinks and ".." are resolved.
+// INVALID_ARGUMENT names the field and both paths.
+absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::JobSpec& spec);
+
 }  // namespace ballast
 
 #endif  // BALLAST_COMMON_JOB_SPEC_PATHS_H_
