@@ -144,8 +144,7 @@ absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::Jo
     const bool out_in_input = IsPathUnder(out, input);
     if (!out_in_input && !(f.folder && IsPathUnder(input, out))) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "the output folder ", out_dir, out_in_input ? " is inside " : " holds ", f.name, " ",
-        value,
+        "the output folder ", out_dir, out_in_input ? " is inside " : " holds ", f.name, " ", value,
         ": a run writes its checkpoints and export there and would write over its own input; "
         "give an output folder apart from the inputs"));
   }
