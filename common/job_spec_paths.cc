@@ -2,6 +2,7 @@
 
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,31 @@ absl::Status CheckUnderRoots(const std::string& field, const fs::path& path,
       "; ballastd --path-root sets them"));
 }
 
+// Calls `check` on each set path of `spec` and, for a folder, on each of its
+// entries: a folder that passes may still hold a link that leads elsewhere
+// (config.json -> /etc/...). Stops at the first error.
+absl::Status CheckPathsAndEntries(
+    const v1::JobSpec& spec,
+    const std::function<absl::Status(const std::string& field, const fs::path& path)>& check) {
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(spec);
+    if (value.empty()) continue;
+    if (absl::Status s = check(f.name, value); !s.ok()) return s;
+    std::error_code ec;
+    if (!f.folder || !fs::is_directory(value, ec)) continue;
+    int entries = 0;
+    const std::string entry_field = absl::StrCat(f.name, " entry");
+    for (fs::directory_iterator it(value, ec), end; !ec && it != end; it.increment(ec)) {
+      if (++entries > kMaxFolderEntries) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(f.name, ": ", value, " holds more than ", kMaxFolderEntries, " entries"));
+      }
+      if (absl::Status s = check(entry_field, it->path()); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void MakeSpecPathsAbsolute(const std::string& base, v1::JobSpec* spec) {
@@ -104,33 +130,53 @@ absl::Status CheckPathRoots(const std::vector<std::string>& roots) {
 }
 
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& given_roots) {
-  std::vector<fs::path> roots;
-  for (const std::string& root : given_roots) roots.push_back(Resolved(root));
   for (const PathField& f : kPathFields) {
     const std::string& value = f.get(spec);
-    if (value.empty()) continue;
-    if (!fs::path(value).is_absolute()) {
+    if (!value.empty() && !fs::path(value).is_absolute()) {
       return absl::InvalidArgumentError(absl::StrCat(
           f.name, ": '", value,
           "' is relative; ballastd and the ranks run in other folders, so give an absolute path "
           "(ballast submit makes relative paths absolute against the folder it runs in)"));
     }
-    if (roots.empty()) continue;
-    if (absl::Status s = CheckUnderRoots(f.name, value, roots, given_roots); !s.ok()) return s;
-    // A folder inside the roots may still link out: config.json -> /etc/...
-    std::error_code ec;
-    if (!f.folder || !fs::is_directory(value, ec)) continue;
-    int entries = 0;
-    for (fs::directory_iterator it(value, ec), end; !ec && it != end; it.increment(ec)) {
-      if (++entries > kMaxFolderEntries) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(f.name, ": ", value, " holds more than ", kMaxFolderEntries, " entries"));
-      }
-      const std::string entry_field = absl::StrCat(f.name, " entry");
-      if (absl::Status s = CheckUnderRoots(entry_field, it->path(), roots, given_roots); !s.ok()) {
-        return s;
-      }
-    }
+  }
+  if (given_roots.empty()) return absl::OkStatus();
+  std::vector<fs::path> roots;
+  for (const std::string& root : given_roots) roots.push_back(Resolved(root));
+  return CheckPathsAndEntries(spec, [&](const std::string& field, const fs::path& path) {
+    return CheckUnderRoots(field, path, roots, given_roots);
+  });
+}
+
+absl::Status CheckPathsOutsideOtherJobs(const v1::JobSpec& spec, const std::string& output_root,
+                                        const std::function<bool(const std::string&)>& may_read) {
+  if (output_root.empty()) return absl::OkStatus();
+  const fs::path root = Resolved(output_root);
+  return CheckPathsAndEntries(spec, [&](const std::string& field, const fs::path& path) {
+    const fs::path resolved = Resolved(path);
+    if (!IsPathUnder(resolved, root)) return absl::OkStatus();
+    const fs::path relative = resolved.lexically_relative(root);
+    const std::string job_id = relative.empty() ? "" : relative.begin()->string();
+    if (!job_id.empty() && job_id != "." && may_read(job_id)) return absl::OkStatus();
+    // The same words for another tenant's job and a missing one: the answer
+    // must not tell which ids exist.
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", path.string(), " lies in ballastd's output folder ", output_root,
+        ", outside any job of yours; a job reads only its own tenant's job folders there"));
+  });
+}
+
+absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::JobSpec& spec) {
+  const fs::path out = Resolved(out_dir);
+  for (const PathField& f : kPathFields) {
+    const std::string& value = f.get(spec);
+    if (value.empty()) continue;
+    const fs::path input = Resolved(value);
+    const bool out_in_input = IsPathUnder(out, input);
+    if (!out_in_input && !(f.folder && IsPathUnder(input, out))) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the output folder ", out_dir, out_in_input ? " is inside " : " holds ", f.name, " ", value,
+        ": a run writes its checkpoints and export there and would write over its own input; "
+        "give an output folder apart from the inputs"));
   }
   return absl::OkStatus();
 }

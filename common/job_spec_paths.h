@@ -12,6 +12,7 @@
 #ifndef BALLAST_COMMON_JOB_SPEC_PATHS_H_
 #define BALLAST_COMMON_JOB_SPEC_PATHS_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,24 @@ absl::Status CheckPathRoots(const std::vector<std::string>& roots);
 // the field, the path and the roots. Reads only directory entries and
 // symlinks; call before any file is opened.
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);
+
+// OK when no path of `spec`, nor an entry of its model, adapter or tokenizer
+// folder, lies in ballastd's `output_root` other than in the folder of a job
+// for which `may_read(job_id)` is true (the submitter's tenant's jobs), once
+// symlinks and ".." are resolved. Otherwise INVALID_ARGUMENT, in the same
+// words whether the job is another tenant's or does not exist. Without it,
+// one tenant could train on another's export by naming its folder.
+absl::Status CheckPathsOutsideOtherJobs(const v1::JobSpec& spec, const std::string& output_root,
+                                        const std::function<bool(const std::string&)>& may_read);
+
+// OK when a run writing into `out_dir` cannot write over what it reads:
+// `out_dir` is not any input path nor inside one (a model folder given as
+// --out), and no input folder (model, adapter, tokenizer) lies inside
+// `out_dir`, where a run's export and checkpoints would land on it. Data
+// files inside the output folder are allowed: a run writes only its own
+// names there. Both sides are compared once symlinks and ".." are resolved.
+// INVALID_ARGUMENT names the field and both paths.
+absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::JobSpec& spec);
 
 }  // namespace ballast
 

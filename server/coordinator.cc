@@ -1,7 +1,12 @@
 #include "server/coordinator.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -13,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
+#include "common/job_spec_paths.h"
 #include "prometheus/family.h"
 
 namespace ballast::server {
@@ -28,11 +34,21 @@ constexpr double kQueueSecondsBounds[] = {0.01, 0.1, 1, 10, 60, 600, 3600, 21600
 // A watcher further behind than this reads from the store instead.
 constexpr size_t kWatchMailbox = 4096;
 
+// Ids from the kernel's CSPRNG: a Mersenne Twister's outputs can be
+// reconstructed from enough earlier ones, so a tenant watching its own job
+// ids could learn the next ids of every other tenant's jobs.
 std::string NewId(const char* prefix, int hex_digits) {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id = prefix;
-  for (int i = 0; i < hex_digits; ++i) id += "0123456789abcdef"[rng() % 16];
-  return id;
+  std::string bytes((hex_digits + 1) / 2, '\0');
+  for (size_t filled = 0; filled < bytes.size();) {
+    const ssize_t n = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (n > 0) filled += n;
+    // Blocks only until the pool is first seeded at boot; EINTR retries.
+    if (n < 0 && errno != EINTR) {
+      std::perror("ballastd: getrandom");
+      std::abort();
+    }
+  }
+  return prefix + absl::BytesToHexString(bytes).substr(0, hex_digits);
 }
 
 // The device kind a job must run on: the scheduler's kind, or empty for
@@ -680,6 +696,16 @@ absl::StatusOr<Coordinator::Admission> Coordinator::Admit(v1::JobSpec* spec,
       return admission;
     }
   }
+  // The output root holds every tenant's results: a spec may read only its
+  // own tenant's job folders there (a job trained from an earlier export).
+  // Checked before any file is read, so that no answer tells whether
+  // another tenant's folder holds a model.
+  if (absl::Status s = CheckPathsOutsideOtherJobs(
+          *spec, options_.output_root,
+          [&](const std::string& job_id) { return IsJobOfTenant(job_id, tenant); });
+      !s.ok()) {
+    return s;
+  }
   // Validation reads the model's config.json: outside the lock.
   if (absl::Status s = PrepareJobSpec(spec, options_.path_roots); !s.ok()) return s;
   // Evicted jobs keep their ids, so a new id must be new to the store too.
@@ -690,6 +716,17 @@ absl::StatusOr<Coordinator::Admission> Coordinator::Admit(v1::JobSpec* spec,
     stored = found->has_value();
   }
   return admission;
+}
+
+bool Coordinator::IsJobOfTenant(const std::string& job_id, const std::string& tenant) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) return it->second.record.job.tenant() == tenant;
+  }
+  // Evicted from memory (finished long ago), perhaps still stored.
+  absl::StatusOr<std::optional<JobRecord>> stored = store_->ReadJob(job_id);
+  return stored.ok() && stored->has_value() && (*stored)->job.tenant() == tenant;
 }
 
 void Coordinator::LogStoreWriteFailure(const absl::Status& status) {

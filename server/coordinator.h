@@ -341,6 +341,8 @@ class Coordinator {
   };
   absl::StatusOr<Admission> Admit(v1::JobSpec* spec, const std::string& request_key,
                                   const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `job_id` is a job of `tenant`, in memory or in the store.
+  bool IsJobOfTenant(const std::string& job_id, const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Live ranks of the job's current attempt.
   std::vector<std::pair<RankKey, Device>> LiveRanks(const JobEntry& job) const

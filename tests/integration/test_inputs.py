@@ -121,6 +121,36 @@ def test_a_job_under_the_roots_trains_through_links_that_stay_inside(cluster, tm
     assert job["state"] == "JOB_STATE_SUCCEEDED", job.get("failure_reason", "") + cluster.logs()
 
 
+def test_an_output_folder_planted_as_a_link_is_refused_and_its_target_untouched(cluster,
+                                                                               tmp_path):
+    """Issue 33: a job's folder is OUTPUT_ROOT/ID, which its worker makes. A
+    link planted there while the job was queued once led the rank's log,
+    checkpoints and export into the folder it named (another job's). The
+    worker refuses the link, the job fails for good (restarts 0), and the
+    link's target is left as it was."""
+    make_model("qwen3", str(tmp_path / "model"), seed=1)
+    make_dataset(str(tmp_path / "data.jsonl"), n=16, vocab=320, seed=2)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "export").mkdir()
+    (victim / "export" / "weights.txt").write_text("another job's result\n")
+    cluster.start_coordinator()
+    job_id = cluster.submit(base_spec(str(tmp_path / "model"), str(tmp_path / "data.jsonl"),
+                                      max_steps=4))
+    output_dir = cluster.job(job_id)["output_dir"]
+    os.makedirs(os.path.dirname(output_dir), exist_ok=True)
+    os.symlink(victim, output_dir)
+    cluster.start_worker("w1")
+    job = cluster.wait_state(job_id, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"), 120)
+    assert job["state"] == "JOB_STATE_FAILED", job
+    assert int(job.get("restarts", 0)) == 0, job
+    reason = job.get("failure_reason", "")
+    assert f"the job's output folder {output_dir} is a symbolic link (to {victim})" in reason, \
+        reason + "\n" + cluster.logs()
+    assert sorted(os.listdir(victim)) == ["export"]
+    assert os.listdir(victim / "export") == ["weights.txt"]
+
+
 def test_a_bad_root_stops_ballastd_at_start(tmp_path):
     c = Cluster(str(tmp_path / "cluster"))
     with pytest.raises(AssertionError, match="--path-root relative/root: not an absolute path"):

@@ -5,6 +5,7 @@ token stops working at once, /metrics wants an admin; gRPC and HTTP over TLS,
 and a worker token that needs a client certificate naming its worker."""
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -93,6 +94,34 @@ def test_tenants_are_isolated_and_a_worker_token_trains_as_itself(secured, input
     assert scrape(bob)[0] == 401
     status, text = scrape(ADMIN)
     assert status == 200 and job["id"] in text
+
+
+def test_a_spec_reads_only_its_own_tenants_job_folders(secured, inputs):
+    """Issue 33: ballastd's output root holds every tenant's results. Bob
+    naming Alice's job folder as his model (to train on her export) is
+    refused in the same words as a job folder that does not exist; Alice
+    may start from her own job's export."""
+    cluster = secured
+    alice = make_token(cluster, "--role", "user", "--tenant", "team-a")
+    bob = make_token(cluster, "--role", "user", "--tenant", "team-b")
+    path = os.path.join(cluster.root, "job.yaml")
+    write_spec(path, **spec(inputs, max_steps=4))
+    r = cluster.cli("submit", path, "-o", "json", token=alice)
+    assert r.returncode == 0, r.stderr
+    output_dir = json.loads(r.stdout)["output_dir"]
+    # As her job's export would be (no worker runs it here).
+    shutil.copytree(inputs[0], os.path.join(output_dir, "export"))
+    missing = os.path.join(os.path.dirname(output_dir), "job-000000000000")
+    os.makedirs(missing)
+    for who, model in [(bob, os.path.join(output_dir, "export")),
+                       (bob, os.path.join(output_dir, "export", "..", "export")),
+                       (alice, missing), (bob, missing)]:
+        r = cluster.cli("submit", path, "--set", f"model.path={model}", token=who)
+        assert r.returncode == 2, (model, r.stdout)
+        assert f"model.path: {model} lies in ballastd's output folder " in \
+            r.stderr and "outside any job of yours" in r.stderr, r.stderr
+    r = cluster.cli("submit", path, "--set", f"model.path={output_dir}/export", token=alice)
+    assert r.returncode == 0, r.stderr
 
 
 def test_without_a_bootstrap_token_no_token_can_be_made(cluster, monkeypatch):

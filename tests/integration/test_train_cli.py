@@ -172,3 +172,48 @@ def test_allocation_failure_is_not_restartable(tmp_path, model_and_data):
         assert "out of memory" in r.stderr and "micro_batch_size" in r.stderr
         return
     pytest.fail("ballast-train never started under an address-space limit below 4 GB")
+
+
+def folder_digest(folder):
+    """Every file under `folder` with its size and mtime: what a write changes."""
+    out = {}
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            st = os.stat(os.path.join(dirpath, name))
+            out[os.path.relpath(os.path.join(dirpath, name), folder)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("where", ["the model folder", "inside the model folder",
+                                   "a link to the model folder", "around the model folder"])
+def test_an_output_folder_over_the_model_is_refused_before_anything_is_written(
+        tmp_path, where):
+    # Issue 33: `--out` naming the model's own folder once exported over it.
+    model = tmp_path / "work" / "model"
+    make_model("qwen3", str(model), seed=1)
+    make_dataset(str(tmp_path / "data.jsonl"), n=4, vocab=320, seed=2)
+    os.symlink(model, tmp_path / "link")
+    out = {"the model folder": model, "inside the model folder": model / "runs" / "a",
+           "a link to the model folder": tmp_path / "link",
+           "around the model folder": tmp_path / "work"}[where]
+    before = folder_digest(model)
+    write_spec(tmp_path / "job.yaml", **base_spec(str(model), str(tmp_path / "data.jsonl")))
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert f"the output folder {out} " in r.stderr and f"model.path {model}" in r.stderr, r.stderr
+    assert "would write over its own input" in r.stderr
+    assert folder_digest(model) == before
+    assert not os.path.exists(model / "runs")
+
+
+def test_a_data_file_inside_the_output_folder_is_allowed(tmp_path, model_and_data):
+    # The other side of the rule: a run writes only its own names there.
+    model, data = model_and_data
+    shutil.copy(data, tmp_path / "data.jsonl")
+    write_spec(tmp_path / "job.yaml", **base_spec(model, str(tmp_path / "data.jsonl"),
+                                                  max_steps=4))
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(tmp_path / "metrics.jsonl")

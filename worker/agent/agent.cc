@@ -536,8 +536,9 @@ void Agent::ReportStartFailure(const v1::Assignment& a, const absl::Status& erro
   event.set_rank(a.rank());
   v1::RankExited* exited = event.mutable_exited();
   // 127: what a shell reports for a command it could not run; restartable,
-  // since another worker may manage.
-  exited->set_exit_code(127);
+  // since another worker may manage. 2, as ballast-train exits for a bad
+  // input, when the job itself is at fault (a planted output folder link).
+  exited->set_exit_code(absl::IsInvalidArgument(error) ? 2 : 127);
   exited->set_stderr_tail(SanitizeUtf8(absl::StrCat("ballast-worker: ", error.message())));
   relay_->Add(std::move(event));
 }

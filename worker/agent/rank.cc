@@ -86,6 +86,16 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignme
   fs::remove_all(env.scratch_dir, ec);
   fs::create_directories(env.scratch_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", env.scratch_dir));
+  // The coordinator names a job's folder after the job's random id, and the
+  // worker makes it: a symlink already there was planted to lead the job's
+  // writes (logs, checkpoints, the export) into someone else's folder.
+  // Refused for good, since every attempt would meet the same link.
+  if (fs::is_symlink(fs::symlink_status(assignment.output_dir(), ec))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job's output folder ", assignment.output_dir(), " is a symbolic link (to ",
+        fs::read_symlink(assignment.output_dir(), ec).string(),
+        "); a job writes only into a folder its worker made, so the link is refused"));
+  }
   fs::create_directories(assignment.output_dir(), ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", assignment.output_dir()));
   const std::string spec_path = (fs::path(env.scratch_dir) / "spec.json").string();

@@ -298,6 +298,9 @@ int Train(const TrainArgs& args, const CLI::App& app, int argc, char** argv) {
   }
   absl::StatusOr<ballast::v1::JobSpec> spec = LoadSpec(args.spec_path, args.overrides);
   if (!spec.ok()) return Fail(spec.status());
+  if (absl::Status apart = ballast::CheckOutputApartFromInputs(args.out_dir, *spec); !apart.ok()) {
+    return Fail(apart);
+  }
   // The spec says how many ranks the job has, as it does to the
   // coordinator; a flag that says otherwise is a mistake, not an override.
   const int devices = spec->devices();
