@@ -1,20 +1,30 @@
 """Chaos with real processes (issue 20): what a kill -9, a SIGTERM, a full
 disk, a truncated checkpoint shard, a corrupted store page and a network
-cut (of one worker, or of every worker at once) do to Ballast.
+cut (of one worker, or of every worker at once) do to Ballast, and a kill -9
+in the middle of 1,000 concurrent submits and 200 watch streams.
 Nothing acknowledged is lost, no watcher misses an event, a damaged
 checkpoint or store is detected and named, never loaded."""
+import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import os
+import random
+import resource
 import signal
+import statistics
 import subprocess
 import time
 
+import grpc
+import psutil
 import pytest
+from google.protobuf import json_format
 
 from cluster import CLI, wait_for, write_spec
 from test_control_plane import inputs, long_spec, spec  # noqa: F401
 from test_gang import ONE_THREAD, ip, two_hosts  # noqa: F401
+from test_python_client import stubs  # noqa: F401
 
 
 def test_kill9_during_a_burst_of_submits_loses_no_acknowledged_job(cluster, inputs):
@@ -76,6 +86,289 @@ def test_sigterm_drains_and_a_watcher_misses_no_event(cluster, inputs):
     seqs = [int(json.loads(line)["seq"]) for line in out.splitlines() if line.startswith("{")]
     assert seqs == list(range(1, seqs[-1] + 1)), "a gap or a repeat in the watched events"
     assert json.loads(out.splitlines()[-1])["state_change"]["to"] == "JOB_STATE_SUCCEEDED"
+
+
+# Issue 33's load: every submit in flight at once, and every watcher on a job
+# whose rank reports steps straight through the kill.
+SUBMITS, WATCHERS = 1000, 200
+# 20 connections carry the 1,300 streams, as many clients behind a few
+# proxies would: the test's descriptors stay far under ulimit -n.
+CHANNELS = 10
+# The clients reconnect as soon as ballastd is back: gRPC's default backoff
+# (1 s, growing to 2 min) would time gRPC, not ballastd.
+QUICK_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 50),
+                   ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", 250)]
+# How a call cut by the kill ends: whether ballastd did it is unknown, so a
+# submit is retried with its request id and a watch resumes after its last seq.
+CUT = grpc.StatusCode.UNAVAILABLE
+
+
+@dataclasses.dataclass
+class Acknowledged:
+    """One submit's answer, after however many tries it took."""
+    request_id: str
+    job: object  # the Job that SubmitJob returned
+    attempts: int
+    seconds: float  # how long the answered try took
+    at: float  # time.monotonic() when it was answered
+    sent: float  # time.time() when the answered try was sent
+
+
+async def submit_until_acknowledged(stub, request, first_timeout=60):
+    """SubmitJob, retried with the same request id until answered. A first
+    try that gives up after `first_timeout` is a client with a short
+    deadline: ballastd may have stored its job meanwhile."""
+    attempts, timeout = 0, first_timeout
+    while True:
+        attempts += 1
+        start, sent = time.monotonic(), time.time()
+        try:
+            job = await stub.SubmitJob(request, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (CUT, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            timeout = 60
+            await asyncio.sleep(0.05)
+            continue
+        end = time.monotonic()
+        return Acknowledged(request.request_id, job, attempts, end - start, end, sent)
+
+
+class Watcher:
+    """A WatchJobBatched stream that resumes after the last seq it received,
+    as `ballast watch` does. It keeps every event exactly as delivered and
+    deduplicates nothing, so a gap or a repeat on ballastd's side shows."""
+
+    def __init__(self, stub, request_type, job_id):
+        self.stub, self.request_type, self.job_id = stub, request_type, job_id
+        self.events = []
+        self.cut = False
+        # When the first event came on a stream opened after the cut.
+        self.resumed_at = None
+
+    async def run(self):
+        while True:
+            after = self.events[-1].seq if self.events else 0
+            request = self.request_type(job_id=self.job_id, after_seq=after)
+            try:
+                async for batch in self.stub.WatchJobBatched(request):
+                    if self.cut and self.resumed_at is None:
+                        self.resumed_at = time.monotonic()
+                    self.events.extend(batch.events)
+                return  # the job's final state change ended the stream
+            except grpc.aio.AioRpcError as e:
+                if e.code() != CUT:
+                    raise
+                self.cut = True
+                await asyncio.sleep(0.05)
+
+
+def gaps_and_repeats(seqs):
+    """A watcher's seqs should run 1, 2, 3...: a gap is a jump forward, a
+    repeat a seq at or below one already delivered."""
+    gaps = repeats = last = 0
+    for seq in seqs:
+        if seq <= last:
+            repeats += 1
+            continue
+        gaps += seq != last + 1
+        last = seq
+    return gaps, repeats
+
+
+def last_step(events):
+    steps = [e.training.step_metrics.step for e in events
+             if e.training.HasField("step_metrics")]
+    return steps[-1] if steps else 0
+
+
+def watching(watchers, tasks, predicate):
+    """For wait_for, from another thread: predicate(watchers), but a watcher
+    that failed fails the test at once, with its error."""
+    def check():
+        for task in tasks:
+            if task.done() and task.exception():
+                raise task.exception()
+        return predicate(watchers)
+    return check
+
+
+async def count_descriptors(cluster, peaks):
+    """Keeps the most descriptors that the test and ballastd held in `peaks`."""
+    while True:
+        peaks["test"] = max(peaks["test"], psutil.Process().num_fds())
+        try:
+            peaks["ballastd"] = max(peaks["ballastd"],
+                                    psutil.Process(cluster.coordinator.pid).num_fds())
+        except psutil.NoSuchProcess:
+            pass
+        await asyncio.sleep(0.05)
+
+
+async def list_every_job(stub, svc_pb2):
+    jobs, token = [], ""
+    while True:
+        page = await stub.ListJobs(svc_pb2.ListJobsRequest(page_size=1000, page_token=token),
+                                   timeout=60)
+        jobs.extend(page.jobs)
+        token = page.next_page_token
+        if not token:
+            return jobs
+
+
+async def kill9_under_load(cluster, stubs, burst_spec, watched):
+    """clients_through_the_kill on 2 * CHANNELS connections, closed at the end."""
+    _, svc_pb2, svc_grpc, _ = stubs
+    channels = [grpc.aio.insecure_channel(cluster.grpc, options=QUICK_RECONNECT)
+                for _ in range(2 * CHANNELS)]
+    try:
+        return await clients_through_the_kill(cluster, svc_pb2, burst_spec, watched,
+                                              [svc_grpc.JobServiceStub(c) for c in channels])
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def clients_through_the_kill(cluster, svc_pb2, burst_spec, watched, stubs_on):
+    """Opens WATCHERS streams over the `watched` jobs (on the second half of
+    `stubs_on`) and sends SUBMITS submits at once (on the first half), each
+    with its request id:
+    - every 4th gives up on its first try after 20 ms to 1 s, and retries;
+    - every 10th has a twin, the same request sent beside it at once;
+    ballastd is killed -9 once 30% of them are answered, and restarted on
+    its store; then every request answered before the kill is sent again.
+    Each watched job is cancelled once it has reported 5 steps after the
+    restart, which ends its streams. Returns what every client saw."""
+    watchers = [Watcher(stubs_on[CHANNELS + i % CHANNELS], svc_pb2.WatchJobRequest,
+                        watched[i % len(watched)]) for i in range(WATCHERS)]
+    watch_tasks = [asyncio.create_task(w.run()) for w in watchers]
+    await asyncio.to_thread(wait_for, watching(watchers, watch_tasks,
+                                               lambda ws: all(w.events for w in ws)),
+                            60, "every watcher's first events", 0.01)
+
+    fds = {"test": 0, "ballastd": 0}
+    counting = asyncio.create_task(count_descriptors(cluster, fds))
+
+    def request(i):
+        return svc_pb2.SubmitJobRequest(spec=burst_spec, request_id=f"load-{i}")
+    calls = [(request(i), random.uniform(0.02, 1.0) if i % 4 == 0 else 60)
+             for i in range(SUBMITS)] + [(request(i), 60) for i in range(0, SUBMITS, 10)]
+    started = time.monotonic()
+    submits = [asyncio.create_task(submit_until_acknowledged(stubs_on[k % CHANNELS], r, t))
+               for k, (r, t) in enumerate(calls)]
+    answered = lambda: sum(t.done() for t in submits) >= len(calls) * 3 // 10  # noqa: E731
+    await asyncio.to_thread(wait_for, answered, 60, "the first answers", 0.001)
+    steps_at_kill = {job: max(last_step(w.events) for w in watchers if w.job_id == job)
+                     for job in watched}
+    killed_at = time.monotonic()
+    await asyncio.to_thread(cluster.restart_coordinator_after_kill9)
+    ready_at, ready_wall = time.monotonic(), time.time()
+    acknowledged = await asyncio.gather(*submits)
+    replayed = await asyncio.gather(*[
+        submit_until_acknowledged(stubs_on[k % CHANNELS], svc_pb2.SubmitJobRequest(
+            spec=burst_spec, request_id=a.request_id))
+        for k, a in enumerate(acknowledged) if a.at < killed_at])
+
+    def stepped_on(ws):
+        return all(last_step(w.events) >= steps_at_kill[w.job_id] + 5 for w in ws)
+    await asyncio.to_thread(wait_for, watching(watchers, watch_tasks, stepped_on), 120,
+                            "5 steps of each watched job after the restart")
+    for job in watched:
+        await stubs_on[0].CancelJob(svc_pb2.CancelJobRequest(job_id=job), timeout=30)
+    await asyncio.wait_for(asyncio.gather(*watch_tasks), 60)
+    counting.cancel()
+
+    # What a watcher from seq 0 gets now: every stored event, once each.
+    stored = {job: [e async for batch in stubs_on[0].WatchJobBatched(
+        svc_pb2.WatchJobRequest(job_id=job), timeout=60) for e in batch.events]
+        for job in watched}
+    return {"acknowledged": acknowledged, "replayed": replayed, "watchers": watchers,
+            "stored": stored, "listed": await list_every_job(stubs_on[0], svc_pb2),
+            "started": started, "killed_at": killed_at, "ready_at": ready_at,
+            "ready_wall": ready_wall,
+            "steps_at_kill": steps_at_kill, "fds": fds}
+
+
+def test_kill9_under_1000_submits_and_200_watchers_loses_and_repeats_nothing(cluster, inputs,
+                                                                              stubs):
+    """1,000 SubmitJob calls in flight at once, with retries, twins and
+    replays of their request ids, and 200 WatchJobBatched streams over two
+    running jobs; ballastd is killed -9 mid-burst and restarted on the same
+    store. Every answered job is there once, no retry, twin or replay made a
+    second one, and every watcher, resuming after its last seq, got each
+    event exactly once (seqs 1, 2, 3... to the final state change, each step
+    once). The figures go to docs/reliability.md."""
+    job_pb2, _, _, spec_pb2 = stubs
+    cluster.start_coordinator()
+    for name in ("w1", "w2"):
+        cluster.start_worker(name, env=ONE_THREAD)
+    watched = [cluster.submit(long_spec(inputs, every=50), f"long{i}.yaml") for i in range(2)]
+    wait_for(lambda: all(int(cluster.job(j).get("step", 0)) >= 1 for j in watched), 120,
+             "both watched jobs to train")
+    burst_spec = json_format.ParseDict(spec(inputs, max_steps=20), spec_pb2.JobSpec())
+
+    run = asyncio.run(asyncio.wait_for(kill9_under_load(cluster, stubs, burst_spec, watched), 170))
+
+    acknowledged, watchers = run["acknowledged"], run["watchers"]
+    by_request = {}
+    for job in run["listed"]:
+        by_request.setdefault(job.request_id, []).append(job.id)
+    answers = acknowledged + run["replayed"]
+    missing = [a.request_id for a in answers if a.job.id not in by_request.get(a.request_id, [])]
+    duplicates = sum(len(ids) - 1 for ids in by_request.values())
+    before_kill = sum(a.at < run["killed_at"] for a in acknowledged)
+    retried = [a for a in acknowledged if a.attempts > 1]
+    # Retries answered with the job that an earlier, unanswered try stored.
+    stored_earlier = sum(a.job.created_ms < 1000 * a.sent for a in retried)
+    gaps = repeats = 0
+    for w in watchers:
+        g, r = gaps_and_repeats([e.seq for e in w.events])
+        gaps, repeats = gaps + g, repeats + r
+    resumed = sorted(w.resumed_at - run["ready_at"] for w in watchers if w.resumed_at)
+    # When the restarted ballastd stored each watched job's first event: the
+    # workers' reports coming back, before any watcher can have it.
+    first_stored = [min(e.time_ms for e in events if e.time_ms > 1000 * run["ready_wall"])
+                    / 1000 - run["ready_wall"] for events in run["stored"].values()]
+    latency = sorted(a.seconds for a in acknowledged)
+    figures = {
+        "answered": len(acknowledged), "before the kill": before_kill, "retried": len(retried),
+        "retries answered with the stored job": stored_earlier,
+        "replayed after the restart": len(run["replayed"]),
+        "missing": len(missing), "duplicates": duplicates,
+        "watch gaps": gaps, "watch repeats": repeats,
+        "submit p50 ms": round(1000 * statistics.median(latency)),
+        "submit p99 ms": round(1000 * latency[int(0.99 * (len(latency) - 1))]),
+        "burst s": round(max(a.at for a in acknowledged) - run["started"], 2),
+        "restart s": round(run["ready_at"] - run["killed_at"], 2),
+        "first event stored after the restart s": [round(t, 2) for t in first_stored],
+        "resume p50 s": round(statistics.median(resumed), 2) if resumed else None,
+        "resume max s": round(resumed[-1], 2) if resumed else None,
+        "fds test/ballastd/limit": (run["fds"]["test"], run["fds"]["ballastd"],
+                                    resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
+    }
+    print("figures:", figures)
+
+    assert 0 < before_kill < len(acknowledged), "the kill did not land in the middle of the burst"
+    assert not missing, f"answered jobs missing after the restart: {missing[:10]}"
+    assert duplicates == 0, {k: v for k, v in by_request.items() if len(v) > 1}
+    assert sum(k.startswith("load-") for k in by_request) == SUBMITS
+    assert all(w.cut for w in watchers) and len(resumed) == WATCHERS, "a watcher never resumed"
+    # 1,300 streams on 20 connections: a descriptor per stream would show here.
+    assert max(run["fds"].values()) < 256, run["fds"]
+    assert (gaps, repeats) == (0, 0), figures
+    for w in watchers:
+        assert w.events == run["stored"][w.job_id], f"a watcher of {w.job_id} saw other events"
+    for job, events in run["stored"].items():
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert events[-1].state_change.to == job_pb2.JOB_STATE_CANCELLED
+        # The restarted ballastd adopted the running rank: one attempt, each
+        # step reported once, the buffered reports of the outage included.
+        steps = [(e.attempt, e.training.step_metrics.step) for e in events
+                 if e.training.HasField("step_metrics")]
+        assert steps == [(1, step) for step in range(1, len(steps) + 1)], \
+            f"{job}: a step reported twice or lost, or the job restarted"
+        assert steps[-1][1] >= run["steps_at_kill"][job] + 5
 
 
 TRAIN = os.path.join(os.path.dirname(CLI), "ballast-train")
