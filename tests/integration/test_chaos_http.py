@@ -286,7 +286,7 @@ def test_probes_and_scrapes_keep_their_time_under_idle_slow_and_streaming_crowds
         crowd.stop()
         control.stop()
         lines = [f"Last run: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, "
-                 f"{os.cpu_count()} cores, ballastd {BALLASTD}.", "",
+                 f"{os.cpu_count()} cores, ballastd {os.path.normpath(BALLASTD)}.", "",
                  "| probe | quiet ballastd p99 | crowded ballastd p99 | failed of made (quiet / crowded) |",
                  "|---|---|---|---|"]
         for name in SAMPLES:
