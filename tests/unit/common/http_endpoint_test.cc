@@ -138,7 +138,9 @@ TEST_F(HttpEndpointTest, ConnectionsPastACapAreRefusedAtOnceAndOthersStillServed
   Send(other, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_THAT(Receive(other, std::chrono::milliseconds(2000)), StartsWith("HTTP/1.1 200"));
   ASSERT_GE(Connect("127.0.0.4"), 0);
-  // The total is reached: a sixth is refused whatever its address.
+  ASSERT_GE(Connect("127.0.0.6"), 0);
+  // The total (3 + 2, the closed one gone) is reached: the next is refused
+  // whatever its address.
   EXPECT_THAT(Receive(Connect("127.0.0.5"), std::chrono::milliseconds(2000)),
               StartsWith("HTTP/1.1 503"));
 }
