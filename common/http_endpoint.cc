@@ -248,6 +248,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void StartStream() {
+    // A stream's end ends its connection: a reader reconnects anyway
+    // (EventSource does), and the connection's count and the stream's slot
+    // are free before it does.
+    keep_alive_ = false;
     stream_head_.emplace();
     stream_head_->version(version_);
     stream_head_->result(response_.status);

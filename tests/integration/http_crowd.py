@@ -94,7 +94,7 @@ class Crowd:
                          f"Authorization: Bearer {token}\r\n\r\n".encode())
             status = await reader.readline()
             if b" 200 " not in status:
-                self.refused["stream"] += 1
+                self.refused[f"stream {status[9:12].decode(errors='replace')}"] += 1
                 await asyncio.sleep(1)
                 return
             self.open["stream"] += 1

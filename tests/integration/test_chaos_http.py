@@ -48,9 +48,13 @@ PER_ADDRESS = 200  # crowd connections per source address
 CAP_PER_ADDRESS = 256  # HttpLimits::max_connections_per_address
 CAP_STREAMS_PER_TENANT = 64  # kMaxEventStreamsPerTenant
 HEALTHZ_P99_MS = 100.0  # issue 40's bound
-SAMPLES = {"healthz": 300, "metrics": 150, "submit": 150, "grpc_health": 150}
+PROBES = ("healthz", "metrics", "submit", "grpc_health")
+# Timing lasts this long, past the idle timeout (10 s: the 1,000 idle
+# connections are cut and reopened at once, twice) and a stream's life (25
+# s: the 500 reconnect), with a round of every probe every PACE_S. A starved
+# server's calls take TIMEOUT_S each, so it gets only a few rounds.
+TIMING_S, PACE_S = 30, 0.05
 TIMEOUT_S = 5.0  # a request not answered by then counts as this long, and fails
-PHASE_S = 40  # the most one probe's series may take (a starved server's ends early)
 SOURCE = os.environ.get("BALLAST_SOURCE_DIR",
                         os.path.join(os.path.dirname(__file__), "..", ".."))
 CROWD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "http_crowd.py")
@@ -138,18 +142,18 @@ def probes(cluster, stubs, inputs):
 
 def measure(quiet, crowded):
     """Each probe's (p99 in ms, calls failed, calls made) on the quiet and
-    the crowded ballastd, their calls alternating, so that whatever else
-    loads the machine meanwhile weighs on both alike."""
-    out = {"quiet": {}, "crowd": {}}
-    for name in SAMPLES:
-        samples = {"quiet": [], "crowd": []}
-        end = time.monotonic() + PHASE_S
-        while len(samples["crowd"]) < SAMPLES[name] and time.monotonic() < end:
-            samples["quiet"].append(quiet[name]())
-            samples["crowd"].append(crowded[name]())
-        for which, taken in samples.items():
-            out[which][name] = (p99(taken) * 1000, sum(t >= TIMEOUT_S for t in taken), len(taken))
-    return out
+    the crowded ballastd. Each call to one is followed by the same call to
+    the other, so that whatever else loads the machine weighs on both."""
+    samples = {which: {name: [] for name in PROBES} for which in ("quiet", "crowd")}
+    start = time.monotonic()
+    while time.monotonic() - start < TIMING_S:
+        for name in PROBES:
+            samples["quiet"][name].append(quiet[name]())
+            samples["crowd"][name].append(crowded[name]())
+        time.sleep(PACE_S)
+    return {which: {name: (p99(taken) * 1000, sum(t >= TIMEOUT_S for t in taken), len(taken))
+                    for name, taken in by_probe.items()}
+            for which, by_probe in samples.items()}
 
 
 def connect_from(address, port):
@@ -289,7 +293,7 @@ def test_probes_and_scrapes_keep_their_time_under_idle_slow_and_streaming_crowds
                  f"{os.cpu_count()} cores, ballastd {os.path.normpath(BALLASTD)}.", "",
                  "| probe | quiet ballastd p99 | crowded ballastd p99 | failed of made (quiet / crowded) |",
                  "|---|---|---|---|"]
-        for name in SAMPLES:
+        for name in PROBES:
             if name in figures.get("loaded", {}):
                 (q, qf, qn), (c, cf, cn) = figures["quiet"][name], figures["loaded"][name]
                 lines.append(f"| {name} | {q:.1f} ms | {c:.1f} ms | {qf} of {qn} / {cf} of {cn} |")
@@ -306,7 +310,10 @@ def test_probes_and_scrapes_keep_their_time_under_idle_slow_and_streaming_crowds
         write_figures(lines)
         print("\n".join(lines))
 
-    # Every crowd connection was held, none refused: the caps admit this crowd.
+    # The caps admit this crowd: it was all open when timing began. (When
+    # many of its connections close at once, at the idle timeout or a
+    # stream's end, some reconnects may meet the per-address cap for a
+    # moment, before ballastd has counted the closed ones out; they retry.)
     assert figures["held"].get("stream", 0) >= STREAMS * 0.95, figures["held"]
     assert figures["held"].get("idle", 0) >= IDLE * 0.95, figures["held"]
     assert figures["held"].get("slow", 0) >= SLOW * 0.95, figures["held"]
