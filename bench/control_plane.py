@@ -54,12 +54,18 @@ def figures(line, name):
     return {label: float(m.group(1)) for label, m in found.items() if m}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def comparison_parser(doc):
+    """The flags of a bench that compares this build with another's."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--bin", default="build/bin")
     parser.add_argument("--baseline-bin", help="bin folder of the baseline's build")
     parser.add_argument("--baseline", default="baseline", help="its name in the rows")
     parser.add_argument("--rounds", type=int, default=3)
+    return parser
+
+
+def main():
+    parser = comparison_parser(__doc__)
     parser.add_argument("--only", action="append", choices=list(FIGURES),
                         help="run only this benchmark (repeatable); all by default")
     args = parser.parse_args()

@@ -14,6 +14,10 @@ find_package(SQLite3 REQUIRED)
 # SHA-256 and the CSPRNG for API tokens (server/authenticator.h).
 find_package(OpenSSL REQUIRED)
 find_package(PkgConfig REQUIRED)
+# Boost.Beast and Asio serve HTTP (common/http_endpoint.h); header-only.
+find_package(Boost 1.74 REQUIRED)
+# cpp-httplib's client reads ballastd's HTTP port in its gtests and
+# control_plane_bench; nothing installed links it.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET GLOBAL libutf8proc)

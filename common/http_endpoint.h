@@ -4,21 +4,25 @@
 // own threads from Start until destruction. ballastd's dashboard, its token
 // check and TLS share this server, which is why /metrics is served here and
 // not by prometheus-cpp-pull's Exposer: an Exposer takes a port of its own.
+//
+// The server is Boost.Beast on Asio, event-driven: a connection holds a
+// thread only while its route runs, never while it waits for bytes, so idle
+// and slow clients (a slowloris) cost memory, not the probes' and scrapes'
+// turn (issue 40; cpp-httplib's thread per connection starved at 100 idle
+// connections). HttpLimits bounds what a client may hold; docs/limits.md
+// lists the figures.
 #ifndef BALLAST_COMMON_HTTP_ENDPOINT_H_
 #define BALLAST_COMMON_HTTP_ENDPOINT_H_
 
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/http_routes.h"
 #include "common/metrics.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace ballast {
 
@@ -42,11 +46,35 @@ struct HttpsFiles {
   std::string key;
 };
 
+// What one client may hold. A connection beyond a cap is answered 503 and
+// closed at once (closed without a word on HTTPS, before its handshake),
+// never queued; a deadline that passes closes the connection.
+struct HttpLimits {
+  // The whole request head, from its first byte (or from accept, for the
+  // TLS handshake): a client sending a byte now and then is cut off here.
+  absl::Duration head_deadline = absl::Seconds(2);
+  // A connection with no request under way, before its first request or
+  // between keep-alive ones.
+  absl::Duration idle_timeout = absl::Seconds(10);
+  // A request body, and each write of a response or of a stream's part.
+  absl::Duration transfer_timeout = absl::Seconds(10);
+  // Open connections, in total (further capped by RLIMIT_NOFILE, less
+  // kReservedFiles) and from one IP address.
+  int max_connections = 4096;
+  int max_connections_per_address = 256;
+};
+
 class HttpEndpoint {
  public:
-  // Threads serving requests; a route that holds one for long (an event
-  // stream) must leave some for /metrics and /healthz.
-  static constexpr int kThreads = 16;
+  // Threads doing the sockets' I/O, and threads running routes (a route may
+  // wait on the store's lock; a stream's step never waits).
+  static constexpr int kIoThreads = 2;
+  static constexpr int kHandlerThreads = 8;
+  // How often an open event stream's step runs.
+  static constexpr absl::Duration kStreamTick = absl::Milliseconds(200);
+  // File descriptors kept for the rest of the process (the store, gRPC,
+  // workers' channels) when RLIMIT_NOFILE caps max_connections.
+  static constexpr int kReservedFiles = 256;
 
   // Binds host:port (port 0 picks a free one) and starts serving.
   // UNAVAILABLE when the address cannot be bound. `metrics` must outlive it;
@@ -62,18 +90,18 @@ class HttpEndpoint {
       const std::string& host, int port, const MetricsRegistry* metrics,
       std::function<absl::Status()> healthy,
       std::function<absl::Status(const std::string& authorization)> authorize_metrics,
-      const std::function<void(httplib::Server*)>& add_routes = nullptr,
-      const HttpsFiles& https = {});
-  // Stops serving and joins the server thread.
+      const std::function<void(HttpRoutes*)>& add_routes = nullptr, const HttpsFiles& https = {},
+      const HttpLimits& limits = {});
+  // Stops serving: closes every connection and joins the threads.
   ~HttpEndpoint();
 
   // The bound port.
   int port() const { return port_; }
 
  private:
+  class Server;
   HttpEndpoint() = default;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<Server> server_;
   int port_ = 0;
 };
 

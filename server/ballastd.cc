@@ -178,7 +178,7 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
         }
         return absl::OkStatus();
       },
-      [c = d->coordinator_.get(), auth = d->auth_.get()](httplib::Server* server) {
+      [c = d->coordinator_.get(), auth = d->auth_.get()](HttpRoutes* server) {
         AddHttpApi(server, c, auth);
       },
       HttpsFiles{options.tls.cert, options.tls.key});

@@ -1,16 +1,15 @@
 #include "server/http_api.h"
 
-#include <httplib.h>
-
-#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/proto_json.h"
 #include "server/dashboard_assets.h"
@@ -23,10 +22,43 @@ constexpr char kJson[] = "application/json";
 // event it saw (EventSource's Last-Event-ID, or ?after=), so a stream never
 // holds a thread for a whole job.
 constexpr absl::Duration kStreamLife = absl::Seconds(25);
-// How long one wait for new events lasts; also the keep-alive period.
-constexpr absl::Duration kStreamPoll = absl::Seconds(1);
+// A stream with no event for this long sends a comment, which keeps
+// proxies from closing it and finds a reader that left.
+constexpr absl::Duration kStreamKeepAlive = absl::Seconds(1);
 
-void Error(httplib::Response& response, int status, const std::string& message) {
+// Open event streams, in total and per holder (a tenant), against
+// kMaxEventStreams and kMaxEventStreamsPerTenant.
+class EventStreamSlots {
+ public:
+  // Counts a stream for `holder` ("": only the total applies); empty when
+  // admitted, else why not.
+  std::string Take(const std::string& holder) {
+    absl::MutexLock lock(&mu_);
+    if (total_ >= kMaxEventStreams) {
+      return absl::StrCat(kMaxEventStreams, " event streams are open; retry shortly");
+    }
+    if (!holder.empty() && per_holder_[holder] >= kMaxEventStreamsPerTenant) {
+      return absl::StrCat("tenant ", holder, " has ", kMaxEventStreamsPerTenant,
+                          " event streams open; close one or retry shortly");
+    }
+    ++total_;
+    if (!holder.empty()) ++per_holder_[holder];
+    return "";
+  }
+
+  void Give(const std::string& holder) {
+    absl::MutexLock lock(&mu_);
+    --total_;
+    if (!holder.empty() && --per_holder_[holder] == 0) per_holder_.erase(holder);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int total_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int> per_holder_ ABSL_GUARDED_BY(mu_);
+};
+
+void Error(HttpResponse& response, int status, const std::string& message) {
   response.status = status;
   response.set_content(nlohmann::json({{"error", message}}).dump() + "\n", kJson);
 }
@@ -47,7 +79,7 @@ int HttpStatusOf(const absl::Status& s) {
 
 // A non-negative integer query parameter, `fallback` when absent; false
 // (with a 400 written) when it is not one or is above `max`.
-bool IntParam(const httplib::Request& request, httplib::Response& response, const char* name,
+bool IntParam(const HttpRequest& request, HttpResponse& response, const char* name,
               int64_t fallback, int64_t max, int64_t* out) {
   *out = fallback;
   if (!request.has_param(name)) return true;
@@ -61,11 +93,11 @@ bool IntParam(const httplib::Request& request, httplib::Response& response, cons
 
 }  // namespace
 
-void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authenticator* auth) {
+void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticator* auth) {
   // The same rule as the gRPC API: who calls, and the jobs of whose tenant
   // it sees. Workers' tokens read no jobs.
-  auto authorized = [auth](const httplib::Request& request,
-                           httplib::Response& response) -> std::optional<Principal> {
+  auto authorized = [auth](const HttpRequest& request,
+                           HttpResponse& response) -> std::optional<Principal> {
     absl::StatusOr<Principal> who = auth->Authenticate(request.get_header_value("Authorization"));
     if (!who.ok()) {
       Error(response, 401, std::string(who.status().message()));
@@ -79,13 +111,13 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authent
   };
 
   for (const DashboardAsset& asset : DashboardAssets()) {
-    server->Get(asset.path, [&asset](const httplib::Request&, httplib::Response& response) {
+    server->Get(asset.path, [&asset](const HttpRequest&, HttpResponse& response) {
       response.set_header("Cache-Control", "no-cache");
       response.set_content(asset.body.data(), asset.body.size(), asset.content_type);
     });
   }
 
-  server->Get("/api/v1/jobs", [=](const httplib::Request& request, httplib::Response& response) {
+  server->Get("/api/v1/jobs", [=](const HttpRequest& request, HttpResponse& response) {
     const std::optional<Principal> who = authorized(request, response);
     if (!who) return;
     v1::ListJobsRequest list;
@@ -110,19 +142,18 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authent
     response.set_content(ToJson(*jobs), kJson);
   });
 
-  server->Get(
-      R"(/api/v1/jobs/([^/]+))", [=](const httplib::Request& request, httplib::Response& response) {
-        const std::optional<Principal> who = authorized(request, response);
-        if (!who) return;
-        absl::StatusOr<v1::Job> job = coordinator->GetJob(request.matches[1], who->JobScope());
-        if (!job.ok()) {
-          return Error(response, HttpStatusOf(job.status()), std::string(job.status().message()));
-        }
-        response.set_content(ToJson(*job), kJson);
-      });
+  server->Get(R"(/api/v1/jobs/([^/]+))", [=](const HttpRequest& request, HttpResponse& response) {
+    const std::optional<Principal> who = authorized(request, response);
+    if (!who) return;
+    absl::StatusOr<v1::Job> job = coordinator->GetJob(request.matches[1], who->JobScope());
+    if (!job.ok()) {
+      return Error(response, HttpStatusOf(job.status()), std::string(job.status().message()));
+    }
+    response.set_content(ToJson(*job), kJson);
+  });
 
-  server->Get(R"(/api/v1/jobs/([^/]+)/ranks)", [=](const httplib::Request& request,
-                                                   httplib::Response& response) {
+  server->Get(R"(/api/v1/jobs/([^/]+)/ranks)", [=](const HttpRequest& request,
+                                                   HttpResponse& response) {
     const std::optional<Principal> who = authorized(request, response);
     if (!who) return;
     absl::StatusOr<std::vector<Coordinator::RankStats>> ranks =
@@ -141,8 +172,8 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authent
     response.set_content(nlohmann::json({{"ranks", out}}).dump(), kJson);
   });
 
-  server->Get(R"(/api/v1/jobs/([^/]+)/events)", [=](const httplib::Request& request,
-                                                    httplib::Response& response) {
+  server->Get(R"(/api/v1/jobs/([^/]+)/events)", [=](const HttpRequest& request,
+                                                    HttpResponse& response) {
     const std::optional<Principal> who = authorized(request, response);
     if (!who) return;
     int64_t after = 0;
@@ -169,9 +200,9 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authent
     response.set_content(absl::StrCat("{\"events\":[", absl::StrJoin(parts, ","), "]}"), kJson);
   });
 
-  auto streams = std::make_shared<std::atomic<int>>(0);
-  server->Get(R"(/api/v1/jobs/([^/]+)/stream)", [=](const httplib::Request& request,
-                                                    httplib::Response& response) {
+  auto streams = std::make_shared<EventStreamSlots>();
+  server->Get(R"(/api/v1/jobs/([^/]+)/stream)", [=](const HttpRequest& request,
+                                                    HttpResponse& response) {
     const std::optional<Principal> who = authorized(request, response);
     if (!who) return;
     int64_t after = 0;
@@ -187,35 +218,35 @@ void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authent
     if (!watch.ok()) {
       return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
     }
-    if (streams->fetch_add(1) >= kMaxEventStreams) {
-      streams->fetch_sub(1);
-      return Error(response, 503,
-                   absl::StrCat(kMaxEventStreams, " event streams are open; retry shortly"));
+    // On a ballastd with tokens a tenant's streams count against its own cap
+    // too; an open one has one caller, everyone.
+    const std::string holder = auth->open() ? "" : who->tenant;
+    if (std::string refused = streams->Take(holder); !refused.empty()) {
+      return Error(response, 503, refused);
     }
     std::shared_ptr<EventWatch> shared(std::move(*watch));
     const absl::Time end = absl::Now() + kStreamLife;
     response.set_header("Cache-Control", "no-cache");
     response.set_chunked_content_provider(
         "text/event-stream",
-        [shared, end](size_t, httplib::DataSink& sink) {
+        [shared, end, last_sent = absl::Now()](std::string* chunk) mutable {
           std::vector<v1::JobEvent> batch;
-          absl::StatusOr<bool> more = shared->Next(&batch, kStreamPoll);
-          std::string chunk;
+          absl::StatusOr<bool> more = shared->Next(&batch, absl::ZeroDuration());
           for (const v1::JobEvent& e : batch) {
-            absl::StrAppend(&chunk, "id: ", e.seq(), "\ndata: ", ToJson(e), "\n\n");
+            absl::StrAppend(chunk, "id: ", e.seq(), "\ndata: ", ToJson(e), "\n\n");
           }
           // The job ended: say so, so that the page stops reconnecting.
-          if (more.ok() && !*more) chunk += "event: end\ndata: {}\n\n";
-          if (chunk.empty()) chunk = ": keep-alive\n\n";
-          if (!sink.write(chunk.data(), chunk.size())) return false;
-          if (!more.ok() || !*more || absl::Now() >= end) sink.done();
-          return true;
+          if (more.ok() && !*more) *chunk += "event: end\ndata: {}\n\n";
+          const absl::Time now = absl::Now();
+          if (chunk->empty() && now - last_sent >= kStreamKeepAlive) *chunk = ": keep-alive\n\n";
+          if (!chunk->empty()) last_sent = now;
+          return more.ok() && *more && now < end;
         },
-        [streams](bool) { streams->fetch_sub(1); });
+        [streams, holder] { streams->Give(holder); });
   });
 
   // Anything else under /api/ is a 404 that says so, never an empty page.
-  server->Get(R"(/api/.*)", [](const httplib::Request& request, httplib::Response& response) {
+  server->Get(R"(/api/.*)", [](const HttpRequest& request, HttpResponse& response) {
     Error(response, 404,
           absl::StrCat("no such API path: ", request.path, " (see docs/http-api.md)"));
   });

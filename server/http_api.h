@@ -10,27 +10,27 @@
 // Errors are {"error": "..."} with 400 (a bad parameter), 401 (no or a wrong
 // token, when ballastd has auth: `Authorization: Bearer TOKEN`, as gRPC),
 // 403 (a worker's token), 404 (an unknown job or path, or another tenant's
-// job) or 503 (too many live streams).
+// job) or 503 (too many live streams, in total or for the tenant).
 #ifndef BALLAST_SERVER_HTTP_API_H_
 #define BALLAST_SERVER_HTTP_API_H_
 
 #include <string>
 
+#include "common/http_routes.h"
 #include "server/authenticator.h"
 #include "server/coordinator.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace ballast::server {
 
-// Event streams served at once; beyond it a stream is refused with 503, so
-// that scrapes and probes keep threads (HttpEndpoint::kThreads).
-inline constexpr int kMaxEventStreams = 10;
+// Event streams open at once, in total and for one tenant (on a ballastd
+// with tokens), so that one tenant cannot take every stream. Beyond either
+// a stream is refused with 503. An open stream holds no thread (its steps
+// run every HttpEndpoint::kStreamTick), only a connection and a mailbox.
+inline constexpr int kMaxEventStreams = 1024;
+inline constexpr int kMaxEventStreamsPerTenant = 64;
 
 // Adds the routes above. `coordinator` and `auth` must outlive the server.
-void AddHttpApi(httplib::Server* server, Coordinator* coordinator, const Authenticator* auth);
+void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticator* auth);
 
 }  // namespace ballast::server
 

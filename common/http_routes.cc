@@ -1,0 +1,69 @@
+#include "common/http_routes.h"
+
+#include <iterator>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+
+namespace ballast {
+
+std::string HttpRequest::get_param_value(const std::string& name, size_t id) const {
+  auto [begin, end] = params.equal_range(name);
+  if (static_cast<size_t>(std::distance(begin, end)) <= id) return "";
+  return std::next(begin, static_cast<std::ptrdiff_t>(id))->second;
+}
+
+std::string HttpRequest::get_header_value(const std::string& name) const {
+  auto it = headers.find(absl::AsciiStrToLower(name));
+  return it == headers.end() ? "" : it->second;
+}
+
+void HttpResponse::set_header(const std::string& name, const std::string& value) {
+  for (auto& [key, old] : headers) {
+    if (absl::EqualsIgnoreCase(key, name)) {
+      old = value;
+      return;
+    }
+  }
+  headers.emplace_back(name, value);
+}
+
+void HttpResponse::set_content(std::string content, const std::string& content_type) {
+  body = std::move(content);
+  set_header("Content-Type", content_type);
+}
+
+void HttpResponse::set_content(const char* data, size_t size, const std::string& content_type) {
+  set_content(std::string(data, size), content_type);
+}
+
+void HttpResponse::set_chunked_content_provider(const std::string& content_type,
+                                                HttpStreamStep step, std::function<void()> done) {
+  set_header("Content-Type", content_type);
+  stream = std::move(step);
+  stream_done = std::move(done);
+}
+
+void HttpRoutes::Get(const std::string& pattern, Handler handler) {
+  routes_.push_back(Route{std::regex(pattern), std::move(handler)});
+}
+
+void HttpRoutes::Serve(HttpRequest& request, HttpResponse& response) const {
+  if (request.method != "GET" && request.method != "HEAD") {
+    response.status = 405;
+    response.set_header("Allow", "GET, HEAD");
+    response.set_content(request.method + " is not served here: GET or HEAD\n", "text/plain");
+    return;
+  }
+  for (const Route& route : routes_) {
+    std::smatch match;
+    if (!std::regex_match(request.path, match, route.pattern)) continue;
+    request.matches.assign(match.begin(), match.end());
+    route.handler(request, response);
+    return;
+  }
+  response.status = 404;
+  response.set_content("not found\n", "text/plain");
+}
+
+}  // namespace ballast

@@ -1,0 +1,87 @@
+// What a route on HttpEndpoint (common/http_endpoint.h) sees: the request,
+// the response it fills, and the table that picks a route by path. The
+// server behind them (Boost.Beast) stays in http_endpoint.cc, so routes are
+// written against these types only. Their members keep the names of
+// cpp-httplib's, the server the routes were first written for.
+#ifndef BALLAST_COMMON_HTTP_ROUTES_H_
+#define BALLAST_COMMON_HTTP_ROUTES_H_
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ballast {
+
+struct HttpRequest {
+  std::string method;
+  // Percent-decoded, without the query.
+  std::string path;
+  // The route's regex groups: matches[0] is the whole path, matches[1] the
+  // first group.
+  std::vector<std::string> matches;
+  // The query's parameters, decoded; a name may repeat.
+  std::multimap<std::string, std::string> params;
+  // Lower-case names; a repeated header keeps its last value.
+  std::map<std::string, std::string> headers;
+  // The peer's IP address.
+  std::string remote_addr;
+
+  bool has_param(const std::string& name) const { return params.count(name) > 0; }
+  // The id-th value of `name`, empty when there are fewer.
+  std::string get_param_value(const std::string& name, size_t id = 0) const;
+  size_t get_param_value_count(const std::string& name) const { return params.count(name); }
+  // Empty when absent; `name` in any case.
+  std::string get_header_value(const std::string& name) const;
+};
+
+// One part of an event stream: appends what to send now to *chunk (nothing
+// is fine) and returns whether more will follow. Called on the server's
+// handler threads, once per HttpEndpoint::kStreamTick; it must not block,
+// since every open stream shares those threads.
+using HttpStreamStep = std::function<bool(std::string* chunk)>;
+
+struct HttpResponse {
+  int status = 200;
+  // Content-Type among them.
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  // Set for a chunked stream, which is sent instead of `body`.
+  HttpStreamStep stream;
+  // Called once when the stream ends, by its end, the peer's or shutdown.
+  std::function<void()> stream_done;
+
+  // Replaces a header of that name.
+  void set_header(const std::string& name, const std::string& value);
+  void set_content(std::string content, const std::string& content_type);
+  void set_content(const char* data, size_t size, const std::string& content_type);
+  void set_chunked_content_provider(const std::string& content_type, HttpStreamStep step,
+                                    std::function<void()> done);
+};
+
+class HttpRoutes {
+ public:
+  using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
+
+  // `pattern` (a std::regex) must match the whole path. The first route
+  // added that matches a request serves it; GET routes serve HEAD too.
+  void Get(const std::string& pattern, Handler handler);
+
+  // Runs the route for `request` (filling its matches), or answers 404
+  // when none matches and 405 to a method other than GET and HEAD.
+  void Serve(HttpRequest& request, HttpResponse& response) const;
+
+ private:
+  struct Route {
+    std::regex pattern;
+    Handler handler;
+  };
+  std::vector<Route> routes_;
+};
+
+}  // namespace ballast
+
+#endif  // BALLAST_COMMON_HTTP_ROUTES_H_
