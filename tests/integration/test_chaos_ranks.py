@@ -68,18 +68,11 @@ def finishes_after_one_restart(cluster, job_id, out):
     assert read(os.path.join(out, "attempt")).strip() == "2"
 
 
-def second_attempt_started(out, since):
-    """Seconds from `since` (time.time()) until a rank of attempt 2 existed."""
-    def started():
-        for p in train_ranks(out):
-            try:
-                cmd = p.cmdline()
-                if "--attempt" in cmd and cmd[cmd.index("--attempt") + 1] == "2":
-                    return p.create_time()
-            except Exception:  # gone between the two questions
-                pass
-        return None
-    return wait_for(started, 300, "a rank of attempt 2") - since
+def first_new_rank(watch, old, since):
+    """Seconds from `since` (time.time()) until a rank other than `old` was
+    first seen: the first of the next attempt."""
+    return wait_for(lambda: min((t for pid, t in watch.seen.items() if pid not in old),
+                                default=None), 300, "a rank of the next attempt") - since
 
 
 @pytest.mark.parametrize("victim", [0, 1])
@@ -87,12 +80,16 @@ def test_a_rank_killed_mid_step_ends_its_peer_within_the_timeout_and_the_job_res
         inputs, make_cluster, victim):
     cluster, _, job_id, out, ranks = start_mid_step(make_cluster, inputs)
     survivor = ranks[1 - victim]
-    killed_at, killed_wall = time.monotonic(), time.time()
-    ranks[victim].send_signal(signal.SIGKILL)
-    wait_until_gone([survivor], out, COLLECTIVE_TIMEOUT_S + MARGIN_S, "the survivor to exit")
-    peer_exit_s = time.monotonic() - killed_at
-    assert f"lost rank {victim}" in read(os.path.join(out, f"rank-{1 - victim}.log"))
-    restart_s = second_attempt_started(out, killed_wall)
+    watch = RankWatch(out)
+    try:
+        killed_at, killed_wall = time.monotonic(), time.time()
+        ranks[victim].send_signal(signal.SIGKILL)
+        wait_until_gone([survivor], out, COLLECTIVE_TIMEOUT_S + MARGIN_S, "the survivor to exit")
+        peer_exit_s = time.monotonic() - killed_at
+        assert f"lost rank {victim}" in read(os.path.join(out, f"rank-{1 - victim}.log"))
+        restart_s = first_new_rank(watch, {p.pid for p in ranks.values()}, killed_wall)
+    finally:
+        watch.stop()
     finishes_after_one_restart(cluster, job_id, out)
     print(f"\nkill -9 of rank {victim}: peer left after {peer_exit_s:.1f} s, attempt 2 "
           f"started after {restart_s:.1f} s (--collective-timeout {COLLECTIVE_TIMEOUT_S})")
@@ -143,7 +140,7 @@ def test_a_rank_stopped_for_twice_the_timeout_is_fenced_and_never_writes_after_i
         # once every rank of attempt 1 has exited and been reported.
         checked_at = time.time()
         after = output_files(out)
-        assert all(t > checked_at for pid, t in watch.created.items()
+        assert all(t > checked_at for pid, t in watch.seen.items()
                    if pid not in (stopped.pid, survivor.pid)), "attempt 2 started too soon"
         assert after == before, "the resumed rank wrote after its peer gave up on it"
         log = read(os.path.join(out, f"rank-{victim}.log"))
@@ -151,7 +148,7 @@ def test_a_rank_stopped_for_twice_the_timeout_is_fenced_and_never_writes_after_i
         wait_for(lambda: any(f"rank {victim} of {job_id} attempt 1 exited with code 3"
                              in w.output() for w in workers), 30,
                  "its worker to report the fenced exit")
-        restart_s = second_attempt_started(out, stopped_wall)
+        restart_s = first_new_rank(watch, {stopped.pid, survivor.pid}, stopped_wall)
     finally:
         watch.stop()
     finishes_after_one_restart(cluster, job_id, out)
