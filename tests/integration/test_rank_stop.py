@@ -52,12 +52,16 @@ def test_sigterm_stops_a_standalone_run_at_a_step_boundary_with_exit_143(tmp_pat
 
 class RankWatch:
     """Samples the ballast-train processes of one output folder every 10 ms:
-    when each was created, and when it was first seen gone (an upper bound on
-    its exit; a zombie left by a frozen parent counts as gone)."""
+    when each was created, when it was first seen (time.time(); create_time
+    comes from the boot time, which is whole seconds, so only `seen` is on
+    time.time()'s clock to better than a second), and when it was first seen
+    gone (an upper bound on its exit; a zombie left by a frozen parent counts
+    as gone)."""
 
     def __init__(self, output_dir):
         self.output_dir = output_dir
         self.created = {}  # pid -> create_time
+        self.seen = {}  # pid -> time first seen
         self.gone = {}  # pid -> time first seen gone
         self.most_at_once = 0
         self._stop = threading.Event()
@@ -71,6 +75,7 @@ class RankWatch:
                 try:
                     if p.status() != psutil.STATUS_ZOMBIE:
                         self.created.setdefault(p.pid, p.create_time())
+                        self.seen.setdefault(p.pid, time.time())
                         running.add(p.pid)
                 except psutil.NoSuchProcess:
                     pass

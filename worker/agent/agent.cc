@@ -498,6 +498,7 @@ void Agent::StartRank(const v1::Assignment& a) {
   env.train_binary = options_.train_binary;
   env.device_kind = options_.devices.kind;
   env.cpu_threads = cpu_threads_;
+  env.collective_timeout_s = options_.collective_timeout_s;
   env.scratch_dir = (fs::path(options_.work_dir) / "ranks" /
                      absl::StrCat(a.job_id(), "-a", a.attempt(), "-r", a.rank()))
                         .string();

@@ -55,6 +55,8 @@ struct AgentOptions {
   // How long Shutdown tries to deliver the last events.
   absl::Duration shutdown_flush = absl::Seconds(2);
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // Given to every rank (RankEnvironment::collective_timeout_s).
+  double collective_timeout_s = 60;
 };
 
 // A prometheus::Collectable: its node series are computed at scrape time.

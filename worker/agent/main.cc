@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--train-binary", options.train_binary, "The ballast-train to run ranks with")
       ->capture_default_str();
+  app.add_option("--collective-timeout", options.collective_timeout_s,
+                 "Seconds a rank of a multi-rank job may go without a heartbeat (stopped, "
+                 "frozen, cut off) before its peers count it lost and the job restarts; give "
+                 "every worker the same value")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   app.add_option("--host", options.host, "The address other nodes reach this one at")
       ->capture_default_str();
   std::vector<std::string> shared_dirs;

@@ -117,6 +117,8 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Start(const v1::Assignment& assignme
   SpawnOptions spawn;
   spawn.binary = env.train_binary;
   spawn.args = TrainArguments(assignment, spec_path, env.socket_path);
+  spawn.args.insert(spawn.args.end(),
+                    {"--collective-timeout", absl::StrCat(env.collective_timeout_s)});
   if (env.device_kind == "cuda") {
     spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", absl::StrCat(assignment.device()));
   } else {

@@ -33,6 +33,9 @@ struct RankEnvironment {
   // OMP_NUM_THREADS to cpu_threads and hides GPUs.
   std::string device_kind;
   int cpu_threads = 1;
+  // ballast-train's --collective-timeout: how long a rank of a gang may go
+  // without a heartbeat before its peers count it lost.
+  double collective_timeout_s = 60;
   // Created for the rank, removed with it.
   std::string scratch_dir;
   std::string socket_path;

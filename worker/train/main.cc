@@ -4,9 +4,9 @@
 //       [--agent-socket PATH [--agent-silence-ms N]] [--attempt N]
 //       [--resume-at-or-before N]
 //       [--rank R --world-size W --master-addr A --master-port P]
-//       [--rendezvous-timeout SECONDS]
+//       [--rendezvous-timeout SECONDS] [--collective-timeout SECONDS]
 //   ballast-train --spec JOB.yaml --out DIR [--nproc N] [--set key=value]...
-//       [--rendezvous-timeout S]
+//       [--rendezvous-timeout S] [--collective-timeout S]
 //   ballast-train logits --model DIR [--adapter DIR] --tokens FILE.jsonl --out FILE.safetensors
 //   ballast-train merge --model DIR --adapter DIR --out DIR
 //   ballast-train rerank --model DIR [--adapter DIR] --queries FILE.jsonl [--spec JOB.yaml]
@@ -76,6 +76,15 @@ void KeepActivationsMapped() {
 // peer, a full disk).
 constexpr int kExitFenced = 3;
 
+// Ends a rank that may no longer write for its job (a fence fell), at once
+// and from any thread: nothing more reaches the job's folder or the worker.
+// Uncommitted work stays in the attempt's folder, which the next attempt's
+// claim removes.
+[[noreturn]] void ExitFenced(const std::string& why) {
+  std::cerr << "ballast-train: " << why << "; stopping without writing more" << std::endl;
+  _exit(kExitFenced);
+}
+
 int Fail(const absl::Status& status) {
   std::cerr << "ballast-train: " << status.message() << "\n";
   switch (status.code()) {
@@ -107,6 +116,8 @@ struct RankFlags {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   double rendezvous_timeout_s = 300;
+  // How long a peer may go without a heartbeat (process_group.h).
+  double collective_timeout_s = 60;
   // ballastd's --path-root folders, which the spec's paths must lie in.
   std::vector<std::string> path_roots;
 };
@@ -129,6 +140,9 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
   r.master_port = flags.master_port;
   r.attempt = flags.attempt;
   r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.rendezvous_timeout_s * 1000));
+  r.collective_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
+  r.on_stalled = ExitFenced;
   r.device = device;
   return ballast::train::ConnectProcessGroup(r);
 }
@@ -170,12 +184,9 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
     fence.on_silent = [limit = flags.agent_silence_ms](std::chrono::milliseconds silent) {
       // The worker is frozen, dead or cut off, and the coordinator hands
       // this rank's work to another worker once the lease and this limit
-      // have run out: stop now, in the middle of a step if need be, without
-      // writing anything more (uncommitted work stays in the attempt folder).
-      std::cerr << "ballast-train: no keepalive from the worker for " << silent.count()
-                << " ms (--agent-silence-ms " << limit << "); stopping without writing more"
-                << std::endl;
-      _exit(kExitFenced);
+      // have run out: stop now, in the middle of a step if need be.
+      ExitFenced(absl::StrCat("no keepalive from the worker for ", silent.count(),
+                              " ms (--agent-silence-ms ", limit, ")"));
     };
     absl::StatusOr<std::unique_ptr<ballast::train::AgentChannel>> connected =
         ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank, std::move(fence));
@@ -206,7 +217,7 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
     }
     trainer_dir = ballast::train::AttemptOutput::DirFor(out_dir, flags.attempt);
   }
-  ballast::train::RankObserver observer(channel.get(), output.get());
+  ballast::train::RankObserver observer(channel.get(), output.get(), collectives->get());
   ballast::train::TrainerOptions options;
   options.resume_at_or_before = flags.resume_at_or_before;
   // Rank 0 commits each checkpoint there; every rank reads it on a rollback.
@@ -223,6 +234,7 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
   // A refused commit ended the run, whatever the trainer made of the stop.
   if (!observer.commit_status().ok()) status = observer.commit_status();
   if (output == nullptr) return status;
+  (*collectives)->FenceIfStalled();
   if (!status.ok()) {
     output->Discard();
     return status;
@@ -441,6 +453,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* args) {
   app.add_option("--rendezvous-timeout", flags.rendezvous_timeout_s,
                  "Seconds to wait for the store and every peer, and for any collective")
       ->check(CLI::PositiveNumber);
+  app.add_option("--collective-timeout", flags.collective_timeout_s,
+                 "Seconds a peer may go without a heartbeat (stopped, frozen, cut off) before "
+                 "this rank counts it lost and exits 1; a rank that went this long itself exits "
+                 "3 (fenced) without writing more")
+      ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--path-root", flags.path_roots,
                  "A folder the spec's model, adapter, tokenizer and data paths must lie in, "
                  "after symlinks (repeatable; ballast-worker passes ballastd's --path-root)");

@@ -53,6 +53,12 @@ class Collectives {
   // Bytes this rank has sent plus received, by the algorithm's own count
   // (see process_group.cc), since it was made.
   virtual int64_t communicated_bytes() const = 0;
+
+  // Called before each write that outlives the attempt (a commit, a report):
+  // ends the process when this rank has been silent for longer than its
+  // peers wait for it (process_group.h), so that a rank that was stopped
+  // never writes after they gave up on it. One rank is never silent.
+  virtual void FenceIfStalled() {}
 };
 
 // A job of one rank: reductions are the identity, a gather is a copy.

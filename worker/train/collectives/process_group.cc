@@ -27,6 +27,7 @@ namespace ballast::train {
 namespace {
 
 using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
 
 // Every rank bumps its heartbeat key on the store this often, from a thread
 // of its own, so that a rank blocked in a collective or busy computing still
@@ -39,6 +40,10 @@ constexpr milliseconds kLostAfter{2500};
 constexpr milliseconds kPeersNameLostWithin{3 * kLostAfter};
 
 std::string Address(const Rendezvous& r) { return absl::StrCat(r.master_addr, ":", r.master_port); }
+
+std::string Seconds(Clock::duration d) {
+  return absl::StrCat(std::chrono::duration_cast<milliseconds>(d).count() / 1000.0, " s");
+}
 
 std::string WhatOf(const std::exception& e) {
   if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
@@ -89,15 +94,24 @@ class ProcessGroupCollectives : public Collectives {
       : r_(std::move(rendezvous)),
         store_(std::move(store)),
         group_(std::move(group)),
-        heartbeat_([this] { Heartbeat(); }) {}
+        last_beat_(Clock::now().time_since_epoch().count()),
+        heartbeat_([this] { Heartbeat(); }),
+        watchdog_([this] { Watch(); }) {}
 
   ~ProcessGroupCollectives() override {
+    // A rank that ends normally is no longer watched: rank 0 may still be
+    // exporting, for longer than the collective timeout.
+    try {
+      store_->set(absl::StrCat("departed/", r_.rank), "1");
+    } catch (const std::exception&) {
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
     stop_.notify_all();
     heartbeat_.join();
+    watchdog_.join();
   }
 
   int rank() const override { return r_.rank; }
@@ -142,6 +156,14 @@ class ProcessGroupCollectives : public Collectives {
 
   int64_t communicated_bytes() const override { return sent_; }
 
+  // Once rank 0 has ended (its store is gone) nobody waits for this rank:
+  // its last writes, if any, are its own business.
+  void FenceIfStalled() override {
+    if (store_gone_.load()) return;
+    const Clock::duration silent = Clock::now() - LastBeat();
+    if (silent > r_.collective_timeout) Stalled(silent);
+  }
+
   // Waits for `work`; a failure becomes an error that names the lost ranks.
   // On a GPU the wait is the current stream's, not the host's: NCCL's wait
   // with a timeout would block the host until the data arrived, and the
@@ -155,6 +177,8 @@ class ProcessGroupCollectives : public Collectives {
       }
       work->wait(r_.timeout);
     } catch (const std::exception& e) {
+      // A stopped rank's collective fails once it runs again: its peers left.
+      FenceIfStalled();
       if (failing_.exchange(true)) Hang();  // the heartbeat thread is ending the process
       throw std::runtime_error(Diagnosis(WhatOf(e)));
     }
@@ -176,27 +200,104 @@ class ProcessGroupCollectives : public Collectives {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 
+  Clock::time_point LastBeat() const {
+    return Clock::time_point(Clock::duration(last_beat_.load()));
+  }
+
+  [[noreturn]] void Stalled(Clock::duration silent) {
+    const std::string why = absl::StrCat(
+        "rank ", r_.rank, " of ", r_.world_size, " went ", Seconds(silent),
+        " without a heartbeat, past the collective timeout of ", Seconds(r_.collective_timeout),
+        ": it was stopped or cut off, and its peers count it lost");
+    if (r_.on_stalled) r_.on_stalled(why);
+    _exit(1);
+  }
+
   // Beats, and watches for a failure another rank reported: this rank's own
   // collective may be waiting on a peer that is alive (in its own roll
   // call) and would not fail before that peer exits. Then this thread ends
   // the process with the diagnosis, as ballast-train's main() would (exit 1,
   // restartable); the training thread is blocked in the collective anyway.
+  // Rank 0 also watches its peers' heartbeats, and ends the same way when
+  // one stood still for the collective timeout.
   void Heartbeat() {
     const std::string key = absl::StrCat("heartbeat/", r_.rank);
-    std::unique_lock<std::mutex> lock(mu_);
-    for (int64_t beat = 0; !stopping_; ++beat) {
+    std::vector<std::string> seen(r_.world_size);
+    std::vector<Clock::time_point> changed(r_.world_size, Clock::now());
+    for (int64_t beat = 0;; ++beat) {
       bool peer_failed = false;
+      int still = -1;
       try {
         store_->set(key, std::to_string(beat));
         peer_failed = store_->check({"failure"});
+        if (r_.rank == 0 && !peer_failed) still = StillPeer(&seen, &changed);
       } catch (const std::exception&) {
-        return;  // the store is gone: rank 0 ended, normally or not
+        FenceIfStalled();
+        store_gone_ = true;  // rank 0 ended, normally or not; Gloo tells the training thread
+        return;
       }
+      // Before anything is made of what the store said: this rank may be
+      // the one that did not run.
+      FenceIfStalled();
+      last_beat_ = Clock::now().time_since_epoch().count();
       if (peer_failed && !failing_.exchange(true)) {
         std::cerr << "ballast-train: " << Diagnosis("a peer's collective failed") << std::endl;
         _exit(1);
       }
-      stop_.wait_for(lock, kHeartbeatEvery, [this] { return stopping_; });
+      if (still >= 0 && !failing_.exchange(true)) {
+        std::cerr << "ballast-train: "
+                  << Diagnosis(absl::StrCat("rank ", still, " sent no heartbeat for ",
+                                            Seconds(r_.collective_timeout)))
+                  << std::endl;
+        _exit(1);
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_.wait_for(lock, kHeartbeatEvery, [this] { return stopping_; })) return;
+    }
+  }
+
+  // Rank 0: the first peer whose heartbeat has not changed for the
+  // collective timeout, leaving out those that ended normally; -1 if none.
+  // `seen` and `changed` hold each peer's last beat and when it was read.
+  int StillPeer(std::vector<std::string>* seen, std::vector<Clock::time_point>* changed) {
+    const Clock::time_point now = Clock::now();
+    for (int k = 1; k < r_.world_size; ++k) {
+      const std::string key = absl::StrCat("heartbeat/", k);
+      const std::vector<uint8_t> v =
+          store_->check({key}) ? store_->get(key) : std::vector<uint8_t>();
+      std::string beat(v.begin(), v.end());
+      if (beat != (*seen)[k]) {
+        (*seen)[k] = std::move(beat);
+        (*changed)[k] = now;
+      } else if (now - (*changed)[k] > r_.collective_timeout &&
+                 !store_->check({absl::StrCat("departed/", k)})) {
+        return k;
+      }
+    }
+    return -1;
+  }
+
+  // The heartbeat seen from outside: a store call to a stopped rank 0 never
+  // returns, so a heartbeat stuck past the collective timeout means rank 0
+  // is lost, unless this thread did not run either (this process was the
+  // one stopped).
+  void Watch() {
+    Clock::time_point looked = Clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_.wait_for(lock, kHeartbeatEvery, [this] { return stopping_; })) {
+      if (store_gone_.load()) return;
+      const Clock::time_point now = Clock::now();
+      const Clock::duration silent = now - LastBeat();
+      if (silent > r_.collective_timeout) {
+        if (now - looked > r_.collective_timeout / 2) Stalled(silent);
+        std::cerr << "ballast-train: rank " << r_.rank << " of " << r_.world_size
+                  << ": lost rank 0 (its store at " << Address(r_)
+                  << " has not answered a heartbeat for " << Seconds(silent)
+                  << ", past the collective timeout of " << Seconds(r_.collective_timeout) << ")"
+                  << std::endl;
+        _exit(1);
+      }
+      looked = now;
     }
   }
 
@@ -259,7 +360,14 @@ class ProcessGroupCollectives : public Collectives {
   // Set by whichever thread first handles a failure: the training thread's
   // collective, or the heartbeat thread on another rank's report.
   std::atomic<bool> failing_{false};
-  std::thread heartbeat_;  // last: it starts once the rest is built
+  // Set by the heartbeat thread when the store went away under it.
+  std::atomic<bool> store_gone_{false};
+  // When the heartbeat last went round (set, then check for a failure), as
+  // a steady_clock count.
+  std::atomic<Clock::rep> last_beat_;
+  // Last: they start once the rest is built.
+  std::thread heartbeat_;
+  std::thread watchdog_;
 };
 
 void WorkInFlight::Wait() { owner_->Wait(work_); }
@@ -278,7 +386,7 @@ std::unique_ptr<InFlight> SingleRank::ReduceScatter(at::Tensor shard, at::Tensor
 
 absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvous& r) {
   const std::string who = absl::StrCat("rank ", r.rank, " of ", r.world_size);
-  const std::string seconds = absl::StrCat(r.timeout.count() / 1000.0, " s");
+  const std::string seconds = Seconds(r.timeout);
   absl::StatusOr<std::string> local = LocalAddressTowards(r.master_addr, r.master_port);
   if (!local.ok()) {
     return absl::Status(local.status().code(), absl::StrCat(who, ": ", local.status().message()));

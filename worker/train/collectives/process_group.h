@@ -18,6 +18,18 @@
 // A rank whose collective still waits on a live peer learns of the failure
 // from the store (its heartbeat thread watches for it) and exits 1 with the
 // same diagnosis, so every rank ends within seconds.
+//
+// A peer that stops without closing its connections (SIGSTOP, a frozen VM, a
+// host cut off) fails no collective: Gloo would wait out its own timeout,
+// and a TCPStore call to a stopped rank 0 never returns. So the heartbeat is
+// also the failure detector, bounded by the collective timeout: rank 0 counts
+// a peer whose heartbeat stood still that long as lost, and every other rank
+// counts rank 0 as lost once the store has not answered its heartbeat that
+// long (a watchdog thread sees it; the heartbeat thread is stuck in the
+// call). Either way the ranks end as above. A rank that itself went that long
+// without a heartbeat (it was the stopped one) may no longer speak for the
+// job, whose peers are gone or going: when it runs again, it ends through
+// `on_stalled` before it writes anything (FenceIfStalled, and its threads).
 #ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
 #define BALLAST_WORKER_TRAIN_COLLECTIVES_PROCESS_GROUP_H_
 
@@ -25,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,8 +54,15 @@ struct Rendezvous {
   // Keys of one attempt of a job; 0 for a standalone run.
   int32_t attempt = 0;
   // Bound on connecting to the store, on the peers' arrival, and on every
-  // collective after that (a hung peer).
+  // collective after that (a peer that is alive but never joins it).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // How long a rank may go without a heartbeat before its peers count it
+  // lost (see above): the spec's scheduling.collective_timeout_s.
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(60)};
+  // Called, with why, when this rank went longer than collective_timeout
+  // without a heartbeat; meant not to return (ballast-train prints why and
+  // _exits fenced). The process exits 1 if it does.
+  std::function<void(const std::string& why)> on_stalled;
   // The device the step's tensors live on: the CPU (Gloo) or this rank's
   // GPU (NCCL).
   c10::Device device = c10::kCPU;

@@ -38,6 +38,7 @@ void RankObserver::CommitFailed(const absl::Status& status) {
 }
 
 void RankObserver::OnEvent(const v1::TrainingEvent& event) {
+  gang_->FenceIfStalled();
   switch (event.kind_case()) {
     case v1::TrainingEvent::kStepMetrics:
       if (!commit_status_.ok()) return;

@@ -5,7 +5,9 @@
 // never hears of a step or checkpoint that is not in the job's output folder.
 // It asks the trainer to stop at the next step boundary on a Cancel from the
 // worker, on SIGTERM (see CatchSigterm), or once a commit has failed (a newer
-// attempt took the output folder over: nothing more is written).
+// attempt took the output folder over: nothing more is written). Before
+// each report it lets the gang's collectives fence a rank that was stopped
+// past the collective timeout (Collectives::FenceIfStalled).
 //
 // Not thread-safe: the training thread calls it.
 #ifndef BALLAST_WORKER_TRAIN_RANK_RANK_OBSERVER_H_
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/train/collectives/collectives.h"
 #include "worker/train/rank/agent_channel.h"
 #include "worker/train/rank/attempt_output.h"
 #include "worker/train/trainer/training_observer.h"
@@ -27,10 +30,11 @@ class RankObserver : public TrainingObserver {
   // action would.
   static void CatchSigterm();
 
-  // `channel` (reports go nowhere when null) and `output` (null: the trainer
-  // writes straight into the job's folder) are not owned and must outlive
-  // this.
-  RankObserver(AgentChannel* channel, AttemptOutput* output) : channel_(channel), output_(output) {}
+  // `channel` (reports go nowhere when null), `output` (null: the trainer
+  // writes straight into the job's folder) and `gang` are not owned and
+  // must outlive this.
+  RankObserver(AgentChannel* channel, AttemptOutput* output, Collectives* gang)
+      : channel_(channel), output_(output), gang_(gang) {}
 
   // OK, or the failed commit that stopped the run (ABORTED: superseded).
   const absl::Status& commit_status() const { return commit_status_; }
@@ -47,6 +51,7 @@ class RankObserver : public TrainingObserver {
 
   AgentChannel* const channel_;
   AttemptOutput* const output_;
+  Collectives* const gang_;
   absl::Status commit_status_;
 };
 

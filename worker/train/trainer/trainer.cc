@@ -247,6 +247,9 @@ absl::Status Trainer::RunSteps() {
     }
     GuardVerdict verdict;
     const v1::StepMetrics metrics = Step(&pos, &verdict);
+    // Here, before Checkpoint and before Export's write: a rank stopped past
+    // the collective timeout, whose peers gave up on it, writes nothing.
+    collectives_->FenceIfStalled();
     if (absl::Status s = reports_.Step(metrics, verdict, anomaly_); !s.ok()) return s;
     if (verdict.action == GuardAction::kRollback) {
       if (absl::Status s = Rollback(verdict, metrics.step(), &pos); !s.ok()) return s;
@@ -633,6 +636,7 @@ void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
 // Checkpoints, rollback, evaluation and export.
 
 absl::Status Trainer::Checkpoint(const TrainPosition& pos, bool last) {
+  collectives_->FenceIfStalled();
   absl::StatusOr<std::string> dir = recovery_.SaveCheckpoint(pos, last);
   if (absl::IsFailedPrecondition(dir.status())) {
     reports_.CheckpointRefused(pos.step, dir.status().message());
@@ -688,6 +692,7 @@ absl::Status Trainer::Export() {
   std::vector<std::pair<std::string, at::Tensor>> tensors =
       state_->FullTensors(/*trainable_only=*/lora_.has_value());
   if (!reports_.writes_shared_files()) return absl::OkStatus();
+  collectives_->FenceIfStalled();
   const std::map<std::string, at::Tensor> bias =
       routing_bias_ ? routing_bias_->Tensors() : std::map<std::string, at::Tensor>();
   absl::Status s;
