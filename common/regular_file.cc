@@ -156,9 +156,9 @@ absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path) {
   }
   if (const char* pseudo = PseudoFileSystemOf(fd); pseudo != nullptr) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is a file of the kernel's ", pseudo,
-        " file system, made up as it is read; a regular file on a disk is needed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a file of the kernel's ", pseudo,
+                     " file system, made up as it is read; a regular file on a disk is needed"));
   }
   return OpenedFile{fd, static_cast<int64_t>(st.st_size), st.st_mtim};
 }
@@ -260,8 +260,8 @@ absl::StatusOr<size_t> LineReader::ReadMore(char* out, size_t size) {
 absl::Status LineReader::CheckUnchanged() const {
   struct stat st {};
   if (fstat(fd_, &st) != 0) return CannotRead(path_, errno);
-  const bool same_time = st.st_mtim.tv_sec == opened_.mtime.tv_sec &&
-                         st.st_mtim.tv_nsec == opened_.mtime.tv_nsec;
+  const bool same_time =
+      st.st_mtim.tv_sec == opened_.mtime.tv_sec && st.st_mtim.tv_nsec == opened_.mtime.tv_nsec;
   if (bytes_read_ == opened_.size && st.st_size == opened_.size && same_time) {
     return absl::OkStatus();
   }

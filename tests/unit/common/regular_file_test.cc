@@ -67,7 +67,7 @@ TEST_F(RegularFileTest, FilesOfTheKernelsPseudoFileSystemsAreRefusedAtOpen) {
     const absl::Status s = CheckRegularFile(path);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << path;
     EXPECT_THAT(s.message(), HasSubstr(std::string(path) + " is a file of the kernel's proc file "
-                                                          "system, made up as it is read"));
+                                                           "system, made up as it is read"));
     EXPECT_EQ(LineReader::Open(path, 100).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(ReadRegularFile(path, 100).status().code(), absl::StatusCode::kInvalidArgument);
   }
@@ -88,9 +88,9 @@ TEST_F(RegularFileTest, AFileThatCannotBeOpenedIsABadInput) {
   if (child == 0) {
     if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
     const absl::Status s = CheckRegularFile(path);
-    _exit(s.code() != absl::StatusCode::kInvalidArgument                        ? 1
+    _exit(s.code() != absl::StatusCode::kInvalidArgument                 ? 1
           : s.message() != "cannot open " + path + ": Permission denied" ? 2
-                                                                          : 0);
+                                                                         : 0);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

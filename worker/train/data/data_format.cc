@@ -83,9 +83,8 @@ absl::StatusOr<nlohmann::json> ParseRecord(absl::string_view line) {
         "a NUL byte at byte ", nul + 1, ": a line holds one JSON object and nothing else"));
   }
   if (const int64_t at = TooDeepAt(line); at >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the record nests deeper than ",
-                                                   kMaxRecordDepth, " levels (at byte ", at + 1,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat("the record nests deeper than ", kMaxRecordDepth,
+                                                   " levels (at byte ", at + 1, ")"));
   }
   nlohmann::json record;
   try {

@@ -163,8 +163,8 @@ TEST(DocumentEncoderTest, InvalidUtf8InAStringIsABadRecordSayingSo) {
     const absl::Status s = EncodeOne(encoder, "{\"text\": \"" + text + "\"}", &doc);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr("not a JSON object: at byte "));
-    EXPECT_THAT(s.message(), ::testing::AnyOf(HasSubstr("ill-formed UTF-8"),
-                                              HasSubstr("surrogate")));
+    EXPECT_THAT(s.message(),
+                ::testing::AnyOf(HasSubstr("ill-formed UTF-8"), HasSubstr("surrogate")));
     EXPECT_EQ(s.message().find('\xff'), absl::string_view::npos);
     EXPECT_EQ(s.message().find('\xc0'), absl::string_view::npos);
     EXPECT_EQ(s.message().find('\xed'), absl::string_view::npos);
@@ -183,9 +183,9 @@ TEST(DocumentEncoderTest, DeepNestingIsRefusedBeforeItIsParsed) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("nests deeper than 128 levels (at byte 148)"));
   // Brackets in strings do not count, and kMaxRecordDepth levels are fine.
-  const std::string at_limit = "{\"text\": \"[[[[\\\"{{\", \"x\": " +
-                               std::string(kMaxRecordDepth - 1, '[') +
-                               std::string(kMaxRecordDepth - 1, ']') + "}";
+  const std::string at_limit =
+      "{\"text\": \"[[[[\\\"{{\", \"x\": " + std::string(kMaxRecordDepth - 1, '[') +
+      std::string(kMaxRecordDepth - 1, ']') + "}";
   EXPECT_TRUE(EncodeOne(encoder, at_limit, &doc).ok()) << EncodeOne(encoder, at_limit, &doc);
 }
 
