@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/job_spec.h"
 #include "common/job_spec_paths.h"
 #include "common/model_config.h"
@@ -44,18 +45,18 @@ std::string ConfigName(const v1::JobSpec& spec) {
   return (std::filesystem::path(spec.model().path()) / "config.json").string();
 }
 
-// OK when every weights file and JSON file of the model folder is a regular
-// file: a rank opens them all, and a FIFO among them once held one in
-// open() for good.
 // OK when the data file `path`, the spec's `field`, opens as a regular file
 // (common/regular_file.h: not a FIFO, directory or file of /proc or /sys).
 absl::Status CheckDataFile(absl::string_view field, const std::string& path) {
   absl::Status s = CheckRegularFile(path);
   if (s.ok()) return s;
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": ", s.message(), "; expected a JSONL file"));
+      absl::StrCat(field, ": ", s.message(), absl::IsNotFound(s) ? "; expected a JSONL file" : ""));
 }
 
+// OK when every weights file and JSON file of the model folder is a regular
+// file: a rank opens them all, and a FIFO among them once held one in
+// open() for good.
 absl::Status CheckModelFiles(const std::string& model_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
