@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/job_spec.h"
 #include "common/job_spec_paths.h"
 #include "common/model_config.h"
@@ -42,6 +43,15 @@ absl::StatusOr<nlohmann::json> ReadModelConfig(const v1::JobSpec& spec,
 
 std::string ConfigName(const v1::JobSpec& spec) {
   return (std::filesystem::path(spec.model().path()) / "config.json").string();
+}
+
+// OK when the data file `path`, the spec's `field`, opens as a regular file
+// (common/regular_file.h: not a FIFO, directory or file of /proc or /sys).
+absl::Status CheckDataFile(absl::string_view field, const std::string& path) {
+  absl::Status s = CheckRegularFile(path);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", s.message(), absl::IsNotFound(s) ? "; expected a JSONL file" : ""));
 }
 
 // OK when every weights file and JSON file of the model folder is a regular
@@ -197,15 +207,9 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
     if (absl::Status s = CheckPeftAdapter(adapter); !s.ok()) return s;
   }
 
-  if (!fs::is_regular_file(spec.data().path(), ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("data.path: ", spec.data().path(),
-                                                   " does not exist or is not a file; expected "
-                                                   "a JSONL file"));
-  }
-  if (const std::string& eval = spec.reranker().eval_path();
-      !eval.empty() && !fs::is_regular_file(eval, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reranker.eval_path: ", eval, " does not exist or is not a file; expected a JSONL file"));
+  if (absl::Status s = CheckDataFile("data.path", spec.data().path()); !s.ok()) return s;
+  if (const std::string& eval = spec.reranker().eval_path(); !eval.empty()) {
+    if (absl::Status s = CheckDataFile("reranker.eval_path", eval); !s.ok()) return s;
   }
   if (const std::string& tokenizer = spec.data().tokenizer();
       !tokenizer.empty() && !fs::is_regular_file(tokenizer, ec) &&

@@ -1,7 +1,9 @@
 #include "common/regular_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -27,6 +29,37 @@ const char* KindOf(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
   return "not a regular file";
+}
+
+// The kernel's pseudo file systems whose "regular" files it makes up on each
+// read: their size says nothing (0 for most), and a read may fail
+// (/proc/self/mem: EIO) or block (/proc/kmsg). No spec's file lives there.
+const char* PseudoFileSystemOf(int fd) {
+  struct statfs fs {};
+  if (fstatfs(fd, &fs) != 0) return nullptr;
+  switch (fs.f_type) {
+    case PROC_SUPER_MAGIC:
+      return "proc";
+    case SYSFS_MAGIC:
+      return "sysfs";
+    case DEBUGFS_MAGIC:
+      return "debugfs";
+    case TRACEFS_MAGIC:
+      return "tracefs";
+    case SECURITYFS_MAGIC:
+      return "securityfs";
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+      return "cgroup";
+    case PSTOREFS_MAGIC:
+      return "pstore";
+    case EFIVARFS_MAGIC:
+      return "efivarfs";
+    case BPF_FS_MAGIC:
+      return "bpf";
+    default:
+      return nullptr;
+  }
 }
 
 namespace fs = std::filesystem;
@@ -72,6 +105,12 @@ absl::Status CheckConfined(const std::string& path, int fd) {
       "were checked)"));
 }
 
+// EIO, EACCES (a security module may refuse at read): a file that cannot be
+// read is a bad input, which no retry fixes.
+absl::Status CannotRead(const std::string& path, int error) {
+  return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": ", strerror(error)));
+}
+
 }  // namespace
 
 bool IsPathUnder(const std::filesystem::path& path, const std::filesystem::path& root) {
@@ -115,7 +154,13 @@ absl::StatusOr<OpenedFile> OpenRegularFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is ", KindOf(st.st_mode), "; a regular file is needed"));
   }
-  return OpenedFile{fd, static_cast<int64_t>(st.st_size)};
+  if (const char* pseudo = PseudoFileSystemOf(fd); pseudo != nullptr) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a file of the kernel's ", pseudo,
+                     " file system, made up as it is read; a regular file on a disk is needed"));
+  }
+  return OpenedFile{fd, static_cast<int64_t>(st.st_size), st.st_mtim};
 }
 
 absl::Status CheckRegularFile(const std::string& path) {
@@ -128,7 +173,8 @@ absl::Status CheckRegularFile(const std::string& path) {
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
   absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
   if (!opened.ok()) return opened.status();
-  const auto [fd, size] = *opened;
+  const int fd = opened->fd;
+  const int64_t size = opened->size;
   if (size > max_bytes) {
     close(fd);
     return absl::InvalidArgumentError(
@@ -139,7 +185,12 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   while (done < size) {
     const ssize_t n = read(fd, text.data() + done, static_cast<size_t>(size - done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // the file shrank: keep what there is
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return CannotRead(path, error);
+    }
+    if (n == 0) break;  // the file shrank: keep what there is
     done += n;
   }
   close(fd);
@@ -160,7 +211,7 @@ struct LineReader::Zstd {
 absl::StatusOr<LineReader> LineReader::Open(const std::string& path, int64_t max_line_bytes) {
   absl::StatusOr<OpenedFile> opened = OpenRegularFile(path);
   if (!opened.ok()) return opened.status();
-  LineReader reader(path, opened->fd, max_line_bytes);
+  LineReader reader(path, *opened, max_line_bytes);
   if (path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0) {
     reader.zstd_ = std::make_unique<Zstd>();
   }
@@ -178,11 +229,17 @@ absl::StatusOr<size_t> LineReader::ReadMore(char* out, size_t size) {
         return 0;
       }
       char* target = zstd_ ? zstd_->input.data() : out;
-      const size_t capacity = zstd_ ? zstd_->input.size() : size;
-      const ssize_t n = read(fd_, target, capacity);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return absl::InternalError(absl::StrCat("cannot read ", path_, ": ", strerror(errno)));
+      const size_t capacity = std::min<size_t>(zstd_ ? zstd_->input.size() : size,
+                                               static_cast<size_t>(opened_.size - bytes_read_));
+      ssize_t n = 0;
+      if (capacity > 0) {
+        n = read(fd_, target, capacity);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return CannotRead(path_, errno);
+        bytes_read_ += n;
+      }
+      if (n == 0) {
+        if (absl::Status s = CheckUnchanged(); !s.ok()) return s;
       }
       if (!zstd_) return static_cast<size_t>(n);
       zstd_->in = {zstd_->input.data(), static_cast<size_t>(n), 0};
@@ -200,12 +257,29 @@ absl::StatusOr<size_t> LineReader::ReadMore(char* out, size_t size) {
   }
 }
 
-LineReader::LineReader(std::string path, int fd, int64_t max_line_bytes)
-    : path_(std::move(path)), fd_(fd), max_line_bytes_(max_line_bytes) {}
+absl::Status LineReader::CheckUnchanged() const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) return CannotRead(path_, errno);
+  const bool same_time =
+      st.st_mtim.tv_sec == opened_.mtime.tv_sec && st.st_mtim.tv_nsec == opened_.mtime.tv_nsec;
+  if (bytes_read_ == opened_.size && st.st_size == opened_.size && same_time) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      path_, " changed while it was read: ", opened_.size, " bytes when it was opened, ",
+      bytes_read_ < opened_.size ? absl::StrCat("only ", bytes_read_, " could be read, ") : "",
+      st.st_size, " now", same_time ? "" : ", modified since",
+      "; a data file must stay as it is until the job has read it"));
+}
+
+LineReader::LineReader(std::string path, OpenedFile opened, int64_t max_line_bytes)
+    : path_(std::move(path)), fd_(opened.fd), opened_(opened), max_line_bytes_(max_line_bytes) {}
 
 LineReader::LineReader(LineReader&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
+      opened_(other.opened_),
+      bytes_read_(other.bytes_read_),
       max_line_bytes_(other.max_line_bytes_),
       line_number_(other.line_number_),
       zstd_(std::move(other.zstd_)),
@@ -218,6 +292,8 @@ LineReader& LineReader::operator=(LineReader&& other) noexcept {
     if (fd_ >= 0) close(fd_);
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
+    opened_ = other.opened_;
+    bytes_read_ = other.bytes_read_;
     max_line_bytes_ = other.max_line_bytes_;
     line_number_ = other.line_number_;
     zstd_ = std::move(other.zstd_);

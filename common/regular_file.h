@@ -6,6 +6,8 @@
 #ifndef BALLAST_COMMON_REGULAR_FILE_H_
 #define BALLAST_COMMON_REGULAR_FILE_H_
 
+#include <time.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -21,17 +23,22 @@ inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;
 
 // The whole of `path`, a regular file of at most `max_bytes`. Errors name
 // the file: NOT_FOUND when it is missing, INVALID_ARGUMENT when it is not a
-// regular file (saying what it is) or is larger than max_bytes.
+// regular file (saying what it is), is a file of one of the kernel's pseudo
+// file systems (/proc, /sys and kin, whose files are made up as they are
+// read), cannot be opened or read (EACCES, EIO), or is larger than
+// max_bytes.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
 
 // OK when `path` is a regular file (after symlinks); errors as
 // ReadRegularFile's. Opens it without blocking and reads nothing.
 absl::Status CheckRegularFile(const std::string& path);
 
-// An open descriptor of a regular file, which the caller closes, and its size.
+// An open descriptor of a regular file, which the caller closes, and its
+// size and modification time when it was opened.
 struct OpenedFile {
   int fd = -1;
   int64_t size = 0;
+  struct timespec mtime {};
 };
 
 // Opens `path` as ReadRegularFile does (errors as its), for a caller that
@@ -57,7 +64,9 @@ bool IsPathUnder(const std::filesystem::path& path, const std::filesystem::path&
 
 // The lines of a regular file, one at a time, each at most max_line_bytes
 // (without its newline). A file whose name ends in ".zst" is decompressed as
-// it is read (zstd frames, as the `zstd` tool writes them). Thread-compatible.
+// it is read (zstd frames, as the `zstd` tool writes them). It reads the
+// bytes the file had when it was opened, and no more: a file appended to for
+// ever still ends. Thread-compatible.
 class LineReader {
  public:
   // Errors as ReadRegularFile's.
@@ -69,17 +78,23 @@ class LineReader {
   // The next line into `*line` (a last line without a newline counts): true,
   // or false at the end of the file. INVALID_ARGUMENT "path:N: ..." for a
   // line longer than max_line_bytes, which is never read into memory whole;
-  // INTERNAL for a read error; INVALID_ARGUMENT "path: ..." for zstd data
-  // that is corrupt or cut short.
+  // INVALID_ARGUMENT "path: ..." for a read error (EIO), for a file that
+  // changed while it was read (it grew, shrank or was written to: what was
+  // read may hold lines of two versions), and for zstd data that is corrupt
+  // or cut short.
   absl::StatusOr<bool> Next(std::string* line);
   // 1-based number of the line Next returned last.
   int64_t line_number() const { return line_number_; }
 
  private:
-  LineReader(std::string path, int fd, int64_t max_line_bytes);
+  LineReader(std::string path, OpenedFile opened, int64_t max_line_bytes);
+  // OK when the file is as it was opened and all of it has been read.
+  absl::Status CheckUnchanged() const;
 
   std::string path_;
   int fd_ = -1;
+  OpenedFile opened_;
+  int64_t bytes_read_ = 0;  // of the file (compressed, for a .zst file)
   int64_t max_line_bytes_ = 0;
   int64_t line_number_ = 0;
   struct Zstd;  // the decompression stream of a .zst file

@@ -188,3 +188,36 @@ def test_what_cannot_be_a_spec_is_refused_at_once(cluster, tmp_path):
     r = cluster.cli("submit", spec)
     assert r.returncode == 2 and "config.json is a FIFO" in r.stderr, r.stderr
     assert cluster.coordinator.alive()
+
+
+def test_a_data_path_that_is_not_a_file_on_disk_fails_without_a_restart(cluster, tmp_path):
+    """Issue 33: /proc/self/mem is "regular" (size 0) and its read fails with
+    EIO; the rank exited 1 and the job was retried. Now a file of /proc or
+    /sys is refused at submission, and one swapped in while the job was
+    queued fails the rank with exit 2: the job is FAILED, restarts 0, and
+    the reason names the field and the path."""
+    model_and_data(str(tmp_path))
+    cluster.start_coordinator()
+    spec = write(tmp_path / "job.yaml", SPEC % (tmp_path / "model", tmp_path / "link.jsonl"))
+    os.symlink("/proc/self/mem", tmp_path / "link.jsonl")
+    r = cluster.cli("submit", spec, "--set", "data.path=/proc/self/mem")
+    assert r.returncode == 2, r.stdout
+    assert "data.path: /proc/self/mem is a file of the kernel's proc file system" in r.stderr
+    r = cluster.cli("submit", spec)
+    assert r.returncode == 2 and "kernel's proc file system" in r.stderr, r.stderr
+
+    os.remove(tmp_path / "link.jsonl")
+    os.symlink(tmp_path / "data.jsonl", tmp_path / "link.jsonl")
+    r = cluster.cli("submit", spec, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    os.remove(tmp_path / "link.jsonl")
+    os.symlink("/proc/self/mem", tmp_path / "link.jsonl")
+    worker = cluster.start_worker("w1")
+    job = cluster.wait_state(job_id, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"), 120)
+    assert job["state"] == "JOB_STATE_FAILED", job
+    assert int(job.get("restarts", 0)) == 0, job
+    reason = job.get("failure_reason", "")
+    assert f"data.path: {tmp_path}/link.jsonl is a file of the kernel's proc file system" \
+        in reason, reason + "\n" + cluster.logs()
+    assert f"rank 0 of {job_id} attempt 1 exited with code 2" in worker.output()

@@ -127,6 +127,21 @@ TEST_F(JobSpecFilesTest, MissingDataNamesDataPath) {
   EXPECT_THAT(s.message(), HasSubstr("data.path"));
 }
 
+// Issue 33: /proc/self/mem is "regular" to stat, and its read fails (EIO).
+TEST_F(JobSpecFilesTest, DataThatIsNotAFileOnADiskIsRefusedNamingTheField) {
+  for (const char* path : {"/proc/self/mem", "/proc/self/status"}) {
+    spec_.mutable_data()->set_path(path);
+    const absl::Status s = ValidateJobSpecFiles(spec_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(std::string("data.path: ") + path +
+                                       " is a file of the kernel's proc file system"));
+  }
+  spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());
+  spec_.mutable_reranker()->set_eval_path(dir_.string());
+  EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
+              HasSubstr("reranker.eval_path: " + dir_.string() + " is a directory"));
+}
+
 TEST_F(JobSpecFilesTest, SeqLenAboveMaxPositionEmbeddingsNamesTheRange) {
   spec_.mutable_data()->set_seq_len(1025);
   const absl::Status s = ValidateJobSpecFiles(spec_);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -57,6 +58,76 @@ TEST_F(RegularFileTest, RefusesWhatIsMissingTooLargeOrNotARegularFile) {
               HasSubstr("fifo is a FIFO; a regular file is needed"));
   EXPECT_THAT(LineReader::Open(Path("fifo"), 100).status().message(), HasSubstr("is a FIFO"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// Issue 33: /proc/self/mem is "regular", of size 0, and its read fails with
+// EIO, which the trainer took for a fault a restart could fix.
+TEST_F(RegularFileTest, FilesOfTheKernelsPseudoFileSystemsAreRefusedAtOpen) {
+  for (const char* path : {"/proc/self/mem", "/proc/self/status", "/proc/self/environ"}) {
+    const absl::Status s = CheckRegularFile(path);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(s.message(), HasSubstr(std::string(path) + " is a file of the kernel's proc file "
+                                                           "system, made up as it is read"));
+    EXPECT_EQ(LineReader::Open(path, 100).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ReadRegularFile(path, 100).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  if (fs::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    EXPECT_THAT(CheckRegularFile("/sys/kernel/mm/transparent_hugepage/enabled").message(),
+                HasSubstr("the kernel's sysfs file system"));
+  }
+}
+
+// EACCES at open is a bad input (INVALID_ARGUMENT, exit 2), not a fault to
+// retry. Root opens any file, so a child that is not root tries it.
+TEST_F(RegularFileTest, AFileThatCannotBeOpenedIsABadInput) {
+  const std::string path = Write("secret", "{}\n");
+  ASSERT_EQ(chmod(path.c_str(), 0), 0);
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+    const absl::Status s = CheckRegularFile(path);
+    _exit(s.code() != absl::StatusCode::kInvalidArgument                 ? 1
+          : s.message() != "cannot open " + path + ": Permission denied" ? 2
+                                                                         : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not INVALID_ARGUMENT, 2: another message, 3: setuid";
+}
+
+// A file that grows as it is read ends where it ended when it was opened, and
+// the change is an error: the lines read may mix two versions of the file.
+TEST_F(RegularFileTest, AFileThatChangesWhileItIsReadIsAnError) {
+  const std::string line = "{\"text\": \"" + std::string(1000, 'x') + "\"}\n";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += line;  // 3 chunks of the reader
+  const std::string path = Write("grows", text);
+  absl::StatusOr<LineReader> reader = LineReader::Open(path, 2000);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::ofstream(path, std::ios::app) << line << line;
+  std::string got;
+  int lines = 0;
+  absl::StatusOr<bool> more;
+  while ((more = reader->Next(&got)).ok() && *more) ++lines;
+  EXPECT_EQ(lines, 200);
+  ASSERT_FALSE(more.ok());
+  EXPECT_THAT(more.status().message(),
+              HasSubstr("grows changed while it was read: 202600 bytes when it was opened, "
+                        "204626 now"));
+
+  reader = LineReader::Open(path, 2000);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE(*reader->Next(&got));
+  ASSERT_EQ(truncate(path.c_str(), 1000), 0);
+  while ((more = reader->Next(&got)).ok() && *more) {
+  }
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(more.status().message(),
+              HasSubstr("204626 bytes when it was opened, only 65536 could be read, 1000 now"));
 }
 
 TEST_F(RegularFileTest, ConfinedOpensAreJudgedByTheFileOpenedNotByThePath) {

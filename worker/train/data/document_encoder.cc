@@ -106,9 +106,9 @@ absl::StatusOr<DocumentEncoder> DocumentEncoder::Create(DocumentEncoderOptions o
 absl::Status DocumentEncoder::Encode(absl::string_view line,
                                      std::vector<EncodedDocument>* documents) const {
   documents->clear();
-  const nlohmann::json record =
-      nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (record.is_discarded() || !record.is_object()) return Bad("not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = ParseRecord(line);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& record = *parsed;
   if (options_.format == DataFormat::kReranker) {
     if (absl::Status status = EncodeReranker(record, documents); !status.ok()) return status;
   } else {

@@ -24,7 +24,11 @@ namespace {
 constexpr int kCacheVersion = 2;
 // Per document in documents.index: offset, length, line, group, relevance.
 constexpr size_t kIndexFields = 5;
+// A chunk ends at whichever comes first: lines may be up to MaxLineBytes
+// (16 MiB and more) each, and 2 x threads chunks of 256 such lines would be
+// gigabytes in flight.
 constexpr size_t kLinesPerChunk = 256;
+constexpr size_t kBytesPerChunk = size_t{1} << 20;
 constexpr size_t kBadRecordExamples = 5;
 
 struct EncodedLine {
@@ -355,8 +359,12 @@ absl::StatusOr<TokenCache> TokenCache::Open(const std::string& dir,
 
 absl::Status TokenCache::Encode(const DocumentEncoder& encoder, const TokenCacheOptions& options,
                                 Writer* writer) {
+  const auto named = [&](const absl::Status& s) {
+    if (options.data_path_name.empty()) return s;
+    return absl::Status(s.code(), absl::StrCat(options.data_path_name, ": ", s.message()));
+  };
   absl::StatusOr<LineReader> reader = LineReader::Open(options.data_path, options.max_line_bytes);
-  if (!reader.ok()) return reader.status();
+  if (!reader.ok()) return named(reader.status());
   const size_t window = 2 * static_cast<size_t>(std::max(1, options.threads));
   std::deque<std::future<std::vector<EncodedLine>>> in_flight;
   // On an early return the futures' destructors wait for their chunks; the
@@ -370,16 +378,20 @@ absl::Status TokenCache::Encode(const DocumentEncoder& encoder, const TokenCache
     return absl::OkStatus();
   };
   std::vector<std::pair<int64_t, std::string>> lines;
+  size_t chunk_bytes = 0;
   std::string text;
   for (bool more = true; more;) {
     absl::StatusOr<bool> next = reader->Next(&text);
-    if (!next.ok()) return next.status();
+    if (!next.ok()) return named(next.status());
     more = *next;
     if (more && text.find_first_not_of(" \t\r") != std::string::npos) {
+      chunk_bytes += text.size();
       lines.emplace_back(reader->line_number() - 1, std::move(text));
       text.clear();
     }
-    if (lines.size() == kLinesPerChunk || (!more && !lines.empty())) {
+    if (lines.size() == kLinesPerChunk || chunk_bytes >= kBytesPerChunk ||
+        (!more && !lines.empty())) {
+      chunk_bytes = 0;
       in_flight.push_back(std::async(std::launch::async, EncodeChunk, std::cref(encoder),
                                      std::exchange(lines, {})));
       if (in_flight.size() >= window) {

@@ -11,7 +11,8 @@
 //                         fingerprint, the cache is built again.
 //
 // Building reads the data file once, encodes chunks of lines on a few
-// threads while it reads on (at most 2 x threads chunks in memory), and
+// threads while it reads on (at most 2 x threads chunks in memory, each of
+// at most 256 lines or about 1 MiB of them), and
 // writes the documents in file order. Bad records and over-long documents
 // follow the options; every error names the file and the line.
 //
@@ -48,6 +49,9 @@ struct DataStatistics {
 
 struct TokenCacheOptions {
   std::string data_path;
+  // The spec's field that names data_path, which errors in reading the file
+  // (not its records) start with; empty when the caller names it.
+  std::string data_path_name = "data.path";
   // The most tokens a document may have, and what the messages call it.
   int64_t seq_len = 0;
   std::string seq_len_name = "data.seq_len";

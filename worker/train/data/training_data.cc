@@ -76,19 +76,22 @@ absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_l
   if (!data.format().empty()) return ParseDataFormat(data.format());
   // The first record decides; a mixed file then fails on its first record
   // of another shape, naming the line.
+  const auto named = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("data.path: ", s.message()));
+  };
   absl::StatusOr<LineReader> reader =
       LineReader::Open(data.path(), MaxLineBytes(DataFormat::kText, seq_len));
-  if (!reader.ok()) return reader.status();
+  if (!reader.ok()) return named(reader.status());
   std::string line;
   for (;;) {
     absl::StatusOr<bool> more = reader->Next(&line);
-    if (!more.ok()) return more.status();
+    if (!more.ok()) return named(more.status());
     if (!*more) return absl::InvalidArgumentError(absl::StrCat(data.path(), ": no records"));
     if (line.find_first_not_of(" \t\r") != std::string::npos) break;
   }
-  const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+  absl::StatusOr<nlohmann::json> record = ParseRecord(line);
   absl::StatusOr<DataFormat> format =
-      DetectDataFormat(record.is_discarded() ? nlohmann::json() : record);
+      record.ok() ? DetectDataFormat(*record) : absl::StatusOr<DataFormat>(record.status());
   if (!format.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(data.path(), ":", reader->line_number(), ": ", format.status().message()));
@@ -277,6 +280,7 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
   if (const std::string& eval_path = spec.reranker().eval_path(); !eval_path.empty()) {
     TokenCacheOptions eval_options = cache_options;
     eval_options.data_path = eval_path;
+    eval_options.data_path_name.clear();  // named below
     absl::StatusOr<TokenCache> eval = TokenCache::BuildInMemory(*result.encoder, eval_options);
     if (!eval.ok()) {
       return absl::Status(eval.status().code(),

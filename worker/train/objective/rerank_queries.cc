@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "worker/train/data/data_format.h"
 #include "worker/train/data/reranker_records.h"
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/inference.h"
@@ -67,11 +68,12 @@ absl::StatusOr<RankingMetrics> RerankQueries(const RerankOptions& options, std::
       ++*failed_lines;
       out << nlohmann::json{{"error", absl::StrCat("line ", number, ": ", what)}}.dump() << "\n";
     };
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-    if (record.is_discarded() || !record.is_object()) {
-      fail("not a JSON object");
+    absl::StatusOr<nlohmann::json> parsed = ParseRecord(line);
+    if (!parsed.ok()) {
+      fail(parsed.status().message());
       continue;
     }
+    const nlohmann::json& record = *parsed;
     RerankerRecord pairs;
     std::vector<float> relevance;
     if (record.contains("documents")) {

@@ -130,6 +130,65 @@ TEST(DocumentEncoderTest, BadRecordsSayWhatIsWrong) {
   }
 }
 
+// Issue 33: nlohmann's parser takes a NUL for the end of the text, so
+// "{...}\0garbage" was a good record.
+TEST(DocumentEncoderTest, ALineIsOneObjectAndNothingAfterIt) {
+  const DocumentEncoder encoder = Encoder(DataFormat::kText, std::nullopt);
+  EncodedDocument doc;
+  ASSERT_TRUE(EncodeOne(encoder, "{\"text\": \"ab\"} \t\r", &doc).ok());
+  struct Case {
+    std::string line;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{std::string("{\"text\": \"ab\"}\0", 15), "a NUL byte at byte 15"},
+           Case{std::string("{\"text\": \"ab\"}\0garbage", 22), "a NUL byte at byte 15"},
+           Case{std::string("{\"text\": \"a\0b\"}", 15), "a NUL byte at byte 12"},
+           Case{"{\"text\": \"ab\"} x", "not a JSON object: at byte 16"},
+           Case{"{\"text\": \"ab\"}{}", "not a JSON object: at byte 15"},
+       }) {
+    const absl::Status s = EncodeOne(encoder, c.line, &doc);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.message));
+  }
+}
+
+// Invalid UTF-8 in a string is a bad record that says so; the message never
+// quotes the bytes, which would make it invalid UTF-8 too.
+TEST(DocumentEncoderTest, InvalidUtf8InAStringIsABadRecordSayingSo) {
+  const DocumentEncoder encoder = Encoder(DataFormat::kText, std::nullopt);
+  EncodedDocument doc;
+  for (const std::string& text : {std::string("a\xff"), std::string("\xc0\xaf"),
+                                  std::string("\xed\xa0\x80"), std::string("\\ud800 x")}) {
+    const absl::Status s = EncodeOne(encoder, "{\"text\": \"" + text + "\"}", &doc);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("not a JSON object: at byte "));
+    EXPECT_THAT(s.message(),
+                ::testing::AnyOf(HasSubstr("ill-formed UTF-8"), HasSubstr("surrogate")));
+    EXPECT_EQ(s.message().find('\xff'), absl::string_view::npos);
+    EXPECT_EQ(s.message().find('\xc0'), absl::string_view::npos);
+    EXPECT_EQ(s.message().find('\xed'), absl::string_view::npos);
+  }
+}
+
+// A record nested 10^5 deep is refused before it is parsed: the parse of
+// 8M levels (16 MiB of brackets) held 500 MiB.
+TEST(DocumentEncoderTest, DeepNestingIsRefusedBeforeItIsParsed) {
+  const DocumentEncoder encoder = Encoder(DataFormat::kText, std::nullopt);
+  EncodedDocument doc;
+  const int n = 100000;
+  const std::string deep =
+      "{\"text\": \"ab\", \"x\": " + std::string(n, '[') + std::string(n, ']') + "}";
+  const absl::Status s = EncodeOne(encoder, deep, &doc);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("nests deeper than 128 levels (at byte 148)"));
+  // Brackets in strings do not count, and kMaxRecordDepth levels are fine.
+  const std::string at_limit =
+      "{\"text\": \"[[[[\\\"{{\", \"x\": " + std::string(kMaxRecordDepth - 1, '[') +
+      std::string(kMaxRecordDepth - 1, ']') + "}";
+  EXPECT_TRUE(EncodeOne(encoder, at_limit, &doc).ok()) << EncodeOne(encoder, at_limit, &doc);
+}
+
 TEST(DocumentEncoderTest, ATokenizerLargerThanTheModelIsRefusedWhateverTheRecord) {
   absl::StatusOr<DocumentEncoder> encoder =
       DocumentEncoder::Create({.format = DataFormat::kText, .vocab_size = 200, .eos = kEndOfText},

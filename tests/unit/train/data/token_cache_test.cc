@@ -135,6 +135,26 @@ TEST_F(TokenCacheTest, BadRecordsFailNamingTheLineOrAreSkippedAndCounted) {
               HasSubstr("no documents to train on (2 records, 2 skipped as bad"));
 }
 
+// Issue 33: a record followed by a NUL byte was a good record.
+TEST_F(TokenCacheTest, ARecordWithANulByteAfterItIsABadRecord) {
+  Write(std::string("{\"input_ids\": [1, 2]}\0\n{\"input_ids\": [3, 4]}\0junk\n", 50));
+  absl::StatusOr<TokenCache> failed = TokenCache::BuildInMemory(*encoder_, Options());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(failed.status().message(), HasSubstr("data.jsonl:1: a NUL byte at byte 22"));
+
+  TokenCacheOptions skip = Options();
+  skip.skip_bad_records = true;
+  EXPECT_THAT(TokenCache::BuildInMemory(*encoder_, skip).status().message(),
+              HasSubstr("no documents to train on (2 records, 2 skipped as bad"));
+  Write(std::string("{\"input_ids\": [1, 2]}\0\n{\"input_ids\": [3, 4]}\n", 45));
+  absl::StatusOr<TokenCache> skipped = TokenCache::BuildInMemory(*encoder_, skip);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->documents(), 1);
+  EXPECT_EQ(skipped->statistics().skipped_records, 1);
+  EXPECT_THAT(skipped->statistics().bad_record_examples,
+              ElementsAre(HasSubstr("data.jsonl:1: a NUL byte at byte 22")));
+}
+
 TEST_F(TokenCacheTest, LongDocumentsAreRefusedCutOrDropped) {
   Write(
       "{\"input_ids\": [1, 2, 3, 4, 5, 6]}\n{\"input_ids\": [7, 8], \"labels\": [-100, 8]}\n"
