@@ -98,11 +98,13 @@ TEST(FiniteWeights, RefusesTheFirstBadTensorNamingTheElement) {
   EXPECT_TRUE(RefuseNonFiniteWeights(finite, FirstNonFiniteElements(finite, 0, 1), "m").ok());
 }
 
-TEST(FiniteWeights, TheCheckCostsLessThanACopyOfTheWeights) {
-  // One pass that writes nothing, against a copy (a read and a write pass),
-  // measured side by side, the best of 3 of each; the figures are those of
-  // docs/reliability.md. 128 MiB in fp32 and 64 MiB in bf16 (a sharded
-  // rank checks the file's dtype).
+TEST(FiniteWeights, TheCheckCostsAboutACopyOfTheWeights) {
+  // One pass that writes nothing, against a copy of the weights (what the
+  // loader makes anyway), measured side by side, the best of 3 of each; the
+  // figures are those of docs/reliability.md (about 1x a copy there, and
+  // isfinite().all() about 30x a min and max). 128 MiB in fp32 and 64 MiB
+  // in bf16 (a sharded rank checks the file's dtype). The bound is 2x: a
+  // shared, loaded machine.
   for (const at::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
     ParamStore store;
     for (int i = 0; i < 8; ++i) {
@@ -125,7 +127,7 @@ TEST(FiniteWeights, TheCheckCostsLessThanACopyOfTheWeights) {
     std::printf("finite check of %.0f MiB %s: %.1f ms (%.2f GB/s); a copy: %.1f ms (%.2f GB/s)\n",
                 bytes / (1 << 20), c10::toString(dtype), check * 1e3, bytes / check / 1e9,
                 copy * 1e3, bytes / copy / 1e9);
-    EXPECT_LT(check, copy) << c10::toString(dtype);
+    EXPECT_LT(check, 2 * copy) << c10::toString(dtype);
   }
 }
 
