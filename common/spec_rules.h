@@ -513,6 +513,14 @@ inline constexpr SpecRule kSpecRules[] = {
      .meaning = "router collapse (MoE models): `collapse_window` steps in a row in which some "
                 "layer's k most loaded experts take more than this share of its routed "
                 "(token, choice) pairs; 0 off"},
+    {.key = "guard.min_applied_fraction",
+     .number = 0.5,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 0,
+     .hi = 1,
+     .meaning = "the least share of max_steps that must be applied (not skipped) for a run to "
+                "succeed; it fails at its end naming the causes (see Guard); a run with no "
+                "applied step fails even at 0"},
     {.key = "guard.snapshot_every",
      .number = 10,
      .allowed_kind = SpecAllowed::kRange,

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 
 from cluster import wait_for, write_spec
 from test_control_plane import inputs, long_spec, spec  # noqa: F401
+from untrainable_inputs import SHORT_RUN, untrainable_cases
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -120,3 +121,24 @@ def test_an_injection_that_cannot_happen_is_refused_at_submission(cluster, input
     r = cluster.cli("submit", path)
     assert r.returncode != 0
     assert key in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case,devices", [
+    ("labels_masked", 2), ("nan_base_weight", 2), ("inf_embedding", 1), ("every_record_bad", 1),
+    ("bad_and_masked_records", 1)])
+def test_a_job_that_can_apply_no_step_fails_without_a_restart(cluster, inputs, case, devices):
+    # Two ranks (ZeRO-3 over Gloo) agree: the end-of-run count is the same on
+    # both, and each checks its share of the weights for NaN at load.
+    model, data, overrides, message = untrainable_cases(os.path.join(cluster.root, "inputs"),
+                                                        *inputs)[case]
+    cluster.start_coordinator()
+    cluster.start_worker("w1", cpu_slots=2, env=ONE_THREAD)
+    job = spec((model, data), devices=devices, **SHORT_RUN)
+    job["data"] = {**job["data"], **overrides.get("data", {}), "grad_accum_steps": 2}
+    job_id = cluster.submit(job)
+    got = cluster.wait_state(job_id, ("JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED"), 300)
+    assert got["state"] == "JOB_STATE_FAILED", got
+    assert int(got.get("restarts", 0)) == 0
+    reason = got.get("failure_reason", "")
+    assert "exited with code 2: ballast-train: " in reason and message in reason, reason
+    assert not os.path.exists(os.path.join(got["output_dir"], "adapter"))

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parity"))
 from reference import TRAIN, base_spec, make_dataset, make_model, write_spec  # noqa: E402
+from untrainable_inputs import SHORT_RUN, untrainable_cases  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +218,18 @@ def test_a_data_file_inside_the_output_folder_is_allowed(tmp_path, model_and_dat
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert os.path.exists(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("case", ["labels_masked", "nan_base_weight", "inf_embedding",
+                                  "every_record_bad", "bad_and_masked_records"])
+def test_a_run_that_can_apply_no_step_fails_saying_why(tmp_path, model_and_data, case):
+    # Before issue 33 a run shorter than guard.max_consecutive_bad skipped
+    # every step, exited 0 and exported an adapter that never trained.
+    model, data, overrides, message = untrainable_cases(str(tmp_path / "inputs"),
+                                                        *model_and_data)[case]
+    r = run(tmp_path, base_spec(model, data, **{**SHORT_RUN, **overrides}))
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "adapter")
+    if case in ("nan_base_weight", "inf_embedding"):
+        assert "starting at step" not in r.stderr  # found at load, before step 1

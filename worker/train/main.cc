@@ -90,7 +90,8 @@ int Fail(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:     // a value the spec, model or data contradicts
     case absl::StatusCode::kNotFound:            // a missing file or tensor
-    case absl::StatusCode::kFailedPrecondition:  // a shape that disagrees; the guard's diagnosis
+    case absl::StatusCode::kFailedPrecondition:  // a shape that disagrees; the guard's diagnosis,
+                                                 // a run that applied too few steps among them
     case absl::StatusCode::kDataLoss:            // a corrupt safetensors file or checkpoint
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kResourceExhausted:  // the job does not fit in memory

@@ -22,6 +22,20 @@ bool Pinned(double value, double at) {
   return std::abs(value - at) <= 1e-4 * std::max(std::abs(at), 1e-12);
 }
 
+// What a step skipped for `trigger` had, after "every step" or a count.
+const char* SkipCause(GuardTrigger trigger) {
+  switch (trigger) {
+    case GuardTrigger::kNoSupervision:
+      return "had no supervised tokens";
+    case GuardTrigger::kNonFinite:
+      return "had a non-finite loss or grad_norm";
+    case GuardTrigger::kSpike:
+      return "was a spike with no good state to roll back to";
+    default:
+      return "was bad";  // the other triggers roll back, never skip
+  }
+}
+
 }  // namespace
 
 GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec) {
@@ -36,6 +50,7 @@ GuardOptions GuardOptionsFromSpec(const v1::GuardSpec& spec) {
   options.moe_collapse_share = spec.moe_collapse_share();
   options.lr_cut = spec.lr_cut();
   options.rewarm_steps = spec.rewarm_steps();
+  options.min_applied_fraction = spec.min_applied_fraction();
   return options;
 }
 
@@ -180,8 +195,8 @@ GuardVerdict Guard::Judge(const StepHealth& health) {
   return verdict;
 }
 
-void Guard::Acted(GuardAction action, const StepHealth& health) {
-  switch (action) {
+void Guard::Acted(const GuardVerdict& verdict, const StepHealth& health) {
+  switch (verdict.action) {
     case GuardAction::kApply: {
       consecutive_bad_ = 0;
       ++clean_steps_;
@@ -205,6 +220,7 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
     case GuardAction::kSkip:
       ++consecutive_bad_;
       clean_steps_ = 0;
+      ++skipped_[static_cast<size_t>(verdict.trigger)];
       break;
     case GuardAction::kRollback:
       // The run goes back to before the streak: the collapse runs start over.
@@ -217,6 +233,38 @@ void Guard::Acted(GuardAction action, const StepHealth& health) {
       ++rollbacks_;
       break;
   }
+}
+
+std::string Guard::TooFewApplied(int64_t applied, int64_t steps) const {
+  if (applied > 0 && static_cast<double>(applied) >= options_.min_applied_fraction * steps) {
+    return "";
+  }
+  std::string head = applied == 0 ? "no step was applied"
+                                  : absl::StrCat("only ", applied, " of ", steps,
+                                                 " steps were applied, fewer than "
+                                                 "guard.min_applied_fraction (",
+                                                 options_.min_applied_fraction, ") of them");
+  std::vector<std::string> causes;
+  int64_t seen = 0;
+  for (size_t t = 0; t < skipped_.size(); ++t) {
+    if (skipped_[t] == 0) continue;
+    causes.push_back(absl::StrCat(skipped_[t], " ", SkipCause(static_cast<GuardTrigger>(t))));
+    seen += skipped_[t];
+  }
+  // A run that resumed, or rolled back, saw other skipped steps than the
+  // ones its applied steps are counted against.
+  if (causes.size() == 1 && seen == steps - applied) {
+    return absl::StrCat(head, ": every ", applied == 0 ? "step " : "skipped step ",
+                        SkipCause(MostSkippedBy()));
+  }
+  if (causes.empty()) return head;
+  return absl::StrCat(head, "; of the steps this run skipped, ", absl::StrJoin(causes, ", "));
+}
+
+GuardTrigger Guard::MostSkippedBy() const {
+  const auto most = std::max_element(skipped_.begin(), skipped_.end());
+  return *most == 0 ? GuardTrigger::kNone
+                    : static_cast<GuardTrigger>(std::distance(skipped_.begin(), most));
 }
 
 double Guard::LrScale() const {

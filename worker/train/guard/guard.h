@@ -14,6 +14,11 @@
 // After a rollback the learning rate is cut to lr_cut of the schedule's and
 // re-warmed linearly over rewarm_steps applied steps (LrScale).
 //
+// At the end of a run (TooFewApplied): a run that applied no step, or fewer
+// than min_applied_fraction of its steps, fails with the causes of its
+// skipped steps. A run shorter than max_consecutive_bad never meets the bad
+// streak rule, and would otherwise export an adapter that never trained.
+//
 // Spike: the step's loss (or grad_norm) lies more than a threshold of robust
 // standard deviations above the median of the last `spike_window` healthy
 // steps, z = (x - median) / (1.4826 MAD), judged once the window is full.
@@ -38,6 +43,7 @@
 #define BALLAST_WORKER_TRAIN_GUARD_GUARD_H_
 
 #include <cstdint>
+#include <array>
 #include <deque>
 #include <optional>
 #include <string>
@@ -86,6 +92,8 @@ struct GuardOptions {
   // which it rises back to 1 (0: it stays).
   double lr_cut = SpecDefaultNumber("guard.lr_cut");
   int64_t rewarm_steps = SpecDefaultNumber("guard.rewarm_steps");
+  // The least share of a run's steps that must be applied for it to succeed.
+  double min_applied_fraction = SpecDefaultNumber("guard.min_applied_fraction");
 };
 
 // The options of a spec's guard section, field by field.
@@ -132,10 +140,21 @@ class Guard {
 
   // The verdict on one step; counts the bad streak.
   GuardVerdict Judge(const StepHealth& health);
-  // Records that the trainer acted on `action` after the ranks agreed (an
-  // agreed action may be more severe than this rank's own verdict), with
-  // the health it judged: an applied step joins the spike window.
-  void Acted(GuardAction action, const StepHealth& health);
+  // Records that the trainer acted on `verdict` (its action the one the
+  // ranks agreed, which may be more severe than this rank's own), with the
+  // health it judged: an applied step joins the spike window, a skipped one
+  // is counted under its trigger.
+  void Acted(const GuardVerdict& verdict, const StepHealth& health);
+
+  // Why a run of `steps` steps of which `applied` were applied must fail:
+  // none applied, or fewer than min_applied_fraction of them. The reason
+  // names the causes of the steps this guard saw skipped ("no step was
+  // applied: every step had no supervised tokens"); empty when the run may
+  // succeed.
+  std::string TooFewApplied(int64_t applied, int64_t steps) const;
+  // The trigger that skipped the most steps this guard saw; kNone when none
+  // was skipped.
+  GuardTrigger MostSkippedBy() const;
 
   int64_t consecutive_bad() const { return consecutive_bad_; }
   int64_t rollbacks() const { return rollbacks_; }
@@ -170,6 +189,8 @@ class Guard {
   double pinned_grad_norm_ = 0;
   // Applied steps in a row with a collapsed MoE layer (CollapsedLayer).
   int64_t router_collapse_run_ = 0;
+  // Skipped steps by trigger (indexed by GuardTrigger).
+  std::array<int64_t, static_cast<size_t>(GuardTrigger::kRouterCollapse) + 1> skipped_{};
 };
 
 }  // namespace ballast::train

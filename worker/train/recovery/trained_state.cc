@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "worker/train/checkpoint/sharded_checkpoint.h"
+#include "worker/train/model/finite_weights.h"
 #include "worker/train/model/pretrained.h"
 #include "worker/train/shard/sharded_model.h"
 
@@ -139,6 +140,17 @@ absl::StatusOr<std::unique_ptr<TrainedState>> LoadTrainedState(
       LoadPretrained(spec.model().path(), config, /*trainable=*/!lora,
                      sharded ? PretrainedTensors::kMapped : PretrainedTensors::kOwnedFp32);
   if (!params.ok()) return params.status();
+  // Before anything is built on them: every rank checks its share of the
+  // tensors, and all learn the whole model's result from one sum.
+  at::Tensor nonfinite = FirstNonFiniteElements(*params, sharded ? collectives->rank() : 0,
+                                                sharded ? collectives->world_size() : 1);
+  if (sharded) {
+    nonfinite = nonfinite.to(device);
+    collectives->SumInPlace(nonfinite);
+  }
+  if (absl::Status s = RefuseNonFiniteWeights(*params, nonfinite, spec.model().path()); !s.ok()) {
+    return s;
+  }
   // Seeds LoRA init and dropout; checkpoints carry the generator onward.
   torch::manual_seed(spec.seed());
   if (lora) {

@@ -117,7 +117,8 @@ class TrainedState {
 // it with more, each rank then drawing its own dropout masks from seed +
 // rank. `collectives` must outlive the state. Errors are LoadPretrained's
 // and LoadPeftAdapter's (NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS,
-// INVALID_ARGUMENT).
+// INVALID_ARGUMENT), and INVALID_ARGUMENT for a base model holding a NaN or
+// an infinity (model/finite_weights.h), on every rank.
 absl::StatusOr<std::unique_ptr<TrainedState>> LoadTrainedState(
     const v1::JobSpec& spec, const ModelConfig& config, const std::optional<LoraConfig>& lora,
     Collectives* collectives, c10::Device device);

@@ -276,6 +276,21 @@ absl::Status Trainer::RunSteps() {
       if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
     }
   }
+  // Applied steps over the job, not this attempt: the optimizer's step
+  // counter counts the updates of the run that counts, goes into every
+  // checkpoint and snapshot and back with a rollback, so a job is judged
+  // alike however often it restarted (one that resumes at step 95 of 100 and
+  // meets 5 bad steps is judged by its 95 applied ones). Every rank holds the
+  // same counter, since the ranks agree on each step's action, so every rank
+  // fails alike here, with no collective to wait in.
+  if (std::string why = guard_.TooFewApplied(optimizer_.steps(), spec_.max_steps());
+      !why.empty()) {
+    if (const int64_t bad = data_.report.skipped_records(); bad > 0) {
+      absl::StrAppend(&why, "; the data lost ", bad, " of its ", data_.report.records(),
+                      " records as bad (data.on_bad_record: skip)");
+    }
+    return FailRun(guard_.MostSkippedBy(), pos.step, why);
+  }
   if (data_.eval != nullptr &&
       (spec_.reranker().eval_every() == 0 || pos.step % spec_.reranker().eval_every() != 0)) {
     Evaluate(pos.step);
@@ -284,14 +299,17 @@ absl::Status Trainer::RunSteps() {
   // this checkpoint by, and the export holds the same state.
   if (absl::Status s = Checkpoint(pos, /*last=*/true); !s.ok()) {
     if (!absl::IsFailedPrecondition(s)) return s;
-    anomaly_ = v1::GuardEvent();
-    anomaly_.set_step(pos.step);
-    anomaly_.set_trigger(TriggerName(GuardTrigger::kNonFinite));
-    anomaly_.set_rank(-1);
-    return reports_.Diagnose(anomaly_,
-                             absl::StrCat(s.message(), "; the trained weights are not exported"));
+    return FailRun(GuardTrigger::kNonFinite, pos.step, std::string(s.message()));
   }
   return Export();
+}
+
+absl::Status Trainer::FailRun(GuardTrigger trigger, int64_t step, const std::string& reason) {
+  anomaly_ = v1::GuardEvent();
+  anomaly_.set_step(step);
+  anomaly_.set_trigger(TriggerName(trigger));
+  anomaly_.set_rank(-1);
+  return reports_.Diagnose(anomaly_, absl::StrCat(reason, "; the trained weights are not exported"));
 }
 
 // ---------------------------------------------------------------------------
@@ -364,7 +382,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
       }
     }
   }
-  guard_.Acted(verdict->action, health);
+  guard_.Acted(*verdict, health);
 
   if (verdict->action == GuardAction::kApply) {
     // Clip as torch.nn.utils.clip_grad_norm_ does, then update.
@@ -604,6 +622,7 @@ GuardVerdict Trainer::Judge(const StepHealth& health) {
       static_cast<GuardAction>(collectives_->Max(static_cast<int64_t>(verdict.action)));
   if (agreed != verdict.action) {
     verdict.action = agreed;
+    verdict.trigger = GuardTrigger::kNonFinite;
     verdict.reason = "another rank's gradient or loss is not finite";
   }
   return verdict;

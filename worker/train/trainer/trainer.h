@@ -83,7 +83,9 @@ class Trainer {
   // live there alone. Errors:
   //   INVALID_ARGUMENT  a value the model or the data contradicts (a task or
   //                     device this build does not train, a token outside the
-  //                     vocabulary), naming the field or file and line
+  //                     vocabulary, a NaN or an infinity in the base weights),
+  //                     naming the field, the file and line, or the tensor
+  //                     and element
   //   NOT_FOUND         a missing file or tensor, naming it
   //   FAILED_PRECONDITION a tensor whose shape disagrees with config.json, or
   //                     an init_adapter that disagrees with the spec
@@ -104,9 +106,11 @@ class Trainer {
   // out_dir/model (full). Returns OK when the export is written, and else:
   //   CANCELLED          the observer asked to stop: the step in progress
   //                      finished, nothing more was written
-  //   FAILED_PRECONDITION the guard's rollback budget is spent, or it asked
-  //                      for a rollback with no checkpoint to go back to; the
-  //                      message is the diagnosis (step, reason)
+  //   FAILED_PRECONDITION the guard's rollback budget is spent, it asked
+  //                      for a rollback with no checkpoint to go back to, or
+  //                      too few of the job's steps were applied
+  //                      (guard.min_applied_fraction); the message is the
+  //                      diagnosis (step, reason)
   //   DATA_LOSS          the checkpoint to resume from is corrupt
   //   RESOURCE_EXHAUSTED an allocation failed
   //   INTERNAL           a write failed, or LibTorch threw
@@ -175,6 +179,9 @@ class Trainer {
   // Writes and reports the checkpoint of `position` (Recovery::SaveCheckpoint
   // for `last` and the errors; a refusal is reported as a guard event).
   absl::Status Checkpoint(const TrainPosition& position, bool last);
+  // The end of a run that must not succeed: a diagnosis of the whole run
+  // (rank -1) at `step`, for `reason`, with nothing exported.
+  absl::Status FailRun(GuardTrigger trigger, int64_t step, const std::string& reason);
   // Goes back to the newest good snapshot or checkpoint from before the
   // trouble, past the data that led there, or fails with the guard's
   // diagnosis when it cannot.

@@ -44,8 +44,8 @@ class GuardRecoveryTest : public ::testing::Test {
   void TearDown() override { ASSERT_TRUE(RemoveTree(dir_).ok()); }
 
   // 64 documents of random tokens below kPoisonToken; those at `poisoned`
-  // lines also hold kPoisonToken.
-  void WriteData(const std::vector<int>& poisoned) {
+  // lines also hold kPoisonToken. With `masked`, every label is -100.
+  void WriteData(const std::vector<int>& poisoned, bool masked = false) {
     data_ = (fs::path(dir_) / "data.jsonl").string();
     at::Generator gen = at::detail::createCPUGenerator(22);
     std::ofstream out(data_);
@@ -54,7 +54,11 @@ class GuardRecoveryTest : public ::testing::Test {
       at::Tensor ids = at::randint(kPoisonToken, {n}, gen);
       std::vector<int64_t> v(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
       if (std::find(poisoned.begin(), poisoned.end(), d) != poisoned.end()) v[2] = kPoisonToken;
-      out << "{\"input_ids\": [" << absl::StrJoin(v, ", ") << "]}\n";
+      out << "{\"input_ids\": [" << absl::StrJoin(v, ", ") << "]";
+      if (masked) {
+        out << ", \"labels\": [" << absl::StrJoin(std::vector<int>(v.size(), -100), ", ") << "]";
+      }
+      out << "}\n";
     }
   }
 
@@ -72,6 +76,23 @@ class GuardRecoveryTest : public ::testing::Test {
     ApplyDefaults(&*spec);
     EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
     return *spec;
+  }
+
+  // NaN planted in `weights` (a view of a loaded Trainer's): a weight gone
+  // bad after the load, which refuses a model holding one.
+  static void PlantNaN(at::Tensor weights) {
+    weights.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+
+  // The tiny model with `value` at element (row, column) of `tensor`; the
+  // error of a Trainer made on it.
+  absl::Status CreateOnModelWith(const std::string& tensor, int64_t row, int64_t column,
+                                 float value) {
+    model_ = WriteTinyQwen3((fs::path(dir_) / "bad_model").string(), /*seed=*/21,
+                            [&](std::map<std::string, at::Tensor>& t) {
+                              t.at(tensor)[row][column].fill_(value);
+                            });
+    return Trainer::Create(Spec(), out()).status();
   }
 
   std::unique_ptr<Trainer> Create(const v1::JobSpec& spec, RecordingObserver* observer) const {
@@ -199,15 +220,11 @@ TEST_F(GuardRecoveryTest, ATransientFaultIsRecoveredByTheReRunAndLosesNothing) {
 TEST_F(GuardRecoveryTest, APoisonedDocumentIsDeterministicAndItsStepIsSkipped) {
   // A token whose embedding is NaN, in one document (line 21, read by step
   // 6): the step is as bad when re-run, and the event names the document.
-  model_ = WriteTinyQwen3(
-      (fs::path(dir_) / "poisoned_model").string(), /*seed=*/21,
-      [](std::map<std::string, at::Tensor>& t) {
-        t["model.embed_tokens.weight"][kPoisonToken].fill_(std::numeric_limits<float>::quiet_NaN());
-      });
   WriteData({21});
   RecordingObserver observer;
   std::unique_ptr<Trainer> t = Create(Spec(), &observer);
   ASSERT_NE(t, nullptr);
+  PlantNaN(t->params().get("model.embed_tokens.weight")[kPoisonToken]);
   ASSERT_TRUE(t->Run().ok());
   const std::vector<v1::GuardEvent> skips = observer.Of(v1::GuardEvent::KIND_SKIP);
   ASSERT_EQ(skips.size(), 1u);
@@ -246,16 +263,12 @@ TEST_F(GuardRecoveryTest, ASpikeIsRolledBackPastItsDataWindow) {
   EXPECT_EQ(MetricsLines().size(), 14u);
 }
 
-TEST_F(GuardRecoveryTest, NaNBaseWeightsSpendTheBudgetAndFailWithADiagnosis) {
-  model_ = WriteTinyQwen3(
-      (fs::path(dir_) / "nan_model").string(), /*seed=*/21,
-      [](std::map<std::string, at::Tensor>& t) {
-        t["model.layers.0.self_attn.q_proj.weight"].fill_(std::numeric_limits<float>::quiet_NaN());
-      });
+TEST_F(GuardRecoveryTest, NaNWeightsSpendTheBudgetAndFailWithADiagnosis) {
   RecordingObserver observer;
   std::unique_ptr<Trainer> t =
       Create(Spec("{max_consecutive_bad: 2, max_rollbacks: 1}"), &observer);
   ASSERT_NE(t, nullptr);
+  PlantNaN(t->params().get("model.layers.0.self_attn.q_proj.weight"));
   const absl::Status s = t->Run();
   ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // Step, rank, module, verdict and documents, as a user acts on them.
@@ -333,6 +346,97 @@ TEST_F(GuardRecoveryTest, StepsWithoutSupervisedTokensAreReportedAsSuchNeverAsAL
   EXPECT_EQ(lines[3]["supervised_tokens"], 0);
   EXPECT_EQ(lines[3]["skipped"], true);
   EXPECT_FALSE(observer.steps[3].has_loss());
+}
+
+TEST_F(GuardRecoveryTest, NonFiniteBaseWeightsAreRefusedAtLoadNamingTheTensorAndElement) {
+  // A NaN in an attention weight, an infinity in a token's embedding: either
+  // would make every step that meets it non-finite.
+  const std::string q_proj = "model.layers.0.self_attn.q_proj.weight";
+  absl::Status s = CreateOnModelWith(q_proj, 5, 3, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("model.path ", model_, ": tensor ", q_proj, " holds nan at "
+                                     "flat index ",
+                                     5 * TinyModel::kHidden + 3, " (element [5, 3])")));
+  s = CreateOnModelWith("model.embed_tokens.weight", 7, 2, -std::numeric_limits<float>::infinity());
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("tensor model.embed_tokens.weight holds -inf at flat index ",
+                                     7 * TinyModel::kHidden + 2, " (element [7, 2])")));
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "metrics.jsonl"));
+}
+
+TEST_F(GuardRecoveryTest, ARunWhoseLabelsAreAllMaskedFailsAndExportsNothing) {
+  // Two steps: fewer than max_consecutive_bad, so the bad streak never rolls
+  // back, and every step is skipped.
+  WriteData({}, /*masked=*/true);
+  RecordingObserver observer;
+  v1::JobSpec spec = Spec();
+  spec.set_max_steps(2);
+  std::unique_ptr<Trainer> t = Create(spec, &observer);
+  ASSERT_NE(t, nullptr);
+  const absl::Status s = t->Run();
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "guard: step 2: no step was applied: every step had no supervised tokens; the "
+            "trained weights are not exported");
+  const std::vector<v1::GuardEvent> diagnoses = observer.Of(v1::GuardEvent::KIND_DIAGNOSIS);
+  ASSERT_EQ(diagnoses.size(), 1u);
+  EXPECT_EQ(diagnoses[0].trigger(), "no_supervision");
+  EXPECT_EQ(diagnoses[0].message(), s.message());
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "adapter"));
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "checkpoints" / "step-00000002"));
+}
+
+TEST_F(GuardRecoveryTest, ARunBelowTheMinimumAppliedFractionFails) {
+  // 7 of 12 steps without supervision, never rolled back: 5 applied, fewer
+  // than half. A quarter is enough.
+  const std::string guard = "{max_consecutive_bad: 0, inject: {zero_tokens_at_steps: [2, 3, 5, 6, "
+                            "8, 9, 11]}";
+  RecordingObserver observer;
+  std::unique_ptr<Trainer> t = Create(Spec(guard + "}"), &observer);
+  ASSERT_NE(t, nullptr);
+  const absl::Status s = t->Run();
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("guard: step 12: only 5 of 12 steps were applied, fewer "
+                                     "than guard.min_applied_fraction (0.5) of them: every "
+                                     "skipped step had no supervised tokens"));
+  EXPECT_EQ(t->optimizer().steps(), 5);
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "adapter"));
+
+  ASSERT_TRUE(RemoveTree(out()).ok());
+  t = Create(Spec(guard + ", min_applied_fraction: 0.25}"), &observer);
+  ASSERT_NE(t, nullptr);
+  ASSERT_TRUE(t->Run().ok());
+  ExpectFiniteAdapter();
+}
+
+TEST_F(GuardRecoveryTest, AppliedStepsCountOverTheJobAcrossAResume) {
+  // Steps 7 to 12 have no supervision. The first attempt stops after step 7,
+  // with a checkpoint of step 6; the second resumes there and applies none
+  // of the 6 it runs. Over the job, 6 of 12 were applied: enough, as for a
+  // run that never stopped.
+  v1::JobSpec spec =
+      Spec("{max_consecutive_bad: 0, good_after_steps: 0, inject: {zero_tokens_at_steps: [7, 8, "
+           "9, 10, 11, 12]}}");
+  spec.set_checkpoint_every(6);
+  {
+    RecordingObserver first;
+    first.stop_after = 7;
+    std::unique_ptr<Trainer> t = Create(spec, &first);
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->Run().code(), absl::StatusCode::kCancelled);
+  }
+  RecordingObserver second;
+  std::unique_ptr<Trainer> t = Create(spec, &second);
+  ASSERT_NE(t, nullptr);
+  const absl::Status s = t->Run();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(second.steps.size(), 6u);
+  EXPECT_EQ(second.steps[0].step(), 7);
+  for (const v1::StepMetrics& m : second.steps) EXPECT_TRUE(m.skipped()) << m.step();
+  EXPECT_EQ(t->optimizer().steps(), 6);
+  ExpectFiniteAdapter();
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ StepHealth NonFiniteGradient(int64_t step) {
 // Judges one step and acts on the verdict, as the trainer does at one rank.
 GuardVerdict JudgeAndAct(Guard& guard, const StepHealth& health) {
   GuardVerdict v = guard.Judge(health);
-  guard.Acted(v.action, health);
+  guard.Acted(v, health);
   return v;
 }
 
@@ -119,7 +119,7 @@ TEST(Guard, ActsOnTheAgreedVerdictOfAllRanks) {
   // counts toward the streak here too, so every rank rolls back together.
   Guard guard(GuardOptions{.max_consecutive_bad = 2, .max_rollbacks = 3});
   EXPECT_EQ(guard.Judge(Healthy(1)).action, GuardAction::kApply);
-  guard.Acted(GuardAction::kSkip, Healthy(1));
+  guard.Acted({.action = GuardAction::kSkip, .trigger = GuardTrigger::kNonFinite}, Healthy(1));
   EXPECT_EQ(guard.consecutive_bad(), 1);
   EXPECT_EQ(guard.Judge(NonFiniteGradient(2)).action, GuardAction::kRollback);
 }
@@ -154,7 +154,7 @@ TEST(Guard, ALossSpikeRollsBackOnceTheWindowIsFull) {
               GuardAction::kApply);
   }
   EXPECT_EQ(guard.Judge(WithLoss(10, 9.0, 0.5)).action, GuardAction::kApply);
-  guard.Acted(GuardAction::kApply, WithLoss(10, 2.01, 0.5));
+  guard.Acted({.action = GuardAction::kApply}, WithLoss(10, 2.01, 0.5));
   // Noise of the window's own size passes; a jump of 6 robust deviations does not.
   EXPECT_EQ(guard.Judge(WithLoss(11, 2.03, 0.5)).action, GuardAction::kApply);
   GuardVerdict v = JudgeAndAct(guard, WithLoss(11, 2.5, 0.5));
@@ -265,6 +265,68 @@ TEST(Guard, CutsTheLearningRateAfterARollbackAndReWarmsIt) {
   JudgeAndAct(kept, NonFiniteGradient(1));
   for (int64_t step = 1; step <= 5; ++step) JudgeAndAct(kept, Healthy(step));
   EXPECT_DOUBLE_EQ(kept.LrScale(), 0.1);
+}
+
+StepHealth Unsupervised(int64_t step) {
+  StepHealth h = Healthy(step);
+  h.supervised_tokens = 0;
+  return h;
+}
+
+TEST(Guard, ARunThatAppliedNoStepFailsNamingWhy) {
+  // Shorter than max_consecutive_bad: the streak rule never fires.
+  Guard guard;
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_EQ(JudgeAndAct(guard, Unsupervised(step)).action, GuardAction::kSkip);
+  }
+  EXPECT_EQ(guard.TooFewApplied(/*applied=*/0, /*steps=*/2),
+            "no step was applied: every step had no supervised tokens");
+  EXPECT_EQ(guard.MostSkippedBy(), GuardTrigger::kNoSupervision);
+
+  Guard non_finite;
+  JudgeAndAct(non_finite, NonFiniteGradient(1));
+  EXPECT_EQ(non_finite.TooFewApplied(0, 1),
+            "no step was applied: every step had a non-finite loss or grad_norm");
+}
+
+TEST(Guard, ARunWithSkipsOfSeveralCausesCountsEach) {
+  Guard guard(GuardOptions{.max_consecutive_bad = 0});
+  JudgeAndAct(guard, Unsupervised(1));
+  JudgeAndAct(guard, NonFiniteGradient(2));
+  JudgeAndAct(guard, Unsupervised(3));
+  EXPECT_EQ(guard.TooFewApplied(0, 3),
+            "no step was applied; of the steps this run skipped, 1 had a non-finite loss or "
+            "grad_norm, 2 had no supervised tokens");
+  EXPECT_EQ(guard.MostSkippedBy(), GuardTrigger::kNoSupervision);
+}
+
+TEST(Guard, ARunBelowTheMinimumAppliedFractionFails) {
+  Guard guard(GuardOptions{.max_consecutive_bad = 0, .min_applied_fraction = 0.5});
+  for (int64_t step = 1; step <= 10; ++step) {
+    JudgeAndAct(guard, step <= 4 ? Healthy(step) : NonFiniteGradient(step));
+  }
+  EXPECT_EQ(guard.TooFewApplied(4, 10),
+            "only 4 of 10 steps were applied, fewer than guard.min_applied_fraction (0.5) of "
+            "them: every skipped step had a non-finite loss or grad_norm");
+  // Half is enough.
+  EXPECT_EQ(guard.TooFewApplied(5, 10), "");
+}
+
+TEST(Guard, AMinimumAppliedFractionOfZeroStillFailsARunWithNoAppliedStep) {
+  Guard guard(GuardOptions{.min_applied_fraction = 0});
+  EXPECT_EQ(guard.TooFewApplied(1, 1000), "");
+  EXPECT_THAT(guard.TooFewApplied(0, 1000), HasSubstr("no step was applied"));
+}
+
+TEST(Guard, AResumedRunNamesOnlyTheSkipsItSaw) {
+  // Applied steps count over the job; this guard saw 2 of its 8 skips.
+  Guard guard;
+  JudgeAndAct(guard, Unsupervised(9));
+  JudgeAndAct(guard, Unsupervised(10));
+  EXPECT_EQ(guard.TooFewApplied(2, 10),
+            "only 2 of 10 steps were applied, fewer than guard.min_applied_fraction (0.5) of "
+            "them; of the steps this run skipped, 2 had no supervised tokens");
+  EXPECT_EQ(Guard().TooFewApplied(0, 10), "no step was applied");
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ StepHealth MoeStep(int64_t step, bool collapsed, std::mt19937_64& rng) {
 
 GuardVerdict JudgeAndAct(Guard& guard, const StepHealth& health) {
   GuardVerdict v = guard.Judge(health);
-  guard.Acted(v.action, health);
+  guard.Acted(v, health);
   return v;
 }
 
