@@ -2,9 +2,12 @@
 
 #include <httplib.h>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/http_security.h"
 
 namespace ballast {
 
@@ -38,6 +41,13 @@ std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
   };
 }
 
+std::string JsonErrorBody(absl::string_view message) {
+  // A path or parameter echoed back may be any bytes: never throw on them.
+  return nlohmann::json({{"error", std::string(message)}})
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
+}
+
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
     std::function<absl::Status()> healthy,
@@ -65,11 +75,34 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // Live dashboards hold a thread each for their event streams (capped by
   // the routes that serve them); scrapes and probes keep the rest.
   server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  // Every answer, errors and streams too, carries the security headers.
+  server.set_post_routing_handler([](const httplib::Request&, httplib::Response& response) {
+    for (const auto& [name, value] : SecurityHeaders(response.get_header_value("Content-Type"))) {
+      response.set_header(name, value);
+    }
+  });
+  // No route changes state yet. A request that might is checked before any
+  // route sees it, and then refused for its method: a route added later is
+  // reached only through the check (docs/security.md).
+  server.set_pre_routing_handler([https = !https.cert.empty()](const httplib::Request& request,
+                                                               httplib::Response& response) {
+    if (IsSafeMethod(request.method)) return httplib::Server::HandlerResponse::Unhandled;
+    const absl::Status s = CheckStateChangingRequest(request.get_header_value("Authorization"),
+                                                     request.get_header_value("Origin"),
+                                                     request.get_header_value("Host"), https);
+    response.status = s.ok() ? 405 : 403;
+    if (s.ok()) response.set_header("Allow", "GET, HEAD");
+    const std::string message =
+        s.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
+               : std::string(s.message());
+    response.set_content(JsonErrorBody(message), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server.Get("/metrics", [metrics, authorize = std::move(authorize_metrics)](
                              const httplib::Request& request, httplib::Response& response) {
     if (authorize) {
       if (absl::Status s = authorize(request.get_header_value("Authorization")); !s.ok()) {
-        response.status = 401;
+        response.status = HttpStatusOfRefusal(s);
         response.set_content(
             absl::StrCat(s.message(), " (Prometheus: authorization.credentials_file)\n"),
             "text/plain");

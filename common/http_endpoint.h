@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/metrics.h"
 
 namespace httplib {
@@ -36,6 +37,10 @@ bool IsLoopbackHost(const std::string& host);
 std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
     const std::string& token);
 
+// `{"error": MESSAGE}` and a newline: the body of every error answer of
+// ballastd's JSON API. Bytes that are not UTF-8 become U+FFFD.
+std::string JsonErrorBody(absl::string_view message);
+
 // PEM files for HTTPS; both empty serves plain HTTP.
 struct HttpsFiles {
   std::string cert;
@@ -53,7 +58,12 @@ class HttpEndpoint {
   // `healthy` is called per /healthz request, from the server's threads.
   // /metrics names jobs and shows their losses: with `authorize_metrics`,
   // a request whose Authorization header (empty when absent) it refuses
-  // gets 401 with the refusal's message. /healthz stays open for probes,
+  // gets the refusal's message, with 401 for UNAUTHENTICATED (no or a bad
+  // token) and 403 for PERMISSION_DENIED (a valid token without the role).
+  // Every answer carries SecurityHeaders, and a request in any method but
+  // GET or HEAD is refused before routing (common/http_security.h): 403 when
+  // CheckStateChangingRequest refuses it, else 405, as no route changes
+  // state. /healthz stays open for probes,
   // and says nothing but ok or why not.
   // With `https`, HTTPS on the same address (INVALID_ARGUMENT when the
   // files do not load). `add_routes`, when set, adds the caller's routes (ballastd's dashboard
