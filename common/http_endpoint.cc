@@ -84,20 +84,20 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // No route changes state yet. A request that might is checked before any
   // route sees it, and then refused for its method: a route added later is
   // reached only through the check (docs/security.md).
-  server.set_pre_routing_handler([https = !https.cert.empty()](const httplib::Request& request,
-                                                               httplib::Response& response) {
-    if (IsSafeMethod(request.method)) return httplib::Server::HandlerResponse::Unhandled;
-    const absl::Status s = CheckStateChangingRequest(request.get_header_value("Authorization"),
-                                                     request.get_header_value("Origin"),
-                                                     request.get_header_value("Host"), https);
-    response.status = s.ok() ? 405 : 403;
-    if (s.ok()) response.set_header("Allow", "GET, HEAD");
-    const std::string message =
-        s.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
-               : std::string(s.message());
-    response.set_content(JsonErrorBody(message), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  });
+  server.set_pre_routing_handler(
+      [https = !https.cert.empty()](const httplib::Request& request, httplib::Response& response) {
+        if (IsSafeMethod(request.method)) return httplib::Server::HandlerResponse::Unhandled;
+        const absl::Status s = CheckStateChangingRequest(request.get_header_value("Authorization"),
+                                                         request.get_header_value("Origin"),
+                                                         request.get_header_value("Host"), https);
+        response.status = s.ok() ? 405 : 403;
+        if (s.ok()) response.set_header("Allow", "GET, HEAD");
+        const std::string message =
+            s.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
+                   : std::string(s.message());
+        response.set_content(JsonErrorBody(message), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      });
   server.Get("/metrics", [metrics, authorize = std::move(authorize_metrics)](
                              const httplib::Request& request, httplib::Response& response) {
     if (authorize) {

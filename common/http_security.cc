@@ -19,9 +19,8 @@ bool IsPageContent(absl::string_view content_type) {
 }  // namespace
 
 HttpHeaderList SecurityHeaders(absl::string_view content_type) {
-  return {{"Content-Security-Policy", IsPageContent(content_type)
-                                          ? kDashboardContentSecurityPolicy
-                                          : kDataContentSecurityPolicy},
+  return {{"Content-Security-Policy", IsPageContent(content_type) ? kDashboardContentSecurityPolicy
+                                                                  : kDataContentSecurityPolicy},
           {"X-Frame-Options", "DENY"},
           {"X-Content-Type-Options", "nosniff"}};
 }
@@ -52,8 +51,8 @@ absl::Status CheckStateChangingRequest(absl::string_view authorization, absl::st
   if (origin.empty()) return absl::OkStatus();
   const std::string own = absl::StrCat(https ? "https://" : "http://", host);
   if (host.empty() || !absl::EqualsIgnoreCase(origin, own)) {
-    return absl::PermissionDeniedError(absl::StrCat("a cross-site request is refused: Origin ",
-                                                    origin, " is not ", own));
+    return absl::PermissionDeniedError(
+        absl::StrCat("a cross-site request is refused: Origin ", origin, " is not ", own));
   }
   return absl::OkStatus();
 }

@@ -15,8 +15,9 @@ std::map<std::string, std::string> AsMap(const HttpHeaderList& headers) {
 }
 
 TEST(HttpSecurityTest, PagesGetTheDashboardPolicyAndEverythingElseTheDataOne) {
-  for (const char* type : {"text/html; charset=utf-8", "TEXT/HTML", "text/javascript; charset=utf-8",
-                           "application/javascript", "text/css; charset=utf-8"}) {
+  for (const char* type :
+       {"text/html; charset=utf-8", "TEXT/HTML", "text/javascript; charset=utf-8",
+        "application/javascript", "text/css; charset=utf-8"}) {
     EXPECT_EQ(AsMap(SecurityHeaders(type))["Content-Security-Policy"],
               kDashboardContentSecurityPolicy)
         << type;
@@ -55,9 +56,8 @@ TEST(HttpSecurityTest, AStateChangingRequestNeedsTheBearerHeaderAndItsOwnOrigin)
   const std::string host = "127.0.0.1:9090";
   EXPECT_TRUE(CheckStateChangingRequest("Bearer t", "", host, false).ok());
   EXPECT_TRUE(CheckStateChangingRequest("Bearer t", "http://127.0.0.1:9090", host, false).ok());
-  EXPECT_TRUE(CheckStateChangingRequest("Bearer t", "HTTP://LocalHost:9090", "localhost:9090",
-                                        false)
-                  .ok());
+  EXPECT_TRUE(
+      CheckStateChangingRequest("Bearer t", "HTTP://LocalHost:9090", "localhost:9090", false).ok());
   EXPECT_TRUE(CheckStateChangingRequest("Bearer t", "https://b.example", "b.example", true).ok());
 
   for (const auto& [authorization, origin, own, https] :

@@ -714,8 +714,8 @@ TEST_F(BallastdTest, AValidTokenWithoutTheRoleIs403AndABadOneIs401OnEveryRoute) 
   v1::Job job;
   ASSERT_TRUE(jobs_->SubmitJob(Context(user).get(), submit, &job).ok());
   const std::string api = "/api/v1/jobs/" + job.id();
-  for (const std::string& path : {std::string("/api/v1/jobs"), api, api + "/ranks",
-                                  api + "/events", api + "/stream"}) {
+  for (const std::string& path :
+       {std::string("/api/v1/jobs"), api, api + "/ranks", api + "/events", api + "/stream"}) {
     SCOPED_TRACE(path);
     EXPECT_EQ(Http("GET", path).status, 401);
     EXPECT_EQ(Http("GET", path, "not-a-token").status, 401);
@@ -782,15 +782,15 @@ TEST_F(BallastdTest, NoHttpRouteChangesStateAndCrossSiteRequestsAreRefusedFirst)
   ASSERT_TRUE(jobs_->SubmitJob(Context("boot").get(), submit, &job).ok());
   const std::string own = "http://" + server_->http_address();
   for (const std::string& method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}) {
-    for (const std::string& path :
-         {std::string("/api/v1/jobs"), "/api/v1/jobs/" + job.id(), std::string("/metrics"),
-          std::string("/")}) {
+    for (const std::string& path : {std::string("/api/v1/jobs"), "/api/v1/jobs/" + job.id(),
+                                    std::string("/metrics"), std::string("/")}) {
       SCOPED_TRACE(method + " " + path);
       // From another site: refused, even with the admin's token.
       HttpAnswer answer = Http(method, path, "boot", {{"Origin", "http://evil.example"}});
       EXPECT_EQ(answer.status, 403);
       EXPECT_THAT(answer.body, HasSubstr("a cross-site request is refused: Origin "
-                                         "http://evil.example is not " + own));
+                                         "http://evil.example is not " +
+                                         own));
       EXPECT_EQ(Http(method, path, "boot", {{"Origin", "null"}}).status, 403);
       // A cookie alone is no credential, from anywhere.
       answer = Http(method, path, "", {{"Cookie", "ballast-token=boot"}, {"Origin", own}});
@@ -798,7 +798,8 @@ TEST_F(BallastdTest, NoHttpRouteChangesStateAndCrossSiteRequestsAreRefusedFirst)
       EXPECT_THAT(answer.body, HasSubstr("needs 'Authorization: Bearer TOKEN'"));
       // Same origin with the bearer header, or no browser at all: nothing
       // here changes state, and the answer says which methods there are.
-      for (const httplib::Headers& origin : {httplib::Headers{{"Origin", own}}, httplib::Headers{}}) {
+      for (const httplib::Headers& origin :
+           {httplib::Headers{{"Origin", own}}, httplib::Headers{}}) {
         answer = Http(method, path, "boot", origin);
         EXPECT_EQ(answer.status, 405);
         EXPECT_EQ(answer.header("Allow"), "GET, HEAD");
