@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
     std::function<absl::Status()> healthy,
     std::function<absl::Status(const std::string& authorization)> authorize_metrics,
-    const std::function<void(httplib::Server*)>& add_routes, const HttpsFiles& https) {
+    const std::function<void(httplib::Server*)>& add_routes, const HttpsFiles& https,
+    bool loopback_hosts_only) {
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
   if (https.cert.empty() != https.key.empty()) {
     return absl::InvalidArgumentError(
@@ -84,20 +85,27 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   // No route changes state yet. A request that might is checked before any
   // route sees it, and then refused for its method: a route added later is
   // reached only through the check (docs/security.md).
-  server.set_pre_routing_handler(
-      [https = !https.cert.empty()](const httplib::Request& request, httplib::Response& response) {
-        if (IsSafeMethod(request.method)) return httplib::Server::HandlerResponse::Unhandled;
-        const absl::Status s = CheckStateChangingRequest(request.get_header_value("Authorization"),
-                                                         request.get_header_value("Origin"),
-                                                         request.get_header_value("Host"), https);
-        response.status = s.ok() ? 405 : 403;
-        if (s.ok()) response.set_header("Allow", "GET, HEAD");
-        const std::string message =
-            s.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
-                   : std::string(s.message());
-        response.set_content(JsonErrorBody(message), "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-      });
+  server.set_pre_routing_handler([https = !https.cert.empty(), loopback_hosts_only](
+                                     const httplib::Request& request, httplib::Response& response) {
+    absl::Status refusal = loopback_hosts_only ? CheckLoopbackHost(request.get_header_value("Host"))
+                                               : absl::OkStatus();
+    if (refusal.ok() && IsSafeMethod(request.method)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (refusal.ok()) {
+      refusal = CheckStateChangingRequest(request.get_header_value("Authorization"),
+                                          request.get_header_value("Origin"),
+                                          request.get_header_value("Host"), https);
+    }
+    response.status = refusal.ok() ? 405 : 403;
+    if (refusal.ok()) response.set_header("Allow", "GET, HEAD");
+    const std::string message =
+        refusal.ok()
+            ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
+            : std::string(refusal.message());
+    response.set_content(JsonErrorBody(message), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server.Get("/metrics", [metrics, authorize = std::move(authorize_metrics)](
                              const httplib::Request& request, httplib::Response& response) {
     if (authorize) {

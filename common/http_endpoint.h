@@ -67,13 +67,15 @@ class HttpEndpoint {
   // and says nothing but ok or why not.
   // With `https`, HTTPS on the same address (INVALID_ARGUMENT when the
   // files do not load). `add_routes`, when set, adds the caller's routes (ballastd's dashboard
-  // and JSON API) before serving starts.
+  // and JSON API) before serving starts. With `loopback_hosts_only` (a server
+  // without auth) a request whose Host is not a loopback name gets 403 on
+  // every path: see CheckLoopbackHost.
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
       const std::string& host, int port, const MetricsRegistry* metrics,
       std::function<absl::Status()> healthy,
       std::function<absl::Status(const std::string& authorization)> authorize_metrics,
       const std::function<void(httplib::Server*)>& add_routes = nullptr,
-      const HttpsFiles& https = {});
+      const HttpsFiles& https = {}, bool loopback_hosts_only = false);
   // Stops serving and joins the server thread.
   ~HttpEndpoint();
 

@@ -1,5 +1,9 @@
 #include "common/http_security.h"
 
+#include <arpa/inet.h>
+
+#include <string>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -55,6 +59,27 @@ absl::Status CheckStateChangingRequest(absl::string_view authorization, absl::st
         absl::StrCat("a cross-site request is refused: Origin ", origin, " is not ", own));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckLoopbackHost(absl::string_view host) {
+  absl::string_view name = host;
+  if (absl::ConsumePrefix(&name, "[")) {
+    name = name.substr(0, name.find(']'));  // [::1]:PORT
+  } else if (const size_t colon = name.rfind(':'); colon != absl::string_view::npos) {
+    name = name.substr(0, colon);
+  }
+  in_addr v4;
+  in6_addr v6;
+  const std::string text(name);
+  if (absl::EqualsIgnoreCase(name, "localhost") ||
+      (inet_pton(AF_INET, text.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+      (inet_pton(AF_INET6, text.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6))) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("Host: '", host,
+                   "' is not a loopback name; ballastd without a token answers only requests "
+                   "addressed to localhost, 127.0.0.1 or [::1]"));
 }
 
 }  // namespace ballast

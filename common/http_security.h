@@ -52,6 +52,14 @@ bool IsSafeMethod(absl::string_view method);
 absl::Status CheckStateChangingRequest(absl::string_view authorization, absl::string_view origin,
                                        absl::string_view host, bool https);
 
+// For a server that anyone who reaches it may use (ballastd without a token,
+// which listens on loopback only): OK when the request's Host header names a
+// loopback address, `localhost`, 127.0.0.0/8 or [::1], with any port or none.
+// A page whose own name an attacker points at 127.0.0.1 (DNS rebinding) is
+// same-origin with the server to the browser, but sends its own name as the
+// Host: PERMISSION_DENIED, naming it.
+absl::Status CheckLoopbackHost(absl::string_view host);
+
 }  // namespace ballast
 
 #endif  // BALLAST_COMMON_HTTP_SECURITY_H_

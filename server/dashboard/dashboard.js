@@ -260,7 +260,8 @@ async function jobView(jobId) {
     card("Loss", charts.loss), card("Global grad_norm (log scale)", charts.grad_norm),
     card("Learning rate", charts.lr), card("Step time per rank", ranks),
     card("Events", log),
-    card("Spec", el("pre", { class: "spec" }, showBidiControls(JSON.stringify(job.spec, null, 2)))));
+    card("Spec",
+         el("pre", { class: "spec" }, showBidiControls(JSON.stringify(job.spec, null, 2)))));
   app.replaceChildren(
     el("h1", {}, `${job.id} `, el("span", { class: "muted" }, userText(job.spec?.name || "", 200))),
     facts, grid);

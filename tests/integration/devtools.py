@@ -20,7 +20,8 @@ CHROMIUM = shutil.which("chromium")
 _WATCH_VIOLATIONS = """
 window.__cspViolations = [];
 document.addEventListener("securitypolicyviolation", (e) =>
-  window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));
+  window.__cspViolations.push(
+      `${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));
 """
 
 
@@ -144,7 +145,8 @@ class Page:
                     return value
             time.sleep(0.1)
         try:
-            text = self.evaluate("location.href + '\\n' + document.documentElement.outerHTML.slice(0, 3000)")
+            text = self.evaluate(
+                "location.href + '\\n' + document.documentElement.outerHTML.slice(0, 3000)")
         except AssertionError as e:
             text = str(e)
         raise AssertionError(f"timed out after {timeout} s waiting for {what} ({error}); "

@@ -86,5 +86,20 @@ TEST(HttpSecurityTest, AStateChangingRequestNeedsTheBearerHeaderAndItsOwnOrigin)
   }
 }
 
+TEST(HttpSecurityTest, OnlyLoopbackNamesAreLoopbackHosts) {
+  for (const char* host : {"localhost", "LOCALHOST:9090", "127.0.0.1", "127.0.0.1:9090",
+                           "127.255.0.9:1", "[::1]:9090", "[::1]"}) {
+    EXPECT_TRUE(CheckLoopbackHost(host).ok()) << host;
+  }
+  for (const char* host : {"evil.example", "evil.example:9090", "127.0.0.1.evil.example",
+                           "127.0.0.1.evil.example:9090", "localhost.evil.example", "10.0.0.1:9090",
+                           "0.0.0.0:9090", "[::2]:9090", "[::ffff:127.0.0.1]:80", "", ":9090",
+                           "127.1:9090", "::1"}) {  // an IPv6 Host is bracketed
+    const absl::Status s = CheckLoopbackHost(host);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << host;
+    EXPECT_THAT(s.message(), HasSubstr("is not a loopback name")) << host;
+  }
+}
+
 }  // namespace
 }  // namespace ballast

@@ -774,6 +774,31 @@ TEST_F(BallastdTest, EveryHttpAnswerCarriesTheSecurityHeaders) {
   }
 }
 
+TEST_F(BallastdTest, WithoutATokenOnlyRequestsToALoopbackNameAreAnswered) {
+  Start();
+  const std::string port = server_->http_address().substr(server_->http_address().rfind(':'));
+  // A site whose name now resolves to 127.0.0.1 (DNS rebinding) sends its
+  // own name: every path refuses it, the static files too.
+  for (const char* path : {"/api/v1/jobs", "/metrics", "/", "/dashboard.js", "/healthz"}) {
+    SCOPED_TRACE(path);
+    for (const std::string& host : {"evil.example" + port, "127.0.0.1.evil.example" + port}) {
+      const HttpAnswer refused = Http("GET", path, "", {{"Host", host}});
+      EXPECT_EQ(refused.status, 403);
+      EXPECT_THAT(refused.body, HasSubstr("is not a loopback name"));
+    }
+    for (const std::string& host : {"localhost" + port, "127.0.0.1" + port}) {
+      EXPECT_EQ(Http("GET", path, "", {{"Host", host}}).status, 200);
+    }
+  }
+}
+
+TEST_F(BallastdTest, WithATokenAnyHostIsAnsweredAsTheTokenSays) {
+  Start("boot");
+  const std::string port = server_->http_address().substr(server_->http_address().rfind(':'));
+  EXPECT_EQ(Http("GET", "/api/v1/jobs", "boot", {{"Host", "ballast.example" + port}}).status, 200);
+  EXPECT_EQ(Http("GET", "/api/v1/jobs", "", {{"Host", "ballast.example" + port}}).status, 401);
+}
+
 TEST_F(BallastdTest, NoHttpRouteChangesStateAndCrossSiteRequestsAreRefusedFirst) {
   Start("boot");
   v1::SubmitJobRequest submit;
