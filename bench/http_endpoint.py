@@ -60,7 +60,8 @@ class Ballastd:
 
 
 async def client(port, path, until, warm_until, latencies, errors):
-    request = f"GET {path} HTTP/1.1\r\nHost: ballastd\r\n\r\n".encode()
+    # An open ballastd answers only a loopback Host (docs/security.md).
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
     reader = writer = None
     while time.monotonic() < until:
         try:

@@ -9,6 +9,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/http_security.h"
 
 namespace ballast {
 namespace {
@@ -97,14 +99,25 @@ class ConnectionCount {
 // The listening socket, the threads and what every connection shares.
 class BeastServer {
  public:
-  BeastServer(const HttpLimits& limits, int max_connections)
-      : limits(limits), count(max_connections, limits.max_connections_per_address) {}
+  BeastServer(const HttpLimits& limits, int max_connections, bool loopback_hosts_only)
+      : limits(limits),
+        count(max_connections, limits.max_connections_per_address),
+        loopback_hosts_only_(loopback_hosts_only) {}
 
   // Binds and starts the threads; UNAVAILABLE when the address cannot be bound.
   absl::Status Listen(const std::string& host, int port);
   int port() const { return acceptor_.local_endpoint().port(); }
   // Closes every connection and joins the threads.
   void Stop();
+
+  // The route for `request`, within the rules of common/http_security.h:
+  // the checks before routing, and the security headers on whatever answers.
+  void Answer(HttpRequest& request, HttpResponse& response) const {
+    if (!Refuse(request, response)) routes.Serve(request, response);
+    for (const auto& [name, value] : SecurityHeaders(response.get_header_value("Content-Type"))) {
+      response.set_header(name, value);
+    }
+  }
 
   HttpRoutes routes;
   const HttpLimits limits;
@@ -114,8 +127,15 @@ class BeastServer {
   net::thread_pool handlers{HttpEndpoint::kHandlerThreads};
 
  private:
+  // No route changes state yet. A request that might is checked before any
+  // route sees it, and then refused for its method: a route added later is
+  // reached only through the check (docs/security.md). True when `response`
+  // holds the refusal.
+  bool Refuse(const HttpRequest& request, HttpResponse& response) const;
   void Accept();
   void Admit(tcp::socket socket);
+
+  const bool loopback_hosts_only_;
 
   tcp::acceptor acceptor_{net::make_strand(io)};
   net::steady_timer accept_pause_{acceptor_.get_executor()};
@@ -209,7 +229,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     request_.remote_addr = address_;
     net::post(server_->handlers, [self = this->shared_from_this()] {
-      self->server_->routes.Serve(self->request_, self->response_);
+      self->server_->Answer(self->request_, self->response_);
       net::post(self->stream_.get_executor(), [self] { self->Reply(); });
     });
   }
@@ -328,6 +348,24 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::string chunk_;
 };
 
+bool BeastServer::Refuse(const HttpRequest& request, HttpResponse& response) const {
+  absl::Status refusal =
+      loopback_hosts_only_ ? CheckLoopbackHost(request.get_header_value("Host")) : absl::OkStatus();
+  if (refusal.ok() && IsSafeMethod(request.method)) return false;
+  if (refusal.ok()) {
+    refusal = CheckStateChangingRequest(request.get_header_value("Authorization"),
+                                        request.get_header_value("Origin"),
+                                        request.get_header_value("Host"), tls.has_value());
+  }
+  response.status = refusal.ok() ? 405 : 403;
+  if (refusal.ok()) response.set_header("Allow", "GET, HEAD");
+  const std::string message =
+      refusal.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
+                   : std::string(refusal.message());
+  response.set_content(JsonErrorBody(message), "application/json");
+  return true;
+}
+
 absl::Status BeastServer::Listen(const std::string& host, int port) {
   const auto unavailable = [&] {
     return absl::UnavailableError(
@@ -376,9 +414,12 @@ void BeastServer::Admit(tcp::socket socket) {
     // Refused at once, never queued. A TLS client gets no answer it could read.
     if (!tls) {
       constexpr absl::string_view kWhy = "too many connections; retry shortly\n";
-      const std::string refusal = absl::StrCat(
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: ",
-          kWhy.size(), "\r\nConnection: close\r\n\r\n", kWhy);
+      std::string refusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n";
+      for (const auto& [name, value] : SecurityHeaders("text/plain")) {
+        absl::StrAppend(&refusal, name, ": ", value, "\r\n");
+      }
+      absl::StrAppend(&refusal, "Content-Length: ", kWhy.size(), "\r\nConnection: close\r\n\r\n",
+                      kWhy);
       net::write(socket, net::buffer(refusal), ec);
     }
     socket.shutdown(tcp::socket::shutdown_both, ec);
@@ -444,12 +485,19 @@ std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
   };
 }
 
+std::string JsonErrorBody(absl::string_view message) {
+  // A path or parameter echoed back may be any bytes: never throw on them.
+  return nlohmann::json({{"error", std::string(message)}})
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
+}
+
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     const std::string& host, int port, const MetricsRegistry* metrics,
     std::function<absl::Status()> healthy,
     std::function<absl::Status(const std::string& authorization)> authorize_metrics,
     const std::function<void(HttpRoutes*)>& add_routes, const HttpsFiles& https,
-    const HttpLimits& limits) {
+    bool loopback_hosts_only, const HttpLimits& limits) {
   if (https.cert.empty() != https.key.empty()) {
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key: HTTPS needs both, a certificate and its private key");
@@ -463,7 +511,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     max_connections = static_cast<int>(std::min<rlim_t>(max_connections, room));
   }
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint());
-  endpoint->server_ = std::make_unique<Server>(limits, max_connections);
+  endpoint->server_ = std::make_unique<Server>(limits, max_connections, loopback_hosts_only);
   Server& server = *endpoint->server_;
   if (!https.cert.empty()) {
     server.tls.emplace(ssl::context::tls_server);
@@ -482,7 +530,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
                                     const HttpRequest& request, HttpResponse& response) {
     if (authorize) {
       if (absl::Status s = authorize(request.get_header_value("Authorization")); !s.ok()) {
-        response.status = 401;
+        response.status = HttpStatusOfRefusal(s);
         response.set_content(
             absl::StrCat(s.message(), " (Prometheus: authorization.credentials_file)\n"),
             "text/plain");

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/http_routes.h"
 #include "common/metrics.h"
@@ -39,6 +40,10 @@ bool IsLoopbackHost(const std::string& host);
 // request) for an empty token.
 std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
     const std::string& token);
+
+// `{"error": MESSAGE}` and a newline: the body of every error answer of
+// ballastd's JSON API. Bytes that are not UTF-8 become U+FFFD.
+std::string JsonErrorBody(absl::string_view message);
 
 // PEM files for HTTPS; both empty serves plain HTTP.
 struct HttpsFiles {
@@ -81,17 +86,26 @@ class HttpEndpoint {
   // `healthy` is called per /healthz request, from the server's threads.
   // /metrics names jobs and shows their losses: with `authorize_metrics`,
   // a request whose Authorization header (empty when absent) it refuses
-  // gets 401 with the refusal's message. /healthz stays open for probes,
-  // and says nothing but ok or why not.
+  // gets the refusal's message, with 401 for UNAUTHENTICATED (no or a bad
+  // token) and 403 for PERMISSION_DENIED (a valid token without the role).
+  // /healthz stays open for probes, and says nothing but ok or why not.
+  // Every answer a route gives, errors and event streams too, carries
+  // SecurityHeaders; a request in any method but GET or HEAD is refused
+  // before routing (common/http_security.h): 403 when
+  // CheckStateChangingRequest refuses it, else 405 with `Allow: GET, HEAD`,
+  // as no route changes state.
   // With `https`, HTTPS on the same address (INVALID_ARGUMENT when the
-  // files do not load). `add_routes`, when set, adds the caller's routes (ballastd's dashboard
-  // and JSON API) before serving starts.
+  // files do not load). `add_routes`, when set, adds the caller's routes
+  // (ballastd's dashboard and JSON API) before serving starts. With
+  // `loopback_hosts_only` (a server without auth) a request whose Host is not
+  // a loopback name gets 403 on every path, before its method is looked at:
+  // see CheckLoopbackHost. `limits` bound what each client may hold.
   static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Start(
       const std::string& host, int port, const MetricsRegistry* metrics,
       std::function<absl::Status()> healthy,
       std::function<absl::Status(const std::string& authorization)> authorize_metrics,
       const std::function<void(HttpRoutes*)>& add_routes = nullptr, const HttpsFiles& https = {},
-      const HttpLimits& limits = {});
+      bool loopback_hosts_only = false, const HttpLimits& limits = {});
   // Stops serving: closes every connection and joins the threads.
   ~HttpEndpoint();
 

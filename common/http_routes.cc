@@ -18,6 +18,13 @@ std::string HttpRequest::get_header_value(const std::string& name) const {
   return it == headers.end() ? "" : it->second;
 }
 
+std::string HttpResponse::get_header_value(const std::string& name) const {
+  for (const auto& [key, value] : headers) {
+    if (absl::EqualsIgnoreCase(key, name)) return value;
+  }
+  return "";
+}
+
 void HttpResponse::set_header(const std::string& name, const std::string& value) {
   for (auto& [key, old] : headers) {
     if (absl::EqualsIgnoreCase(key, name)) {
@@ -49,12 +56,6 @@ void HttpRoutes::Get(const std::string& pattern, Handler handler) {
 }
 
 void HttpRoutes::Serve(HttpRequest& request, HttpResponse& response) const {
-  if (request.method != "GET" && request.method != "HEAD") {
-    response.status = 405;
-    response.set_header("Allow", "GET, HEAD");
-    response.set_content(request.method + " is not served here: GET or HEAD\n", "text/plain");
-    return;
-  }
   for (const Route& route : routes_) {
     std::smatch match;
     if (!std::regex_match(request.path, match, route.pattern)) continue;

@@ -54,6 +54,8 @@ struct HttpResponse {
   // Called once when the stream ends, by its end, the peer's or shutdown.
   std::function<void()> stream_done;
 
+  // Empty when absent; `name` in any case.
+  std::string get_header_value(const std::string& name) const;
   // Replaces a header of that name.
   void set_header(const std::string& name, const std::string& value);
   void set_content(std::string content, const std::string& content_type);
@@ -71,7 +73,8 @@ class HttpRoutes {
   void Get(const std::string& pattern, Handler handler);
 
   // Runs the route for `request` (filling its matches), or answers 404
-  // when none matches and 405 to a method other than GET and HEAD.
+  // when none matches. Only GET and HEAD come here: HttpEndpoint refuses
+  // every other method before routing (common/http_security.h).
   void Serve(HttpRequest& request, HttpResponse& response) const;
 
  private:

@@ -181,7 +181,10 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
       [c = d->coordinator_.get(), auth = d->auth_.get()](HttpRoutes* server) {
         AddHttpApi(server, c, auth);
       },
-      HttpsFiles{options.tls.cert, options.tls.key});
+      HttpsFiles{options.tls.cert, options.tls.key},
+      // Open, only this machine's pages may use it, not a site that rebinds
+      // its name to 127.0.0.1.
+      /*loopback_hosts_only=*/d->auth_->open());
   if (!http.ok()) return http.status();
   d->http_ = std::move(*http);
   d->http_address_ =

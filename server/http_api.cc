@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/http_endpoint.h"
+#include "common/http_security.h"
 #include "common/proto_json.h"
 #include "server/dashboard_assets.h"
 
@@ -60,7 +62,7 @@ class EventStreamSlots {
 
 void Error(HttpResponse& response, int status, const std::string& message) {
   response.status = status;
-  response.set_content(nlohmann::json({{"error", message}}).dump() + "\n", kJson);
+  response.set_content(JsonErrorBody(message), kJson);
 }
 
 int HttpStatusOf(const absl::Status& s) {
@@ -75,6 +77,17 @@ int HttpStatusOf(const absl::Status& s) {
     default:
       return 500;
   }
+}
+
+// The same rule as the gRPC API: who calls, and the jobs of whose tenant it
+// sees. UNAUTHENTICATED without a valid token; PERMISSION_DENIED for a
+// worker's, which reads no jobs.
+absl::StatusOr<Principal> JobReader(const Authenticator& auth, const std::string& authorization) {
+  absl::StatusOr<Principal> who = auth.Authenticate(authorization);
+  if (who.ok() && who->role == v1::ROLE_WORKER) {
+    return absl::PermissionDeniedError("a worker token cannot read jobs");
+  }
+  return who;
 }
 
 // A non-negative integer query parameter, `fallback` when absent; false
@@ -94,17 +107,11 @@ bool IntParam(const HttpRequest& request, HttpResponse& response, const char* na
 }  // namespace
 
 void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticator* auth) {
-  // The same rule as the gRPC API: who calls, and the jobs of whose tenant
-  // it sees. Workers' tokens read no jobs.
   auto authorized = [auth](const HttpRequest& request,
                            HttpResponse& response) -> std::optional<Principal> {
-    absl::StatusOr<Principal> who = auth->Authenticate(request.get_header_value("Authorization"));
+    absl::StatusOr<Principal> who = JobReader(*auth, request.get_header_value("Authorization"));
     if (!who.ok()) {
-      Error(response, 401, std::string(who.status().message()));
-      return std::nullopt;
-    }
-    if (who->role == v1::ROLE_WORKER) {
-      Error(response, 403, "a worker token cannot read jobs");
+      Error(response, HttpStatusOfRefusal(who.status()), std::string(who.status().message()));
       return std::nullopt;
     }
     return *who;

@@ -9,8 +9,11 @@
 // Objects are the API's protobuf messages in proto3 JSON (int64 as strings).
 // Errors are {"error": "..."} with 400 (a bad parameter), 401 (no or a wrong
 // token, when ballastd has auth: `Authorization: Bearer TOKEN`, as gRPC),
-// 403 (a worker's token), 404 (an unknown job or path, or another tenant's
-// job) or 503 (too many live streams, in total or for the tenant).
+// 403 (a valid token without the role: a worker's), 404 (an unknown job or
+// path, or another tenant's job, alike to the byte) or 503 (too many live
+// streams, in total or for the tenant). Methods other than GET and HEAD
+// never reach these routes (HttpEndpoint refuses them first,
+// common/http_security.h).
 #ifndef BALLAST_SERVER_HTTP_API_H_
 #define BALLAST_SERVER_HTTP_API_H_
 

@@ -1,7 +1,9 @@
 // The Ballast dashboard: a job list, and a job page whose charts follow the
 // job live through the event stream of the JSON API (docs/http-api.md).
 // Plain JavaScript, no dependencies; it talks only to the ballastd that
-// served it.
+// served it. ballastd serves it under a Content-Security-Policy that admits
+// no inline script or style (docs/security.md): text goes into the page as
+// text nodes, never markup, and styles are set through element.style.
 "use strict";
 
 const app = document.getElementById("app");
@@ -92,6 +94,36 @@ function svgEl(tag, attributes = {}) {
   return node;
 }
 
+// Text that a user or a rank wrote (job names, messages, paths, tenants):
+// inside <bdi>, so that right-to-left text cannot reorder what is around it;
+// with its bidi embedding, override and isolate controls shown as [U+202E],
+// so that it cannot hide what it says; and at most `max` characters, so that
+// a 100 kB line does not take the page.
+const BIDI_CONTROLS = /[\u202a-\u202e\u2066-\u2069]/g;
+const showBidiControls = (text) =>
+  text.replace(BIDI_CONTROLS, (c) => `[U+${c.charCodeAt(0).toString(16).toUpperCase()}]`);
+
+function userText(value, max = 2000) {
+  let text = String(value ?? "");
+  let more = 0;
+  if (text.length > max) {
+    const end = /[\ud800-\udbff]/.test(text[max - 1]) ? max - 1 : max;  // not half a character
+    more = text.length - end;
+    text = text.slice(0, end);
+  }
+  const node = el("bdi", { class: "user" }, showBidiControls(text));
+  if (more) node.append(el("span", { class: "muted" }, ` … [${more} more characters]`));
+  return node;
+}
+
+// A progress bar `fraction` full; its width is set through the CSSOM, which
+// the Content-Security-Policy admits (a style attribute it would refuse).
+function bar(fraction, title = "") {
+  const fill = el("div");
+  fill.style.width = `${100 * Math.min(Math.max(fraction, 0), 1)}%`;
+  return el("div", { class: "bar", title }, fill);
+}
+
 const stateName = (s) => String(s || "").replace("JOB_STATE_", "");
 const fmt = (x, digits = 4) =>
   x === undefined || x === null || !isFinite(x) ? "—" : Number(x).toPrecision(digits);
@@ -180,7 +212,7 @@ function chart(svg, points, rollbacks, { log = false, color = "#1f77b4" } = {}) 
 
 async function listView() {
   const table = el("table", { id: "jobs" },
-    el("thead", {}, el("tr", {}, ...["Job", "Name", "State", "Progress", "Last loss",
+    el("thead", {}, el("tr", {}, ...["Job", "Name", "Tenant", "State", "Progress", "Last loss",
                                      "Restarts", "Submitted"].map((h) => el("th", {}, h)))),
     el("tbody"));
   app.replaceChildren(el("h1", {}, "Jobs"), table);
@@ -188,20 +220,19 @@ async function listView() {
     const { jobs = [] } = await api("/api/v1/jobs?limit=200");
     const rows = jobs.map((j) => {
       const step = Number(j.step || 0), max = Number(j.spec?.max_steps || 0);
-      const bar = el("div", { class: "bar", title: `${step}/${max}` },
-                     el("div", { style: `width:${max ? (100 * step) / max : 0}%` }));
       const state = stateName(j.state);
       return el("tr", { "data-job": j.id },
-        el("td", {}, el("a", { href: `#/jobs/${j.id}` }, j.id)),
-        el("td", {}, j.spec?.name || ""),
+        el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(j.id)}` }, j.id)),
+        el("td", { class: "name" }, userText(j.spec?.name || "", 200)),
+        el("td", {}, userText(j.tenant || "", 64)),
         el("td", { class: `state ${state}` }, state),
-        el("td", {}, bar, ` ${step}/${max}`),
+        el("td", {}, bar(max ? step / max : 0, `${step}/${max}`), ` ${step}/${max}`),
         el("td", {}, fmt(j.last_step?.loss)),
         el("td", {}, j.restarts || 0),
         el("td", {}, new Date(Number(j.created_ms)).toLocaleString()));
     });
     table.tBodies[0].replaceChildren(...rows);
-    if (!rows.length) table.tBodies[0].append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No jobs yet.")));
+    if (!rows.length) table.tBodies[0].append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No jobs yet.")));
     status.textContent = `${jobs.length} jobs · updated ${new Date().toLocaleTimeString()}`;
   };
   await refresh();
@@ -228,9 +259,12 @@ async function jobView(jobId) {
   const grid = el("div", { class: "grid" },
     card("Loss", charts.loss), card("Global grad_norm (log scale)", charts.grad_norm),
     card("Learning rate", charts.lr), card("Step time per rank", ranks),
-    card("Events", log), card("Spec", el("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2))));
+    card("Events", log),
+    card("Spec",
+         el("pre", { class: "spec" }, showBidiControls(JSON.stringify(job.spec, null, 2)))));
   app.replaceChildren(
-    el("h1", {}, `${job.id} `, el("span", { class: "muted" }, job.spec?.name || "")), facts, grid);
+    el("h1", {}, `${job.id} `, el("span", { class: "muted" }, userText(job.spec?.name || "", 200))),
+    facts, grid);
   let moe = false;
   const showMoe = () => {
     if (moe) return;
@@ -256,7 +290,8 @@ async function jobView(jobId) {
   const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
   const addLog = (cls, text, time) => {
     const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-    log.append(el("div", { class: cls }, `${new Date(Number(time)).toLocaleTimeString()}  ${text}`));
+    log.append(el("div", { class: cls }, `${new Date(Number(time)).toLocaleTimeString()}  `,
+                  userText(text, 4000)));
     while (log.childElementCount > 1000) log.firstElementChild.remove();
     if (atBottom) log.scrollTop = log.scrollHeight;
   };
@@ -281,7 +316,8 @@ async function jobView(jobId) {
       if (g.kind === "KIND_ROLLBACK") { rollbacks.push({ step: Number(g.step), to_step: Number(g.to_step) }); redraw(); }
       addLog("guard", g.message || g.kind, e.time_ms);
     } else if (t.log) {
-      addLog(t.log.level, `[rank ${t.log.rank || 0}] ${t.log.text}`, e.time_ms);
+      const level = ["info", "warning", "error"].includes(t.log.level) ? t.log.level : "info";
+      addLog(level, `[rank ${t.log.rank || 0}] ${t.log.text}`, e.time_ms);
     } else if (t.checkpoint_saved) {
       addLog("info", `checkpoint step ${t.checkpoint_saved.step}: ${t.checkpoint_saved.path}`, e.time_ms);
     } else if (t.eval) {
@@ -295,6 +331,7 @@ async function jobView(jobId) {
     const fact = (name, value) => el("div", {}, el("b", {}, name), value);
     facts.replaceChildren(
       fact("State", el("span", { class: `state ${state}`, id: "state" }, state)),
+      fact("Tenant", userText(j.tenant || "", 64)),
       fact("Step", `${j.step || 0}/${j.spec?.max_steps || 0}`),
       fact("Loss", fmt(j.last_step?.loss)), fact("grad_norm", fmt(j.last_step?.grad_norm)),
       fact("Tokens/s", fmt(j.last_step?.tokens_per_s, 3)),
@@ -308,7 +345,7 @@ async function jobView(jobId) {
       el("tr", {}, ...["Rank", "Mean step", "", "Peak memory", "Sent"].map((h) => el("th", {}, h))),
       ...stats.map((r) => el("tr", { "data-rank": r.rank },
         el("td", {}, r.rank), el("td", {}, `${fmt(r.step_seconds_mean, 3)} s`),
-        el("td", {}, el("div", { class: "bar" }, el("div", { style: `width:${(100 * r.step_seconds_mean) / slowest}%` }))),
+        el("td", {}, bar(r.step_seconds_mean / slowest)),
         el("td", {}, bytes(r.peak_memory_bytes)), el("td", {}, bytes(r.communicated_bytes)))));
     status.textContent = `${state} · updated ${new Date().toLocaleTimeString()}`;
   };

@@ -82,7 +82,8 @@ def test_tenants_are_isolated_and_a_worker_token_trains_as_itself(secured, input
     r = cluster.cli("list", token=alice)
     assert r.returncode == 2 and "was revoked" in r.stderr
 
-    # /metrics names every tenant's jobs: an admin's token only.
+    # /metrics names every tenant's jobs: an admin's token only. Bob's token
+    # is valid, so he gets 403 (no right), not 401 (no or a bad token).
     def scrape(token):
         request = urllib.request.Request(f"http://{cluster.http}/metrics",
                                          headers={"Authorization": f"Bearer {token}"})
@@ -91,7 +92,9 @@ def test_tenants_are_isolated_and_a_worker_token_trains_as_itself(secured, input
                 return page.status, page.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
-    assert scrape(bob)[0] == 401
+    status, text = scrape(bob)
+    assert status == 403 and "admin token" in text and job["id"] not in text
+    assert scrape("tok-0123456789abcdef.00")[0] == 401
     status, text = scrape(ADMIN)
     assert status == 200 and job["id"] in text
 

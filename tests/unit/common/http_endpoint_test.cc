@@ -12,12 +12,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ballast {
 namespace {
@@ -30,7 +33,8 @@ class HttpEndpointTest : public ::testing::Test {
  protected:
   void Start(const HttpLimits& limits, const std::function<void(HttpRoutes*)>& routes = nullptr) {
     absl::StatusOr<std::unique_ptr<HttpEndpoint>> started = HttpEndpoint::Start(
-        "127.0.0.1", 0, &metrics_, [] { return absl::OkStatus(); }, nullptr, routes, {}, limits);
+        "127.0.0.1", 0, &metrics_, [] { return absl::OkStatus(); }, nullptr, routes, {}, false,
+        limits);
     ASSERT_TRUE(started.ok()) << started.status();
     endpoint_ = *std::move(started);
   }
@@ -188,6 +192,7 @@ TEST_F(HttpEndpointTest, RoutesSeeTheDecodedRequestAndStreamsArriveInChunks) {
        "GET /echo/a%20b?q=x+y%21&r=1&r=2 HTTP/1.1\r\nHost: x\r\nX-Token: t\r\n\r\n"
        "HEAD /echo/z HTTP/1.1\r\nHost: x\r\n\r\n"
        "POST /echo/z HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+       "DELETE /echo/z HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n"
        "GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
        "GET /count HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   const std::string all = Receive(fd, std::chrono::milliseconds(5000));
@@ -195,7 +200,20 @@ TEST_F(HttpEndpointTest, RoutesSeeTheDecodedRequestAndStreamsArriveInChunks) {
   EXPECT_THAT(all, HasSubstr("\r\n\r\na b|x y!|2|2|t"));
   // HEAD: the length of "z|||0|", and no body before the next response.
   EXPECT_THAT(all, HasSubstr("Content-Length: 6"));
-  EXPECT_THAT(all, HasSubstr("\r\n\r\nHTTP/1.1 405"));
+  // Before routing: a request that could change state needs the bearer
+  // header, and then finds that nothing does (common/http_security.h).
+  EXPECT_THAT(all, HasSubstr("\r\n\r\nHTTP/1.1 403"));
+  EXPECT_THAT(all, HasSubstr("needs 'Authorization: Bearer TOKEN'"));
+  EXPECT_THAT(all, HasSubstr("HTTP/1.1 405"));
+  EXPECT_THAT(all, HasSubstr("Allow: GET, HEAD"));
+  EXPECT_THAT(all, HasSubstr("DELETE: nothing here changes state"));
+  // Every answer, the stream's too, carries the security headers.
+  const std::vector<absl::string_view> answers = absl::StrSplit(all, "\r\n\r\n");
+  EXPECT_EQ(std::count_if(answers.begin(), answers.end(),
+                          [](absl::string_view head) {
+                            return absl::StrContains(head, "\r\nX-Content-Type-Options: nosniff");
+                          }),
+            6);
   EXPECT_THAT(all, HasSubstr("HTTP/1.1 404 Not Found"));
   EXPECT_THAT(all, HasSubstr("Transfer-Encoding: chunked"));
   EXPECT_THAT(all, HasSubstr("3\r\nn3;\r\n3\r\nn2;\r\n3\r\nn1;\r\n0\r\n\r\n"));

@@ -10,6 +10,7 @@
 
 #include <fstream>
 
+#include "absl/strings/str_replace.h"
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
@@ -78,12 +79,53 @@ class BallastdTest : public ::testing::Test {
   }
 
   std::string HttpGet(const std::string& path, int* status) {
+    const HttpAnswer answer = Http("GET", path);
+    *status = answer.status;
+    return answer.body;
+  }
+
+  struct HttpAnswer {
+    int status = -1;  // -1: no answer
+    httplib::Headers headers;
+    std::string body;
+    std::string header(const std::string& name) const {
+      auto it = headers.find(name);
+      return it == headers.end() ? "" : it->second;
+    }
+  };
+
+  // `method` `path` on ballastd's HTTP address, with `token` as the bearer
+  // (none when empty). An event stream is read up to its first event only,
+  // as it would not end for 25 s.
+  HttpAnswer Http(const std::string& method, const std::string& path, const std::string& token = "",
+                  httplib::Headers headers = {}) {
     const size_t colon = server_->http_address().rfind(':');
     httplib::Client client(server_->http_address().substr(0, colon),
                            std::stoi(server_->http_address().substr(colon + 1)));
-    auto response = client.Get(path.c_str());
-    *status = response ? response->status : -1;
-    return response ? response->body : "";
+    client.set_read_timeout(10, 0);
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    HttpAnswer answer;
+    httplib::Request request;
+    request.method = method;
+    request.path = path;
+    request.headers = std::move(headers);
+    request.response_handler = [&](const httplib::Response& response) {
+      answer.status = response.status;
+      answer.headers = response.headers;
+      return true;
+    };
+    request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      answer.body.append(data, size);
+      return answer.header("Content-Type") != "text/event-stream" ||
+             answer.body.find("\n\n") == std::string::npos;
+    };
+    httplib::Result result = client.send(request);
+    // A HEAD answer has no body, so neither hook runs for it.
+    if (answer.status == -1 && result) {
+      answer.status = result->status;
+      answer.headers = result->headers;
+    }
+    return answer;
   }
 
   TempDir dir_;
@@ -402,10 +444,12 @@ TEST_F(BallastdTest, ATenantSeesOnlyItsOwnJobsAndAnotherTenantsIsNotFound) {
   ASSERT_TRUE(response);
   EXPECT_THAT(response->body, HasSubstr(b_job.id()));
   EXPECT_THAT(response->body, ::testing::Not(HasSubstr(a_job.id())));
-  // /metrics names every tenant's jobs: admins only.
+  // /metrics names every tenant's jobs: admins only. Bob's token is valid,
+  // so the answer is 403, not the 401 of a bad token.
   response = http.Get("/metrics", {{"Authorization", "Bearer " + bob}});
   ASSERT_TRUE(response);
-  EXPECT_EQ(response->status, 401);
+  EXPECT_EQ(response->status, 403);
+  EXPECT_THAT(response->body, HasSubstr("an admin token"));
 }
 
 TEST_F(BallastdTest, RolesKeepUsersOutOfTheWorkerApiAndWorkersOutOfJobsAndTokens) {
@@ -576,6 +620,226 @@ TEST(QuotaFlagTest, ParsesTenantsAndTheDefaultAndNamesMistakes) {
               HasSubstr("unknown key 'max_gpus'"));
   EXPECT_THAT(ParseQuotaFlag("team-c:max_devices=-1", &quotas).message(),
               HasSubstr("'max_devices=-1' is not KEY=N"));
+}
+
+}  // namespace
+}  // namespace ballast::server
+
+// The HTTP side of tenancy and of the browser's safety (issue 33): every
+// route, with every kind of token.
+namespace ballast::server {
+namespace {
+
+// Another id of the same form and length, which no job has.
+std::string MissingJobId(const std::string& id, const std::string& other) {
+  std::string missing = id;
+  for (char c : std::string("0123456789abcdef")) {
+    missing.back() = c;
+    if (missing != id && missing != other) break;
+  }
+  return missing;
+}
+
+TEST_F(BallastdTest, EveryHttpRouteAnswersAnotherTenantsJobAsAMissingOne) {
+  Start("boot");
+  const std::string alice = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string bob = MakeToken("boot", v1::ROLE_USER, "team-b");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  v1::Job a_job, b_job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context(alice).get(), submit, &a_job).ok());
+  ASSERT_TRUE(jobs_->SubmitJob(Context(bob).get(), submit, &b_job).ok());
+  const std::string missing = MissingJobId(a_job.id(), b_job.id());
+
+  // Each route that names a job: bob gets for alice's job byte for byte what
+  // he gets for a job that does not exist (the id aside), while alice and
+  // the admin read it.
+  for (const std::string& route :
+       {"", "/ranks", "/events", "/events?after=0&limit=5", "/stream", "/stream?after=0"}) {
+    SCOPED_TRACE(route);
+    const HttpAnswer hidden = Http("GET", "/api/v1/jobs/" + a_job.id() + route, bob);
+    const HttpAnswer absent = Http("GET", "/api/v1/jobs/" + missing + route, bob);
+    EXPECT_EQ(hidden.status, 404);
+    EXPECT_EQ(hidden.status, absent.status);
+    EXPECT_EQ(hidden.headers, absent.headers);
+    EXPECT_EQ(absl::StrReplaceAll(hidden.body, {{a_job.id(), missing}}), absent.body);
+    EXPECT_EQ(hidden.body, "{\"error\":\"job " + a_job.id() + " not found\"}\n");
+    EXPECT_EQ(Http("GET", "/api/v1/jobs/" + a_job.id() + route, alice).status, 200);
+    EXPECT_EQ(Http("GET", "/api/v1/jobs/" + a_job.id() + route, "boot").status, 200);
+  }
+  // EventSource's reconnect header goes the same way.
+  const HttpAnswer resumed =
+      Http("GET", "/api/v1/jobs/" + a_job.id() + "/stream", bob, {{"Last-Event-ID", "1"}});
+  EXPECT_EQ(resumed.status, 404);
+  EXPECT_EQ(resumed.body, "{\"error\":\"job " + a_job.id() + " not found\"}\n");
+
+  // The list: each tenant its own, the admin both.
+  for (const std::string& query : {"", "?state=queued", "?limit=1000"}) {
+    const HttpAnswer bobs = Http("GET", "/api/v1/jobs" + query, bob);
+    EXPECT_EQ(bobs.status, 200);
+    EXPECT_THAT(bobs.body, HasSubstr(b_job.id()));
+    EXPECT_THAT(bobs.body, ::testing::Not(HasSubstr(a_job.id())));
+    EXPECT_THAT(bobs.body, ::testing::Not(HasSubstr("team-a")));
+    const HttpAnswer all = Http("GET", "/api/v1/jobs" + query, "boot");
+    EXPECT_THAT(all.body, HasSubstr(a_job.id()));
+    EXPECT_THAT(all.body, HasSubstr(b_job.id()));
+  }
+
+  // The dashboard's files hold no job data: the same bytes for anyone.
+  for (const char* page : {"/", "/dashboard.js", "/dashboard.css"}) {
+    const HttpAnswer open = Http("GET", page);
+    EXPECT_EQ(open.status, 200) << page;
+    EXPECT_EQ(Http("GET", page, bob).body, open.body) << page;
+    EXPECT_EQ(Http("GET", page, "boot").body, open.body) << page;
+  }
+
+  // /metrics names every tenant's jobs: the admin's only; a user's valid
+  // token is 403, and says nothing of any job.
+  const HttpAnswer scraped = Http("GET", "/metrics", "boot");
+  EXPECT_EQ(scraped.status, 200);
+  EXPECT_THAT(scraped.body, HasSubstr(a_job.id()));
+  for (const std::string& user : {alice, bob}) {
+    const HttpAnswer refused = Http("GET", "/metrics", user);
+    EXPECT_EQ(refused.status, 403);
+    EXPECT_THAT(refused.body, ::testing::Not(HasSubstr("job-")));
+  }
+}
+
+TEST_F(BallastdTest, AValidTokenWithoutTheRoleIs403AndABadOneIs401OnEveryRoute) {
+  Start("boot");
+  const std::string user = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string worker = MakeToken("boot", v1::ROLE_WORKER, "", "node-1");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context(user).get(), submit, &job).ok());
+  const std::string api = "/api/v1/jobs/" + job.id();
+  for (const std::string& path :
+       {std::string("/api/v1/jobs"), api, api + "/ranks", api + "/events", api + "/stream"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(Http("GET", path).status, 401);
+    EXPECT_EQ(Http("GET", path, "not-a-token").status, 401);
+    EXPECT_EQ(Http("GET", path, "tok-0123456789abcdef.00").status, 401);
+    const HttpAnswer refused = Http("GET", path, worker);
+    EXPECT_EQ(refused.status, 403);
+    EXPECT_EQ(refused.body, "{\"error\":\"a worker token cannot read jobs\"}\n");
+    EXPECT_EQ(Http("GET", path, user).status, 200);
+  }
+  EXPECT_EQ(Http("GET", "/metrics").status, 401);
+  EXPECT_EQ(Http("GET", "/metrics", "not-a-token").status, 401);
+  EXPECT_EQ(Http("GET", "/metrics", user).status, 403);
+  EXPECT_EQ(Http("GET", "/metrics", worker).status, 403);
+  // A cookie is never a credential.
+  EXPECT_EQ(Http("GET", "/api/v1/jobs", "", {{"Cookie", "ballast-token=boot"}}).status, 401);
+}
+
+TEST_F(BallastdTest, EveryHttpAnswerCarriesTheSecurityHeaders) {
+  Start("boot");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context("boot").get(), submit, &job).ok());
+  const std::string page_policy =
+      "default-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+      "frame-ancestors 'none'";
+  const std::string data_policy = "default-src 'none'; frame-ancestors 'none'";
+  struct Case {
+    std::string path;
+    std::string token;
+    int status;
+    std::string policy;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"/", "", 200, page_policy},
+           {"/dashboard.js", "", 200, page_policy},
+           {"/dashboard.css", "", 200, page_policy},
+           {"/api/v1/jobs", "boot", 200, data_policy},
+           {"/api/v1/jobs", "", 401, data_policy},
+           {"/api/v1/jobs/" + job.id(), "boot", 200, data_policy},
+           {"/api/v1/jobs/job-000000000000", "boot", 404, data_policy},
+           {"/api/v1/jobs/" + job.id() + "/stream", "boot", 200, data_policy},
+           {"/api/v1/nothing", "boot", 404, data_policy},
+           {"/api/%FF", "boot", 404, data_policy},
+           {"/metrics", "boot", 200, data_policy},
+           {"/metrics", "", 401, data_policy},
+           {"/healthz", "", 200, data_policy},
+           {"/no-such-page", "", 404, data_policy},
+       }) {
+    SCOPED_TRACE(c.path + " " + c.token);
+    const HttpAnswer answer = Http("GET", c.path, c.token);
+    EXPECT_EQ(answer.status, c.status);
+    EXPECT_EQ(answer.header("Content-Security-Policy"), c.policy);
+    EXPECT_EQ(answer.header("X-Frame-Options"), "DENY");
+    EXPECT_EQ(answer.header("X-Content-Type-Options"), "nosniff");
+  }
+}
+
+TEST_F(BallastdTest, WithoutATokenOnlyRequestsToALoopbackNameAreAnswered) {
+  Start();
+  const std::string port = server_->http_address().substr(server_->http_address().rfind(':'));
+  // A site whose name now resolves to 127.0.0.1 (DNS rebinding) sends its
+  // own name: every path refuses it, the static files too.
+  for (const char* path : {"/api/v1/jobs", "/metrics", "/", "/dashboard.js", "/healthz"}) {
+    SCOPED_TRACE(path);
+    for (const std::string& host : {"evil.example" + port, "127.0.0.1.evil.example" + port}) {
+      const HttpAnswer refused = Http("GET", path, "", {{"Host", host}});
+      EXPECT_EQ(refused.status, 403);
+      EXPECT_THAT(refused.body, HasSubstr("is not a loopback name"));
+    }
+    for (const std::string& host : {"localhost" + port, "127.0.0.1" + port}) {
+      EXPECT_EQ(Http("GET", path, "", {{"Host", host}}).status, 200);
+    }
+  }
+}
+
+TEST_F(BallastdTest, WithATokenAnyHostIsAnsweredAsTheTokenSays) {
+  Start("boot");
+  const std::string port = server_->http_address().substr(server_->http_address().rfind(':'));
+  EXPECT_EQ(Http("GET", "/api/v1/jobs", "boot", {{"Host", "ballast.example" + port}}).status, 200);
+  EXPECT_EQ(Http("GET", "/api/v1/jobs", "", {{"Host", "ballast.example" + port}}).status, 401);
+}
+
+TEST_F(BallastdTest, NoHttpRouteChangesStateAndCrossSiteRequestsAreRefusedFirst) {
+  Start("boot");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  v1::Job job;
+  ASSERT_TRUE(jobs_->SubmitJob(Context("boot").get(), submit, &job).ok());
+  const std::string own = "http://" + server_->http_address();
+  for (const std::string& method : {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}) {
+    for (const std::string& path : {std::string("/api/v1/jobs"), "/api/v1/jobs/" + job.id(),
+                                    std::string("/metrics"), std::string("/")}) {
+      SCOPED_TRACE(method + " " + path);
+      // From another site: refused, even with the admin's token.
+      HttpAnswer answer = Http(method, path, "boot", {{"Origin", "http://evil.example"}});
+      EXPECT_EQ(answer.status, 403);
+      EXPECT_THAT(answer.body, HasSubstr("a cross-site request is refused: Origin "
+                                         "http://evil.example is not " +
+                                         own));
+      EXPECT_EQ(Http(method, path, "boot", {{"Origin", "null"}}).status, 403);
+      // A cookie alone is no credential, from anywhere.
+      answer = Http(method, path, "", {{"Cookie", "ballast-token=boot"}, {"Origin", own}});
+      EXPECT_EQ(answer.status, 403);
+      EXPECT_THAT(answer.body, HasSubstr("needs 'Authorization: Bearer TOKEN'"));
+      // Same origin with the bearer header, or no browser at all: nothing
+      // here changes state, and the answer says which methods there are.
+      for (const httplib::Headers& origin :
+           {httplib::Headers{{"Origin", own}}, httplib::Headers{}}) {
+        answer = Http(method, path, "boot", origin);
+        EXPECT_EQ(answer.status, 405);
+        EXPECT_EQ(answer.header("Allow"), "GET, HEAD");
+        EXPECT_EQ(answer.header("Content-Type"), "application/json");
+        EXPECT_EQ(answer.header("X-Content-Type-Options"), "nosniff");
+      }
+    }
+  }
+  // HEAD is a GET without the body.
+  EXPECT_EQ(Http("HEAD", "/api/v1/jobs", "boot").status, 200);
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  v1::Job seen;
+  ASSERT_TRUE(jobs_->GetJob(Context("boot").get(), get, &seen).ok());
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_QUEUED);
 }
 
 }  // namespace
