@@ -42,8 +42,8 @@
 #ifndef BALLAST_WORKER_TRAIN_GUARD_GUARD_H_
 #define BALLAST_WORKER_TRAIN_GUARD_GUARD_H_
 
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <optional>
 #include <string>

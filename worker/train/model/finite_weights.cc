@@ -80,12 +80,13 @@ absl::Status RefuseNonFiniteWeights(const ParamStore& weights, const at::Tensor&
     const int64_t index = entry[i] - 1;
     int64_t bad = 0;
     for (size_t j = i + 1; j < names.size(); ++j) bad += entry[j] != 0;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.path ", model_dir, ": tensor ", names[i], " holds ",
-        ElementAt(weights, names[i], index), " at flat index ", index, " (element ",
-        Position(weights.get(names[i]).sizes(), index), "); a base model with a NaN or an "
-        "infinity in its weights cannot train (every step would be skipped)",
-        bad > 0 ? absl::StrCat("; ", bad, " more tensors hold one too") : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path ", model_dir, ": tensor ", names[i], " holds ",
+                     ElementAt(weights, names[i], index), " at flat index ", index, " (element ",
+                     Position(weights.get(names[i]).sizes(), index),
+                     "); a base model with a NaN or an "
+                     "infinity in its weights cannot train (every step would be skipped)",
+                     bad > 0 ? absl::StrCat("; ", bad, " more tensors hold one too") : ""));
   }
   return absl::OkStatus();
 }

@@ -283,8 +283,7 @@ absl::Status Trainer::RunSteps() {
   // meets 5 bad steps is judged by its 95 applied ones). Every rank holds the
   // same counter, since the ranks agree on each step's action, so every rank
   // fails alike here, with no collective to wait in.
-  if (std::string why = guard_.TooFewApplied(optimizer_.steps(), spec_.max_steps());
-      !why.empty()) {
+  if (std::string why = guard_.TooFewApplied(optimizer_.steps(), spec_.max_steps()); !why.empty()) {
     if (const int64_t bad = data_.report.skipped_records(); bad > 0) {
       absl::StrAppend(&why, "; the data lost ", bad, " of its ", data_.report.records(),
                       " records as bad (data.on_bad_record: skip)");
@@ -309,7 +308,8 @@ absl::Status Trainer::FailRun(GuardTrigger trigger, int64_t step, const std::str
   anomaly_.set_step(step);
   anomaly_.set_trigger(TriggerName(trigger));
   anomaly_.set_rank(-1);
-  return reports_.Diagnose(anomaly_, absl::StrCat(reason, "; the trained weights are not exported"));
+  return reports_.Diagnose(anomaly_,
+                           absl::StrCat(reason, "; the trained weights are not exported"));
 }
 
 // ---------------------------------------------------------------------------

@@ -88,10 +88,9 @@ class GuardRecoveryTest : public ::testing::Test {
   // error of a Trainer made on it.
   absl::Status CreateOnModelWith(const std::string& tensor, int64_t row, int64_t column,
                                  float value) {
-    model_ = WriteTinyQwen3((fs::path(dir_) / "bad_model").string(), /*seed=*/21,
-                            [&](std::map<std::string, at::Tensor>& t) {
-                              t.at(tensor)[row][column].fill_(value);
-                            });
+    model_ = WriteTinyQwen3(
+        (fs::path(dir_) / "bad_model").string(), /*seed=*/21,
+        [&](std::map<std::string, at::Tensor>& t) { t.at(tensor)[row][column].fill_(value); });
     return Trainer::Create(Spec(), out()).status();
   }
 
@@ -355,7 +354,8 @@ TEST_F(GuardRecoveryTest, NonFiniteBaseWeightsAreRefusedAtLoadNamingTheTensorAnd
   absl::Status s = CreateOnModelWith(q_proj, 5, 3, std::numeric_limits<float>::quiet_NaN());
   ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(),
-              HasSubstr(absl::StrCat("model.path ", model_, ": tensor ", q_proj, " holds nan at "
+              HasSubstr(absl::StrCat("model.path ", model_, ": tensor ", q_proj,
+                                     " holds nan at "
                                      "flat index ",
                                      5 * TinyModel::kHidden + 3, " (element [5, 3])")));
   s = CreateOnModelWith("model.embed_tokens.weight", 7, 2, -std::numeric_limits<float>::infinity());
@@ -391,8 +391,9 @@ TEST_F(GuardRecoveryTest, ARunWhoseLabelsAreAllMaskedFailsAndExportsNothing) {
 TEST_F(GuardRecoveryTest, ARunBelowTheMinimumAppliedFractionFails) {
   // 7 of 12 steps without supervision, never rolled back: 5 applied, fewer
   // than half. A quarter is enough.
-  const std::string guard = "{max_consecutive_bad: 0, inject: {zero_tokens_at_steps: [2, 3, 5, 6, "
-                            "8, 9, 11]}";
+  const std::string guard =
+      "{max_consecutive_bad: 0, inject: {zero_tokens_at_steps: [2, 3, 5, 6, "
+      "8, 9, 11]}";
   RecordingObserver observer;
   std::unique_ptr<Trainer> t = Create(Spec(guard + "}"), &observer);
   ASSERT_NE(t, nullptr);
@@ -416,9 +417,9 @@ TEST_F(GuardRecoveryTest, AppliedStepsCountOverTheJobAcrossAResume) {
   // with a checkpoint of step 6; the second resumes there and applies none
   // of the 6 it runs. Over the job, 6 of 12 were applied: enough, as for a
   // run that never stopped.
-  v1::JobSpec spec =
-      Spec("{max_consecutive_bad: 0, good_after_steps: 0, inject: {zero_tokens_at_steps: [7, 8, "
-           "9, 10, 11, 12]}}");
+  v1::JobSpec spec = Spec(
+      "{max_consecutive_bad: 0, good_after_steps: 0, inject: {zero_tokens_at_steps: [7, 8, "
+      "9, 10, 11, 12]}}");
   spec.set_checkpoint_every(6);
   {
     RecordingObserver first;

@@ -116,13 +116,13 @@ TEST(FiniteWeights, TheCheckCostsAboutACopyOfTheWeights) {
     for (int round = 0; round < 3; ++round) {
       auto start = std::chrono::steady_clock::now();
       const at::Tensor found = FirstNonFiniteElements(store, 0, 1);
-      check = std::min(check, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            start).count());
+      check = std::min(
+          check, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       EXPECT_EQ(found.sum().item<int64_t>(), 0);
       start = std::chrono::steady_clock::now();
       for (const std::string& name : store.names()) store.get(name).clone();
-      copy = std::min(copy, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                          start).count());
+      copy = std::min(
+          copy, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     std::printf("finite check of %.0f MiB %s: %.1f ms (%.2f GB/s); a copy: %.1f ms (%.2f GB/s)\n",
                 bytes / (1 << 20), c10::toString(dtype), check * 1e3, bytes / check / 1e9,
