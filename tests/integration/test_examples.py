@@ -183,7 +183,8 @@ def test_an_sdar_checkpoint_trains_as_the_qwen3_it_is(tiny, tmp_path):
         path = str(tmp_path / f"{name}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(spec, f)
-        out = str(tmp_path / name)
+        # Apart from the model folders: a run may not write into its model.
+        out = str(tmp_path / "runs" / name)
         r = subprocess.run([os.path.join(os.environ.get("BALLAST_BIN_DIR", "build/bin"),
                                          "ballast-train"), "--spec", path, "--out", out],
                            capture_output=True, text=True, timeout=600)

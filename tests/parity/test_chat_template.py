@@ -320,7 +320,9 @@ def compare(path, name, real, marked, specials, added):
                                               for r, w, g in wrong[:2]))
     # The draw reaches what it is meant to: masks with holes, refusals.
     assert sum("error" in w for w in expected) > 0
-    assert sum(0 in w.get("supervised", [1]) for w in expected) > CONVERSATIONS // 2
+    # About half the draws have a hole (492 of 1000 in one run), so the bound
+    # is well below that: it says the holes are reached, not how often.
+    assert sum(0 in w.get("supervised", [1]) for w in expected) > CONVERSATIONS // 4
     return expected
 
 
