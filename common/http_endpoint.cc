@@ -530,7 +530,7 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
                                     const HttpRequest& request, HttpResponse& response) {
     if (authorize) {
       if (absl::Status s = authorize(request.get_header_value("Authorization")); !s.ok()) {
-        response.status = HttpStatusOfRefusal(s);
+        response.status = HttpStatusOf(s);
         response.set_content(
             absl::StrCat(s.message(), " (Prometheus: authorization.credentials_file)\n"),
             "text/plain");

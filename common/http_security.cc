@@ -29,12 +29,19 @@ HttpHeaderList SecurityHeaders(absl::string_view content_type) {
           {"X-Content-Type-Options", "nosniff"}};
 }
 
-int HttpStatusOfRefusal(const absl::Status& refusal) {
-  switch (refusal.code()) {
+int HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
     case absl::StatusCode::kUnauthenticated:
       return 401;
     case absl::StatusCode::kPermissionDenied:
       return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnavailable:
+      return 503;
     default:
       return 500;
   }

@@ -32,10 +32,12 @@ inline constexpr char kDataContentSecurityPolicy[] = "default-src 'none'; frame-
 // X-Content-Type-Options: nosniff. Every answer gets them, errors too.
 HttpHeaderList SecurityHeaders(absl::string_view content_type);
 
-// The HTTP status for a refused credential: 401 for UNAUTHENTICATED (no
-// token, or one that is not valid), 403 for PERMISSION_DENIED (a valid token
-// without the role); 500 for anything else, which is a bug in the caller.
-int HttpStatusOfRefusal(const absl::Status& refusal);
+// The HTTP status of a failed status, for every route: 401 for
+// UNAUTHENTICATED (no token, or one that is not valid), 403 for
+// PERMISSION_DENIED (a valid token without the role), 404 NOT_FOUND (another
+// tenant's job too), 400 INVALID_ARGUMENT and OUT_OF_RANGE, 503 UNAVAILABLE
+// (a stream cap); 500 for anything else.
+int HttpStatusOf(const absl::Status& status);
 
 // GET and HEAD, the methods that change nothing; every route served today is
 // one of them.

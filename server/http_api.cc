@@ -65,20 +65,6 @@ void Error(HttpResponse& response, int status, const std::string& message) {
   response.set_content(JsonErrorBody(message), kJson);
 }
 
-int HttpStatusOf(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      return 400;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    default:
-      return 500;
-  }
-}
-
 // The same rule as the gRPC API: who calls, and the jobs of whose tenant it
 // sees. UNAUTHENTICATED without a valid token; PERMISSION_DENIED for a
 // worker's, which reads no jobs.
@@ -111,7 +97,7 @@ void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticato
                            HttpResponse& response) -> std::optional<Principal> {
     absl::StatusOr<Principal> who = JobReader(*auth, request.get_header_value("Authorization"));
     if (!who.ok()) {
-      Error(response, HttpStatusOfRefusal(who.status()), std::string(who.status().message()));
+      Error(response, HttpStatusOf(who.status()), std::string(who.status().message()));
       return std::nullopt;
     }
     return *who;

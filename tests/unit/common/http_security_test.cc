@@ -39,9 +39,12 @@ TEST(HttpSecurityTest, PagesGetTheDashboardPolicyAndEverythingElseTheDataOne) {
 }
 
 TEST(HttpSecurityTest, ABadCredentialIs401AndAMissingRole403) {
-  EXPECT_EQ(HttpStatusOfRefusal(absl::UnauthenticatedError("no token")), 401);
-  EXPECT_EQ(HttpStatusOfRefusal(absl::PermissionDeniedError("an admin token")), 403);
-  EXPECT_EQ(HttpStatusOfRefusal(absl::InternalError("?")), 500);
+  EXPECT_EQ(HttpStatusOf(absl::UnauthenticatedError("no token")), 401);
+  EXPECT_EQ(HttpStatusOf(absl::PermissionDeniedError("an admin token")), 403);
+  EXPECT_EQ(HttpStatusOf(absl::NotFoundError("job j not found")), 404);
+  EXPECT_EQ(HttpStatusOf(absl::InvalidArgumentError("limit")), 400);
+  EXPECT_EQ(HttpStatusOf(absl::UnavailableError("streams")), 503);
+  EXPECT_EQ(HttpStatusOf(absl::InternalError("?")), 500);
 }
 
 TEST(HttpSecurityTest, OnlyGetAndHeadAreSafe) {
