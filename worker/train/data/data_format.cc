@@ -99,6 +99,14 @@ absl::StatusOr<nlohmann::json> ParseRecord(absl::string_view line) {
     if (const size_t colon = what.find(": "); colon != std::string::npos) what.erase(0, colon + 2);
     return absl::InvalidArgumentError(
         absl::StrCat("not a JSON object: at byte ", e.byte, ", ", what));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number past double's range (1e400) is the one out_of_range that
+    // parsing throws; its message names the number, which is plain ASCII.
+    absl::string_view what = e.what();
+    if (const size_t tag = what.find("] "); tag != absl::string_view::npos) {
+      what.remove_prefix(tag + 2);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("not a JSON object: ", what));
   }
   if (!record.is_object()) {
     return absl::InvalidArgumentError(
