@@ -19,6 +19,7 @@
 #include "common/job_spec.h"
 #include "common/job_spec_files.h"
 #include "common/job_spec_paths.h"
+#include "common/rank_event_bound.h"
 #include "prometheus/family.h"
 
 namespace ballast::server {
@@ -1220,7 +1221,10 @@ absl::Status Coordinator::ApplyReport(const v1::ReportEventsRequest& request,
   // still be on its way to the store (its first delivery timed out): the
   // worker's record, written again behind it, is stored only after it.
   if (request.report_id() > w.record.last_report_id) {
-    for (const v1::RankEvent& e : request.events()) ApplyRankEvent(request.worker_id(), e);
+    for (v1::RankEvent e : request.events()) {
+      BoundRankEvent(&e);  // a worker's own bound is not to be trusted
+      ApplyRankEvent(request.worker_id(), e);
+    }
     w.record.last_report_id = request.report_id();
     RunScheduler();
   }

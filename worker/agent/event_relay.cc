@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/rank_event_bound.h"
 
 namespace ballast::agent {
 namespace {
@@ -34,6 +35,7 @@ void EventRelay::SetWorkerId(const std::string& worker_id) {
 }
 
 void EventRelay::Add(v1::RankEvent event) {
+  BoundRankEvent(&event);
   absl::MutexLock lock(&mu_);
   const size_t in_flight = in_flight_ ? in_flight_->events_size() : 0;
   while (!queue_.empty() && queue_.size() + in_flight >= options_.max_buffered) DropOneLocked();
@@ -75,7 +77,8 @@ void EventRelay::FillBatchLocked() {
   }
   dropped_unreported_.clear();
   // Bytes as well as events: a batch of exits with 4 KiB stderr tails must
-  // stay far below the coordinator's 4 MiB message limit.
+  // stay far below the coordinator's 4 MiB message limit. With each event
+  // within kMaxRankEventBytes (Add), a batch is under 1.25 MiB.
   size_t bytes = 0;
   while (!queue_.empty() && static_cast<size_t>(batch.events_size()) < options_.max_batch &&
          bytes < kMaxBatchBytes) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rank_event_bound.h"
 
 namespace ballast::agent {
 
@@ -49,7 +50,7 @@ struct SpawnOptions {
 
 class RankProcess {
  public:
-  static constexpr size_t kLogTailBytes = 4096;
+  static constexpr size_t kLogTailBytes = kMaxStderrTailBytes;
 
   // Starts the process (posix_spawn: nothing runs in the child between fork
   // and exec) in a new process group, with default signal dispositions, an

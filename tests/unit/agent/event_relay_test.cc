@@ -62,6 +62,24 @@ TEST(EventRelayTest, DeliversEveryEventInOrderInBatchesWithTheToken) {
   EXPECT_EQ(relay.Unacknowledged(), 0u);
 }
 
+// A rank may frame up to 16 MiB, the coordinator takes 4 MiB a call: an
+// event that big, relayed as is, was refused on every retry and held back
+// every event after it.
+TEST(EventRelayTest, AnEventPastTheBoundArrivesAsAWarningAndDoesNotHoldBackTheRest) {
+  TestCoordinator server;
+  CoordinatorConnection connection(server.address(), "", grpc::InsecureChannelCredentials());
+  EventRelay relay(&connection, FastOptions());
+  relay.SetWorkerId("w-1");
+  relay.Add(LogEvent(std::string(8 << 20, 'x')));
+  relay.Add(StepEvent(7));
+  ASSERT_TRUE(relay.Flush(absl::Now() + absl::Seconds(10)).ok());
+
+  const std::vector<v1::RankEvent> got = server.accepted_events();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_THAT(got[0].training().log().text(), HasSubstr("dropped a log event of 8388"));
+  EXPECT_EQ(got[1].training().step_metrics().step(), 7);
+}
+
 TEST(EventRelayTest, ResendsTheSameBatchWithTheSameReportIdUntilAcknowledged) {
   TestCoordinator server;
   server.FailNext(3);

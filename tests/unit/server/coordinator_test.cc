@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/rank_event_bound.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
@@ -978,6 +979,28 @@ TEST_F(CoordinatorTest, TrainingEventsReachWatchersAsTheRankSentThemWithTheirAtt
   EXPECT_EQ(got_log.attempt(), a.attempt());
   EXPECT_EQ(events.back().training().SerializeAsString(), wire);
   EXPECT_EQ(events.back().attempt(), a.attempt());
+}
+
+// A worker is trusted to bound its events (EventRelay) but checked: an
+// oversized event is stored as a warning saying so, and an exit with a long
+// tail still frees its rank.
+TEST_F(CoordinatorTest, AnOversizedEventIsStoredAsAWarningAndAnExitStillLands) {
+  const std::string w = Register("node-1", 1);
+  const v1::Job job = Submit(/*max_restarts=*/0);
+  const v1::Assignment a = StartOf(Drain(w), job.id());
+  v1::RankEvent huge = Event(a);
+  huge.mutable_training()->mutable_log()->set_text(std::string(1 << 20, 'h'));
+  ASSERT_TRUE(Report(w, {Started(a), huge}).ok());
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back().training().log().text(), HasSubstr("dropped a log event of 1048"));
+  EXPECT_LT(events.back().ByteSizeLong(), 1024u);
+
+  ASSERT_TRUE(Report(w, {Exited(a, 1, std::string(64 << 10, 't') + "last words")}).ok());
+  const v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(j.failure_reason(), HasSubstr("last words"));
+  EXPECT_LT(j.failure_reason().size(), kMaxStderrTailBytes + 256);
 }
 
 TEST_F(CoordinatorTest, BadWorkerRegistrationIsInvalidArgument) {
