@@ -1,7 +1,7 @@
 // ballastd under load, in one process over real loopback gRPC: correctness,
 // not speed (bench/control_plane_bench.cc measures that). A thousand
 // concurrent submissions and two hundred watchers while workers report
-// 5,000 events/s: every acknowledged job is stored, and every watcher sees
+// up to 5,000 events/s: every acknowledged job is stored, and every watcher sees
 // its job's events with no gap and no duplicate, to the end.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -29,7 +29,10 @@ constexpr int kDevicesPerWorker = 10;  // one running, watched job per device
 constexpr int kWatchersPerJob = 2;     // one from the start, one joining mid-stream
 constexpr int kSubmissions = 1000;
 constexpr int kReportsPerSecond = 50;  // per worker, one step of each of its jobs
-constexpr auto kReporting = std::chrono::seconds(4);
+// Reports per worker, at least: 4 s at that pace, and on until every
+// submission is answered. A count, not a duration, so that a loaded machine
+// (CI runs two tests per core) sends as many events, only more slowly.
+constexpr int kReportsPerWorker = 200;
 
 std::unique_ptr<grpc::ClientContext> Context(int seconds = 60) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -127,11 +130,12 @@ TEST(Load, ThousandSubmissionsAndTwoHundredWatchersWhileWorkersReportLoseNothing
   watch_all(&watched[0]);
 
   // Reporters: every worker, one step of each of its jobs per report.
-  std::atomic<bool> reporting{true};
+  std::atomic<bool> submitting{true};
   std::map<std::string, int64_t> steps_reported;
   std::vector<std::map<std::string, int64_t>> steps_by_worker(kWorkers);
   std::atomic<int> report_failures{0};
   std::vector<std::thread> reporters;
+  const Clock::time_point reporting_start = Clock::now();
   for (int w = 0; w < kWorkers; ++w) {
     reporters.emplace_back([&, w] {
       int64_t report_id = 0;
@@ -155,7 +159,8 @@ TEST(Load, ThousandSubmissionsAndTwoHundredWatchersWhileWorkersReportLoseNothing
         // At least once, as a worker does: resend until acknowledged.
         while (!workers->ReportEvents(Context().get(), report, &ack).ok()) ++report_failures;
       };
-      for (auto next = Clock::now(); reporting.load(); next += period) {
+      for (auto next = Clock::now(); step < kReportsPerWorker || submitting.load();
+           next += period) {
         ++step;
         send(false);
         for (const v1::Assignment& a : running[w]) ++steps_by_worker[w][a.job_id()];
@@ -191,9 +196,9 @@ TEST(Load, ThousandSubmissionsAndTwoHundredWatchersWhileWorkersReportLoseNothing
     ASSERT_TRUE(cq.Next(&tag, &ok));
     ASSERT_TRUE(ok);
   }
-  std::this_thread::sleep_until(Clock::now() + kReporting);
-  reporting = false;
+  submitting = false;
   for (std::thread& t : reporters) t.join();
+  const double reporting_s = std::chrono::duration<double>(Clock::now() - reporting_start).count();
   for (std::thread& t : watchers) t.join();
   for (const auto& by_job : steps_by_worker) steps_reported.insert(by_job.begin(), by_job.end());
 
@@ -226,10 +231,12 @@ TEST(Load, ThousandSubmissionsAndTwoHundredWatchersWhileWorkersReportLoseNothing
       EXPECT_EQ(w.steps, steps_reported.at(job_id)) << job_id;
     }
   }
-  // The load was what it claims: 5,000 step events a second.
+  // The rate is the machine's (bench/control_plane_bench.cc measures it);
+  // recorded, not asserted.
   int64_t steps = 0;
   for (const auto& [job_id, n] : steps_reported) steps += n;
-  EXPECT_GE(steps, kWorkers * kDevicesPerWorker * kReportsPerSecond * 3);
+  ASSERT_GE(steps, kWorkers * kDevicesPerWorker * kReportsPerWorker);
+  ::testing::Test::RecordProperty("step_events_per_second", static_cast<int>(steps / reporting_s));
   for (auto& c : stream_contexts) c->TryCancel();
 }
 
