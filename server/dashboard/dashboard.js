@@ -242,8 +242,9 @@ async function listView() {
 
 // --- one job ----------------------------------------------------------------
 
-async function jobView(jobId) {
+async function jobView(jobId, current) {
   const job = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}`);
+  if (!current()) return () => {};
   const facts = el("div", { class: "facts", id: "facts" });
   const charts = {
     loss: svgEl("svg", { class: "chart", id: "chart-loss" }),
@@ -357,14 +358,22 @@ async function jobView(jobId) {
 
 // --- routing ----------------------------------------------------------------
 
+// Each hash change routes anew; a view that finishes loading after a later
+// change has routed is stopped unseen, so the later view shows (an older job
+// page once drew itself over the list, its timers running on).
+let routes = 0;
+
 async function route() {
+  const mine = ++routes;
+  const current = () => mine === routes;
   stopView();
   stopView = () => {};
   const match = location.hash.match(/^#\/jobs\/([^/]+)$/);
   try {
-    stopView = match ? await jobView(decodeURIComponent(match[1])) : await listView();
+    const stop = match ? await jobView(decodeURIComponent(match[1]), current) : await listView();
+    if (current()) stopView = stop; else stop();
   } catch (e) {
-    showError(e);
+    if (current()) showError(e);
   }
 }
 
