@@ -52,7 +52,7 @@ fuzz: setup
 # scripts/demo installs what the demo needs (scripts/setup --demo), builds
 # demo-binaries and runs the job, timing each stage.
 demo:
-	@BALLAST_BIN_DIR=$(BUILD_DIR)/bin bash scripts/demo
+	@BUILD_DIR=$(BUILD_DIR) bash scripts/demo
 
 # The four binaries the demo runs and nothing else (no tests, benchmarks or
 # fuzzers); a new build folder gets the CUDA kernels for the local GPU alone,
