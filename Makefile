@@ -20,15 +20,22 @@ export CCACHE_MAXSIZE ?= 5G
 # debug info that may name the other checkout's build folder.
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: setup configure build test fuzz demo bench soak images demo-containers format format-check clean
+.PHONY: setup configure build test fuzz demo demo-binaries bench soak images demo-containers format format-check clean
 
 setup:
 	@bash scripts/setup
 
-$(BUILD_DIR)/build.ninja:
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DBALLAST_CUDA=$(BALLAST_CUDA) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+cmake_configure = cmake -S . -B $(BUILD_DIR) -G Ninja -DBALLAST_CUDA=$(BALLAST_CUDA) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
 
+$(BUILD_DIR)/build.ninja:
+	$(cmake_configure)
+
+# A build folder that `make demo` made has CUDA kernels for the local GPU
+# only (BALLAST_CUDA_LOCAL_ONLY); every other build, CI's included, compiles
+# them for every architecture, so it is set back here.
 configure: $(BUILD_DIR)/build.ninja
+	@if grep -qx 'BALLAST_CUDA_LOCAL_ONLY:BOOL=ON' $(BUILD_DIR)/CMakeCache.txt; then \
+	  $(cmake_configure) -DBALLAST_CUDA_LOCAL_ONLY=OFF; fi
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -42,9 +49,18 @@ test: setup
 fuzz: setup
 	@JOBS=$(JOBS) bash scripts/fuzz
 
-demo: setup
-	@$(MAKE) --no-print-directory build
-	@bash scripts/demo
+# scripts/demo installs what the demo needs (scripts/setup --demo), builds
+# demo-binaries and runs the job, timing each stage.
+demo:
+	@BUILD_DIR=$(BUILD_DIR) bash scripts/demo
+
+# The four binaries the demo runs and nothing else (no tests, benchmarks or
+# fuzzers); a new build folder gets the CUDA kernels for the local GPU alone,
+# or none without one. An existing one is built as it is configured.
+DEMO_BINARIES := ballastd ballast-worker ballast ballast-train
+demo-binaries:
+	@[ -e $(BUILD_DIR)/build.ninja ] || $(cmake_configure) -DBALLAST_CUDA_LOCAL_ONLY=ON
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_BINARIES)
 
 # Container images from the binaries of `make build` (docs/deploy.md).
 images: setup

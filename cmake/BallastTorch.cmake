@@ -27,6 +27,15 @@ if(EXISTS /usr/local/cuda/bin/nvcc AND NOT CUDAToolkit_ROOT)
   set(CUDAToolkit_ROOT /usr/local/cuda)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
+# TorchConfig of the CUDA wheel configures only with a CUDA toolkit (nvcc,
+# its headers and cudart), even for a build that compiles no kernel; without
+# one it ends in Caffe2's "cannot find the CUDA libraries". Say what is missing.
+find_program(BALLAST_NVCC nvcc HINTS /usr/local/cuda/bin)
+if(NOT BALLAST_NVCC AND NOT CMAKE_CUDA_COMPILER)
+  message(FATAL_ERROR "No CUDA toolkit: the torch wheel's CMake package needs NVIDIA's CUDA 13.0 "
+                      "toolkit in /usr/local/cuda (or nvcc on PATH) to configure, even for a CPU-only "
+                      "build (no GPU is needed). See README.md, Requirements.")
+endif()
 # Name the architectures so TorchConfig does not try to run a GPU probe,
 # which fails (or guesses) on machines without a device.
 set(TORCH_CUDA_ARCH_LIST "8.0;9.0;10.0")
