@@ -9,6 +9,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -33,7 +34,7 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 
 // A request head above this closes the connection; a body above kBodyBytes
-// too (no route reads a body).
+// too, but for a POST route's up to its own limit (HttpRoutes::Post).
 constexpr uint32_t kHeadBytes = 16 * 1024;
 constexpr uint64_t kBodyBytes = 64 * 1024;
 // How long accepting pauses when the process is out of file descriptors.
@@ -114,6 +115,19 @@ class BeastServer {
   // the checks before routing, and the security headers on whatever answers.
   void Answer(HttpRequest& request, HttpResponse& response) const {
     if (!Refuse(request, response)) routes.Serve(request, response);
+    AddSecurityHeaders(response);
+  }
+
+  // The most body bytes the request with this head may send: a POST route's
+  // limit once the request passed the checks before routing, else
+  // kBodyBytes. An upload is read only for a request that may upload.
+  uint64_t BodyLimit(const HttpRequest& head) const {
+    HttpResponse refusal;
+    if (Refuse(head, refusal)) return kBodyBytes;
+    return routes.BodyLimit(head.method, head.path, kBodyBytes);
+  }
+
+  static void AddSecurityHeaders(HttpResponse& response) {
     for (const auto& [name, value] : SecurityHeaders(response.get_header_value("Content-Type"))) {
       response.set_header(name, value);
     }
@@ -127,10 +141,10 @@ class BeastServer {
   net::thread_pool handlers{HttpEndpoint::kHandlerThreads};
 
  private:
-  // No route changes state yet. A request that might is checked before any
-  // route sees it, and then refused for its method: a route added later is
-  // reached only through the check (docs/security.md). True when `response`
-  // holds the refusal.
+  // A request that might change state is checked before any route sees it,
+  // and then refused for its method unless a POST route takes its path: a
+  // route added later is reached only through the check (docs/security.md).
+  // True when `response` holds the refusal.
   bool Refuse(const HttpRequest& request, HttpResponse& response) const;
   void Accept();
   void Admit(tcp::socket socket);
@@ -185,28 +199,54 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void ReadHead() {
     parser_.emplace();
     parser_->header_limit(kHeadBytes);
-    parser_->body_limit(kBodyBytes);
+    // Beast would weigh a Content-Length against a limit while it reads the
+    // head, and close without a word; ReadBody holds each request to its own
+    // limit, and says so. (Not boost::none: Boost 1.74 compares a length
+    // with it as greater, and refuses every body.)
+    parser_->body_limit(std::numeric_limits<uint64_t>::max());
     Transport().expires_after(Chrono(server_->limits.head_deadline));
-    http::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = this->shared_from_this()](beast::error_code ec, size_t) {
-          if (ec) return;
-          if (self->parser_->is_done()) return self->Dispatch();
-          self->Transport().expires_after(Chrono(self->server_->limits.transfer_timeout));
-          http::async_read(self->stream_, self->buffer_, *self->parser_,
-                           [self](beast::error_code ec, size_t) {
-                             if (!ec) self->Dispatch();
-                           });
-        });
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                              if (!ec) self->ReadBody();
+                            });
   }
 
-  // Runs the route on the handler threads, and answers back on this
-  // connection's strand.
-  void Dispatch() {
+  // The body, within the limit for this request: an upload has
+  // upload_timeout, any other body transfer_timeout.
+  void ReadBody() {
+    ReadRequestHead();
+    if (parser_->is_done()) return Dispatch();
+    const uint64_t limit = server_->BodyLimit(request_);
+    const boost::optional<uint64_t> length = parser_->content_length();
+    if (length && *length > limit) return RefuseBody(limit);
+    parser_->body_limit(limit);
+    Transport().expires_after(Chrono(limit > kBodyBytes ? server_->limits.upload_timeout
+                                                        : server_->limits.transfer_timeout));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                       if (!ec) self->Dispatch();
+                     });
+  }
+
+  // 413 for a body over its limit, unread; the connection closes after it.
+  void RefuseBody(uint64_t limit) {
     Transport().expires_never();
+    response_ = HttpResponse{};
+    response_.status = 413;
+    response_.set_content(
+        JsonErrorBody(absl::StrCat("the body is larger than the ", limit, " bytes ",
+                                   request_.method, " ", request_.path, " takes")),
+        "application/json");
+    BeastServer::AddSecurityHeaders(response_);
+    keep_alive_ = false;
+    head_only_ = false;
+    Reply();
+  }
+
+  // The request's head into request_ (its body comes in Dispatch).
+  void ReadRequestHead() {
     const http::request<http::string_body>& head = parser_->get();
     request_ = HttpRequest{};
-    response_ = HttpResponse{};
     keep_alive_ = head.keep_alive();
     head_only_ = head.method() == http::verb::head;
     version_ = head.version();
@@ -228,6 +268,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
           field.name_string().data(), field.name_string().size()))] = std::string(field.value());
     }
     request_.remote_addr = address_;
+  }
+
+  // Runs the route on the handler threads, and answers back on this
+  // connection's strand.
+  void Dispatch() {
+    Transport().expires_never();
+    request_.body = std::move(parser_->get().body());
+    response_ = HttpResponse{};
     net::post(server_->handlers, [self = this->shared_from_this()] {
       self->server_->Answer(self->request_, self->response_);
       net::post(self->stream_.get_executor(), [self] { self->Reply(); });
@@ -357,6 +405,9 @@ bool BeastServer::Refuse(const HttpRequest& request, HttpResponse& response) con
                                         request.get_header_value("Origin"),
                                         request.get_header_value("Host"), tls.has_value());
   }
+  // The one exception to GET and HEAD only: a POST route's own paths, behind
+  // the check above.
+  if (refusal.ok() && request.method == "POST" && routes.HasPost(request.path)) return false;
   response.status = refusal.ok() ? 405 : 403;
   if (refusal.ok()) response.set_header("Allow", "GET, HEAD");
   const std::string message =

@@ -63,6 +63,11 @@ struct HttpLimits {
   absl::Duration idle_timeout = absl::Seconds(10);
   // A request body, and each write of a response or of a stream's part.
   absl::Duration transfer_timeout = absl::Seconds(10);
+  // The body of a request that may send more than the 64 KiB every request
+  // may (an upload to a POST route with a larger max_body_bytes), from the
+  // end of its head: the head deadline never cuts an upload short, and
+  // this bounds how long one may hold its connection and its memory.
+  absl::Duration upload_timeout = absl::Minutes(5);
   // Open connections, in total (further capped by RLIMIT_NOFILE, less
   // kReservedFiles) and from one IP address.
   int max_connections = 4096;
@@ -90,10 +95,13 @@ class HttpEndpoint {
   // token) and 403 for PERMISSION_DENIED (a valid token without the role).
   // /healthz stays open for probes, and says nothing but ok or why not.
   // Every answer a route gives, errors and event streams too, carries
-  // SecurityHeaders; a request in any method but GET or HEAD is refused
+  // SecurityHeaders; a request in any method but GET or HEAD is checked
   // before routing (common/http_security.h): 403 when
-  // CheckStateChangingRequest refuses it, else 405 with `Allow: GET, HEAD`,
-  // as no route changes state.
+  // CheckStateChangingRequest refuses it, else 405 with `Allow: GET, HEAD`
+  // unless it is a POST to a path of a POST route (HttpRoutes::Post: the
+  // OpenAI-compatible API's, docs/openai-api.md). A body larger than 64 KiB
+  // is read only for such a POST that passed the check, up to the route's
+  // max_body_bytes (413 and the connection closed beyond it).
   // With `https`, HTTPS on the same address (INVALID_ARGUMENT when the
   // files do not load). `add_routes`, when set, adds the caller's routes
   // (ballastd's dashboard and JSON API) before serving starts. With

@@ -52,13 +52,34 @@ void HttpResponse::set_chunked_content_provider(const std::string& content_type,
 }
 
 void HttpRoutes::Get(const std::string& pattern, Handler handler) {
-  routes_.push_back(Route{std::regex(pattern), std::move(handler)});
+  routes_.push_back(Route{"GET", std::regex(pattern), 0, std::move(handler)});
 }
 
+void HttpRoutes::Post(const std::string& pattern, uint64_t max_body_bytes, Handler handler) {
+  routes_.push_back(Route{"POST", std::regex(pattern), max_body_bytes, std::move(handler)});
+}
+
+const HttpRoutes::Route* HttpRoutes::FindPost(const std::string& path) const {
+  for (const Route& route : routes_) {
+    if (route.method == "POST" && std::regex_match(path, route.pattern)) return &route;
+  }
+  return nullptr;
+}
+
+uint64_t HttpRoutes::BodyLimit(const std::string& method, const std::string& path,
+                               uint64_t fallback) const {
+  const Route* route = method == "POST" ? FindPost(path) : nullptr;
+  return route == nullptr ? fallback : route->max_body_bytes;
+}
+
+bool HttpRoutes::HasPost(const std::string& path) const { return FindPost(path) != nullptr; }
+
 void HttpRoutes::Serve(HttpRequest& request, HttpResponse& response) const {
+  // HEAD is served by the GET route, without its body.
+  const std::string method = request.method == "HEAD" ? "GET" : request.method;
   for (const Route& route : routes_) {
     std::smatch match;
-    if (!std::regex_match(request.path, match, route.pattern)) continue;
+    if (route.method != method || !std::regex_match(request.path, match, route.pattern)) continue;
     request.matches.assign(match.begin(), match.end());
     route.handler(request, response);
     return;

@@ -7,6 +7,7 @@
 #define BALLAST_COMMON_HTTP_ROUTES_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <regex>
@@ -29,6 +30,8 @@ struct HttpRequest {
   std::map<std::string, std::string> headers;
   // The peer's IP address.
   std::string remote_addr;
+  // The request's body: empty but for a POST route's (HttpRoutes::Post).
+  std::string body;
 
   bool has_param(const std::string& name) const { return params.count(name) > 0; }
   // The id-th value of `name`, empty when there are fewer.
@@ -69,19 +72,36 @@ class HttpRoutes {
   using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
 
   // `pattern` (a std::regex) must match the whole path. The first route
-  // added that matches a request serves it; GET routes serve HEAD too.
+  // added that matches a request's method and path serves it; GET routes
+  // serve HEAD too.
   void Get(const std::string& pattern, Handler handler);
+  // A route that changes state. HttpEndpoint lets a POST through only to a
+  // path that one of these matches, and only once CheckStateChangingRequest
+  // passed (common/http_security.h); its body may hold up to
+  // `max_body_bytes`, read before the handler runs.
+  void Post(const std::string& pattern, uint64_t max_body_bytes, Handler handler);
+
+  // The most bytes of body a request for `method` and `path` may send: the
+  // POST route's max_body_bytes, else `fallback`.
+  uint64_t BodyLimit(const std::string& method, const std::string& path, uint64_t fallback) const;
+  // Whether a POST route matches `path`.
+  bool HasPost(const std::string& path) const;
 
   // Runs the route for `request` (filling its matches), or answers 404
-  // when none matches. Only GET and HEAD come here: HttpEndpoint refuses
-  // every other method before routing (common/http_security.h).
+  // when none matches. Only GET, HEAD and the POSTs of Post routes come
+  // here: HttpEndpoint refuses everything else before routing.
   void Serve(HttpRequest& request, HttpResponse& response) const;
 
  private:
   struct Route {
+    // "GET" or "POST".
+    std::string method;
     std::regex pattern;
+    uint64_t max_body_bytes = 0;
     Handler handler;
   };
+  // The POST route for `path`, or nullptr.
+  const Route* FindPost(const std::string& path) const;
   std::vector<Route> routes_;
 };
 

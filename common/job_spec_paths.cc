@@ -165,6 +165,10 @@ absl::Status CheckPathsOutsideOtherJobs(const v1::JobSpec& spec, const std::stri
   });
 }
 
+std::string TenantUploadFolder(const std::string& tenant) {
+  return absl::StrCat("uploads-", tenant);
+}
+
 absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::JobSpec& spec) {
   const fs::path out = Resolved(out_dir);
   for (const PathField& f : kPathFields) {

@@ -59,6 +59,12 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::stri
 absl::Status CheckPathsOutsideOtherJobs(const v1::JobSpec& spec, const std::string& output_root,
                                         const std::function<bool(const std::string&)>& may_read);
 
+// The folder in ballastd's output root that holds `tenant`'s uploaded files
+// (the OpenAI-compatible API's /v1/files): "uploads-TENANT", a name no job
+// id takes ("job-..."). A tenant's specs may read its own, as its job
+// folders (the coordinator's may_read above).
+std::string TenantUploadFolder(const std::string& tenant);
+
 // OK when a run writing into `out_dir` cannot write over what it reads:
 // `out_dir` is not any input path nor inside one (a model folder given as
 // --out), and no input folder (model, adapter, tokenizer) lies inside

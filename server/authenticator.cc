@@ -1,8 +1,6 @@
 #include "server/authenticator.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/crypto.h"
 #include "server/worker_id.h"
 
 namespace ballast::server {
@@ -18,20 +17,6 @@ namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
 constexpr size_t kMaxDescription = 256;
-
-std::string Sha256(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<const char*>(digest), size);
-}
-
-// Hex of `bytes` bytes from OpenSSL's CSPRNG.
-std::string RandomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(raw.size()));
-  return absl::BytesToHexString(raw);
-}
 
 bool EqualInConstantTime(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;

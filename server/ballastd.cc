@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <chrono>
+#include <filesystem>
 #include <tuple>
 
 #include "absl/strings/numbers.h"
@@ -16,6 +17,7 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "server/http_api.h"
+#include "server/openai_api.h"
 
 namespace ballast::server {
 
@@ -45,6 +47,22 @@ absl::Status ParseQuotaFlag(absl::string_view flag, std::map<std::string, Tenant
     }
   }
   (*quotas)[tenant] = quota;
+  return absl::OkStatus();
+}
+
+absl::Status ParseOpenAiModelFlag(absl::string_view flag,
+                                  std::map<std::string, std::string>* models) {
+  const size_t equals = flag.find('=');
+  if (equals == 0 || equals == absl::string_view::npos || equals + 1 == flag.size() ||
+      flag[equals + 1] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--openai-model '", flag, "' is not NAME=PATH with PATH an absolute model folder"));
+  }
+  const std::string name(flag.substr(0, equals));
+  if (models->count(name) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--openai-model: ", name, " given twice"));
+  }
+  (*models)[name] = std::string(flag.substr(equals + 1));
   return absl::OkStatus();
 }
 
@@ -167,6 +185,10 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
   }
   d->grpc_address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", bound);
 
+  // Uploads become specs' data paths, which are absolute.
+  const std::string output_root =
+      options.output_root.empty() ? "" : std::filesystem::absolute(options.output_root).string();
+  d->uploads_ = std::make_unique<UploadStore>(output_root);
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
       http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); },
       [auth = d->auth_.get()](const std::string& authorization) -> absl::Status {
@@ -178,8 +200,11 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
         }
         return absl::OkStatus();
       },
-      [c = d->coordinator_.get(), auth = d->auth_.get()](HttpRoutes* server) {
-        AddHttpApi(server, c, auth);
+      [&](HttpRoutes* server) {
+        AddHttpApi(server, d->coordinator_.get(), d->auth_.get());
+        AddOpenAiApi(server, d->coordinator_.get(), d->auth_.get(), d->uploads_.get(),
+                     OpenAiApiOptions{options.openai_models, options.openai_max_file_bytes,
+                                      output_root, options.path_roots});
       },
       HttpsFiles{options.tls.cert, options.tls.key},
       // Open, only this machine's pages may use it, not a site that rebinds

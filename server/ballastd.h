@@ -25,6 +25,7 @@
 #include "server/coordinator.h"
 #include "server/services.h"
 #include "server/store.h"
+#include "server/upload_store.h"
 
 namespace ballast::server {
 
@@ -60,9 +61,19 @@ struct BallastdOptions {
   // verifies client certificates, and a worker token's calls then need one
   // whose CN is its worker id (mTLS for workers).
   TlsFiles tls;
+  // The OpenAI-compatible API (docs/openai-api.md): the model names a
+  // create request may give (--openai-model NAME=PATH) and the largest
+  // upload (--openai-max-file-bytes).
+  std::map<std::string, std::string> openai_models;
+  uint64_t openai_max_file_bytes = kDefaultMaxUploadBytes;
   // Unix ms; empty means the system clock.
   std::function<int64_t()> now_ms;
 };
+
+// One --openai-model flag, "NAME=PATH" with PATH absolute. INVALID_ARGUMENT
+// naming what is wrong.
+absl::Status ParseOpenAiModelFlag(absl::string_view flag,
+                                  std::map<std::string, std::string>* models);
 
 // One --quota flag: "TENANT:max_devices=N,max_queued_jobs=M" (either key
 // may be left out; 0 is no limit), TENANT "*" for every tenant not named.
@@ -99,6 +110,7 @@ class Ballastd {
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<TokenServiceImpl> token_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<UploadStore> uploads_;
   std::unique_ptr<HttpEndpoint> http_;
   std::string grpc_address_;
   std::string http_address_;

@@ -701,9 +701,11 @@ absl::StatusOr<Coordinator::Admission> Coordinator::Admit(v1::JobSpec* spec,
   // own tenant's job folders there (a job trained from an earlier export).
   // Checked before any file is read, so that no answer tells whether
   // another tenant's folder holds a model.
-  if (absl::Status s = CheckPathsOutsideOtherJobs(
-          *spec, options_.output_root,
-          [&](const std::string& job_id) { return IsJobOfTenant(job_id, tenant); });
+  if (absl::Status s = CheckPathsOutsideOtherJobs(*spec, options_.output_root,
+                                                  [&](const std::string& folder) {
+                                                    return folder == TenantUploadFolder(tenant) ||
+                                                           IsJobOfTenant(folder, tenant);
+                                                  });
       !s.ok()) {
     return s;
   }

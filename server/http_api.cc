@@ -65,17 +65,6 @@ void Error(HttpResponse& response, int status, const std::string& message) {
   response.set_content(JsonErrorBody(message), kJson);
 }
 
-// The same rule as the gRPC API: who calls, and the jobs of whose tenant it
-// sees. UNAUTHENTICATED without a valid token; PERMISSION_DENIED for a
-// worker's, which reads no jobs.
-absl::StatusOr<Principal> JobReader(const Authenticator& auth, const std::string& authorization) {
-  absl::StatusOr<Principal> who = auth.Authenticate(authorization);
-  if (who.ok() && who->role == v1::ROLE_WORKER) {
-    return absl::PermissionDeniedError("a worker token cannot read jobs");
-  }
-  return who;
-}
-
 // A non-negative integer query parameter, `fallback` when absent; false
 // (with a 400 written) when it is not one or is above `max`.
 bool IntParam(const HttpRequest& request, HttpResponse& response, const char* name,
@@ -91,6 +80,25 @@ bool IntParam(const HttpRequest& request, HttpResponse& response, const char* na
 }
 
 }  // namespace
+
+absl::StatusOr<Principal> JobReader(const Authenticator& auth, const std::string& authorization) {
+  absl::StatusOr<Principal> who = auth.Authenticate(authorization);
+  if (who.ok() && who->role == v1::ROLE_WORKER) {
+    return absl::PermissionDeniedError("a worker token cannot read jobs");
+  }
+  return who;
+}
+
+std::vector<v1::JobEvent> EventsNow(EventWatch& watch, int64_t limit) {
+  std::vector<v1::JobEvent> events;
+  while (static_cast<int64_t>(events.size()) < limit) {
+    const size_t before = events.size();
+    absl::StatusOr<bool> more = watch.Next(&events, absl::ZeroDuration());
+    if (!more.ok() || !*more || events.size() == before) break;
+  }
+  if (static_cast<int64_t>(events.size()) > limit) events.resize(limit);
+  return events;
+}
 
 void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticator* auth) {
   auto authorized = [auth](const HttpRequest& request,
@@ -180,15 +188,8 @@ void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticato
     if (!watch.ok()) {
       return Error(response, HttpStatusOf(watch.status()), std::string(watch.status().message()));
     }
-    // What is there now, without waiting for more.
-    std::vector<v1::JobEvent> events;
-    while (static_cast<int64_t>(events.size()) < limit) {
-      const size_t before = events.size();
-      absl::StatusOr<bool> more = (*watch)->Next(&events, absl::ZeroDuration());
-      if (!more.ok() || !*more || events.size() == before) break;
-    }
-    if (static_cast<int64_t>(events.size()) > limit) events.resize(limit);
     std::vector<std::string> parts;
+    const std::vector<v1::JobEvent> events = EventsNow(**watch, limit);
     for (const v1::JobEvent& e : events) parts.push_back(ToJson(e));
     response.set_content(absl::StrCat("{\"events\":[", absl::StrJoin(parts, ","), "]}"), kJson);
   });

@@ -17,7 +17,9 @@
 #ifndef BALLAST_SERVER_HTTP_API_H_
 #define BALLAST_SERVER_HTTP_API_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/http_routes.h"
 #include "server/authenticator.h"
@@ -34,6 +36,14 @@ inline constexpr int kMaxEventStreamsPerTenant = 64;
 
 // Adds the routes above. `coordinator` and `auth` must outlive the server.
 void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticator* auth);
+
+// The rule of the gRPC JobService for HTTP routes too: who calls, and the
+// jobs of whose tenant it sees. UNAUTHENTICATED without a valid token;
+// PERMISSION_DENIED for a worker's, which reads no jobs.
+absl::StatusOr<Principal> JobReader(const Authenticator& auth, const std::string& authorization);
+
+// The events `watch` holds now, at most `limit`, without waiting for more.
+std::vector<v1::JobEvent> EventsNow(EventWatch& watch, int64_t limit);
 
 }  // namespace ballast::server
 

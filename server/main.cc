@@ -95,6 +95,15 @@ int main(int argc, char** argv) {
                  "Per-tenant limit, TENANT:max_devices=N,max_queued_jobs=M (0: none; TENANT * "
                  "for every tenant not named); repeatable")
       ->allow_extra_args(false);
+  std::vector<std::string> openai_models;
+  app.add_option("--openai-model", openai_models,
+                 "A model name the OpenAI-compatible API takes, NAME=PATH (an absolute model "
+                 "folder); repeatable (docs/openai-api.md)")
+      ->allow_extra_args(false);
+  app.add_option("--openai-max-file-bytes", options.openai_max_file_bytes,
+                 "The largest file POST /v1/files takes, in bytes")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--ready-file", ready_file,
                  "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
   CLI11_PARSE(app, argc, argv);
@@ -115,6 +124,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
+  for (const std::string& model : openai_models) {
+    if (absl::Status s = ballast::server::ParseOpenAiModelFlag(model, &options.openai_models);
+        !s.ok()) {
+      std::cerr << "ballastd: " << s.message() << "\n";
+      return 2;
+    }
+  }
   for (const std::string& quota : quotas) {
     if (absl::Status s = ballast::server::ParseQuotaFlag(quota, &options.quotas); !s.ok()) {
       std::cerr << "ballastd: " << s.message() << "\n";

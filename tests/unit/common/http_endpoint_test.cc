@@ -219,5 +219,62 @@ TEST_F(HttpEndpointTest, RoutesSeeTheDecodedRequestAndStreamsArriveInChunks) {
   EXPECT_THAT(all, HasSubstr("3\r\nn3;\r\n3\r\nn2;\r\n3\r\nn1;\r\n0\r\n\r\n"));
 }
 
+// A POST route (the OpenAI-compatible API's exception to GET-only): reached
+// only with a bearer header, its body read within the route's own limit and
+// the upload timeout, which the head deadline does not cut; a body past the
+// limit is refused by its Content-Length, before it is read.
+TEST_F(HttpEndpointTest, APostRouteGetsItsBodyWithinItsOwnLimitAndTimeout) {
+  HttpLimits limits;
+  limits.head_deadline = absl::Milliseconds(300);
+  limits.transfer_timeout = absl::Milliseconds(300);
+  limits.upload_timeout = absl::Seconds(5);
+  constexpr uint64_t kLimit = 200 * 1024;
+  Start(limits, [](HttpRoutes* routes) {
+    routes->Post("/upload", kLimit, [](const HttpRequest& request, HttpResponse& response) {
+      response.set_content(absl::StrCat("got ", request.body.size(), " bytes"), "text/plain");
+    });
+  });
+  const std::string body(150 * 1024, 'b');
+  const std::string head = absl::StrCat(
+      "POST /upload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nContent-Length: ",
+      body.size(), "\r\nConnection: close\r\n\r\n");
+  // Sent in pieces over a second: longer than the head deadline and the
+  // transfer timeout, within the upload timeout.
+  int fd = Connect();
+  Send(fd, head);
+  for (size_t at = 0; at < body.size(); at += body.size() / 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    Send(fd, body.substr(at, body.size() / 5));
+  }
+  EXPECT_THAT(Receive(fd, std::chrono::milliseconds(5000)), HasSubstr("got 153600 bytes"));
+
+  // Past the limit: 413 as soon as the head is in.
+  fd = Connect();
+  Send(fd, absl::StrCat("POST /upload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+                        "Content-Length: ",
+                        kLimit + 1, "\r\n\r\n"));
+  bool closed = false;
+  const std::string refused = Receive(fd, std::chrono::milliseconds(3000), &closed);
+  EXPECT_THAT(refused, StartsWith("HTTP/1.1 413"));
+  EXPECT_THAT(refused, HasSubstr("X-Content-Type-Options: nosniff"));
+  EXPECT_TRUE(closed);
+
+  // Without the bearer header the upload limit does not apply: 403 for
+  // 64 KiB or less, a closed connection past it, the body never routed.
+  fd = Connect();
+  Send(fd, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc");
+  EXPECT_THAT(Receive(fd, std::chrono::milliseconds(3000)), StartsWith("HTTP/1.1 403"));
+  fd = Connect();
+  Send(fd, absl::StrCat("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: ", 100 * 1024,
+                        "\r\n\r\n"));
+  EXPECT_THAT(Receive(fd, std::chrono::milliseconds(3000)), StartsWith("HTTP/1.1 413"));
+  // Another method on the route's path is still 405.
+  fd = Connect();
+  Send(fd,
+       "PUT /upload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nContent-Length: 0\r\n"
+       "Connection: close\r\n\r\n");
+  EXPECT_THAT(Receive(fd, std::chrono::milliseconds(3000)), StartsWith("HTTP/1.1 405"));
+}
+
 }  // namespace
 }  // namespace ballast

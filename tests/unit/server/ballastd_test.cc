@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_replace.h"
 #include "ballast/v1/job_service.grpc.pb.h"
@@ -39,6 +41,10 @@ class BallastdTest : public ::testing::Test {
     BallastdOptions o = LocalOptions();
     o.quotas = std::move(quotas);
     o.token = token;
+    Start(o);
+  }
+
+  void Start(const BallastdOptions& o) {
     auto d = Ballastd::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
     server_ = std::move(*d);
@@ -840,6 +846,108 @@ TEST_F(BallastdTest, NoHttpRouteChangesStateAndCrossSiteRequestsAreRefusedFirst)
   v1::Job seen;
   ASSERT_TRUE(jobs_->GetJob(Context("boot").get(), get, &seen).ok());
   EXPECT_EQ(seen.state(), v1::JOB_STATE_QUEUED);
+}
+
+// The OpenAI-compatible API over the same coordinator and tokens: a tenant's
+// file and job are its own (another tenant gets OpenAI's 404, as for an id
+// that does not exist), the job is the JobService's (gRPC sees it), and a
+// worker token is refused as on the gRPC API.
+TEST_F(BallastdTest, OpenAiApiKeepsTenantsApart) {
+  BallastdOptions o = LocalOptions();
+  o.token = "boot";
+  ValidSpec(dir_.path());  // model/config.json
+  o.openai_models["tiny"] = (dir_.path() / "model").string();
+  o.openai_max_file_bytes = 4096;
+  Start(o);
+  const std::string alice = MakeToken("boot", v1::ROLE_USER, "team-a");
+  const std::string bob = MakeToken("boot", v1::ROLE_USER, "team-b");
+  const std::string node = MakeToken("boot", v1::ROLE_WORKER, "", "node-1");
+
+  const size_t colon = server_->http_address().rfind(':');
+  httplib::Client client(server_->http_address().substr(0, colon),
+                         std::stoi(server_->http_address().substr(colon + 1)));
+  client.set_read_timeout(10, 0);
+  const auto bearer = [](const std::string& token) {
+    return httplib::Headers{{"Authorization", "Bearer " + token}};
+  };
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]})"
+      "\n";
+  httplib::Result uploaded = client.Post(
+      "/v1/files", bearer(alice),
+      httplib::MultipartFormDataItems{{"purpose", "fine-tune", "", ""},
+                                      {"file", chat + chat, "chats.jsonl", "text/plain"}});
+  ASSERT_TRUE(uploaded);
+  ASSERT_EQ(uploaded->status, 200) << uploaded->body;
+  const nlohmann::json file = nlohmann::json::parse(uploaded->body);
+  EXPECT_EQ(file["bytes"], 2 * chat.size());
+  const std::string id = file["id"];
+  // Kept in team-a's folder of the output root, with its digest beside it.
+  const std::filesystem::path kept = dir_.path() / "jobs" / "uploads-team-a" / (id + ".jsonl");
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  std::ifstream record(dir_.path() / "jobs" / "uploads-team-a" / (id + ".json"));
+  EXPECT_EQ(nlohmann::json::parse(record)["sha256"], file["sha256"]);
+
+  // Over --openai-max-file-bytes: 413, in OpenAI's error object.
+  httplib::Result large = client.Post(
+      "/v1/files", bearer(alice),
+      httplib::MultipartFormDataItems{{"purpose", "fine-tune", "", ""},
+                                      {"file", std::string(8 * 1024, 'x'), "big.jsonl", ""}});
+  ASSERT_TRUE(large);
+  EXPECT_EQ(large->status, 413);
+  EXPECT_EQ(nlohmann::json::parse(large->body)["error"]["param"], "file");
+
+  const auto not_found = [](const httplib::Result& r) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << r->body;
+    EXPECT_EQ(nlohmann::json::parse(r->body)["error"]["type"], "invalid_request_error");
+  };
+  not_found(client.Get(("/v1/files/" + id).c_str(), bearer(bob)));
+  const std::string create =
+      nlohmann::json({{"model", "tiny"}, {"training_file", id}, {"seed", 3}}).dump();
+  not_found(client.Post("/v1/fine_tuning/jobs", bearer(bob), create, "application/json"));
+
+  httplib::Result created =
+      client.Post("/v1/fine_tuning/jobs", bearer(alice), create, "application/json");
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 200) << created->body;
+  const nlohmann::json job = nlohmann::json::parse(created->body);
+  EXPECT_EQ(job["status"], "queued");
+  EXPECT_EQ(job["organization_id"], "team-a");
+  EXPECT_EQ(job["training_file"], id);
+  const std::string job_id = job["id"];
+  // The JobService's job: gRPC sees it, with the mapped spec.
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  v1::Job seen;
+  ASSERT_TRUE(jobs_->GetJob(Context(alice).get(), get, &seen).ok());
+  EXPECT_EQ(seen.spec().data().path(), kept.string());
+  EXPECT_EQ(seen.spec().seed(), 3u);
+
+  for (const std::string& path :
+       {"/v1/fine_tuning/jobs/" + job_id, "/v1/fine_tuning/jobs/" + job_id + "/events",
+        "/v1/fine_tuning/jobs/" + job_id + "/checkpoints"}) {
+    SCOPED_TRACE(path);
+    not_found(client.Get(path.c_str(), bearer(bob)));
+    httplib::Result own = client.Get(path.c_str(), bearer(alice));
+    ASSERT_TRUE(own);
+    EXPECT_EQ(own->status, 200) << own->body;
+  }
+  not_found(client.Post(("/v1/fine_tuning/jobs/" + job_id + "/cancel").c_str(), bearer(bob), "",
+                        "application/json"));
+  httplib::Result listed = client.Get("/v1/fine_tuning/jobs", bearer(bob));
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(nlohmann::json::parse(listed->body)["data"], nlohmann::json::array());
+  httplib::Result forbidden = client.Get("/v1/fine_tuning/jobs", bearer(node));
+  ASSERT_TRUE(forbidden);
+  EXPECT_EQ(forbidden->status, 403);
+
+  httplib::Result cancelled = client.Post(("/v1/fine_tuning/jobs/" + job_id + "/cancel").c_str(),
+                                          bearer(alice), "", "application/json");
+  ASSERT_TRUE(cancelled);
+  EXPECT_EQ(nlohmann::json::parse(cancelled->body)["status"], "cancelled");
+  ASSERT_TRUE(jobs_->GetJob(Context(alice).get(), get, &seen).ok());
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace
