@@ -20,16 +20,20 @@
 // at the end of a file no one appends to again. The steps after the resume
 // or rollback point were reported once and run again: TensorBoard shows the
 // state training continues from, like metrics.jsonl, in both of its readers.
-// The Python one (EventAccumulator, `tensorboard --load_fast=false`) drops
-// every point at or after a session start's step when it meets one; the
-// Rust data server (the default `tensorboard --logdir`) drops a tag's points
-// at or after a step when a new point of that tag arrives at it. The guard's
-// text events of the rolled-back steps (say a skip before the rollback) are
-// dropped by the first, and kept by the second until the tag is written again
-// at or before their step.
+// The Python one (plugin_event_accumulator, behind the dashboards of
+// `tensorboard --load_fast=false`) drops every point at or after a session
+// start's step when it meets one; the Rust data server (the default
+// `tensorboard --logdir`) drops a tag's points at or after a step when a new
+// point of that tag arrives at it. The guard's text events of the rolled-back
+// steps (say a skip before the rollback) are dropped by the first, and kept by
+// the second until the tag is written again at or before their step. (The
+// classic EventAccumulator API drops the scalars alone, never tensors, text
+// included.)
 //
 // A write goes to the kernel before the call returns, so a running job's
-// curves move in TensorBoard step by step.
+// curves move in TensorBoard step by step. Under a coordinator `dir` is in
+// the attempt's own folder, and rank/attempt_output.h commits the records to
+// the job's OUT/tensorboard/ with each report, as it does metrics.jsonl.
 //
 // Thread-compatible.
 #ifndef BALLAST_WORKER_TRAIN_TRAINER_TENSORBOARD_LOG_H_
