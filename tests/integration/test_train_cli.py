@@ -77,6 +77,8 @@ def test_device_cuda_without_a_gpu_fails_at_start_saying_what_was_found(tmp_path
     r = run(tmp_path, base_spec(*model_and_data, device="auto", max_steps=3))
     assert r.returncode == 0, r.stderr
     assert "on cpu (fp32)" in r.stderr
+    # report_to is empty by default: no TensorBoard files.
+    assert not os.path.exists(tmp_path / "out" / "tensorboard")
 
 
 def test_missing_model_names_the_file(tmp_path, model_and_data):
