@@ -34,6 +34,8 @@ def run(tmp_path, spec, *extra):
     (["--set", "lora.r=0"], "lora.r = 0 is out of range"),
     (["--set", "data.seq_len=100000"], "data.seq_len = 100000 is out of range; allowed: 1..256"),
     (["--set", "max_steps=ten"], "max_steps: expected an integer, got 'ten'"),
+    (["--set", "report_to=[tensorboard, wandb]"],
+     "report_to = 'wandb' is not supported; allowed: tensorboard"),
 ])
 def test_invalid_spec_names_field_and_range(tmp_path, model_and_data, override, message):
     r = run(tmp_path, base_spec(*model_and_data), *override)
