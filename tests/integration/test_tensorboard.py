@@ -40,10 +40,12 @@ def read_tensorboard(out_dir):
 
 def guard_texts(plugins):
     """{tag: [(step, text)]} of the guard's text events, as the text dashboard
-    has them (the classic EventAccumulator never drops tensors, text
-    included, at a session start; the dashboards' reader does)."""
-    return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in plugins.Tensors(tag)]
-            for tag in plugins.PluginTagToContent("text")}
+    has them, leaving out tags whose every event was dropped (the classic
+    EventAccumulator never drops tensors, text included, at a session start;
+    the dashboards' reader does)."""
+    texts = {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in plugins.Tensors(tag)]
+             for tag in plugins.PluginTagToContent("text")}
+    return {tag: events for tag, events in texts.items() if events}
 
 
 def assert_tensorboard_equals_metrics(out_dir):
