@@ -569,6 +569,13 @@ inline constexpr SpecRule kSpecRules[] = {
      .lo = 0,
      .hi = 10000,
      .meaning = "checkpoints kept on disk, the newest good one always among them; 0 keeps all"},
+    {.key = "report_to",
+     .default_kind = SpecDefault::kText,
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "tensorboard",
+     .meaning = "where rank 0 also reports the run: `tensorboard` writes loss, grad_norm, lr, "
+                "tokens/s and the guard's events to `<output folder>/tensorboard/` (see "
+                "TensorBoard); empty: metrics.jsonl and the job's events only"},
     {.key = "scheduling.priority",
      .number = 0,
      .allowed_kind = SpecAllowed::kRange,

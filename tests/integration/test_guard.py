@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 
 from cluster import wait_for, write_spec
 from test_control_plane import inputs, long_spec, spec  # noqa: F401
+from test_tensorboard import assert_tensorboard_equals_metrics, guard_texts
 from untrainable_inputs import SHORT_RUN, untrainable_cases
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -35,6 +36,7 @@ def test_a_nan_on_rank_1_is_skipped_rolled_back_and_the_job_finishes(cluster, in
                guard={"snapshot_every": 2, "good_after_steps": 2,
                       "inject": {"nan_grad_at_step": [5, 6, 7], "on_rank": 1}})
     job["data"]["grad_accum_steps"] = 2
+    job["report_to"] = ["tensorboard"]
     job_id = cluster.submit(job)
 
     # The counters move while the job runs, before it ends.
@@ -75,6 +77,13 @@ def test_a_nan_on_rank_1_is_skipped_rolled_back_and_the_job_finishes(cluster, in
     assert all(not line["skipped"] and line["grad_norm"] is not None for line in lines)
     adapter = load_file(os.path.join(got["output_dir"], "adapter", "adapter_model.safetensors"))
     assert adapter and all(np.isfinite(t).all() for t in adapter.values())
+
+    # Rank 0's TensorBoard files, committed to the job's folder with each
+    # step as metrics.jsonl is, say the same; the skips went with the steps
+    # the rollback undid.
+    texts = guard_texts(assert_tensorboard_equals_metrics(got["output_dir"]))
+    assert [step for step, _ in texts["guard/rollback"]] == [7]
+    assert "guard/skip" not in texts
 
     # `ballast plot`: the curves for a report, the rollback marked on them.
     svg_path = os.path.join(cluster.root, "loss.svg")

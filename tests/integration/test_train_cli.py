@@ -34,6 +34,8 @@ def run(tmp_path, spec, *extra):
     (["--set", "lora.r=0"], "lora.r = 0 is out of range"),
     (["--set", "data.seq_len=100000"], "data.seq_len = 100000 is out of range; allowed: 1..256"),
     (["--set", "max_steps=ten"], "max_steps: expected an integer, got 'ten'"),
+    (["--set", "report_to=[tensorboard, wandb]"],
+     "report_to = 'wandb' is not supported; allowed: tensorboard"),
 ])
 def test_invalid_spec_names_field_and_range(tmp_path, model_and_data, override, message):
     r = run(tmp_path, base_spec(*model_and_data), *override)
@@ -77,6 +79,8 @@ def test_device_cuda_without_a_gpu_fails_at_start_saying_what_was_found(tmp_path
     r = run(tmp_path, base_spec(*model_and_data, device="auto", max_steps=3))
     assert r.returncode == 0, r.stderr
     assert "on cpu (fp32)" in r.stderr
+    # report_to is empty by default: no TensorBoard files.
+    assert not os.path.exists(tmp_path / "out" / "tensorboard")
 
 
 def test_missing_model_names_the_file(tmp_path, model_and_data):

@@ -67,6 +67,8 @@ TEST(JobSpec, DefaultsFollowTheProtoComments) {
   EXPECT_TRUE(spec->guard().rerun_bad_step());
   EXPECT_DOUBLE_EQ(spec->guard().lr_cut(), 1);
   EXPECT_EQ(spec->guard().inject().ByteSizeLong(), 0u);
+  // Reports go to metrics.jsonl and the job's events only.
+  EXPECT_TRUE(spec->report_to().empty());
 }
 
 TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
@@ -227,6 +229,8 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"guard.inject.on_rank=1",
              "guard.inject.on_rank = 1 is out of range; allowed: 0..devices-1"},
         Case{"keep_checkpoints=-1", "keep_checkpoints = -1"},
+        Case{"report_to=[tensorboard, wandb]",
+             "report_to = 'wandb' is not supported; allowed: tensorboard"},
         Case{"guard.moe_collapse_share=0.3",
              "guard.moe_collapse_share = 0.3 is out of range; allowed: 0 (off) or [0.5, 1)"},
         Case{"moe.aux_loss=per_step", "moe.aux_loss = 'per_step' is not supported"},

@@ -30,6 +30,7 @@ constexpr char kLockFile[] = ".commit.lock";
 constexpr char kAttemptsDir[] = "attempts";
 constexpr char kMetrics[] = "metrics.jsonl";
 constexpr char kCheckpoints[] = "checkpoints";
+constexpr char kTensorBoard[] = "tensorboard";
 // Claims and commits hold the lock for a rename or a short append; a holder
 // this slow is stuck (a frozen process on a shared file system).
 constexpr std::chrono::seconds kLockWait{30};
@@ -108,12 +109,17 @@ absl::Status LinkTree(const fs::path& from, const fs::path& to) {
   return absl::OkStatus();
 }
 
+// The bytes of `path` from byte `offset` on.
+std::string ReadFrom(const fs::path& path, int64_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(offset);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // The whole lines of `path` from byte `offset` on (a line still being
 // written waits for the next call).
 std::string ReadLinesFrom(const fs::path& path, int64_t offset) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(offset);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text = ReadFrom(path, offset);
   const size_t end = text.rfind('\n');
   text.resize(end == std::string::npos ? 0 : end + 1);
   return text;
@@ -271,6 +277,31 @@ absl::Status AttemptOutput::CommitMetrics() {
   } else if (!lines.empty()) {
     s = Append(theirs, lines);
     if (s.ok()) committed_bytes_ += static_cast<int64_t>(lines.size());
+  }
+  Unlock();
+  return s;
+}
+
+absl::Status AttemptOutput::CommitTensorBoard() {
+  const fs::path mine = fs::path(dir_) / kTensorBoard;
+  std::error_code ec;
+  if (!fs::is_directory(mine, ec)) return absl::OkStatus();
+  if (absl::Status s = LockCurrent(); !s.ok()) return s;
+  const fs::path theirs = fs::path(out_dir_) / kTensorBoard;
+  fs::create_directories(theirs, ec);
+  absl::Status s;
+  if (ec) {
+    s = absl::InternalError(absl::StrCat("cannot create ", theirs.string(), ": ", ec.message()));
+  }
+  for (const auto& entry : fs::directory_iterator(mine, ec)) {
+    if (!s.ok()) break;
+    // The trainer appends whole records and has returned from the write, so
+    // the bytes past the published ones are whole records too.
+    int64_t& published = committed_tensorboard_bytes_[entry.path().filename().string()];
+    const std::string records = ReadFrom(entry.path(), published);
+    if (records.empty()) continue;
+    s = Append(theirs / entry.path().filename(), records);
+    if (s.ok()) published += static_cast<int64_t>(records.size());
   }
   Unlock();
   return s;

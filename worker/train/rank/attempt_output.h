@@ -4,6 +4,7 @@
 //
 // Layout of OUT, the job's output_dir, under a coordinator:
 //   metrics.jsonl, checkpoints/step-*/, adapter/ or model/   committed output
+//   tensorboard/     the attempts' TensorBoard event files, committed too
 //   attempts/N/      attempt N's own folder: the trainer's out_dir
 //   attempt          the newest attempt that claimed OUT ("7\n")
 //   .commit.lock     flock'ed around every claim and commit
@@ -28,6 +29,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -58,6 +60,11 @@ class AttemptOutput {
   // since the last call. The first call replaces OUT/metrics.jsonl (the
   // trainer has cut the lines past its checkpoint); later ones append.
   absl::Status CommitMetrics();
+  // Publishes the records the trainer has added to each TensorBoard event
+  // file in dir()/tensorboard since the last call to the file of the same
+  // name in OUT/tensorboard (trainer/tensorboard_log.h: each process writes
+  // a file of its own, which only grows). OK when there is none.
+  absl::Status CommitTensorBoard();
 
   // Moves a checkpoint folder the trainer saved under dir()/checkpoints to
   // OUT/checkpoints (replacing one of the same step) and returns its new path.
@@ -90,6 +97,8 @@ class AttemptOutput {
   int64_t committed_bytes_ = -1;
   // The file those bytes came from.
   ino_t committed_inode_ = 0;
+  // Bytes of each dir()/tensorboard file published so far, by file name.
+  std::map<std::string, int64_t> committed_tensorboard_bytes_;
   bool discarded_ = false;
 };
 

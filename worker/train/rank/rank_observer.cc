@@ -44,6 +44,7 @@ void RankObserver::OnEvent(const v1::TrainingEvent& event) {
       if (!commit_status_.ok()) return;
       if (output_ != nullptr) {
         if (absl::Status s = output_->CommitMetrics(); !s.ok()) return CommitFailed(s);
+        if (absl::Status s = output_->CommitTensorBoard(); !s.ok()) return CommitFailed(s);
       }
       break;
     case v1::TrainingEvent::kCheckpointSaved:
@@ -60,6 +61,11 @@ void RankObserver::OnEvent(const v1::TrainingEvent& event) {
       break;
     case v1::TrainingEvent::kGuard:
       if (!commit_status_.ok()) return;
+      // The guard's text for TensorBoard (and a rollback's session start),
+      // which the Reporter writes before it reports the event.
+      if (output_ != nullptr) {
+        if (absl::Status s = output_->CommitTensorBoard(); !s.ok()) return CommitFailed(s);
+      }
       break;
     default:
       break;

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +15,8 @@
 #include "absl/strings/strip.h"
 
 namespace ballast::train {
+
+namespace fs = std::filesystem;
 
 Reporter::Reporter(TrainingObserver* observer, int rank, std::string data_path)
     : observer_(observer != nullptr ? observer : &null_observer_),
@@ -36,12 +40,20 @@ void Reporter::RunStarts(const v1::JobSpec& spec, int64_t step, const std::strin
                                     : "; read from the job's token cache"));
 }
 
-absl::Status Reporter::OpenMetrics(const std::string& path, int64_t step) {
+absl::Status Reporter::OpenMetrics(const std::string& out_dir, const v1::JobSpec& spec,
+                                   int64_t step) {
   // One metrics.jsonl per job: every rank computes the same step metrics.
   if (!writes_shared_files()) return absl::OkStatus();
-  absl::StatusOr<MetricsLog> opened = MetricsLog::Open(path, step);
+  absl::StatusOr<MetricsLog> opened =
+      MetricsLog::Open((fs::path(out_dir) / "metrics.jsonl").string(), step);
   if (!opened.ok()) return opened.status();
   metrics_ = *std::move(opened);
+  if (absl::c_linear_search(spec.report_to(), "tensorboard")) {
+    absl::StatusOr<TensorBoardLog> tensorboard =
+        TensorBoardLog::Open((fs::path(out_dir) / "tensorboard").string(), step);
+    if (!tensorboard.ok()) return tensorboard.status();
+    tensorboard_ = *std::move(tensorboard);
+  }
   return absl::OkStatus();
 }
 
@@ -50,6 +62,10 @@ absl::Status Reporter::Step(const v1::StepMetrics& metrics, const GuardVerdict& 
   if (metrics_) {
     absl::Status s = metrics_->Append(metrics, metrics.skipped() ? verdict.reason : "");
     if (!s.ok()) return s;
+  }
+  if (tensorboard_) {
+    tensorboard_status_.Update(tensorboard_->Step(metrics));
+    if (!tensorboard_status_.ok()) return tensorboard_status_;
   }
   if (metrics.communicated_bytes() > 0 && !traffic_logged_) {
     // Every step moves the same bytes; events carry each step's figure.
@@ -67,19 +83,28 @@ absl::Status Reporter::Step(const v1::StepMetrics& metrics, const GuardVerdict& 
 }
 
 absl::Status Reporter::TruncateMetricsAfter(int64_t step) {
-  return metrics_ ? metrics_->TruncateAfter(step) : absl::OkStatus();
+  if (metrics_) {
+    if (absl::Status s = metrics_->TruncateAfter(step); !s.ok()) return s;
+  }
+  return tensorboard_ ? tensorboard_->RestartAfter(step) : absl::OkStatus();
 }
 
-// The event to the job's stream (where `ballast watch` prints it), and a line
-// to the rank's log (stderr) for a standalone run.
+// A line to the rank's log (stderr) for a standalone run, the same line to
+// TensorBoard's text dashboard, then the event to the job's stream (where
+// `ballast watch` prints it); under a worker, the event commits the line.
 void Reporter::Guard(const v1::GuardEvent& event) {
+  std::string kind = v1::GuardEvent::Kind_Name(event.kind());
+  kind = absl::AsciiStrToLower(absl::StripPrefix(kind, "KIND_"));
+  const std::string line =
+      absl::StrCat("guard ", kind, " at step ", event.step(), ": ", event.message());
+  std::cerr << "ballast-train: " << line << std::endl;
+  if (tensorboard_) {
+    tensorboard_status_.Update(
+        tensorboard_->Text(absl::StrCat("guard/", kind), event.step(), line));
+  }
   v1::TrainingEvent out;
   *out.mutable_guard() = event;
   Send(std::move(out));
-  std::string kind = v1::GuardEvent::Kind_Name(event.kind());
-  kind = absl::AsciiStrToLower(absl::StripPrefix(kind, "KIND_"));
-  std::cerr << "ballast-train: guard " << kind << " at step " << event.step() << ": "
-            << event.message() << std::endl;
 }
 
 void Reporter::RolledBack(v1::GuardEvent event, const std::string& reason, int64_t to_step,

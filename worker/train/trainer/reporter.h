@@ -1,8 +1,10 @@
 // Reporter: where a rank's reports go. Each one is a v1::TrainingEvent to
 // the TrainingObserver (the job's event stream under a worker); guard events
 // and log lines also go to the rank's log (stderr), and step metrics to
-// rank 0's metrics.jsonl (metrics_log.h). Reports about the whole job (the
-// data, evaluations, saved checkpoints, metrics.jsonl) come from rank 0
+// rank 0's metrics.jsonl (metrics_log.h). With `report_to: [tensorboard]`,
+// rank 0 also writes the step metrics and guard events to a TensorBoard event
+// file (tensorboard_log.h). Reports about the whole job (the data,
+// evaluations, saved checkpoints, metrics.jsonl, TensorBoard) come from rank 0
 // alone; every rank sends its step metrics, guard events and log lines.
 //
 // Thread-compatible: the training thread calls it.
@@ -22,6 +24,7 @@
 #include "worker/train/objective/ranking_metrics.h"
 #include "worker/train/recovery/trained_state.h"
 #include "worker/train/trainer/metrics_log.h"
+#include "worker/train/trainer/tensorboard_log.h"
 #include "worker/train/trainer/training_observer.h"
 
 namespace ballast::train {
@@ -36,18 +39,21 @@ class Reporter {
   // for step 0), the faults it injects, and what data it reads.
   void RunStarts(const v1::JobSpec& spec, int64_t step, const std::string& checkpoint,
                  const std::string& faults, const v1::DataReport& data);
-  // Rank 0: opens metrics.jsonl at `path`, dropping the lines after `step`.
-  // INTERNAL names the file when it cannot be rewritten.
-  absl::Status OpenMetrics(const std::string& path, int64_t step);
+  // Rank 0: opens OUT/metrics.jsonl in `out_dir`, dropping the lines after
+  // `step`, and a new TensorBoard event file in OUT/tensorboard/ when
+  // `spec` reports to tensorboard. INTERNAL or the errno's status names the
+  // file that cannot be rewritten or made.
+  absl::Status OpenMetrics(const std::string& out_dir, const v1::JobSpec& spec, int64_t step);
   // After every optimizer step: a log line of this rank's traffic in
   // collectives the first time it has any, its line in metrics.jsonl (with the
   // verdict's reason when skipped), its metrics to the observer, and
   // `anomaly` as a guard event when the step was skipped or recovered by a
   // re-run (a rollback reports itself). INTERNAL when the line cannot be
-  // written.
+  // written, or an error of the TensorBoard file's since the last step.
   absl::Status Step(const v1::StepMetrics& metrics, const GuardVerdict& verdict,
                     const v1::GuardEvent& anomaly);
-  // A rollback to `step`: metrics.jsonl drops the lines after it.
+  // A rollback to `step`: metrics.jsonl drops the lines after it, and
+  // TensorBoard's readers the points (tensorboard_log.h).
   absl::Status TruncateMetricsAfter(int64_t step);
 
   void Guard(const v1::GuardEvent& event);
@@ -84,6 +90,10 @@ class Reporter {
   const int rank_;
   const std::string data_path_;
   std::optional<MetricsLog> metrics_;
+  std::optional<TensorBoardLog> tensorboard_;
+  // The first failed write to tensorboard_ from a call that returns no
+  // status (Guard); the next Step returns it.
+  absl::Status tensorboard_status_;
   bool traffic_logged_ = false;
 };
 

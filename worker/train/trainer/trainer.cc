@@ -232,9 +232,7 @@ absl::Status Trainer::RunSteps() {
   if (!start.ok()) return start.status();
   TrainPosition pos = start->position;
   reports_.RunStarts(spec_, pos.step, start->checkpoint, injection_.Describe(), data_.report);
-  absl::Status opened =
-      reports_.OpenMetrics((fs::path(out_dir_) / "metrics.jsonl").string(), pos.step);
-  if (!opened.ok()) return opened;
+  if (absl::Status s = reports_.OpenMetrics(out_dir_, spec_, pos.step); !s.ok()) return s;
 
   // The baseline a reranker's evaluations rise from.
   if (pos.step == 0) Evaluate(0);

@@ -118,6 +118,34 @@ TEST_F(AttemptOutputTest, ALogRewrittenByARollbackIsPublishedWholeAgain) {
   EXPECT_EQ(Read(out_ / "metrics.jsonl"), Read(mine));
 }
 
+TEST_F(AttemptOutputTest, TensorBoardCommitsAppendEachFilesNewBytesAndAStaleAttemptsAreRefused) {
+  std::unique_ptr<AttemptOutput> old = Claim(2);
+  ASSERT_NE(old, nullptr);
+  ASSERT_TRUE(old->CommitTensorBoard().ok()) << "no event file yet: nothing to publish";
+  EXPECT_FALSE(fs::exists(out_ / "tensorboard"));
+  const fs::path first = fs::path(old->dir()) / "tensorboard" / "events.out.tfevents.1.h.10";
+  Write(first, "version,start,step1");
+  ASSERT_TRUE(old->CommitTensorBoard().ok());
+  std::ofstream(first, std::ios::app | std::ios::binary) << std::string("step\0two", 8);
+  ASSERT_TRUE(old->CommitTensorBoard().ok());
+  ASSERT_TRUE(old->CommitTensorBoard().ok());  // nothing new
+  const fs::path published = out_ / "tensorboard" / first.filename();
+  EXPECT_EQ(Read(published), "version,start,step1" + std::string("step\0two", 8));
+
+  // The next attempt's process writes a file of its own; the older
+  // attempt's published one stays, and nothing of the older attempt is
+  // published any more.
+  std::unique_ptr<AttemptOutput> current = Claim(3);
+  ASSERT_NE(current, nullptr);
+  Write(first, "stale");
+  EXPECT_EQ(old->CommitTensorBoard().code(), absl::StatusCode::kAborted);
+  const fs::path second = fs::path(current->dir()) / "tensorboard" / "events.out.tfevents.2.h.11";
+  Write(second, "version,start,step3");
+  ASSERT_TRUE(current->CommitTensorBoard().ok());
+  EXPECT_EQ(Read(out_ / "tensorboard" / second.filename()), "version,start,step3");
+  EXPECT_EQ(Read(published), "version,start,step1" + std::string("step\0two", 8));
+}
+
 TEST_F(AttemptOutputTest, CheckpointCommitMovesTheFolderAndReplacesOneOfTheSameStep) {
   std::unique_ptr<AttemptOutput> output = Claim(2);
   ASSERT_NE(output, nullptr);
