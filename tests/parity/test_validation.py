@@ -149,7 +149,7 @@ def test_fraction_holds_out_a_seeded_split_disjoint_from_training(tmp_path):
 
 def test_block_diffusion_evals_of_the_same_weights_agree_bit_for_bit(tmp_path):
     model_dir, data, held_out, _ = inputs(tmp_path, seed=60)
-    spec = base_spec(model_dir, data, task="block_diffusion", max_steps=2, data={"seq_len": 128},
+    spec = base_spec(model_dir, data, task="block_diffusion", max_steps=3, data={"seq_len": 128},
                      block_diffusion={"block_length": 4, "mask_token_id": 319},
                      eval={"path": held_out, "every": 1, "seed": 5})
     _, a = train(tmp_path, "a", spec)
@@ -178,7 +178,7 @@ def test_bad_eval_input_exits_2_naming_the_key(tmp_path):
              ("eval.fraction", {"path": held_out, "fraction": 0.5}),  # both
              ("eval.fraction", {"fraction": 1.5})]
     for i, (key, section) in enumerate(cases):
-        spec = base_spec(model_dir, data, max_steps=2, eval=section)
+        spec = base_spec(model_dir, data, max_steps=3, eval=section)
         write_spec(tmp_path / f"bad{i}.yaml", **spec)
         r = run_train(str(tmp_path / f"bad{i}.yaml"), str(tmp_path / f"bad{i}"), check=False)
         assert r.returncode == 2, (key, section, r.returncode, r.stderr)

@@ -705,7 +705,7 @@ int64_t Trainer::EvalEvery() const {
 absl::Status Trainer::Evaluate(int64_t step) {
   if (data_.eval == nullptr) return absl::OkStatus();
   const int64_t per_batch = spec_.data().micro_batch_size();
-  if (spec_.eval().path().empty()) {
+  if (!spec_.has_eval()) {
     // Every rank ranks every held-out group: a sharded model's layers are
     // gathered by all ranks together. Rank 0 reports.
     const std::optional<RankingMetrics> metrics =

@@ -187,7 +187,7 @@ class Trainer {
   // diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position);
   // Evaluates the held-out set at `step` and reports it: the validation
-  // loss of eval.path (its line in metrics.jsonl may fail, INTERNAL), or a
+  // loss of eval (its line in metrics.jsonl may fail, INTERNAL), or a
   // reranker's MRR@10 and NDCG@10 (reranker.eval_path); nothing without one.
   // No gradient, optimizer state, generator or guard is touched.
   absl::Status Evaluate(int64_t step);
