@@ -236,6 +236,10 @@ std::string DataLine(const v1::DataReport& d) {
 }
 
 std::string EvalLine(const v1::EvalReport& e) {
+  if (e.has_loss()) {
+    return absl::StrFormat("eval step %d: loss %.4f over %d supervised tokens", e.step(), e.loss(),
+                           e.supervised_tokens());
+  }
   return absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d groups", e.step(),
                          e.mrr_at_10(), e.ndcg_at_10(), e.groups());
 }

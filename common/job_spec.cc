@@ -599,6 +599,27 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     checks.push_back(absl::InvalidArgumentError(
         "data.format = reranker is for task generative_reranker; set task"));
   }
+  if (spec.has_eval()) {
+    const v1::EvalSpec& eval = spec.eval();
+    if (spec.task() == "generative_reranker") {
+      checks.push_back(absl::InvalidArgumentError(
+          "eval is set, but task is generative_reranker, which evaluates reranker.eval_path "
+          "(MRR@10 and NDCG@10); set reranker.eval_path and reranker.eval_every instead"));
+    }
+    if (eval.path().empty() == (eval.fraction() == 0)) {
+      checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+          "eval ", eval.path().empty() ? "has neither eval.path nor" : "has both eval.path and",
+          " eval.fraction: name a file of records in data.path's format, or the share of "
+          "data.path's documents to hold out")));
+    }
+    checks.push_back(CheckRange<int64_t>("eval.every", eval.every(), 0, spec.max_steps(),
+                                         AllowedText("eval.every")));
+    if (eval.max_tokens() != 0 && eval.max_tokens() < spec.data().seq_len()) {
+      // One row at least: a bound below it would evaluate nothing.
+      checks.push_back(OutOfRange("eval.max_tokens", absl::StrCat(eval.max_tokens()),
+                                  AllowedText("eval.max_tokens")));
+    }
+  }
   checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
                                        spec.max_steps(), AllowedText("checkpoint_every")));
   checks.push_back(CheckRange<int64_t>("schedule.warmup_steps", spec.schedule().warmup_steps(), 0,

@@ -211,6 +211,9 @@ absl::Status ValidateJobSpecFiles(const v1::JobSpec& spec, const std::vector<std
   if (const std::string& eval = spec.reranker().eval_path(); !eval.empty()) {
     if (absl::Status s = CheckDataFile("reranker.eval_path", eval); !s.ok()) return s;
   }
+  if (const std::string& eval = spec.eval().path(); !eval.empty()) {
+    if (absl::Status s = CheckDataFile("eval.path", eval); !s.ok()) return s;
+  }
   if (const std::string& tokenizer = spec.data().tokenizer();
       !tokenizer.empty() && !fs::is_regular_file(tokenizer, ec) &&
       !fs::is_regular_file(fs::path(tokenizer) / "tokenizer.json", ec)) {

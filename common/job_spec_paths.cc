@@ -25,7 +25,7 @@ struct PathField {
 // Every path a spec names. The setters run only on a field that is set, so
 // they never create an empty message (a set reranker is refused for
 // another task).
-constexpr std::array<PathField, 5> kPathFields = {{
+constexpr std::array<PathField, 6> kPathFields = {{
     {"model.path", [](const v1::JobSpec& s) -> const std::string& { return s.model().path(); },
      [](v1::JobSpec* s, std::string p) { s->mutable_model()->set_path(std::move(p)); }, true},
     {"lora.init_adapter",
@@ -41,6 +41,8 @@ constexpr std::array<PathField, 5> kPathFields = {{
      [](const v1::JobSpec& s) -> const std::string& { return s.reranker().eval_path(); },
      [](v1::JobSpec* s, std::string p) { s->mutable_reranker()->set_eval_path(std::move(p)); },
      false},
+    {"eval.path", [](const v1::JobSpec& s) -> const std::string& { return s.eval().path(); },
+     [](v1::JobSpec* s, std::string p) { s->mutable_eval()->set_path(std::move(p)); }, false},
 }};
 
 // `path` with its symlinks and ".." resolved as far as it exists.

@@ -1,5 +1,5 @@
 // The paths a job spec names (model.path, lora.init_adapter, data.path,
-// data.tokenizer, reranker.eval_path) and where they may point.
+// data.tokenizer, reranker.eval_path, eval.path) and where they may point.
 //
 // ballastd checks them at submission and ranks open them later, in other
 // working folders, so a path must be absolute: the CLI and ballast-train

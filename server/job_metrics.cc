@@ -164,17 +164,25 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
        "Restarts after a failed attempt (a rank's error, a lost worker), counted against "
        "scheduling.max_restarts. A user's `ballast rollback` is not one.",
        MetricType::Counter, [](const JobSample& j) { return static_cast<double>(j.restarts); }},
+      {"ballast_job_eval_loss",
+       "The validation loss (eval.path or eval.fraction), as training defines it, at the last "
+       "evaluation.",
+       MetricType::Gauge,
+       [](const JobSample& j) -> std::optional<double> {
+         if (!j.last_eval || !j.last_eval->has_loss()) return std::nullopt;
+         return j.last_eval->loss();
+       }},
       {"ballast_job_eval_mrr_at_10",
        "A reranker's MRR@10 on its held-out groups (reranker.eval_path), at its last evaluation.",
        MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
-         if (!j.last_eval) return std::nullopt;
+         if (!j.last_eval || j.last_eval->has_loss()) return std::nullopt;
          return j.last_eval->mrr_at_10();
        }},
       {"ballast_job_eval_ndcg_at_10",
        "A reranker's NDCG@10 on its held-out groups, at its last evaluation.", MetricType::Gauge,
        [](const JobSample& j) -> std::optional<double> {
-         if (!j.last_eval) return std::nullopt;
+         if (!j.last_eval || j.last_eval->has_loss()) return std::nullopt;
          return j.last_eval->ndcg_at_10();
        }},
   };

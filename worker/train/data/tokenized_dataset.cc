@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -24,19 +26,42 @@ std::vector<int64_t> Iota(int64_t n) {
   return v;
 }
 
+// Whether each of `groups` groups is held out by `split`.
+std::vector<bool> HeldOut(int64_t groups, const GroupSplit& split) {
+  std::vector<bool> held(groups, false);
+  std::vector<int64_t> order = Iota(groups);
+  Permute(split.seed ^ 0x8ebc6af09c88c6e3ULL, &order);
+  for (int64_t k = 0; k < HeldOutGroups(groups, split.fraction); ++k) held[order[k]] = true;
+  return held;
+}
+
 }  // namespace
+
+int64_t HeldOutGroups(int64_t groups, double fraction) {
+  return std::clamp<int64_t>(std::llround(fraction * static_cast<double>(groups)), 1, groups - 1);
+}
 
 TokenizedDataset::TokenizedDataset(TokenCache cache, DataOrder order)
     : cache_(std::move(cache)), order_(order) {
+  std::vector<int64_t> starts, lengths;
   for (int64_t d = 0; d < cache_.documents(); ++d) {
     if (d == 0 || cache_.group(d) != cache_.group(d - 1)) {
-      group_starts_.push_back(d);
-      group_lengths_.push_back(0);
+      starts.push_back(d);
+      lengths.push_back(0);
     }
     // A block-diffusion document takes its tokens twice: [x_t ; x_0].
-    group_lengths_.back() += cache_.length(d) * (order_.diffusion.block_length > 0 ? 2 : 1);
+    lengths.back() += cache_.length(d) * (order_.diffusion.block_length > 0 ? 2 : 1);
   }
-  group_starts_.push_back(cache_.documents());
+  starts.push_back(cache_.documents());
+  const int64_t groups = static_cast<int64_t>(lengths.size());
+  const bool split = order_.split.fraction > 0;
+  const std::vector<bool> held = split ? HeldOut(groups, order_.split) : std::vector<bool>();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (split && held[g] != order_.split.held_out) continue;
+    group_starts_.push_back(starts[g]);
+    group_ends_.push_back(starts[g + 1]);
+    group_lengths_.push_back(lengths[g]);
+  }
   PlanEpoch(0);
   rows_per_epoch_ = rows_.rows();
 }
@@ -89,7 +114,7 @@ std::vector<int64_t> TokenizedDataset::RowDocuments(int64_t cursor) {
   std::vector<int64_t> documents;
   for (int64_t k = rows_.row_offsets[row]; k < rows_.row_offsets[row + 1]; ++k) {
     const int64_t group = rows_.items[k];
-    for (int64_t d = group_starts_[group]; d < group_starts_[group + 1]; ++d) {
+    for (int64_t d = group_starts_[group]; d < group_ends_[group]; ++d) {
       documents.push_back(d);
     }
   }

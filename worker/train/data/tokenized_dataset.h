@@ -1,7 +1,8 @@
 // TokenizedDataset: the documents of a TokenCache in training order, as rows
 // of at most seq_len tokens, and the packing of rows into micro-batches.
 //
-// Order: epoch e draws a permutation of the groups (a document, or a
+// Groups: every group of the cache, or one side of eval.fraction's split
+// (GroupSplit below). Order: epoch e draws a permutation of the groups (a document, or a
 // reranker record's candidates, which are never split) from (seed, e) by a
 // fixed Fisher-Yates over SplitMix64 (file order without shuffle). Without
 // packing each row is one group in that order. With packing the permuted
@@ -34,6 +35,22 @@
 
 namespace ballast::train {
 
+// eval.fraction's split of a cache's groups (documents, or a reranker
+// record's candidates): the first HeldOutGroups(groups, fraction) of a
+// Fisher-Yates permutation of the groups over SplitMix64 from `seed` are
+// held out. It depends on the seed and the group count alone.
+struct GroupSplit {
+  double fraction = 0;  // 0: no split, every group
+  uint64_t seed = 0;
+  // The side a dataset reads: the held-out groups, or the others (with a
+  // fraction; without one every group).
+  bool held_out = false;
+};
+
+// round(fraction x groups), at least 1 and at most groups - 1; groups must
+// be at least 2.
+int64_t HeldOutGroups(int64_t groups, double fraction);
+
 struct DataOrder {
   int64_t seq_len = 0;
   bool packing = false;
@@ -42,6 +59,8 @@ struct DataOrder {
   // Block diffusion (block_length > 0): each document packs as [x_t ; x_0],
   // twice its tokens, into block-diffusion batches.
   DiffusionNoise diffusion;
+  // The groups read: every one, or one side of a split.
+  GroupSplit split;
 };
 
 // One epoch's rows, for the events.
@@ -84,9 +103,10 @@ class TokenizedDataset {
 
   TokenCache cache_;
   DataOrder order_;
-  // Group g is documents [group_starts_[g], group_starts_[g + 1]), of
+  // Group g is documents [group_starts_[g], group_ends_[g]), of
   // group_lengths_[g] tokens.
   std::vector<int64_t> group_starts_;
+  std::vector<int64_t> group_ends_;
   std::vector<int64_t> group_lengths_;
   int64_t rows_per_epoch_ = 0;
   // The rows of the epoch last asked for.

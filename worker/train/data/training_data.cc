@@ -72,21 +72,22 @@ std::string FileIdentity(const std::string& path) {
                       st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
-absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_len) {
-  if (!data.format().empty()) return ParseDataFormat(data.format());
-  // The first record decides; a mixed file then fails on its first record
-  // of another shape, naming the line.
-  const auto named = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("data.path: ", s.message()));
+// The format of the first record of `path`; a mixed file then fails on its
+// first record of another shape, naming the line. Errors in reading the
+// file start with `key`, the spec's field that names it, when not empty.
+absl::StatusOr<DataFormat> DetectFileFormat(const std::string& path, absl::string_view key,
+                                            int64_t seq_len) {
+  const auto named = [&](const absl::Status& s) {
+    return key.empty() ? s : absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
   };
   absl::StatusOr<LineReader> reader =
-      LineReader::Open(data.path(), MaxLineBytes(DataFormat::kText, seq_len));
+      LineReader::Open(path, MaxLineBytes(DataFormat::kText, seq_len));
   if (!reader.ok()) return named(reader.status());
   std::string line;
   for (;;) {
     absl::StatusOr<bool> more = reader->Next(&line);
     if (!more.ok()) return named(more.status());
-    if (!*more) return absl::InvalidArgumentError(absl::StrCat(data.path(), ": no records"));
+    if (!*more) return absl::InvalidArgumentError(absl::StrCat(path, ": no records"));
     if (line.find_first_not_of(" \t\r") != std::string::npos) break;
   }
   absl::StatusOr<nlohmann::json> record = ParseRecord(line);
@@ -94,9 +95,95 @@ absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_l
       record.ok() ? DetectDataFormat(*record) : absl::StatusOr<DataFormat>(record.status());
   if (!format.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(data.path(), ":", reader->line_number(), ": ", format.status().message()));
+        absl::StrCat(path, ":", reader->line_number(), ": ", format.status().message()));
   }
   return format;
+}
+
+absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_len) {
+  if (!data.format().empty()) return ParseDataFormat(data.format());
+  return DetectFileFormat(data.path(), "data.path", seq_len);
+}
+
+// Whether a document of `set` has a supervised target: without one, a
+// validation loss is undefined.
+bool HasSupervision(TokenizedDataset& set) {
+  const bool diffusion = set.order().diffusion.block_length > 0;
+  for (int64_t row = 0; row < set.rows_per_epoch(); ++row) {
+    for (const int64_t d : set.RowDocuments(row)) {
+      // A causal target is the next token's label; block diffusion trains
+      // the answer tokens themselves.
+      const absl::Span<const int32_t> labels = set.cache().labels(d);
+      for (size_t t = diffusion ? 0 : 1; t < labels.size(); ++t) {
+        if (labels[t] != kIgnoreLabel) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// eval.path's file read as data.path's. INVALID_ARGUMENT naming eval.path
+// for a file of another format than data.path's.
+absl::StatusOr<TokenCache> ReadEvalFile(const v1::JobSpec& spec, const DocumentEncoder& encoder,
+                                        const TokenCacheOptions& options) {
+  const v1::DataSpec& data = spec.data();
+  const std::string& path = spec.eval().path();
+  const DataFormat format = encoder.options().format;
+  absl::StatusOr<DataFormat> eval_format = DetectFileFormat(path, "", data.seq_len());
+  if (!eval_format.ok()) {
+    return absl::Status(eval_format.status().code(),
+                        absl::StrCat("eval.path: ", eval_format.status().message()));
+  }
+  if (*eval_format != format) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval.path: ", path, " holds ", DataFormatName(*eval_format),
+                     " records, but data.path ", data.path(), " holds ", DataFormatName(format),
+                     " records; the validation set must be in the training data's format"));
+  }
+  TokenCacheOptions eval_options = options;
+  eval_options.data_path = path;
+  eval_options.data_path_name.clear();  // named below
+  absl::StatusOr<TokenCache> cache = TokenCache::BuildInMemory(encoder, eval_options);
+  if (!cache.ok()) {
+    return absl::Status(cache.status().code(),
+                        absl::StrCat("eval.path: ", cache.status().message()));
+  }
+  return cache;
+}
+
+// The validation set, ordered for evaluation: file order, packed as the
+// training rows are, block diffusion's noise drawn from eval.seed (the
+// job's seed by default) and the same at every evaluation. `training` is
+// the training data's cache, whose eval.fraction share it holds out.
+// INVALID_ARGUMENT naming the key for a set without a supervised token, and
+// as ReadEvalFile.
+absl::StatusOr<std::unique_ptr<TokenizedDataset>> OpenEvalSet(const v1::JobSpec& spec,
+                                                              const DocumentEncoder& encoder,
+                                                              const TokenCacheOptions& options,
+                                                              const TokenCache& training,
+                                                              const DataOrder& training_order) {
+  const v1::EvalSpec& e = spec.eval();
+  DataOrder order = training_order;
+  order.shuffle = false;
+  order.seed = order.split.seed;  // eval.seed, or the job's
+  order.split.held_out = true;
+  std::unique_ptr<TokenizedDataset> set;
+  if (e.fraction() > 0) {
+    set = std::make_unique<TokenizedDataset>(training, order);
+  } else {
+    absl::StatusOr<TokenCache> cache = ReadEvalFile(spec, encoder, options);
+    if (!cache.ok()) return cache.status();
+    set = std::make_unique<TokenizedDataset>(*std::move(cache), order);
+  }
+  if (!HasSupervision(*set)) {
+    const std::string key = e.fraction() > 0 ? "eval.fraction" : "eval.path";
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, ": the validation set (", e.fraction() > 0 ? spec.data().path() : e.path(),
+        e.fraction() > 0 ? absl::StrCat(", ", e.fraction(), " of its documents") : "",
+        ") has no supervised token under data.train_on ", spec.data().train_on(),
+        ", so its loss is undefined"));
+  }
+  return set;
 }
 
 // The block-diffusion noise of a block_diffusion job. Its mask token: the
@@ -255,12 +342,28 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
           ? TokenCache::BuildInMemory(*result.encoder, cache_options)
           : TokenCache::OpenOrBuild(options.cache_dir, *result.encoder, cache_options);
   if (!cache.ok()) return cache.status();
-  result.dataset = std::make_unique<TokenizedDataset>(
-      *std::move(cache), DataOrder{.seq_len = data.seq_len(),
-                                   .packing = data.packing(),
-                                   .shuffle = data.shuffle(),
-                                   .seed = static_cast<uint64_t>(spec.seed()),
-                                   .diffusion = *noise});
+  const DataOrder order{
+      .seq_len = data.seq_len(),
+      .packing = data.packing(),
+      .shuffle = data.shuffle(),
+      .seed = static_cast<uint64_t>(spec.seed()),
+      .diffusion = *noise,
+      // eval.seed seeds the split and the eval set's noise (OpenEvalSet).
+      .split = {.fraction = spec.eval().fraction(),
+                .seed = spec.eval().has_seed() ? spec.eval().seed()
+                                               : static_cast<uint64_t>(spec.seed())}};
+  if (order.split.fraction > 0 && cache->documents() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval.fraction: ", data.path(), " has ", cache->documents(),
+                     " document(s); holding some out of training needs at least 2"));
+  }
+  if (spec.has_eval()) {
+    absl::StatusOr<std::unique_ptr<TokenizedDataset>> eval =
+        OpenEvalSet(spec, *result.encoder, cache_options, *cache, order);
+    if (!eval.ok()) return eval.status();
+    result.eval = *std::move(eval);
+  }
+  result.dataset = std::make_unique<TokenizedDataset>(*std::move(cache), order);
 
   const DataStatistics& s = result.dataset->cache().statistics();
   v1::DataReport& r = result.report;

@@ -32,8 +32,9 @@ struct TrainingData {
   std::unique_ptr<DocumentEncoder> encoder;  // holds the tokenizer, if any
   std::unique_ptr<TokenizedDataset> dataset;
   v1::DataReport report;  // for epoch 0
-  // A reranker's held-out groups (reranker.eval_path), one per row in file
-  // order, encoded as the training data is; null without one.
+  // The held-out set, encoded as the training data is; null without one:
+  // eval.path's documents in file order (packed as data.packing packs), or
+  // a reranker's held-out groups (reranker.eval_path), one per row.
   std::unique_ptr<TokenizedDataset> eval;
 };
 

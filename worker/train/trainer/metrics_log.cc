@@ -48,7 +48,7 @@ void ApplyFileForms(const pb::Message& m, nlohmann::json& json) {
 }
 
 // The mapping's line, then the file's forms.
-nlohmann::json MetricsLine(const v1::StepMetrics& m) {
+nlohmann::json MetricsLine(const pb::Message& m) {
   nlohmann::json line = nlohmann::json::parse(ToJson(m));
   ApplyFileForms(m, line);
   return line;
@@ -65,6 +65,14 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t ste
 absl::Status MetricsLog::Append(const v1::StepMetrics& metrics, absl::string_view skip_reason) {
   nlohmann::json line = MetricsLine(metrics);
   if (!skip_reason.empty()) line["skip_reason"] = std::string(skip_reason);
+  return Write(line);
+}
+
+absl::Status MetricsLog::AppendEval(const v1::EvalReport& report) {
+  return Write(nlohmann::json{{"step", report.step()}, {"eval", MetricsLine(report)}});
+}
+
+absl::Status MetricsLog::Write(const nlohmann::json& line) {
   errno = 0;
   out_ << line.dump() << "\n";
   out_.flush();

@@ -16,6 +16,10 @@
 // absent or not finite is null, in "moe" too ("loss" for a step without supervised tokens,
 // never 0 or NaN; "grad_norm" when it is not finite). "skip_reason", the
 // guard's reason, is there only for a skipped step.
+// An evaluation of eval.path adds a line of its own after its step's (or
+// first, for step 0): {"step", "eval": {"step", "loss", "tokens",
+// "supervised_tokens", "time_s", ...}}, its v1::EvalReport in the same forms;
+// a reader of steps skips the lines that hold "eval".
 //
 // The log always agrees with the state training continues from: opening it
 // at a step (a resume) or going back to one (a rollback) drops the lines of
@@ -27,6 +31,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -44,11 +49,14 @@ class MetricsLog {
   // Appends one step's line, with `skip_reason` when it is not empty, and
   // flushes it. INTERNAL when the write fails.
   absl::Status Append(const v1::StepMetrics& metrics, absl::string_view skip_reason);
+  // Appends an evaluation's line and flushes it. INTERNAL as Append.
+  absl::Status AppendEval(const v1::EvalReport& report);
   // Drops the lines of steps after `step` (a rollback) and keeps appending.
   absl::Status TruncateAfter(int64_t step);
 
  private:
   explicit MetricsLog(std::string path) : path_(std::move(path)) {}
+  absl::Status Write(const nlohmann::json& line);
 
   std::string path_;
   std::ofstream out_;

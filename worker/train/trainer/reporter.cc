@@ -186,6 +186,18 @@ void Reporter::Eval(int64_t step, const RankingMetrics& m) {
   Send(std::move(event));
 }
 
+absl::Status Reporter::EvalLoss(const v1::EvalReport& report) {
+  Log("info",
+      absl::StrFormat("eval step %d: loss %.6f over %d supervised tokens (%d tokens, %.3f s)",
+                      report.step(), report.loss(), report.supervised_tokens(), report.tokens(),
+                      report.time_s()));
+  if (!writes_shared_files()) return absl::OkStatus();
+  v1::TrainingEvent event;
+  *event.mutable_eval() = report;
+  Send(std::move(event));
+  return metrics_ ? metrics_->AppendEval(report) : absl::OkStatus();
+}
+
 // A line for the rank log (stderr) and the job's event stream.
 void Reporter::Log(const std::string& level, const std::string& text) {
   std::cerr << "ballast-train: " << text << std::endl;

@@ -74,6 +74,9 @@ class Reporter {
   // An evaluation of the held-out set at `step`: a log line, and (rank 0)
   // its report.
   void Eval(int64_t step, const RankingMetrics& metrics);
+  // An evaluation of eval.path: a log line, and (rank 0) its report and its
+  // line in metrics.jsonl. INTERNAL when the line cannot be written.
+  absl::Status EvalLoss(const v1::EvalReport& report);
   // A line for the rank's log and the job's event stream; `level` is
   // "info", "warning" or "error".
   void Log(const std::string& level, const std::string& text);

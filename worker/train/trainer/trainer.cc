@@ -234,8 +234,10 @@ absl::Status Trainer::RunSteps() {
   reports_.RunStarts(spec_, pos.step, start->checkpoint, injection_.Describe(), data_.report);
   if (absl::Status s = reports_.OpenMetrics(out_dir_, spec_, pos.step); !s.ok()) return s;
 
-  // The baseline a reranker's evaluations rise from.
-  if (pos.step == 0) Evaluate(0);
+  // The baseline the evaluations move from.
+  if (pos.step == 0) {
+    if (absl::Status s = Evaluate(0); !s.ok()) return s;
+  }
   int64_t reported_epoch = -1;
   while (pos.step < spec_.max_steps()) {
     if (const int64_t epoch = pos.data_cursor / data_.dataset->rows_per_epoch();
@@ -257,8 +259,9 @@ absl::Status Trainer::RunSteps() {
       if (absl::Status s = recovery_.AfterAppliedStep(pos, guard_.clean_steps()); !s.ok()) {
         return s;
       }
-      const int64_t eval_every = spec_.reranker().eval_every();
-      if (eval_every > 0 && pos.step % eval_every == 0) Evaluate(pos.step);
+      if (EvalEvery() > 0 && pos.step % EvalEvery() == 0) {
+        if (absl::Status s = Evaluate(pos.step); !s.ok()) return s;
+      }
     }
     // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
     // and a rank that stopped alone would leave the others in the next
@@ -288,9 +291,8 @@ absl::Status Trainer::RunSteps() {
     }
     return FailRun(guard_.MostSkippedBy(), pos.step, why);
   }
-  if (data_.eval != nullptr &&
-      (spec_.reranker().eval_every() == 0 || pos.step % spec_.reranker().eval_every() != 0)) {
-    Evaluate(pos.step);
+  if (EvalEvery() == 0 || pos.step % EvalEvery() != 0) {
+    if (absl::Status s = Evaluate(pos.step); !s.ok()) return s;
   }
   // The run is over and its last step was applied: nothing follows to judge
   // this checkpoint by, and the export holds the same state.
@@ -694,13 +696,36 @@ absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainP
   return absl::OkStatus();
 }
 
-void Trainer::Evaluate(int64_t step) {
-  if (data_.eval == nullptr) return;
-  // Every rank ranks every held-out group: a sharded model's layers are
-  // gathered by all ranks together. Rank 0 reports.
-  const std::optional<RankingMetrics> metrics = RankHeldOut(
-      *data_.eval, spec_.data().micro_batch_size(), *objective_, decoder_, state_.get(), device_);
-  if (metrics) reports_.Eval(step, *metrics);
+int64_t Trainer::EvalEvery() const {
+  return spec_.has_eval() ? spec_.eval().every() : spec_.reranker().eval_every();
+}
+
+absl::Status Trainer::Evaluate(int64_t step) {
+  if (data_.eval == nullptr) return absl::OkStatus();
+  const int64_t per_batch = spec_.data().micro_batch_size();
+  if (!spec_.has_eval()) {
+    // Every rank ranks every held-out group: a sharded model's layers are
+    // gathered by all ranks together. Rank 0 reports.
+    const std::optional<RankingMetrics> metrics =
+        RankHeldOut(*data_.eval, per_batch, *objective_, decoder_, state_.get(), device_);
+    if (metrics) reports_.Eval(step, *metrics);
+    return absl::OkStatus();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const HeldOutSums sums =
+      HeldOutLoss(*data_.eval, HeldOutRows(*data_.eval, spec_.eval().max_tokens()), per_batch,
+                  *objective_, decoder_, state_.get(), collectives_, device_);
+  v1::EvalReport report;
+  report.set_step(step);
+  // OpenTrainingData refused an eval set without a supervised token, but
+  // max_tokens may keep only rows without one.
+  if (sums.supervised_tokens > 0) {
+    report.set_loss(sums.loss_sum / static_cast<double>(sums.supervised_tokens));
+  }
+  report.set_tokens(sums.tokens);
+  report.set_supervised_tokens(sums.supervised_tokens);
+  report.set_time_s(SecondsSince(start));
+  return reports_.EvalLoss(report);
 }
 
 absl::Status Trainer::Export() {

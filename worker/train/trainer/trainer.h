@@ -186,9 +186,13 @@ class Trainer {
   // trouble, past the data that led there, or fails with the guard's
   // diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position);
-  // Ranks the held-out groups (reranker.eval_path) and reports MRR@10 and
-  // NDCG@10 of `step`; nothing without them.
-  void Evaluate(int64_t step);
+  // Evaluates the held-out set at `step` and reports it: the validation
+  // loss of eval (its line in metrics.jsonl may fail, INTERNAL), or a
+  // reranker's MRR@10 and NDCG@10 (reranker.eval_path); nothing without one.
+  // No gradient, optimizer state, generator or guard is touched.
+  absl::Status Evaluate(int64_t step);
+  // Steps between evaluations: eval.every, or reranker.eval_every.
+  int64_t EvalEvery() const;
   absl::Status Export();
 
   const v1::JobSpec spec_;
