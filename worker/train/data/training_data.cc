@@ -8,7 +8,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/data_files.h"
 #include "common/regular_file.h"
+#include "worker/train/data/record_reader.h"
 
 namespace ballast::train {
 namespace {
@@ -72,29 +75,34 @@ std::string FileIdentity(const std::string& path) {
                       st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
+// The same for a data path, each of a folder's files.
+std::string DataIdentity(const std::string& path) {
+  absl::StatusOr<std::vector<std::string>> files = ListDataFiles(path);
+  if (!files.ok()) return FileIdentity(path);
+  return absl::StrJoin(*files, "; ", [](std::string* out, const std::string& file) {
+    out->append(FileIdentity(file));
+  });
+}
+
 absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_len) {
   if (!data.format().empty()) return ParseDataFormat(data.format());
   // The first record decides; a mixed file then fails on its first record
   // of another shape, naming the line.
-  const auto named = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("data.path: ", s.message()));
-  };
-  absl::StatusOr<LineReader> reader =
-      LineReader::Open(data.path(), MaxLineBytes(DataFormat::kText, seq_len));
-  if (!reader.ok()) return named(reader.status());
-  std::string line;
-  for (;;) {
-    absl::StatusOr<bool> more = reader->Next(&line);
-    if (!more.ok()) return named(more.status());
-    if (!*more) return absl::InvalidArgumentError(absl::StrCat(data.path(), ": no records"));
-    if (line.find_first_not_of(" \t\r") != std::string::npos) break;
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(
+      data.path(),
+      {.max_line_bytes = MaxLineBytes(DataFormat::kText, seq_len), .columns = data.columns()});
+  RawRecord first;
+  absl::StatusOr<bool> more = reader.ok() ? (*reader)->Next(&first) : reader.status();
+  if (!more.ok()) {
+    return absl::Status(more.status().code(), absl::StrCat("data.path: ", more.status().message()));
   }
-  absl::StatusOr<nlohmann::json> record = ParseRecord(line);
+  if (!*more) return absl::InvalidArgumentError(absl::StrCat(data.path(), ": no records"));
+  absl::StatusOr<nlohmann::json> record = ParseRawRecord(first);
   absl::StatusOr<DataFormat> format =
       record.ok() ? DetectDataFormat(*record) : absl::StatusOr<DataFormat>(record.status());
   if (!format.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(data.path(), ":", reader->line_number(), ": ", format.status().message()));
+        absl::StrCat((*reader)->Where(first.index), ": ", format.status().message()));
   }
   return format;
 }
@@ -224,6 +232,7 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
 
   TokenCacheOptions cache_options;
   cache_options.data_path = data.path();
+  cache_options.columns = data.columns();
   cache_options.seq_len = document_limit;
   if (noise->block_length > 0) {
     cache_options.seq_len_name = "data.seq_len / 2 (block diffusion packs [x_t ; x_0])";
@@ -238,7 +247,8 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
   const std::string tokenizer_path =
       data.tokenizer().empty() ? spec.model().path() + "/tokenizer.json" : data.tokenizer();
   cache_options.fingerprint =
-      nlohmann::json{{"data", FileIdentity(data.path())},
+      nlohmann::json{{"data", DataIdentity(data.path())},
+                     {"columns", data.columns().ShortDebugString()},
                      {"tokenizer", result.encoder->tokenizer() ? FileIdentity(tokenizer_path) : ""},
                      {"format", result.report.format()},
                      {"template", result.report.template_()},
