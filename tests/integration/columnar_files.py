@@ -35,6 +35,7 @@ def tokenize_peak_rss(model, data, out):
     so the cache stays small while every row is tokenized whole) into `out`;
     returns (exit code, stderr, peak RSS in bytes)."""
     write_spec(out + ".yaml", **base_spec(model, data, max_steps=1,
+                                          schedule={"kind": "cosine", "warmup_steps": 0},
                                           data={"seq_len": 64, "format": "text",
                                                 "truncate": "cut"}))
     code, _, err, peak = run_measuring_rss([TRAIN, "--spec", out + ".yaml", "--out", out])

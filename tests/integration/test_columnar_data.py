@@ -24,7 +24,7 @@ from test_chat_template import QWEN3  # noqa: E402
 from trained_tokenizers import write_chat_tokenizer  # noqa: E402
 
 SEED = int.from_bytes(os.urandom(4), "little")
-# The smaller file of the memory test: 2000-row groups of 1 KB rows, 4 of them.
+# The smaller file of the memory test: 500-row groups of 4 KB rows, 4 of them.
 SMALL_BYTES = 8 << 20
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "2+2", "is", "4", "héllo", "wörld", "why", "so"]
 
@@ -65,8 +65,9 @@ def write_jsonl(path, records):
             f.write(json.dumps(r) + "\n")
 
 
-def train(model, data, out, max_steps=1, **spec):
-    write_spec(out + ".yaml", **base_spec(model, data, max_steps=max_steps, **spec))
+def train(model, data_path, out, max_steps=1, **spec):
+    spec.setdefault("schedule", {"kind": "cosine", "warmup_steps": 0})
+    write_spec(out + ".yaml", **base_spec(model, data_path, max_steps=max_steps, **spec))
     return subprocess.run([TRAIN, "--spec", out + ".yaml", "--out", out], capture_output=True,
                           text=True, timeout=600)
 
@@ -144,7 +145,7 @@ def test_mteb_reranking_parquet_trains_as_its_jsonl_does(model, tmp_path):
     pq.write_table(pa.Table.from_pylist(groups[7:]), shards / "train-00001.parquet")
     assert_same_training(
         model, tmp_path, str(tmp_path / "groups.jsonl"), str(shards),
-        task="generative_reranker", data={"seq_len": 256, "packing": True},
+        task="generative_reranker", data={"seq_len": 256, "packing": True, "truncate": "cut"},
         reranker={"prefix": "<|im_start|>", "instruction": "f", "suffix": "<|im_end|>\n",
                   "yes_token": "y", "no_token": "n"})
 
@@ -192,17 +193,18 @@ def test_bad_files_exit_2_naming_file_column_and_row(model, tmp_path):
 
 def test_peak_rss_does_not_grow_with_the_file(model, tmp_path):
     """Two files 10x apart, in the same row groups: if the reader held the
-    file (or its decoded text), the larger run's peak RSS would grow by about
-    the text's size, SMALL_BYTES x 9. It may grow by a quarter of that (the
-    documents' index and the allocator's drift); bench/parquet_rss.py
-    measures 2 GB once (docs/data.md)."""
+    file (or its decoded text), the larger run's peak RSS would grow by at
+    least the text added, SMALL_BYTES x 9. It may grow by half of that: the
+    token cache's index (40 bytes a document, mapped as the dataset reads it)
+    and the allocators' drift. Rows of 4 KB keep the documents few.
+    bench/parquet_rss.py measures 2 GB once (docs/data.md)."""
     peaks = {}
     for name, size in [("small", SMALL_BYTES), ("large", 10 * SMALL_BYTES)]:
         data = str(tmp_path / f"{name}.parquet")
-        write_text_parquet(data, size, row_group_rows=2000)
+        write_text_parquet(data, size, row_group_rows=500, row_bytes=4000)
         code, err, peaks[name] = tokenize_peak_rss(model, data, str(tmp_path / name))
         assert code == 0, err
     growth = peaks["large"] - peaks["small"]
     print(f"peak RSS {peaks['small'] / 2**20:.0f} MiB, then {peaks['large'] / 2**20:.0f} MiB "
           f"on 10x the data")
-    assert growth < 9 * SMALL_BYTES / 4, peaks
+    assert growth < 9 * SMALL_BYTES / 2, peaks

@@ -104,9 +104,13 @@ TEST_F(JobSpecPathsTest, AShardOfADataFolderThatLinksOutIsAnEscape) {
   EXPECT_THAT(s.message(), HasSubstr("data.path entry: "));
   EXPECT_THAT(s.message(), HasSubstr("part-1.parquet"));
   EXPECT_THAT(s.message(), HasSubstr("is outside the path roots"));
-  // And so is a folder in another tenant's job folder, whatever its shards.
-  const absl::Status other = CheckPathsOutsideOtherJobs(spec_, (dir_ / "root").string(),
-                                                        [](const std::string&) { return false; });
+  // And so is a folder of another tenant's job, in ballastd's output folder.
+  fs::create_directories(dir_ / "root" / "jobs" / "j-1" / "shards");
+  std::ofstream(dir_ / "root" / "jobs" / "j-1" / "shards" / "part-0.parquet") << "PAR1";
+  spec_.mutable_data()->set_path((dir_ / "root" / "jobs" / "j-1" / "shards").string());
+  const auto mine = [](const std::string& job) { return job == "j-2"; };
+  const absl::Status other =
+      CheckPathsOutsideOtherJobs(spec_, (dir_ / "root" / "jobs").string(), mine);
   EXPECT_THAT(other.message(), HasSubstr("data.path: "));
   EXPECT_THAT(other.message(), HasSubstr("outside any job of yours"));
 }
