@@ -550,7 +550,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     checks.push_back(absl::InvalidArgumentError("model.path is required: an HF model folder"));
   }
   if (spec.data().path().empty()) {
-    checks.push_back(absl::InvalidArgumentError("data.path is required: a JSONL file"));
+    checks.push_back(absl::InvalidArgumentError(
+        "data.path is required: a JSONL or parquet file, or a data folder"));
   }
 
   // Every fixed range and choice of the table. Checked whatever the method:

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/data_files.h"
 #include "common/job_spec.h"
 #include "common/job_spec_paths.h"
 #include "common/model_config.h"
@@ -45,13 +46,19 @@ std::string ConfigName(const v1::JobSpec& spec) {
   return (std::filesystem::path(spec.model().path()) / "config.json").string();
 }
 
-// OK when the data file `path`, the spec's `field`, opens as a regular file
-// (common/regular_file.h: not a FIFO, directory or file of /proc or /sys).
+// OK when the data `path`, the spec's `field`, is a file or a data folder
+// (common/data_files.h) whose files all open as regular files (not a FIFO,
+// a directory or a file of /proc or /sys).
 absl::Status CheckDataFile(absl::string_view field, const std::string& path) {
-  absl::Status s = CheckRegularFile(path);
+  absl::StatusOr<std::vector<std::string>> files = ListDataFiles(path);
+  absl::Status s = files.status();
+  for (size_t i = 0; s.ok() && i < files->size(); ++i) s = CheckRegularFile((*files)[i]);
   if (s.ok()) return s;
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": ", s.message(), absl::IsNotFound(s) ? "; expected a JSONL file" : ""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", s.message(),
+      absl::IsNotFound(s) ? "; expected a JSONL or parquet file, or a folder of parquet shards or "
+                            "a datasets.save_to_disk folder"
+                          : ""));
 }
 
 // OK when every weights file and JSON file of the model folder is a regular

@@ -18,7 +18,8 @@ struct PathField {
   const char* name;
   const std::string& (*get)(const v1::JobSpec&);
   void (*set)(v1::JobSpec*, std::string);
-  // A folder whose entries the trainer opens (a tokenizer may be one, or a file).
+  // May be a folder whose entries the trainer opens (a tokenizer or a data
+  // set may be one, or a file).
   bool folder;
 };
 
@@ -33,16 +34,16 @@ constexpr std::array<PathField, 6> kPathFields = {{
      [](v1::JobSpec* s, std::string p) { s->mutable_lora()->set_init_adapter(std::move(p)); },
      true},
     {"data.path", [](const v1::JobSpec& s) -> const std::string& { return s.data().path(); },
-     [](v1::JobSpec* s, std::string p) { s->mutable_data()->set_path(std::move(p)); }, false},
+     [](v1::JobSpec* s, std::string p) { s->mutable_data()->set_path(std::move(p)); }, true},
     {"data.tokenizer",
      [](const v1::JobSpec& s) -> const std::string& { return s.data().tokenizer(); },
      [](v1::JobSpec* s, std::string p) { s->mutable_data()->set_tokenizer(std::move(p)); }, true},
     {"reranker.eval_path",
      [](const v1::JobSpec& s) -> const std::string& { return s.reranker().eval_path(); },
      [](v1::JobSpec* s, std::string p) { s->mutable_reranker()->set_eval_path(std::move(p)); },
-     false},
+     true},
     {"eval.path", [](const v1::JobSpec& s) -> const std::string& { return s.eval().path(); },
-     [](v1::JobSpec* s, std::string p) { s->mutable_eval()->set_path(std::move(p)); }, false},
+     [](v1::JobSpec* s, std::string p) { s->mutable_eval()->set_path(std::move(p)); }, true},
 }};
 
 // `path` with its symlinks and ".." resolved as far as it exists.
@@ -178,7 +179,10 @@ absl::Status CheckOutputApartFromInputs(const std::string& out_dir, const v1::Jo
     if (value.empty()) continue;
     const fs::path input = Resolved(value);
     const bool out_in_input = IsPathUnder(out, input);
-    if (!out_in_input && !(f.folder && IsPathUnder(input, out))) continue;
+    std::error_code ec;
+    if (!out_in_input && !(f.folder && fs::is_directory(input, ec) && IsPathUnder(input, out))) {
+      continue;
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "the output folder ", out_dir, out_in_input ? " is inside " : " holds ", f.name, " ", value,
         ": a run writes its checkpoints and export there and would write over its own input; "

@@ -7,7 +7,7 @@
 // ValidateJobSpecFiles refuses one that is still relative. A coordinator
 // with path roots (ballastd --path-root DIR, repeatable) also confines them
 // to those folders once symlinks and ".." are resolved, and so the files in
-// the model, adapter and tokenizer folders too. Without roots any path is
+// the model, adapter, tokenizer and data folders too. Without roots any path is
 // allowed, as before roots existed. Thread-safe.
 #ifndef BALLAST_COMMON_JOB_SPEC_PATHS_H_
 #define BALLAST_COMMON_JOB_SPEC_PATHS_H_
@@ -21,7 +21,7 @@
 
 namespace ballast {
 
-// Most entries a model, adapter or tokenizer folder may hold when roots are
+// Most entries a model, adapter, tokenizer or data folder may hold when roots are
 // set: each is resolved at submission (a model folder has a few dozen).
 inline constexpr int kMaxFolderEntries = 4096;
 
@@ -45,12 +45,12 @@ absl::Status CheckPathRoots(const std::vector<std::string>& roots);
 
 // OK when every path of `spec` is absolute and, when `roots` is not empty,
 // lies under one of them after symlinks and ".." are resolved, as does each
-// entry of the model, adapter and tokenizer folders. INVALID_ARGUMENT names
+// entry of the model, adapter, tokenizer and data folders. INVALID_ARGUMENT names
 // the field, the path and the roots. Reads only directory entries and
 // symlinks; call before any file is opened.
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& roots);
 
-// OK when no path of `spec`, nor an entry of its model, adapter or tokenizer
+// OK when no path of `spec`, nor an entry of its model, adapter, tokenizer or data
 // folder, lies in ballastd's `output_root` other than in the folder of a job
 // for which `may_read(job_id)` is true (the submitter's tenant's jobs), once
 // symlinks and ".." are resolved. Otherwise INVALID_ARGUMENT, in the same
@@ -67,7 +67,7 @@ std::string TenantUploadFolder(const std::string& tenant);
 
 // OK when a run writing into `out_dir` cannot write over what it reads:
 // `out_dir` is not any input path nor inside one (a model folder given as
-// --out), and no input folder (model, adapter, tokenizer) lies inside
+// --out), and no input folder (model, adapter, tokenizer, data) lies inside
 // `out_dir`, where a run's export and checkpoints would land on it. Data
 // files inside the output folder are allowed: a run writes only its own
 // names there. Both sides are compared once symlinks and ".." are resolved.

@@ -157,7 +157,9 @@ inline constexpr SpecRule kSpecRules[] = {
                 "`adapter_model.safetensors`; same r, alpha, targets); method `lora` only"},
     {.key = "data.path",
      .default_kind = SpecDefault::kRequired,
-     .meaning = "JSONL, one record per line, in `data.format` (see Data)"},
+     .meaning = "JSONL, one record per line, in `data.format`; or a `.parquet` file, a folder of "
+                "parquet shards or a `datasets.save_to_disk` folder, one record per row (see "
+                "Data)"},
     {.key = "data.format",
      .default_kind = SpecDefault::kDerived,
      .shown = "detected",
@@ -169,6 +171,13 @@ inline constexpr SpecRule kSpecRules[] = {
      .shown = "`model.path`",
      .meaning = "a `tokenizer.json`, or a folder with one and `tokenizer_config.json`; every "
                 "format but `tokens` needs it"},
+    {.key = "data.columns",
+     .default_kind = SpecDefault::kDerived,
+     .shown = "the keys' names",
+     .allowed_kind = SpecAllowed::kInCode,
+     .allowed = "messages, prompt, completion, text, input_ids, labels, query, positive, negative",
+     .meaning = "parquet and Arrow data: the column that holds a record key, e.g. "
+                "`{prompt: question, completion: answer}` (see Data)"},
     {.key = "data.template",
      .default_kind = SpecDefault::kDerived,
      .shown = "from `tokenizer_config.json`",

@@ -139,7 +139,20 @@ TEST_F(JobSpecFilesTest, DataThatIsNotAFileOnADiskIsRefusedNamingTheField) {
   spec_.mutable_data()->set_path((dir_ / "data.jsonl").string());
   spec_.mutable_reranker()->set_eval_path(dir_.string());
   EXPECT_THAT(ValidateJobSpecFiles(spec_).message(),
-              HasSubstr("reranker.eval_path: " + dir_.string() + " is a directory"));
+              HasSubstr("reranker.eval_path: " + dir_.string() + " is a folder with no data"));
+}
+
+TEST_F(JobSpecFilesTest, AFolderOfShardsIsDataWhenEveryShardIsARegularFile) {
+  fs::create_directories(dir_ / "shards");
+  std::ofstream(dir_ / "shards" / "part-0.parquet") << "PAR1";
+  spec_.mutable_data()->set_path((dir_ / "shards").string());
+  EXPECT_TRUE(ValidateJobSpecFiles(spec_).ok()) << ValidateJobSpecFiles(spec_);
+  // A FIFO among the shards would hold a rank in open() for good.
+  ASSERT_EQ(mkfifo((dir_ / "shards" / "part-1.parquet").c_str(), 0600), 0);
+  const absl::Status s = ValidateJobSpecFiles(spec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("data.path: "));
+  EXPECT_THAT(s.message(), HasSubstr("part-1.parquet"));
 }
 
 TEST_F(JobSpecFilesTest, SeqLenAboveMaxPositionEmbeddingsNamesTheRange) {

@@ -93,6 +93,28 @@ TEST_F(JobSpecPathsTest, RootsConfineEveryPathPastDotDotAndSymlinks) {
   EXPECT_TRUE(CheckSpecPaths(spec_, roots_).ok()) << CheckSpecPaths(spec_, roots_);
 }
 
+TEST_F(JobSpecPathsTest, AShardOfADataFolderThatLinksOutIsAnEscape) {
+  fs::create_directories(dir_ / "root" / "shards");
+  std::ofstream(dir_ / "root" / "shards" / "part-0.parquet") << "PAR1";
+  spec_.mutable_data()->set_path((dir_ / "root" / "shards").string());
+  EXPECT_TRUE(CheckSpecPaths(spec_, roots_).ok()) << CheckSpecPaths(spec_, roots_);
+  fs::create_symlink(dir_ / "outside" / "secret.jsonl",
+                     dir_ / "root" / "shards" / "part-1.parquet");
+  const absl::Status s = CheckSpecPaths(spec_, roots_);
+  EXPECT_THAT(s.message(), HasSubstr("data.path entry: "));
+  EXPECT_THAT(s.message(), HasSubstr("part-1.parquet"));
+  EXPECT_THAT(s.message(), HasSubstr("is outside the path roots"));
+  // And so is a folder of another tenant's job, in ballastd's output folder.
+  fs::create_directories(dir_ / "root" / "jobs" / "j-1" / "shards");
+  std::ofstream(dir_ / "root" / "jobs" / "j-1" / "shards" / "part-0.parquet") << "PAR1";
+  spec_.mutable_data()->set_path((dir_ / "root" / "jobs" / "j-1" / "shards").string());
+  const auto mine = [](const std::string& job) { return job == "j-2"; };
+  const absl::Status other =
+      CheckPathsOutsideOtherJobs(spec_, (dir_ / "root" / "jobs").string(), mine);
+  EXPECT_THAT(other.message(), HasSubstr("data.path: "));
+  EXPECT_THAT(other.message(), HasSubstr("outside any job of yours"));
+}
+
 TEST_F(JobSpecPathsTest, ResolvingReplacesEachPathWithWhereItLeadsNow) {
   // A link from outside into the root passes the check, by where it leads;
   // the rank then opens that, not the link, which may change later.

@@ -23,6 +23,27 @@ enum class DataFormat {
   kReranker,          // {"query", "positive", "negative"} and kin (reranker_records.h)
 };
 
+// Every key a record of some format is read by, with DetectDataFormat's and
+// reranker_records.h's variants: a parquet or Arrow data set's columns of
+// these names become a row's record, its other columns are not read.
+inline constexpr const char* kRecordKeys[] = {"messages",
+                                              "prompt",
+                                              "completion",
+                                              "text",
+                                              "input_ids",
+                                              "labels",
+                                              "query",
+                                              "positive",
+                                              "positives",
+                                              "pos",
+                                              "negative",
+                                              "negatives",
+                                              "neg",
+                                              "response",
+                                              "rejected_response",
+                                              "positive_messages",
+                                              "negative_messages"};
+
 // The spec's name of a format (data.format); INVALID_ARGUMENT listing the
 // names otherwise.
 absl::StatusOr<DataFormat> ParseDataFormat(absl::string_view name);

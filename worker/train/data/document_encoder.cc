@@ -108,7 +108,12 @@ absl::Status DocumentEncoder::Encode(absl::string_view line,
   documents->clear();
   absl::StatusOr<nlohmann::json> parsed = ParseRecord(line);
   if (!parsed.ok()) return parsed.status();
-  const nlohmann::json& record = *parsed;
+  return EncodeParsed(*parsed, documents);
+}
+
+absl::Status DocumentEncoder::EncodeParsed(const nlohmann::json& record,
+                                           std::vector<EncodedDocument>* documents) const {
+  documents->clear();
   if (options_.format == DataFormat::kReranker) {
     if (absl::Status status = EncodeReranker(record, documents); !status.ok()) return status;
   } else {

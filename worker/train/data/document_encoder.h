@@ -85,6 +85,10 @@ class DocumentEncoder {
   // FAILED_PRECONDITION when the tokenizer yields an id the model does not
   // have: the tokenizer does not belong to the model, whatever the record.
   absl::Status Encode(absl::string_view line, std::vector<EncodedDocument>* documents) const;
+  // The same for a record already parsed (a JSONL line's, or a parquet
+  // row's: record_reader.h); errors as Encode's but for the JSON's.
+  absl::Status EncodeParsed(const nlohmann::json& record,
+                            std::vector<EncodedDocument>* documents) const;
 
   const DocumentEncoderOptions& options() const { return options_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }

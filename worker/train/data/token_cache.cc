@@ -27,7 +27,7 @@ constexpr size_t kIndexFields = 5;
 // A chunk ends at whichever comes first: lines may be up to MaxLineBytes
 // (16 MiB and more) each, and 2 x threads chunks of 256 such lines would be
 // gigabytes in flight.
-constexpr size_t kLinesPerChunk = 256;
+constexpr size_t kRecordsPerChunk = 256;
 constexpr size_t kBytesPerChunk = size_t{1} << 20;
 constexpr size_t kBadRecordExamples = 5;
 
@@ -38,11 +38,13 @@ struct EncodedLine {
 };
 
 std::vector<EncodedLine> EncodeChunk(const DocumentEncoder& encoder,
-                                     std::vector<std::pair<int64_t, std::string>> lines) {
-  std::vector<EncodedLine> encoded(lines.size());
-  for (size_t i = 0; i < lines.size(); ++i) {
-    encoded[i].line = lines[i].first;
-    encoded[i].status = encoder.Encode(lines[i].second, &encoded[i].documents);
+                                     std::vector<RawRecord> records) {
+  std::vector<EncodedLine> encoded(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    encoded[i].line = records[i].index;
+    absl::StatusOr<nlohmann::json> record = ParseRawRecord(records[i]);
+    encoded[i].status =
+        record.ok() ? encoder.EncodeParsed(*record, &encoded[i].documents) : record.status();
   }
   return encoded;
 }
@@ -117,12 +119,11 @@ class TokenCache::Writer {
   Writer(const TokenCacheOptions& options, std::optional<Files> files)
       : options_(options), files_(std::move(files)) {}
 
-  absl::Status Add(EncodedLine& encoded) {
+  // `reader` says where a record came from.
+  absl::Status Add(EncodedLine& encoded, const RecordReader& reader) {
     ++statistics_.records;
-    const int64_t line_number = encoded.line + 1;
     if (!encoded.status.ok()) {
-      std::string what =
-          absl::StrCat(options_.data_path, ":", line_number, ": ", encoded.status.message());
+      std::string what = absl::StrCat(reader.Where(encoded.line), ": ", encoded.status.message());
       if (encoded.status.code() != absl::StatusCode::kInvalidArgument ||
           !options_.skip_bad_records) {
         return absl::Status(encoded.status.code(), what);
@@ -141,22 +142,22 @@ class TokenCache::Writer {
       while (end < docs.size() && docs[end].group == docs[begin].group) ++end;
       absl::Status s =
           docs[begin].relevance < 0
-              ? AddDocument(docs[begin], encoded.line)
-              : AddGroup(absl::MakeSpan(docs).subspan(begin, end - begin), encoded.line);
+              ? AddDocument(docs[begin], encoded.line, reader)
+              : AddGroup(absl::MakeSpan(docs).subspan(begin, end - begin), encoded.line, reader);
       if (!s.ok()) return s;
     }
     return ids_.size() >= kSpillTokens ? Spill() : absl::OkStatus();
   }
 
   // One document, its own group; data.truncate for one longer than seq_len.
-  absl::Status AddDocument(EncodedDocument& doc, int64_t line) {
+  absl::Status AddDocument(EncodedDocument& doc, int64_t line, const RecordReader& reader) {
     const int64_t length = static_cast<int64_t>(doc.input_ids.size());
     if (length > options_.seq_len) {
       switch (options_.truncate) {
         case Truncate::kError:
           return absl::InvalidArgumentError(
-              absl::StrCat(options_.data_path, ":", line + 1, ": the document has ", length,
-                           " tokens, more than ", options_.seq_len_name, " = ", options_.seq_len,
+              absl::StrCat(reader.Where(line), ": the document has ", length, " tokens, more than ",
+                           options_.seq_len_name, " = ", options_.seq_len,
                            "; raise seq_len, or set data.truncate to cut or drop"));
         case Truncate::kDrop:
           ++statistics_.dropped_documents;
@@ -180,15 +181,16 @@ class TokenCache::Writer {
   // A reranker group, which packing keeps in one row: the positive and its
   // negatives together at most seq_len tokens. data.truncate for a longer
   // one; cut drops negatives from the end while one is left.
-  absl::Status AddGroup(absl::Span<EncodedDocument> group, int64_t line) {
+  absl::Status AddGroup(absl::Span<EncodedDocument> group, int64_t line,
+                        const RecordReader& reader) {
     int64_t total = 0;
     for (const EncodedDocument& doc : group) total += static_cast<int64_t>(doc.input_ids.size());
     size_t kept = group.size();
     if (total > options_.seq_len) {
       if (options_.truncate == Truncate::kError) {
         return absl::InvalidArgumentError(absl::StrCat(
-            options_.data_path, ":", line + 1, ": a group of ", group.size(), " candidates has ",
-            total, " tokens, more than data.seq_len = ", options_.seq_len,
+            reader.Where(line), ": a group of ", group.size(), " candidates has ", total,
+            " tokens, more than data.seq_len = ", options_.seq_len,
             " (a group is never split); raise seq_len, lower reranker.max_negatives, or set "
             "data.truncate to cut or drop"));
       }
@@ -363,7 +365,8 @@ absl::Status TokenCache::Encode(const DocumentEncoder& encoder, const TokenCache
     if (options.data_path_name.empty()) return s;
     return absl::Status(s.code(), absl::StrCat(options.data_path_name, ": ", s.message()));
   };
-  absl::StatusOr<LineReader> reader = LineReader::Open(options.data_path, options.max_line_bytes);
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(
+      options.data_path, {.max_line_bytes = options.max_line_bytes, .columns = options.columns});
   if (!reader.ok()) return named(reader.status());
   const size_t window = 2 * static_cast<size_t>(std::max(1, options.threads));
   std::deque<std::future<std::vector<EncodedLine>>> in_flight;
@@ -373,27 +376,27 @@ absl::Status TokenCache::Encode(const DocumentEncoder& encoder, const TokenCache
     std::vector<EncodedLine> chunk = in_flight.front().get();
     in_flight.pop_front();
     for (EncodedLine& line : chunk) {
-      if (absl::Status s = writer->Add(line); !s.ok()) return s;
+      if (absl::Status s = writer->Add(line, **reader); !s.ok()) return s;
     }
     return absl::OkStatus();
   };
-  std::vector<std::pair<int64_t, std::string>> lines;
+  std::vector<RawRecord> records;
+  // Of lines: a row's values stay in its row group, which the chunk shares.
   size_t chunk_bytes = 0;
-  std::string text;
+  RawRecord record;
   for (bool more = true; more;) {
-    absl::StatusOr<bool> next = reader->Next(&text);
+    absl::StatusOr<bool> next = (*reader)->Next(&record);
     if (!next.ok()) return named(next.status());
     more = *next;
-    if (more && text.find_first_not_of(" \t\r") != std::string::npos) {
-      chunk_bytes += text.size();
-      lines.emplace_back(reader->line_number() - 1, std::move(text));
-      text.clear();
+    if (more) {
+      chunk_bytes += record.line.size();
+      records.push_back(std::exchange(record, {}));
     }
-    if (lines.size() == kLinesPerChunk || chunk_bytes >= kBytesPerChunk ||
-        (!more && !lines.empty())) {
+    if (records.size() == kRecordsPerChunk || chunk_bytes >= kBytesPerChunk ||
+        (!more && !records.empty())) {
       chunk_bytes = 0;
       in_flight.push_back(std::async(std::launch::async, EncodeChunk, std::cref(encoder),
-                                     std::exchange(lines, {})));
+                                     std::exchange(records, {})));
       if (in_flight.size() >= window) {
         if (absl::Status s = write_oldest(); !s.ok()) return s;
       }

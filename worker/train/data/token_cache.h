@@ -10,11 +10,12 @@
 //                         written last: without it, or with another
 //                         fingerprint, the cache is built again.
 //
-// Building reads the data file once, encodes chunks of lines on a few
-// threads while it reads on (at most 2 x threads chunks in memory, each of
-// at most 256 lines or about 1 MiB of them), and
-// writes the documents in file order. Bad records and over-long documents
-// follow the options; every error names the file and the line.
+// Building reads the data once (record_reader.h: a JSONL file, or a parquet
+// or Arrow data set row group by row group), encodes chunks of records on a
+// few threads while it reads on (at most 2 x threads chunks in memory, each
+// of at most 256 records or about 1 MiB of lines), and writes the documents
+// in file order. Bad records and over-long documents follow the options;
+// every error names the file and the line (or row).
 //
 // Thread-safe after construction: the accessors are const views.
 #ifndef BALLAST_WORKER_TRAIN_DATA_TOKEN_CACHE_H_
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/train/data/document_encoder.h"
+#include "worker/train/data/record_reader.h"
 #include "worker/train/io/mapped_file.h"
 
 namespace ballast::train {
@@ -52,12 +54,14 @@ struct TokenCacheOptions {
   // The spec's field that names data_path, which errors in reading the file
   // (not its records) start with; empty when the caller names it.
   std::string data_path_name = "data.path";
+  // A parquet or Arrow data set's columns under other names (data.columns).
+  v1::DataColumns columns;
   // The most tokens a document may have, and what the messages call it.
   int64_t seq_len = 0;
   std::string seq_len_name = "data.seq_len";
   Truncate truncate = Truncate::kError;
   bool skip_bad_records = false;
-  // A longer line is an error, never read whole.
+  // A longer JSONL line is an error, never read whole.
   int64_t max_line_bytes = 0;
   int threads = 2;
   // Everything the documents depend on (the data file's identity, the
@@ -86,7 +90,8 @@ class TokenCache {
 
   int64_t documents() const { return static_cast<int64_t>(index_size_); }
   int64_t length(int64_t document) const { return index_[5 * document + 1]; }
-  // The 0-based line of the data file the document came from.
+  // The 0-based line of the data file the document came from (a data
+  // set's row, counted over its files).
   int64_t line(int64_t document) const { return index_[5 * document + 2]; }
   // Documents that packing keeps together share a group, and a group's
   // documents are consecutive: a reranker record's positive and its

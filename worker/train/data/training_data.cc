@@ -8,7 +8,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/data_files.h"
 #include "common/regular_file.h"
+#include "worker/train/data/record_reader.h"
 
 namespace ballast::train {
 namespace {
@@ -72,37 +75,44 @@ std::string FileIdentity(const std::string& path) {
                       st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
-// The format of the first record of `path`; a mixed file then fails on its
-// first record of another shape, naming the line. Errors in reading the
-// file start with `key`, the spec's field that names it, when not empty.
+// The same for a data path, each of a folder's files.
+std::string DataIdentity(const std::string& path) {
+  absl::StatusOr<std::vector<std::string>> files = ListDataFiles(path);
+  if (!files.ok()) return FileIdentity(path);
+  return absl::StrJoin(*files, "; ", [](std::string* out, const std::string& file) {
+    out->append(FileIdentity(file));
+  });
+}
+
+// The format of the first record of `path`, read with data.columns; a mixed
+// file then fails on its first record of another shape, naming the line or
+// row. Errors in reading the file start with `key`, the spec's field that
+// names it, when not empty.
 absl::StatusOr<DataFormat> DetectFileFormat(const std::string& path, absl::string_view key,
-                                            int64_t seq_len) {
+                                            const v1::DataSpec& data) {
   const auto named = [&](const absl::Status& s) {
     return key.empty() ? s : absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
   };
-  absl::StatusOr<LineReader> reader =
-      LineReader::Open(path, MaxLineBytes(DataFormat::kText, seq_len));
-  if (!reader.ok()) return named(reader.status());
-  std::string line;
-  for (;;) {
-    absl::StatusOr<bool> more = reader->Next(&line);
-    if (!more.ok()) return named(more.status());
-    if (!*more) return absl::InvalidArgumentError(absl::StrCat(path, ": no records"));
-    if (line.find_first_not_of(" \t\r") != std::string::npos) break;
-  }
-  absl::StatusOr<nlohmann::json> record = ParseRecord(line);
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(
+      path, {.max_line_bytes = MaxLineBytes(DataFormat::kText, data.seq_len()),
+             .columns = data.columns()});
+  RawRecord first;
+  absl::StatusOr<bool> more = reader.ok() ? (*reader)->Next(&first) : reader.status();
+  if (!more.ok()) return named(more.status());
+  if (!*more) return absl::InvalidArgumentError(absl::StrCat(path, ": no records"));
+  absl::StatusOr<nlohmann::json> record = ParseRawRecord(first);
   absl::StatusOr<DataFormat> format =
       record.ok() ? DetectDataFormat(*record) : absl::StatusOr<DataFormat>(record.status());
   if (!format.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ":", reader->line_number(), ": ", format.status().message()));
+        absl::StrCat((*reader)->Where(first.index), ": ", format.status().message()));
   }
   return format;
 }
 
-absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data, int64_t seq_len) {
+absl::StatusOr<DataFormat> ResolveFormat(const v1::DataSpec& data) {
   if (!data.format().empty()) return ParseDataFormat(data.format());
-  return DetectFileFormat(data.path(), "data.path", seq_len);
+  return DetectFileFormat(data.path(), "data.path", data);
 }
 
 // Whether a document of `set` has a supervised target: without one, a
@@ -129,11 +139,8 @@ absl::StatusOr<TokenCache> ReadEvalFile(const v1::JobSpec& spec, const DocumentE
   const v1::DataSpec& data = spec.data();
   const std::string& path = spec.eval().path();
   const DataFormat format = encoder.options().format;
-  absl::StatusOr<DataFormat> eval_format = DetectFileFormat(path, "", data.seq_len());
-  if (!eval_format.ok()) {
-    return absl::Status(eval_format.status().code(),
-                        absl::StrCat("eval.path: ", eval_format.status().message()));
-  }
+  absl::StatusOr<DataFormat> eval_format = DetectFileFormat(path, "eval.path", data);
+  if (!eval_format.ok()) return eval_format.status();
   if (*eval_format != format) {
     return absl::InvalidArgumentError(
         absl::StrCat("eval.path: ", path, " holds ", DataFormatName(*eval_format),
@@ -228,7 +235,7 @@ absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::J
                                                                      int64_t vocab_size,
                                                                      v1::DataReport* report) {
   const v1::DataSpec& data = spec.data();
-  absl::StatusOr<DataFormat> format = ResolveFormat(data, data.seq_len());
+  absl::StatusOr<DataFormat> format = ResolveFormat(data);
   if (!format.ok()) return format.status();
   report->set_format(std::string(DataFormatName(*format)));
   const bool reranker_task = spec.task() == "generative_reranker";
@@ -311,6 +318,7 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
 
   TokenCacheOptions cache_options;
   cache_options.data_path = data.path();
+  cache_options.columns = data.columns();
   cache_options.seq_len = document_limit;
   if (noise->block_length > 0) {
     cache_options.seq_len_name = "data.seq_len / 2 (block diffusion packs [x_t ; x_0])";
@@ -325,7 +333,8 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
   const std::string tokenizer_path =
       data.tokenizer().empty() ? spec.model().path() + "/tokenizer.json" : data.tokenizer();
   cache_options.fingerprint =
-      nlohmann::json{{"data", FileIdentity(data.path())},
+      nlohmann::json{{"data", DataIdentity(data.path())},
+                     {"columns", data.columns().ShortDebugString()},
                      {"tokenizer", result.encoder->tokenizer() ? FileIdentity(tokenizer_path) : ""},
                      {"format", result.report.format()},
                      {"template", result.report.template_()},
