@@ -188,7 +188,7 @@ def test_a_job_encodes_special_token_text_as_tokenizers_does_and_counts_it(model
                 + ("special tokens (data.allow_special_tokens: true)" if allow
                    else "plain text (data.allow_special_tokens: false)"))
         spec = tmp_path / f"job-{allow}.yaml"
-        write_spec(spec, **base_spec(model, data, max_steps=1,
+        write_spec(spec, **base_spec(model, data, max_steps=1, schedule={"warmup_steps": 0},
                                      data={"seq_len": 256, "format": "text",
                                            "on_bad_record": "skip",
                                            "allow_special_tokens": allow}))

@@ -141,9 +141,6 @@ TEST_F(TokenCacheTest, BadRecordsFailNamingTheLineOrAreSkippedAndCounted) {
 // occurrences; over chunks encoded on several threads; without the bad
 // records skipped; and the same when the cache is read back.
 TEST_F(TokenCacheTest, CountsTheRecordsWithSpecialTokenTextAndKeepsTheCount) {
-  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(
-      WithSpecialTokens(QwenStyleJson({}), {"<|endoftext|>", "<|im_start|>"}, 256));
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const uint32_t seed = std::random_device()();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 random(seed);
@@ -165,9 +162,12 @@ TEST_F(TokenCacheTest, CountsTheRecordsWithSpecialTokenTextAndKeepsTheCount) {
   }
   Write(text);
   for (const bool allow : {false, true}) {
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(
+        WithSpecialTokens(QwenStyleJson({}), {"<|endoftext|>", "<|im_start|>"}, 256));
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
-        {.format = DataFormat::kText, .vocab_size = 300, .allow_special_tokens = allow}, *tokenizer,
-        std::nullopt);
+        {.format = DataFormat::kText, .vocab_size = 300, .allow_special_tokens = allow},
+        *std::move(tokenizer), std::nullopt);
     ASSERT_TRUE(encoder.ok()) << encoder.status();
     TokenCacheOptions options = Options();
     options.seq_len = 100;
