@@ -228,6 +228,11 @@ std::string DataLine(const v1::DataReport& d) {
   }
   if (d.cut_documents() > 0) losses.push_back(absl::StrCat(d.cut_documents(), " cut"));
   if (d.dropped_documents() > 0) losses.push_back(absl::StrCat(d.dropped_documents(), " dropped"));
+  // Before the losses, which the first bad record's example follows.
+  if (d.special_token_records() > 0) {
+    absl::StrAppend(&line, "; ", d.special_token_records(), " records with special-token text, as ",
+                    d.special_tokens_allowed() ? "special tokens" : "plain text");
+  }
   if (!losses.empty()) absl::StrAppend(&line, "; ", absl::StrJoin(losses, ", "));
   if (!d.bad_record_examples().empty()) {
     absl::StrAppend(&line, "; first: ", d.bad_record_examples(0));

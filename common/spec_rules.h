@@ -211,6 +211,13 @@ inline constexpr SpecRule kSpecRules[] = {
      .meaning = "a document longer than seq_len: an error (never truncated silently), cut to "
                 "its first seq_len tokens, or dropped; cut and dropped ones are counted in the "
                 "events"},
+    {.key = "data.allow_special_tokens",
+     .number = 0,
+     .meaning = "a special token's text in a record's content (`<|im_start|>`) becomes that "
+                "token, as transformers encodes it; off, `text` and template-less "
+                "`prompt_completion` encode it as plain text and a chat holding it is a bad "
+                "record. The data report counts such records either way. Not for `tokens` or "
+                "`reranker`"},
     {.key = "data.packing",
      .number = 0,
      .meaning = "pack several documents into each row, best fit decreasing, with no attention "

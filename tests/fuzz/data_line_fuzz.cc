@@ -109,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DocumentEncoder& encoder = Encoder(data[0]);
   const absl::string_view line(reinterpret_cast<const char*>(data + 1), size - 1);
   std::vector<EncodedDocument> documents;
-  const absl::Status status = encoder.Encode(line, &documents);
+  bool special_token_text = false;
+  const absl::Status status = encoder.Encode(line, &documents, &special_token_text);
   if (!status.ok()) {
     Require(absl::IsInvalidArgument(status), "a bad record is INVALID_ARGUMENT", status);
     return 0;

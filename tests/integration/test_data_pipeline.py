@@ -115,3 +115,97 @@ def test_a_job_on_chats_tokenizes_once_and_trains(model, tmp_path):
     r = run("--spec", str(tmp_path / "job.yaml"), "--out", out)
     assert r.returncode == 0, r.stderr
     assert "read from the job's token cache" in r.stderr
+
+
+# Issue 34: special-token text inside records. `tokenizers` splits special
+# tokens out of the text by default and, with encode_special_tokens=True,
+# encodes their text as plain text (added tokens that are not special, such
+# as <think>, are matched either way).
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def special_texts(rng, n):
+    pieces = ["hello", " world", " 42", "\n", "é", "<think>"] + SPECIAL
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) for _ in range(n)]
+    return texts + ["plain " + SPECIAL[0] + " and " + SPECIAL[1], "plain"]
+
+
+def references(model):
+    from tokenizers import Tokenizer
+    allowed = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    plain = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    plain.encode_special_tokens = True
+    return {True: allowed, False: plain}
+
+
+def test_tokenize_encodes_special_token_text_as_tokenizers_does(model):
+    import random
+    import time
+    from transformers import PreTrainedTokenizerFast
+    seed = time.time_ns() % 2**32
+    texts = special_texts(random.Random(seed), 40)
+    chat = [{"role": "user", "content": "a <|im_end|> b"}, {"role": "assistant", "content": "4"}]
+    lines = [json.dumps({"text": t}) for t in texts] + [json.dumps({"messages": chat})]
+    holding = sum(any(s in t for s in SPECIAL) for t in texts)
+    hf = PreTrainedTokenizerFast(tokenizer_file=os.path.join(model, "tokenizer.json"))
+    hf.chat_template = QWEN3
+    for allow, reference in references(model).items():
+        r = run("tokenize", "--tokenizer", model, *(["--allow-special"] if allow else []),
+                stdin="\n".join(lines) + "\n")
+        replies = [json.loads(line) for line in r.stdout.splitlines()]
+        for text, reply in zip(texts, replies):
+            assert reply["ids"] == reference.encode(text, add_special_tokens=False).ids, \
+                f"seed {seed}, allow {allow}: {text!r}"
+        if allow:
+            # The chat's special-token text is the token, as apply_chat_template makes it.
+            assert r.returncode == 0, r.stderr
+            assert replies[-1]["ids"] == hf.apply_chat_template(chat, tokenize=True)
+            assert (f"{holding + 1} lines contained special-token text, encoded as special "
+                    "tokens") in r.stderr
+        else:
+            # A chat holding it is refused, as a job refuses the record.
+            assert r.returncode == 1
+            assert "messages[0].content holds the special token <|im_end|>" in replies[-1]["error"]
+            assert f"{holding} lines contained special-token text, encoded as plain text" \
+                in r.stderr
+
+
+def test_a_job_encodes_special_token_text_as_tokenizers_does_and_counts_it(model, tmp_path):
+    import random
+    import time
+    import numpy as np
+    seed = time.time_ns() % 2**32
+    texts = special_texts(random.Random(seed), 30)
+    holding = sum(any(s in t for s in SPECIAL) for t in texts)
+    data = str(tmp_path / "texts.jsonl")
+    with open(data, "w") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}) + "\n")
+        f.write('{"text": "<|im_start|> not counted"}\0junk\n')  # a bad record, skipped
+    eos = references(model)[True].token_to_id("<|im_end|>")
+    for allow, reference in references(model).items():
+        note = (f"{holding} records contained special-token text, encoded as "
+                + ("special tokens (data.allow_special_tokens: true)" if allow
+                   else "plain text (data.allow_special_tokens: false)"))
+        spec = tmp_path / f"job-{allow}.yaml"
+        write_spec(spec, **base_spec(model, data, max_steps=1, schedule={"warmup_steps": 0},
+                                     data={"seq_len": 256, "format": "text",
+                                           "on_bad_record": "skip",
+                                           "allow_special_tokens": allow}))
+        r = run("data-check", "--spec", str(spec), "--rows", "0")
+        assert r.returncode == 0, r.stderr
+        assert note in r.stdout, f"seed {seed}: {r.stdout}"
+        out = str(tmp_path / f"out-{allow}")
+        for tokenized in ("tokenized into", "read from"):
+            r = run("--spec", str(spec), "--out", out)
+            assert r.returncode == 0, r.stderr
+            assert f"{tokenized} the job's token cache" in r.stderr
+            assert note in r.stderr, f"seed {seed}: {r.stderr}"
+        cache = os.path.join(out, "data-cache")
+        ids = np.fromfile(os.path.join(cache, "documents.ids"), dtype=np.int32)
+        index = np.fromfile(os.path.join(cache, "documents.index"), dtype=np.int64).reshape(-1, 5)
+        assert len(index) == len(texts)
+        for (offset, length, line, _, _), text in zip(index, texts):
+            want = reference.encode(text, add_special_tokens=False).ids + [eos]
+            assert ids[offset:offset + length].tolist() == want, \
+                f"seed {seed}, allow {allow}, line {line + 1}: {text!r}"

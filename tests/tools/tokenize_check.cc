@@ -95,7 +95,7 @@ nlohmann::json Chat(const ballast::train::ChatTemplate& chat_template,
                             ? ballast::train::TrainOn::kAll
                             : ballast::train::TrainOn::kAssistant;
   absl::StatusOr<ballast::train::EncodedChat> encoded =
-      chat_template.Encode(tokenizer, messages, train_on);
+      chat_template.Encode(tokenizer, messages, train_on, request.value("allow_special", false));
   if (!encoded.ok()) return {{"error", encoded.status().ToString()}};
   reply["ids"] = encoded->ids;
   reply["supervised"] = encoded->supervised;

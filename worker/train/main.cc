@@ -39,6 +39,7 @@
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
 #include "worker/train/data/data_check.h"
+#include "worker/train/data/tokenize_lines.h"
 #include "worker/train/model/inference.h"
 #include "worker/train/objective/rerank_queries.h"
 #include "worker/train/rank/agent_channel.h"
@@ -46,7 +47,6 @@
 #include "worker/train/rank/device_info.h"
 #include "worker/train/rank/local_ranks.h"
 #include "worker/train/rank/rank_observer.h"
-#include "worker/train/text/tokenize_lines.h"
 #include "worker/train/trainer/trainer.h"
 
 namespace {
@@ -395,10 +395,18 @@ int DataCheck(const DataCheckArgs& args) {
 }
 
 int Tokenize(const ballast::train::TokenizeLinesOptions& options) {
-  absl::StatusOr<int64_t> failed = ballast::train::TokenizeLines(options, std::cin, std::cout);
-  if (!failed.ok()) return Fail(failed.status());
-  if (*failed > 0) {
-    std::cerr << "ballast-train: " << *failed << " lines failed; see their error lines\n";
+  absl::StatusOr<ballast::train::TokenizeLinesCounts> counts =
+      ballast::train::TokenizeLines(options, std::cin, std::cout);
+  if (!counts.ok()) return Fail(counts.status());
+  if (counts->special_token_text > 0) {
+    std::cerr << "ballast-train: " << counts->special_token_text
+              << " lines contained special-token text, encoded "
+              << (options.allow_special ? "as special tokens (--allow-special)\n"
+                                        : "as plain text (--allow-special makes them special "
+                                          "tokens)\n");
+  }
+  if (counts->failed > 0) {
+    std::cerr << "ballast-train: " << counts->failed << " lines failed; see their error lines\n";
     return 1;
   }
   return 0;
@@ -545,7 +553,8 @@ CLI::App* AddTokenize(CLI::App& app, ballast::train::TokenizeLinesOptions* optio
   tokenize->add_flag("--train-on-all", options->train_on_all,
                      "Mark every token of a chat trained, not only the assistant turns");
   tokenize->add_flag("--allow-special", options->allow_special,
-                     "Match special tokens inside text, as transformers does by default");
+                     "Match special tokens inside text and message content, as transformers "
+                     "does by default and a job does with data.allow_special_tokens");
   return tokenize;
 }
 

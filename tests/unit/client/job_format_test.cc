@@ -202,6 +202,11 @@ TEST(JobFormat, DataLinesCountWhatWasLost) {
   d.set_dropped_documents(1);
   EXPECT_THAT(DataLine(d), HasSubstr("93.8%; 2 bad records skipped, 1 cut, 1 dropped; first: "
                                      "d.jsonl:4: not a JSON object"));
+  d.set_special_token_records(3);
+  EXPECT_THAT(DataLine(d), HasSubstr("93.8%; 3 records with special-token text, as plain text; 2 "
+                                     "bad records skipped"));
+  d.set_special_tokens_allowed(true);
+  EXPECT_THAT(DataLine(d), HasSubstr("3 records with special-token text, as special tokens; 2 "));
   v1::Job job;
   EXPECT_THAT(JobDetail(job, 0), Not(HasSubstr("DATA")));
   *job.mutable_data() = d;

@@ -95,6 +95,7 @@ absl::Status WriteDataCheck(const v1::JobSpec& spec, int64_t rows, std::ostream&
   out << "rows of " << d.seq_len() << " tokens per epoch " << r.rows()
       << (d.packing() ? " (packed)" : " (one document each)")
       << absl::StrFormat(", packing efficiency %.1f%%", 100 * r.packing_efficiency()) << "\n";
+  if (const std::string note = SpecialTokenRecordsNote(r); !note.empty()) out << note << "\n";
   for (const std::string& bad : r.bad_record_examples()) out << "bad record: " << bad << "\n";
 
   TokenizedDataset& dataset = *data->dataset;

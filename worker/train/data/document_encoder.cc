@@ -18,37 +18,6 @@ absl::StatusOr<absl::string_view> StringField(const nlohmann::json& object, cons
   return absl::string_view(it->get_ref<const std::string&>());
 }
 
-absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& list,
-                                                       absl::string_view key) {
-  if (!list.is_array() || list.empty()) {
-    return Bad(absl::StrCat("\"", key, "\" is not a non-empty list of messages"));
-  }
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const nlohmann::json& m = list[i];
-    const std::string where = absl::StrCat(key, "[", i, "]");
-    if (!m.is_object()) return Bad(absl::StrCat(where, " is not an object"));
-    ChatMessage message;
-    absl::StatusOr<absl::string_view> role = StringField(m, "role");
-    if (!role.ok()) return Bad(absl::StrCat(where, ": ", role.status().message()));
-    message.role = std::string(*role);
-    // content may be null on an assistant turn that only reasons.
-    if (const auto content = m.find("content"); content != m.end() && !content->is_null()) {
-      if (!content->is_string()) return Bad(absl::StrCat(where, ".content is not a string"));
-      message.content = content->get<std::string>();
-    }
-    if (const auto reasoning = m.find("reasoning_content");
-        reasoning != m.end() && !reasoning->is_null()) {
-      if (!reasoning->is_string()) {
-        return Bad(absl::StrCat(where, ".reasoning_content is not a string"));
-      }
-      message.reasoning = reasoning->get<std::string>();
-    }
-    messages.push_back(std::move(message));
-  }
-  return messages;
-}
-
 absl::Status ParseTokens(const nlohmann::json& record, int64_t vocab_size,
                          EncodedDocument* document) {
   const auto ids = record.find("input_ids");
@@ -86,6 +55,46 @@ absl::Status ParseTokens(const nlohmann::json& record, int64_t vocab_size,
 
 }  // namespace
 
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& list,
+                                                       absl::string_view key) {
+  if (!list.is_array() || list.empty()) {
+    return Bad(absl::StrCat("\"", key, "\" is not a non-empty list of messages"));
+  }
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& m = list[i];
+    const std::string where = absl::StrCat(key, "[", i, "]");
+    if (!m.is_object()) return Bad(absl::StrCat(where, " is not an object"));
+    ChatMessage message;
+    absl::StatusOr<absl::string_view> role = StringField(m, "role");
+    if (!role.ok()) return Bad(absl::StrCat(where, ": ", role.status().message()));
+    message.role = std::string(*role);
+    // content may be null on an assistant turn that only reasons.
+    if (const auto content = m.find("content"); content != m.end() && !content->is_null()) {
+      if (!content->is_string()) return Bad(absl::StrCat(where, ".content is not a string"));
+      message.content = content->get<std::string>();
+    }
+    if (const auto reasoning = m.find("reasoning_content");
+        reasoning != m.end() && !reasoning->is_null()) {
+      if (!reasoning->is_string()) {
+        return Bad(absl::StrCat(where, ".reasoning_content is not a string"));
+      }
+      message.reasoning = reasoning->get<std::string>();
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+absl::StatusOr<std::vector<TokenId>> EncodeRecordText(const Tokenizer& tokenizer,
+                                                      std::string_view text, bool allow_special,
+                                                      bool* special_token_text) {
+  absl::StatusOr<std::optional<std::string>> special = tokenizer.FindSpecialToken(text);
+  if (!special.ok()) return special.status();
+  *special_token_text = special->has_value();
+  return tokenizer.Encode(text, allow_special);
+}
+
 absl::StatusOr<DocumentEncoder> DocumentEncoder::Create(DocumentEncoderOptions options,
                                                         std::optional<Tokenizer> tokenizer,
                                                         std::optional<ChatTemplate> chat_template) {
@@ -100,25 +109,37 @@ absl::StatusOr<DocumentEncoder> DocumentEncoder::Create(DocumentEncoderOptions o
         "data.format messages needs a chat template: set data.template to qwen3, qwen3_5, chatml "
         "or llama3");
   }
+  if (options.allow_special_tokens &&
+      (options.format == DataFormat::kTokens || options.format == DataFormat::kReranker)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.allow_special_tokens is for the text, prompt_completion and messages "
+                     "formats, not ",
+                     format));
+  }
   return DocumentEncoder(options, std::move(tokenizer), std::move(chat_template));
 }
 
 absl::Status DocumentEncoder::Encode(absl::string_view line,
-                                     std::vector<EncodedDocument>* documents) const {
+                                     std::vector<EncodedDocument>* documents,
+                                     bool* special_token_text) const {
   documents->clear();
+  *special_token_text = false;
   absl::StatusOr<nlohmann::json> parsed = ParseRecord(line);
   if (!parsed.ok()) return parsed.status();
-  return EncodeParsed(*parsed, documents);
+  return EncodeParsed(*parsed, documents, special_token_text);
 }
 
 absl::Status DocumentEncoder::EncodeParsed(const nlohmann::json& record,
-                                           std::vector<EncodedDocument>* documents) const {
+                                           std::vector<EncodedDocument>* documents,
+                                           bool* special_token_text) const {
   documents->clear();
+  *special_token_text = false;
   if (options_.format == DataFormat::kReranker) {
     if (absl::Status status = EncodeReranker(record, documents); !status.ok()) return status;
   } else {
     documents->emplace_back();
-    if (absl::Status status = EncodeRecord(record, &documents->back()); !status.ok()) {
+    if (absl::Status status = EncodeRecord(record, &documents->back(), special_token_text);
+        !status.ok()) {
       return status;
     }
   }
@@ -179,8 +200,8 @@ absl::Status DocumentEncoder::EncodeReranker(const nlohmann::json& record,
   return absl::OkStatus();
 }
 
-absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
-                                           EncodedDocument* document) const {
+absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record, EncodedDocument* document,
+                                           bool* special_token_text) const {
   switch (options_.format) {
     case DataFormat::kTokens:
       return ParseTokens(record, options_.vocab_size, document);
@@ -193,7 +214,8 @@ absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
         document->input_ids.push_back(id);
         document->labels.push_back(id);
       }
-      if (absl::Status status = AppendText(*text, /*trained=*/true, document); !status.ok()) {
+      if (absl::Status status = AppendText(*text, /*trained=*/true, document, special_token_text);
+          !status.ok()) {
         return status;
       }
       if (options_.eos >= 0) {
@@ -207,7 +229,7 @@ absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
       if (messages == record.end()) return Bad("no \"messages\"");
       absl::StatusOr<std::vector<ChatMessage>> parsed = ParseMessages(*messages, "messages");
       if (!parsed.ok()) return parsed.status();
-      return EncodeChat(*parsed, document);
+      return EncodeChat(*parsed, document, special_token_text);
     }
     case DataFormat::kPromptCompletion: {
       absl::StatusOr<absl::string_view> prompt = StringField(record, "prompt");
@@ -217,15 +239,19 @@ absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
       if (chat_template_) {
         return EncodeChat({ChatMessage{"user", std::string(*prompt), std::nullopt},
                            ChatMessage{"assistant", std::string(*completion), std::nullopt}},
-                          document);
+                          document, special_token_text);
       }
       const bool all = options_.train_on == TrainOn::kAll;
       for (const TokenId id : tokenizer_->template_prefix()) {
         document->input_ids.push_back(id);
         document->labels.push_back(all ? id : kIgnoreLabel);
       }
-      if (absl::Status status = AppendText(*prompt, all, document); !status.ok()) return status;
-      if (absl::Status status = AppendText(*completion, true, document); !status.ok()) {
+      if (absl::Status status = AppendText(*prompt, all, document, special_token_text);
+          !status.ok()) {
+        return status;
+      }
+      if (absl::Status status = AppendText(*completion, true, document, special_token_text);
+          !status.ok()) {
         return status;
       }
       if (options_.eos >= 0) {
@@ -239,10 +265,12 @@ absl::Status DocumentEncoder::EncodeRecord(const nlohmann::json& record,
 }
 
 absl::Status DocumentEncoder::EncodeChat(const std::vector<ChatMessage>& messages,
-                                         EncodedDocument* document) const {
-  absl::StatusOr<EncodedChat> chat =
-      chat_template_->Encode(*tokenizer_, messages, options_.train_on);
+                                         EncodedDocument* document,
+                                         bool* special_token_text) const {
+  absl::StatusOr<EncodedChat> chat = chat_template_->Encode(
+      *tokenizer_, messages, options_.train_on, options_.allow_special_tokens);
   if (!chat.ok()) return chat.status();
+  *special_token_text = chat->special_token_text;
   document->input_ids.assign(chat->ids.begin(), chat->ids.end());
   document->labels.resize(chat->ids.size());
   for (size_t t = 0; t < chat->ids.size(); ++t) {
@@ -252,10 +280,14 @@ absl::Status DocumentEncoder::EncodeChat(const std::vector<ChatMessage>& message
 }
 
 absl::Status DocumentEncoder::AppendText(absl::string_view text, bool trained,
-                                         EncodedDocument* document) const {
+                                         EncodedDocument* document,
+                                         bool* special_token_text) const {
+  bool special = false;
   absl::StatusOr<std::vector<TokenId>> ids =
-      tokenizer_->Encode(std::string_view(text.data(), text.size()), /*allow_special=*/false);
+      EncodeRecordText(*tokenizer_, std::string_view(text.data(), text.size()),
+                       options_.allow_special_tokens, &special);
   if (!ids.ok()) return ids.status();
+  *special_token_text = *special_token_text || special;
   for (const TokenId id : *ids) {
     document->input_ids.push_back(id);
     document->labels.push_back(trained ? id : kIgnoreLabel);

@@ -15,10 +15,24 @@
 //                      reranker prompt (reranker_records.h); no labels, a
 //                      relevance (1 positive, 0 negative) instead.
 //
-// Text from a record is encoded with special-token matching off, so data
-// never produces control tokens; the chat template refuses content holding
-// one. labels[t] is the token trained at position t or -100; the trainer
-// shifts them (position t predicts labels[t + 1]).
+// Special-token text: a special added token's content (say "<|im_start|>")
+// inside a record's text, prompt, completion or message. With
+// allow_special_tokens off (data.allow_special_tokens, default false), so
+// that a record cannot forge a control token:
+//   text, and prompt_completion without a template: encoded as plain text,
+//     as `tokenizers` encodes with encode_special_tokens=True;
+//   messages, and prompt_completion through a template: a bad record naming
+//     the message and the token (ChatTemplate::Encode), since the chat's
+//     turns are cut by the template's own control tokens;
+//   reranker: a bad record (reranker_records.h).
+// With it on (text, prompt_completion and messages only), the text becomes
+// the special token, as `tokenizers`' default encode and transformers'
+// apply_chat_template do. Either way the template's own tokens, the prefix
+// and EOS are control tokens, and Encode says whether the record held such
+// text, for the data report's count.
+//
+// labels[t] is the token trained at position t or -100; the trainer shifts
+// them (position t predicts labels[t + 1]).
 //
 // Thread-safe: Encode is const, and many threads share one encoder.
 #ifndef BALLAST_WORKER_TRAIN_DATA_DOCUMENT_ENCODER_H_
@@ -26,6 +40,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,13 +80,31 @@ struct DocumentEncoderOptions {
   int max_negatives = 7;
   bool needs_negative = false;
   int64_t max_tokens = 0;
+  // Special-token text in records becomes special tokens (the file comment).
+  bool allow_special_tokens = false;
 };
+
+// The messages of a record's `list` (its "messages", or whatever `key`
+// names in errors). INVALID_ARGUMENT naming the message and the field when
+// it is not a non-empty list of {role, content?, reasoning_content?} with
+// string values (content and reasoning_content may be null).
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const nlohmann::json& list,
+                                                       absl::string_view key);
+
+// The ids of a record's `text`: special tokens matched only with
+// `allow_special`. Sets *special_token_text to whether `text` holds a
+// special token's text (Tokenizer::FindSpecialToken), either way. Errors as
+// Tokenizer::Encode.
+absl::StatusOr<std::vector<TokenId>> EncodeRecordText(const Tokenizer& tokenizer,
+                                                      std::string_view text, bool allow_special,
+                                                      bool* special_token_text);
 
 class DocumentEncoder {
  public:
   // `tokenizer` is required by every format but tokens; `chat_template` by
   // messages (prompt_completion without one concatenates). INVALID_ARGUMENT
-  // saying which is missing.
+  // saying which is missing, and for allow_special_tokens with the tokens or
+  // reranker format.
   static absl::StatusOr<DocumentEncoder> Create(DocumentEncoderOptions options,
                                                 std::optional<Tokenizer> tokenizer,
                                                 std::optional<ChatTemplate> chat_template);
@@ -84,11 +117,14 @@ class DocumentEncoder {
   // trained token.
   // FAILED_PRECONDITION when the tokenizer yields an id the model does not
   // have: the tokenizer does not belong to the model, whatever the record.
-  absl::Status Encode(absl::string_view line, std::vector<EncodedDocument>* documents) const;
+  // Sets *special_token_text to whether the record, encoded, held
+  // special-token text (the file comment).
+  absl::Status Encode(absl::string_view line, std::vector<EncodedDocument>* documents,
+                      bool* special_token_text) const;
   // The same for a record already parsed (a JSONL line's, or a parquet
   // row's: record_reader.h); errors as Encode's but for the JSON's.
-  absl::Status EncodeParsed(const nlohmann::json& record,
-                            std::vector<EncodedDocument>* documents) const;
+  absl::Status EncodeParsed(const nlohmann::json& record, std::vector<EncodedDocument>* documents,
+                            bool* special_token_text) const;
 
   const DocumentEncoderOptions& options() const { return options_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
@@ -100,13 +136,17 @@ class DocumentEncoder {
         tokenizer_(std::move(tokenizer)),
         chat_template_(std::move(chat_template)) {}
 
-  absl::Status EncodeRecord(const nlohmann::json& record, EncodedDocument* document) const;
+  // The encoders of one record set *special_token_text as Encode does.
+  absl::Status EncodeRecord(const nlohmann::json& record, EncodedDocument* document,
+                            bool* special_token_text) const;
   absl::Status EncodeReranker(const nlohmann::json& record,
                               std::vector<EncodedDocument>* documents) const;
-  absl::Status EncodeChat(const std::vector<ChatMessage>& messages,
-                          EncodedDocument* document) const;
-  // Appends `text` (special tokens off), labelled or not.
-  absl::Status AppendText(absl::string_view text, bool trained, EncodedDocument* document) const;
+  absl::Status EncodeChat(const std::vector<ChatMessage>& messages, EncodedDocument* document,
+                          bool* special_token_text) const;
+  // Appends `text` (EncodeRecordText), labelled or not; ORs into
+  // *special_token_text.
+  absl::Status AppendText(absl::string_view text, bool trained, EncodedDocument* document,
+                          bool* special_token_text) const;
 
   DocumentEncoderOptions options_;
   std::optional<Tokenizer> tokenizer_;

@@ -21,7 +21,7 @@ namespace ballast::train {
 namespace {
 
 // Bump when the files' layout or the meaning of a document changes.
-constexpr int kCacheVersion = 2;
+constexpr int kCacheVersion = 3;
 // Per document in documents.index: offset, length, line, group, relevance.
 constexpr size_t kIndexFields = 5;
 // A chunk ends at whichever comes first: lines may be up to MaxLineBytes
@@ -35,6 +35,7 @@ struct EncodedLine {
   int64_t line = 0;  // 0-based
   absl::Status status;
   std::vector<EncodedDocument> documents;
+  bool special_token_text = false;
 };
 
 std::vector<EncodedLine> EncodeChunk(const DocumentEncoder& encoder,
@@ -43,8 +44,9 @@ std::vector<EncodedLine> EncodeChunk(const DocumentEncoder& encoder,
   for (size_t i = 0; i < records.size(); ++i) {
     encoded[i].line = records[i].index;
     absl::StatusOr<nlohmann::json> record = ParseRawRecord(records[i]);
-    encoded[i].status =
-        record.ok() ? encoder.EncodeParsed(*record, &encoded[i].documents) : record.status();
+    encoded[i].status = record.ok() ? encoder.EncodeParsed(*record, &encoded[i].documents,
+                                                           &encoded[i].special_token_text)
+                                    : record.status();
   }
   return encoded;
 }
@@ -85,6 +87,7 @@ nlohmann::json StatisticsJson(const DataStatistics& s) {
   return {{"records", s.records},
           {"documents", s.documents},
           {"skipped_records", s.skipped_records},
+          {"special_token_records", s.special_token_records},
           {"cut_documents", s.cut_documents},
           {"dropped_documents", s.dropped_documents},
           {"tokens", s.tokens},
@@ -97,6 +100,7 @@ DataStatistics StatisticsFromJson(const nlohmann::json& j) {
   s.records = j.at("records").get<int64_t>();
   s.documents = j.at("documents").get<int64_t>();
   s.skipped_records = j.at("skipped_records").get<int64_t>();
+  s.special_token_records = j.at("special_token_records").get<int64_t>();
   s.cut_documents = j.at("cut_documents").get<int64_t>();
   s.dropped_documents = j.at("dropped_documents").get<int64_t>();
   s.tokens = j.at("tokens").get<int64_t>();
@@ -134,6 +138,7 @@ class TokenCache::Writer {
       }
       return absl::OkStatus();
     }
+    statistics_.special_token_records += encoded.special_token_text;
     // A record's documents by group, in order: one document, or a reranker
     // record's groups of candidates.
     std::vector<EncodedDocument>& docs = encoded.documents;

@@ -45,6 +45,9 @@ struct DataStatistics {
   int64_t dropped_documents = 0;  // longer than seq_len, or with nothing trained left after the cut
   int64_t tokens = 0;
   int64_t trained_tokens = 0;  // positions with a target: labels[t + 1] != kIgnoreLabel
+  // Records encoded that held special-token text (document_encoder.h), as
+  // plain text or as special tokens by data.allow_special_tokens.
+  int64_t special_token_records = 0;
   // The first few skipped records, as "path:line: what is wrong".
   std::vector<std::string> bad_record_examples;
 };

@@ -251,6 +251,8 @@ absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::J
   options.format = *format;
   options.train_on = data.train_on() == "all" ? TrainOn::kAll : TrainOn::kAssistant;
   options.vocab_size = vocab_size;
+  options.allow_special_tokens = data.allow_special_tokens();
+  report->set_special_tokens_allowed(data.allow_special_tokens());
   if (reranker_task) {
     const v1::RerankerSpec& r = spec.reranker();
     options.reranker = {r.prefix(), r.instruction(), r.suffix()};
@@ -339,6 +341,7 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
                      {"format", result.report.format()},
                      {"template", result.report.template_()},
                      {"train_on", data.train_on()},
+                     {"allow_special_tokens", data.allow_special_tokens()},
                      {"seq_len", data.seq_len()},
                      {"truncate", data.truncate()},
                      {"on_bad_record", data.on_bad_record()},
@@ -379,6 +382,7 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
   r.set_records(s.records);
   r.set_documents(s.documents);
   r.set_skipped_records(s.skipped_records);
+  r.set_special_token_records(s.special_token_records);
   for (const std::string& example : s.bad_record_examples) r.add_bad_record_examples(example);
   r.set_cut_documents(s.cut_documents);
   r.set_dropped_documents(s.dropped_documents);
@@ -402,6 +406,14 @@ absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
         *std::move(eval), DataOrder{.seq_len = data.seq_len(), .shuffle = false});
   }
   return result;
+}
+
+std::string SpecialTokenRecordsNote(const v1::DataReport& report) {
+  if (report.special_token_records() == 0) return "";
+  return absl::StrCat(
+      report.special_token_records(), " records contained special-token text, encoded as ",
+      report.special_tokens_allowed() ? "special tokens (data.allow_special_tokens: true)"
+                                      : "plain text (data.allow_special_tokens: false)");
 }
 
 }  // namespace ballast::train

@@ -49,6 +49,11 @@ absl::StatusOr<std::unique_ptr<DocumentEncoder>> OpenDocumentEncoder(const v1::J
 absl::StatusOr<TrainingData> OpenTrainingData(const v1::JobSpec& spec,
                                               const TrainingDataOptions& options);
 
+// The data report's sentence on special-token text, "N records contained
+// special-token text, encoded as plain text (data.allow_special_tokens:
+// false)" or "... as special tokens (...: true)"; empty when N is 0.
+std::string SpecialTokenRecordsNote(const v1::DataReport& report);
+
 }  // namespace ballast::train
 
 #endif  // BALLAST_WORKER_TRAIN_DATA_TRAINING_DATA_H_

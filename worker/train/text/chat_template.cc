@@ -55,10 +55,10 @@ absl::StatusOr<std::optional<std::string>> ConfigTemplate(const nlohmann::json& 
                    "template; set data.template"));
 }
 
-// INVALID_ARGUMENT naming the first message field that holds a special
-// token's text.
-absl::Status CheckNoSpecialTokens(const Tokenizer& tokenizer,
-                                  absl::Span<const ChatMessage> messages) {
+// Where the first message field that holds a special token's text is, as
+// "messages[i].field holds the special token T"; empty when none does.
+absl::StatusOr<std::string> FindSpecialTokenText(const Tokenizer& tokenizer,
+                                                 absl::Span<const ChatMessage> messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& message = messages[i];
     const std::pair<const char*, const std::string*> fields[] = {
@@ -69,13 +69,11 @@ absl::Status CheckNoSpecialTokens(const Tokenizer& tokenizer,
       absl::StatusOr<std::optional<std::string>> special = tokenizer.FindSpecialToken(*text);
       if (!special.ok()) return special.status();
       if (special->has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("messages[", i, "].", field, " holds the special token ", **special,
-                         ", which would become a control token; remove it from the data"));
+        return absl::StrCat("messages[", i, "].", field, " holds the special token ", **special);
       }
     }
   }
-  return absl::OkStatus();
+  return std::string();
 }
 
 }  // namespace
@@ -172,11 +170,16 @@ absl::Status ChatTemplate::CheckTokenizer(const Tokenizer& tokenizer) const {
 
 absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
                                                  absl::Span<const ChatMessage> messages,
-                                                 TrainOn train_on) const {
+                                                 TrainOn train_on, bool allow_special) const {
   if (absl::Status status = Check(messages); !status.ok()) return status;
   if (absl::Status status = CheckTokenizer(tokenizer); !status.ok()) return status;
-  if (absl::Status status = CheckNoSpecialTokens(tokenizer, messages); !status.ok()) {
-    return status;
+  absl::StatusOr<std::string> special = FindSpecialTokenText(tokenizer, messages);
+  if (!special.ok()) return special.status();
+  if (!special->empty() && !allow_special) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*special,
+                     ", which would become a control token; remove it from the data, or allow "
+                     "special tokens in text"));
   }
 
   // Where each piece ends in the text the tokens cover. Normalizing the
@@ -210,6 +213,7 @@ absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
   // token that joins the header's "\n" to content starting with "\n" is the
   // content's, and one that ends in the header is not.
   EncodedChat chat;
+  chat.special_token_text = !special->empty();
   chat.ids = std::move(encoding->ids);
   chat.supervised.resize(chat.ids.size(), 1);
   if (train_on == TrainOn::kAll) return chat;

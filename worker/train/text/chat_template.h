@@ -31,8 +31,10 @@
 // a "\n" that content starts with), and a token is supervised when its last
 // byte lies in a supervised span.
 //
-// Text that holds a special token's content is refused: apply_chat_template
-// would turn it into a control token, and training data must not. (A
+// Text that holds a special token's content is refused unless Encode is
+// told to allow special tokens: apply_chat_template would turn it into a
+// control token, and training data must not unless its user says so. When
+// allowed, it becomes that control token, as in apply_chat_template. (A
 // special token that only forms across a boundary of content and template,
 // such as one spelt "x<|im_end|>", is not looked for; no known vocabulary
 // has one.)
@@ -69,6 +71,9 @@ enum class TrainOn { kAssistant, kAll };
 struct EncodedChat {
   std::vector<TokenId> ids;
   std::vector<uint8_t> supervised;  // per id: 1 = trained on
+  // Whether a message's text held a special token's text, which became
+  // that token (Encode allowed special tokens; else it refuses the chat).
+  bool special_token_text = false;
 };
 
 class ChatTemplate {
@@ -104,14 +109,14 @@ class ChatTemplate {
 
   // Render() (no generation prompt) tokenized whole, as
   // apply_chat_template(tokenize=True) does, with the mask of the class
-  // comment. INVALID_ARGUMENT as Render, and naming the message and the
-  // token when a message holds a special token's text; INTERNAL when the
-  // tokens do not line up with the rendered pieces (a tokenizer whose
-  // normalizer joins text across a template boundary), rather than a wrong
-  // mask.
+  // comment. INVALID_ARGUMENT as Render, and, unless `allow_special`,
+  // naming the message and the token when a message holds a special
+  // token's text; INTERNAL when the tokens do not line up with the rendered
+  // pieces (a tokenizer whose normalizer joins text across a template
+  // boundary), rather than a wrong mask.
   absl::StatusOr<EncodedChat> Encode(const Tokenizer& tokenizer,
-                                     absl::Span<const ChatMessage> messages,
-                                     TrainOn train_on) const;
+                                     absl::Span<const ChatMessage> messages, TrainOn train_on,
+                                     bool allow_special) const;
 
  private:
   enum class Kind { kQwen3, kQwen3_5, kChatml, kLlama3 };

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "worker/train/data/training_data.h"
 
 namespace ballast::train {
 
@@ -38,6 +39,9 @@ void Reporter::RunStarts(const v1::JobSpec& spec, int64_t step, const std::strin
                        : "",
                    data.tokenized() ? "; tokenized into the job's token cache"
                                     : "; read from the job's token cache"));
+  if (const std::string note = SpecialTokenRecordsNote(data); !note.empty()) {
+    Log("info", absl::StrCat("data: ", note));
+  }
 }
 
 absl::Status Reporter::OpenMetrics(const std::string& out_dir, const v1::JobSpec& spec,

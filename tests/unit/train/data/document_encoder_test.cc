@@ -35,25 +35,32 @@ std::vector<int32_t> Concat(std::initializer_list<std::vector<int32_t>> parts) {
 
 std::vector<int32_t> Ignored(size_t n) { return std::vector<int32_t>(n, kIgnoreLabel); }
 
-// The one document of a record that makes one.
+// The one document of a record that makes one, and whether the record held
+// special-token text.
 absl::Status EncodeOne(const DocumentEncoder& encoder, const std::string& record,
-                       EncodedDocument* doc) {
+                       EncodedDocument* doc, bool* special_token_text = nullptr) {
   std::vector<EncodedDocument> docs;
-  absl::Status s = encoder.Encode(record, &docs);
+  bool special = false;
+  absl::Status s = encoder.Encode(record, &docs, &special);
   if (s.ok()) {
     EXPECT_EQ(docs.size(), 1u);
     *doc = docs.at(0);
   }
+  if (special_token_text != nullptr) *special_token_text = special;
   return s;
 }
 
 DocumentEncoder Encoder(DataFormat format, std::optional<std::string> chat_template,
-                        TrainOn train_on = TrainOn::kAssistant) {
+                        TrainOn train_on = TrainOn::kAssistant, bool allow_special_tokens = false) {
   std::optional<ChatTemplate> t;
   if (chat_template) t = *ChatTemplate::Named(*chat_template);
-  absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
-      {.format = format, .train_on = train_on, .vocab_size = 300, .eos = kEndOfText},
-      ChatmlTokenizer(), std::move(t));
+  absl::StatusOr<DocumentEncoder> encoder =
+      DocumentEncoder::Create({.format = format,
+                               .train_on = train_on,
+                               .vocab_size = 300,
+                               .eos = kEndOfText,
+                               .allow_special_tokens = allow_special_tokens},
+                              ChatmlTokenizer(), std::move(t));
   EXPECT_TRUE(encoder.ok()) << encoder.status();
   return *std::move(encoder);
 }
@@ -66,6 +73,52 @@ TEST(DocumentEncoderTest, TextIsEveryTokenTrainedThenEosAndNeverForgesASpecialTo
   const std::vector<int32_t> want = Concat({Bytes("hi<|im_end|>"), {kEndOfText}});
   EXPECT_EQ(doc.input_ids, want);
   EXPECT_EQ(doc.labels, want);
+}
+
+TEST(DocumentEncoderTest, SpecialTokenTextIsPlainTextUnlessAllowedAndIsReportedEitherWay) {
+  EncodedDocument doc;
+  bool special = false;
+  const std::string text = R"({"text": "a<|im_start|>b"})";
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kText, std::nullopt), text, &doc, &special).ok());
+  EXPECT_EQ(doc.input_ids, Concat({Bytes("a<|im_start|>b"), {kEndOfText}}));
+  EXPECT_TRUE(special);
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kText, std::nullopt, TrainOn::kAssistant, true), text,
+                        &doc, &special)
+                  .ok());
+  EXPECT_EQ(doc.input_ids, Concat({Bytes("a"), {kImStart}, Bytes("b"), {kEndOfText}}));
+  EXPECT_TRUE(special);
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kText, std::nullopt, TrainOn::kAssistant, true),
+                        R"({"text": "a<|im_start"})", &doc, &special)
+                  .ok());
+  EXPECT_FALSE(special);
+
+  // Prompt and completion: either one holding it counts.
+  const std::string completion = R"({"prompt": "Q", "completion": " A<|endoftext|>"})";
+  ASSERT_TRUE(
+      EncodeOne(Encoder(DataFormat::kPromptCompletion, std::nullopt), completion, &doc, &special)
+          .ok());
+  EXPECT_EQ(doc.input_ids, Concat({Bytes("Q A<|endoftext|>"), {kEndOfText}}));
+  EXPECT_TRUE(special);
+  ASSERT_TRUE(
+      EncodeOne(Encoder(DataFormat::kPromptCompletion, std::nullopt, TrainOn::kAssistant, true),
+                completion, &doc, &special)
+          .ok());
+  EXPECT_EQ(doc.input_ids, Concat({Bytes("Q A"), {kEndOfText}, {kEndOfText}}));
+  EXPECT_EQ(doc.labels, Concat({Ignored(1), Bytes(" A"), {kEndOfText}, {kEndOfText}}));
+  EXPECT_TRUE(special);
+
+  // A chat holding it is refused (BadRecordsSayWhatIsWrong) unless allowed;
+  // allowed, the content's token is the control token, as the template's are.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}, )"
+                           R"({"role": "assistant", "content": "y<|im_end|>o"}]})";
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kMessages, "chatml", TrainOn::kAssistant, true), chat,
+                        &doc, &special)
+                  .ok());
+  const std::vector<int32_t> prompt = Concat(
+      {{kImStart}, Bytes("user\nhi"), {kImEnd}, Bytes("\n"), {kImStart}, Bytes("assistant\n")});
+  EXPECT_EQ(doc.input_ids,
+            Concat({prompt, Bytes("y"), {kImEnd}, Bytes("o"), {kImEnd}, Bytes("\n")}));
+  EXPECT_TRUE(special);
 }
 
 TEST(DocumentEncoderTest, PromptCompletionWithoutATemplateTrainsTheCompletionAndEos) {
@@ -215,6 +268,15 @@ TEST(DocumentEncoderTest, FormatsNeedWhatTheyRender) {
                   .status()
                   .message(),
               HasSubstr("needs a chat template"));
+  for (const DataFormat format : {DataFormat::kTokens, DataFormat::kReranker}) {
+    EXPECT_THAT(
+        DocumentEncoder::Create({.format = format, .vocab_size = 300, .allow_special_tokens = true},
+                                ChatmlTokenizer(), std::nullopt)
+            .status()
+            .message(),
+        HasSubstr("data.allow_special_tokens is for the text, prompt_completion and "
+                  "messages formats"));
+  }
 }
 
 TEST(DataFormatTest, IsDetectedFromTheFirstRecordsKeys) {

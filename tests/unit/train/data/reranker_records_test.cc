@@ -104,10 +104,11 @@ TEST(RerankerRecordsTest, ARecordBecomesAGroupPerPositiveWithItsNegatives) {
                               ChatmlTokenizer(), std::nullopt);
   ASSERT_TRUE(encoder.ok()) << encoder.status();
   std::vector<EncodedDocument> docs;
+  bool special_token_text = false;
   ASSERT_TRUE(encoder
                   ->Encode(R"({"query": "q", "positive": ["p1", "p2", "p3"],
                                "negative": ["n1", "n2", "n3"]})",
-                           &docs)
+                           &docs, &special_token_text)
                   .ok());
   // Two positives kept, each with the first two negatives.
   ASSERT_EQ(docs.size(), 6u);
@@ -119,7 +120,8 @@ TEST(RerankerRecordsTest, ARecordBecomesAGroupPerPositiveWithItsNegatives) {
   EXPECT_THAT(shape, ElementsAre(std::pair{0, 1}, std::pair{0, 0}, std::pair{0, 0}, std::pair{1, 1},
                                  std::pair{1, 0}, std::pair{1, 0}));
   // Listwise needs a negative to learn from.
-  const absl::Status lonely = encoder->Encode(R"({"query": "q", "positive": "p"})", &docs);
+  const absl::Status lonely =
+      encoder->Encode(R"({"query": "q", "positive": "p"})", &docs, &special_token_text);
   EXPECT_EQ(lonely.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(lonely.message(), HasSubstr("needs a negative"));
 }

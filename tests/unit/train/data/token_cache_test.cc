@@ -8,6 +8,8 @@
 #include <fstream>
 #include <random>
 
+#include "tests/unit/train/text/tokenizer_json.h"
+
 namespace ballast::train {
 namespace {
 
@@ -133,6 +135,55 @@ TEST_F(TokenCacheTest, BadRecordsFailNamingTheLineOrAreSkippedAndCounted) {
   Write("not json\n[]\n");
   EXPECT_THAT(TokenCache::BuildInMemory(*encoder_, skip).status().message(),
               HasSubstr("no documents to train on (2 records, 2 skipped as bad"));
+}
+
+// Issue 34: the count of records with special-token text is of records, not
+// occurrences; over chunks encoded on several threads; without the bad
+// records skipped; and the same when the cache is read back.
+TEST_F(TokenCacheTest, CountsTheRecordsWithSpecialTokenTextAndKeepsTheCount) {
+  const uint32_t seed = std::random_device()();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 random(seed);
+  // Past kLinesPerChunk (256), so that several chunks count.
+  std::string text;
+  int64_t special = 0;
+  int64_t bad = 0;
+  for (int i = 0; i < 700; ++i) {
+    const int kind = static_cast<int>(random() % 4);
+    if (kind == 0) {
+      text += "{\"text\": \"ab<|im_start|>c<|endoftext|><|im_start|>\"}\n";
+      ++special;
+    } else if (kind == 1) {
+      text += "{\"text\": \"<|im_start|> bad\"} junk\n";  // bad, not counted
+      ++bad;
+    } else {
+      text += "{\"text\": \"ab<|im_start c\"}\n";
+    }
+  }
+  Write(text);
+  for (const bool allow : {false, true}) {
+    absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(
+        WithSpecialTokens(QwenStyleJson({}), {"<|endoftext|>", "<|im_start|>"}, 256));
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    absl::StatusOr<DocumentEncoder> encoder = DocumentEncoder::Create(
+        {.format = DataFormat::kText, .vocab_size = 300, .allow_special_tokens = allow},
+        *std::move(tokenizer), std::nullopt);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    TokenCacheOptions options = Options();
+    options.seq_len = 100;
+    options.skip_bad_records = true;
+    options.fingerprint = allow ? "allowed" : "plain";
+    absl::StatusOr<TokenCache> built = TokenCache::OpenOrBuild(cache_dir(), *encoder, options);
+    ASSERT_TRUE(built.ok()) << built.status();
+    absl::StatusOr<TokenCache> read = TokenCache::OpenOrBuild(cache_dir(), *encoder, options);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_TRUE(built->built());
+    ASSERT_FALSE(read->built());
+    for (const TokenCache* cache : {&*built, &*read}) {
+      EXPECT_EQ(cache->statistics().special_token_records, special) << "allow " << allow;
+      EXPECT_EQ(cache->statistics().skipped_records, bad);
+    }
+  }
 }
 
 // Issue 33: a record followed by a NUL byte was a good record.

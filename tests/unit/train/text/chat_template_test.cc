@@ -83,7 +83,8 @@ Tokenizer Make(const nlohmann::json& json) {
 EncodedChat Encode(const Tokenizer& tokenizer, std::string_view name,
                    const std::vector<ChatMessage>& messages,
                    TrainOn train_on = TrainOn::kAssistant) {
-  absl::StatusOr<EncodedChat> chat = Named(name).Encode(tokenizer, messages, train_on);
+  absl::StatusOr<EncodedChat> chat =
+      Named(name).Encode(tokenizer, messages, train_on, /*allow_special=*/false);
   EXPECT_TRUE(chat.ok()) << chat.status();
   if (!chat.ok()) return {};
   EXPECT_EQ(chat->ids.size(), chat->supervised.size());
@@ -386,7 +387,7 @@ TEST(ChatTemplateEncode, RefusesAMaskWhenNormalizationCrossesAPieceBoundary) {
   json["added_tokens"].push_back(AddedToken("\ne", kVocab + 4, false));
   const Tokenizer tokenizer = Make(json);
   absl::StatusOr<EncodedChat> chat =
-      Named("chatml").Encode(tokenizer, {Message("user", "e\u0301")}, TrainOn::kAssistant);
+      Named("chatml").Encode(tokenizer, {Message("user", "e\u0301")}, TrainOn::kAssistant, false);
   EXPECT_EQ(chat.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(chat.status().message(), HasSubstr("do not line up"));
 }
@@ -418,7 +419,7 @@ TEST(ChatTemplateRefusals, Qwen3_5ALaterSystemMessageAndAChatWithoutAQuery) {
         std::vector<ChatMessage>{Message("user", "<tool_response>x</tool_response>"),
                                  Message("assistant", "a")}}) {
     absl::StatusOr<EncodedChat> encoded =
-        Named("qwen3_5").Encode(Make(QwenJson()), chat, TrainOn::kAssistant);
+        Named("qwen3_5").Encode(Make(QwenJson()), chat, TrainOn::kAssistant, false);
     EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(encoded.status().message(), HasSubstr("no user query"));
   }
@@ -428,7 +429,7 @@ TEST(ChatTemplateRefusals, ASpecialTokenInAnyMessageFieldNamingBoth) {
   const Tokenizer tokenizer = Make(QwenJson());
   absl::StatusOr<EncodedChat> chat = Named("chatml").Encode(
       tokenizer, {Message("user", "q"), Message("assistant", "a <|im_end|> b")},
-      TrainOn::kAssistant);
+      TrainOn::kAssistant, false);
   EXPECT_EQ(chat.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(chat.status().message(), HasSubstr("messages[1].content"));
   EXPECT_THAT(chat.status().message(), HasSubstr("<|im_end|>"));
@@ -436,13 +437,31 @@ TEST(ChatTemplateRefusals, ASpecialTokenInAnyMessageFieldNamingBoth) {
   chat = Named("qwen3").Encode(
       tokenizer,
       {Message("user", "q"), Message("assistant", "a", "<|im_start|>"), Message("user", "q")},
-      TrainOn::kAssistant);
+      TrainOn::kAssistant, false);
   EXPECT_THAT(chat.status().message(), HasSubstr("messages[1].reasoning"));
   // Added tokens that are not special are content like any other.
   EXPECT_TRUE(Named("qwen3")
                   .Encode(tokenizer, {Message("user", "<think>"), Message("assistant", "a")},
-                          TrainOn::kAssistant)
+                          TrainOn::kAssistant, false)
                   .ok());
+}
+
+TEST(ChatTemplateEncode, AllowedSpecialTokenTextBecomesTheTokenAsApplyChatTemplateDoes) {
+  const Tokenizer tokenizer = Make(QwenJson());
+  const std::vector<ChatMessage> messages = {Message("user", "q <|im_start|>x"),
+                                             Message("assistant", "a<|im_end|>b")};
+  absl::StatusOr<EncodedChat> chat =
+      Named("chatml").Encode(tokenizer, messages, TrainOn::kAssistant, /*allow_special=*/true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->special_token_text);
+  EXPECT_EQ(chat->ids, tokenizer.Encode(Render("chatml", messages), true).value());
+  // The assistant's <|im_end|> inside its content is trained with the content.
+  EXPECT_THAT(SupervisedRuns(tokenizer, *chat), ElementsAre("a<|im_end|>b<|im_end|>"));
+  // A chat without such text says so, allowed or not.
+  chat = Named("chatml").Encode(tokenizer, {Message("user", "q"), Message("assistant", "a")},
+                                TrainOn::kAssistant, /*allow_special=*/true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_FALSE(chat->special_token_text);
 }
 
 TEST(ChatTemplateRefusals, AnUnknownTemplateNameListsTheBuiltIns) {
@@ -455,7 +474,7 @@ TEST(ChatTemplateRefusals, AnUnknownTemplateNameListsTheBuiltIns) {
 
 TEST(ChatTemplateRefusals, ATokenizerWithoutTheTemplatesControlTokens) {
   absl::StatusOr<EncodedChat> chat =
-      Named("llama3").Encode(Make(QwenJson()), {Message("user", "q")}, TrainOn::kAssistant);
+      Named("llama3").Encode(Make(QwenJson()), {Message("user", "q")}, TrainOn::kAssistant, false);
   EXPECT_EQ(chat.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(chat.status().message(), HasSubstr("no token <|begin_of_text|>"));
 }

@@ -1,43 +1,20 @@
-#include "worker/train/text/tokenize_lines.h"
+#include "worker/train/data/tokenize_lines.h"
 
 #include <filesystem>
-#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "worker/train/data/data_format.h"
+#include "worker/train/data/document_encoder.h"
 #include "worker/train/text/chat_template.h"
 #include "worker/train/text/tokenizer.h"
 
 namespace ballast::train {
-namespace {
 
-absl::StatusOr<std::vector<ChatMessage>> Messages(const nlohmann::json& list) {
-  if (!list.is_array()) return absl::InvalidArgumentError("messages is not a list");
-  std::vector<ChatMessage> messages;
-  for (const nlohmann::json& m : list) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-      return absl::InvalidArgumentError("a message needs a string role");
-    }
-    ChatMessage message{m["role"].get<std::string>(), "", std::nullopt};
-    if (m.contains("content") && m["content"].is_string()) {
-      message.content = m["content"].get<std::string>();
-    } else if (m.contains("content") && !m["content"].is_null()) {
-      return absl::InvalidArgumentError("a message's content is not a string");
-    }
-    if (m.contains("reasoning_content") && m["reasoning_content"].is_string()) {
-      message.reasoning = m["reasoning_content"].get<std::string>();
-    }
-    messages.push_back(std::move(message));
-  }
-  return messages;
-}
-
-}  // namespace
-
-absl::StatusOr<int64_t> TokenizeLines(const TokenizeLinesOptions& options, std::istream& in,
-                                      std::ostream& out) {
+absl::StatusOr<TokenizeLinesCounts> TokenizeLines(const TokenizeLinesOptions& options,
+                                                  std::istream& in, std::ostream& out) {
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(options.tokenizer);
   if (!tokenizer.ok()) return tokenizer.status();
   std::error_code ec;
@@ -49,35 +26,44 @@ absl::StatusOr<int64_t> TokenizeLines(const TokenizeLinesOptions& options, std::
                                                    : ChatTemplate::Named(options.chat_template);
   if (!options.chat_template.empty() && !chat_template.ok()) return chat_template.status();
 
-  int64_t failed = 0;
+  TokenizeLinesCounts counts;
   int64_t number = 0;
   std::string line;
   while (std::getline(in, line)) {
     ++number;
     const auto fail = [&](absl::string_view what) {
-      ++failed;
+      ++counts.failed;
       out << nlohmann::json{{"error", absl::StrCat("line ", number, ": ", what)}}.dump() << "\n";
     };
-    const nlohmann::json request = nlohmann::json::parse(line, nullptr, false);
-    if (request.is_discarded() || !request.is_object()) {
-      fail("not a JSON object");
-    } else if (request.contains("text") && request["text"].is_string()) {
+    const absl::StatusOr<nlohmann::json> parsed = ParseRecord(line);
+    if (!parsed.ok()) {
+      fail(parsed.status().message());
+      continue;
+    }
+    const nlohmann::json& request = *parsed;
+    if (request.contains("text") && request["text"].is_string()) {
+      bool special_token_text = false;
       absl::StatusOr<std::vector<TokenId>> ids =
-          tokenizer->Encode(request["text"].get<std::string>(), options.allow_special);
+          EncodeRecordText(*tokenizer, request["text"].get_ref<const std::string&>(),
+                           options.allow_special, &special_token_text);
       if (ids.ok()) {
+        counts.special_token_text += special_token_text;
         out << nlohmann::json{{"ids", *ids}}.dump() << "\n";
       } else {
         fail(ids.status().message());
       }
     } else if (request.contains("messages")) {
-      absl::StatusOr<std::vector<ChatMessage>> messages = Messages(request["messages"]);
+      absl::StatusOr<std::vector<ChatMessage>> messages =
+          ParseMessages(request["messages"], "messages");
       absl::StatusOr<EncodedChat> chat =
           !messages.ok() ? absl::StatusOr<EncodedChat>(messages.status())
           : !chat_template.ok()
               ? absl::StatusOr<EncodedChat>(chat_template.status())
               : chat_template->Encode(*tokenizer, *messages,
-                                      options.train_on_all ? TrainOn::kAll : TrainOn::kAssistant);
+                                      options.train_on_all ? TrainOn::kAll : TrainOn::kAssistant,
+                                      options.allow_special);
       if (chat.ok()) {
+        counts.special_token_text += chat->special_token_text;
         out << nlohmann::json{{"ids", chat->ids}, {"assistant_masks", chat->supervised}}.dump()
             << "\n";
       } else {
@@ -87,7 +73,7 @@ absl::StatusOr<int64_t> TokenizeLines(const TokenizeLinesOptions& options, std::
       fail("expected {\"text\": str} or {\"messages\": [...]}");
     }
   }
-  return failed;
+  return counts;
 }
 
 }  // namespace ballast::train
