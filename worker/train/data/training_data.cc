@@ -93,9 +93,9 @@ absl::StatusOr<DataFormat> DetectFileFormat(const std::string& path, absl::strin
   const auto named = [&](const absl::Status& s) {
     return key.empty() ? s : absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
   };
-  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(
-      path, {.max_line_bytes = MaxLineBytes(DataFormat::kText, data.seq_len()),
-             .columns = data.columns()});
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader =
+      RecordReader::Open(path, {.max_line_bytes = MaxLineBytes(DataFormat::kText, data.seq_len()),
+                                .columns = data.columns()});
   RawRecord first;
   absl::StatusOr<bool> more = reader.ok() ? (*reader)->Next(&first) : reader.status();
   if (!more.ok()) return named(more.status());
