@@ -4,6 +4,7 @@ checkpoints to another N, and fail fast and clearly when a peer is missing
 or lost."""
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -24,9 +25,21 @@ TOLERANCE = 1e-5
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range. A port from bind(0) is
+    in that range, where a test beside this one can take it as the local end
+    of a connection before rank 0 listens on it: rank 0 then met EADDRINUSE
+    for its whole 300 s rendezvous (it failed so under ctest -j2)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(10000, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def rank_env():
