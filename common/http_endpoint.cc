@@ -166,7 +166,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       : server_(server), stream_(std::move(stream)), address_(std::move(address)) {}
   ~Session() {
     EndStream();
-    server_->count.Release(address_);
+    ReleaseSlot();
   }
 
   void Start() {
@@ -308,6 +308,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     Transport().expires_never();
     reply_.reset();
     if (!keep_alive_) {
+      // The slot is free before the peer can see the end: a client that
+      // reconnects on EOF is counted once, not twice.
+      ReleaseSlot();
       beast::error_code ignored;
       Transport().socket().shutdown(tcp::socket::shutdown_send, ignored);
       return;
@@ -372,6 +375,12 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     });
   }
 
+  void ReleaseSlot() {
+    if (slot_released_) return;
+    slot_released_ = true;
+    server_->count.Release(address_);
+  }
+
   void EndStream() {
     if (!response_.stream_done) return;
     std::function<void()> done = std::move(response_.stream_done);
@@ -382,6 +391,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   BeastServer* const server_;
   Stream stream_;
   const std::string address_;
+  bool slot_released_ = false;
   net::steady_timer tick_{stream_.get_executor()};
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -192,19 +192,21 @@ def test_bad_files_exit_2_naming_file_column_and_row(model, tmp_path):
 
 
 def test_peak_rss_does_not_grow_with_the_file(model, tmp_path):
-    """Two files 10x apart, in the same row groups: if the reader held the
+    """Two files 20x apart, in the same row groups: if the reader held the
     file (or its decoded text), the larger run's peak RSS would grow by at
-    least the text added, SMALL_BYTES x 9. It may grow by half of that: the
+    least the text added, SMALL_BYTES x 19. It may grow by half of that: the
     token cache's index (40 bytes a document, mapped as the dataset reads it)
-    and the allocators' drift. Rows of 4 KB keep the documents few.
-    bench/parquet_rss.py measures 2 GB once (docs/data.md)."""
+    and the allocators' drift, which alone moves a run's ~530 MiB peak by
+    +-30 MiB from run to run (a 10x pair's 36 MiB bound failed in CI). Rows
+    of 4 KB keep the documents few. bench/parquet_rss.py measures 2 GB once
+    (docs/data.md)."""
     peaks = {}
-    for name, size in [("small", SMALL_BYTES), ("large", 10 * SMALL_BYTES)]:
+    for name, size in [("small", SMALL_BYTES), ("large", 20 * SMALL_BYTES)]:
         data = str(tmp_path / f"{name}.parquet")
         write_text_parquet(data, size, row_group_rows=500, row_bytes=4000)
         code, err, peaks[name] = tokenize_peak_rss(model, data, str(tmp_path / name))
         assert code == 0, err
     growth = peaks["large"] - peaks["small"]
     print(f"peak RSS {peaks['small'] / 2**20:.0f} MiB, then {peaks['large'] / 2**20:.0f} MiB "
-          f"on 10x the data")
-    assert growth < 9 * SMALL_BYTES / 2, peaks
+          f"on 20x the data")
+    assert growth < 19 * SMALL_BYTES / 2, peaks
