@@ -1,5 +1,7 @@
 #include "server/job_entry.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/strip.h"
 
@@ -61,6 +63,24 @@ bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e)
       if (rank != 0) return false;
       *j.mutable_last_eval() = e.eval();
       break;
+    case v1::TrainingEvent::kEnd:
+      if (rank != 0) return false;
+      *j.mutable_end() = e.end();
+      break;
+    case v1::TrainingEvent::kStall:
+      j.set_stalls(j.stalls() + 1);
+      *j.mutable_last_stall() = e.stall();
+      break;
+    case v1::TrainingEvent::kStraggler: {
+      const v1::StragglerReport& s = e.straggler();
+      auto* ranks = j.mutable_straggler_ranks();
+      const auto at = std::find(ranks->begin(), ranks->end(), s.rank());
+      if (s.straggling() && at == ranks->end()) ranks->Add(s.rank());
+      if (!s.straggling() && at != ranks->end()) ranks->erase(at);
+      break;
+    }
+    // A rank's phase is the watchdog's input, not the job's state.
+    case v1::TrainingEvent::kPhase:
     case v1::TrainingEvent::kLog:
     // A kind newer than this coordinator: its unknown fields travel along, so
     // a watcher that knows it can read it.
