@@ -103,6 +103,9 @@ void LossChart::Add(const v1::JobEvent& event) {
                        .grad_norm = m.grad_norm(),
                        .skipped = m.skipped(),
                        .segment = segment_});
+  } else if (t.has_eval() && t.eval().has_loss()) {
+    // A reranker's evaluation has no loss: its ranking is not on this axis.
+    evals_.push_back({.step = t.eval().step(), .loss = t.eval().loss(), .segment = segment_});
   } else if (t.has_guard() && t.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) {
     rollbacks_.push_back({.step = t.guard().step(), .to_step = t.guard().to_step()});
   }
@@ -129,7 +132,15 @@ std::string LossChart::Svg() const {
       norm_hi = std::max(norm_hi, p.grad_norm);
     }
   }
-  if (points_.empty()) first = last = 0;
+  for (const Eval& e : evals_) {
+    first = std::min(first, e.step);
+    last = std::max(last, e.step);
+    if (std::isfinite(e.loss)) {
+      loss_lo = std::min(loss_lo, e.loss);
+      loss_hi = std::max(loss_hi, e.loss);
+    }
+  }
+  if (points_.empty() && evals_.empty()) first = last = 0;
   if (last <= first) last = first + 1;
   if (!(loss_hi >= loss_lo)) loss_lo = 0, loss_hi = 1;
   if (loss_hi - loss_lo < 1e-12) loss_lo -= 0.5, loss_hi += 0.5;
@@ -182,7 +193,7 @@ std::string LossChart::Svg() const {
     absl::StrAppend(&svg, "<text x=\"", Number(kLeft), "\" y=\"", Number(panel.top - 8), "\">",
                     name, "</text>\n");
   };
-  axes(loss_panel, "loss");
+  axes(loss_panel, evals_.empty() ? "loss" : "loss, and eval_loss (dots)");
   axes(norm_panel, "grad_norm (log scale)");
   absl::StrAppend(&svg, "<text x=\"", Number(kLeft + plot_width / 2), "\" y=\"", Number(height - 8),
                   "\" text-anchor=\"middle\">step</text>\n");
@@ -220,6 +231,30 @@ std::string LossChart::Svg() const {
     if (!p.loss || !std::isfinite(*p.loss) || p.skipped) return std::nullopt;
     return *p.loss;
   });
+  // The validation loss: few points, each marked, one line per segment.
+  int eval_segment = -1;
+  std::string eval_run;
+  auto flush_evals = [&] {
+    if (eval_run.find(' ') != std::string::npos) {
+      absl::StrAppend(&svg, "<polyline class=\"eval_loss\" fill=\"none\" stroke=\"#9467bd\" ",
+                      "stroke-width=\"1.5\" points=\"", eval_run, "\"/>\n");
+    }
+    eval_run.clear();
+  };
+  for (const Eval& e : evals_) {
+    if (e.segment != eval_segment) flush_evals();
+    eval_segment = e.segment;
+    if (!std::isfinite(e.loss)) {
+      flush_evals();
+      continue;
+    }
+    const std::string at = absl::StrCat(Number(x(e.step)), ",", Number(loss_panel.Y(e.loss)));
+    absl::StrAppend(&eval_run, eval_run.empty() ? "" : " ", at);
+    absl::StrAppend(&svg, "<circle class=\"eval_loss\" cx=\"", Number(x(e.step)), "\" cy=\"",
+                    Number(loss_panel.Y(e.loss)), "\" r=\"3\" fill=\"#9467bd\"><title>eval_loss ",
+                    TickLabel(e.loss), " at step ", e.step, "</title></circle>\n");
+  }
+  flush_evals();
   lines(norm_panel, "grad_norm", "#2ca02c", [](const Point& p) -> std::optional<double> {
     if (!std::isfinite(p.grad_norm) || p.grad_norm <= 0 || p.skipped) return std::nullopt;
     return p.grad_norm;

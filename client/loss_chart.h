@@ -1,4 +1,5 @@
-// A job's training curves as an SVG chart, for reports: loss and the global
+// A job's training curves as an SVG chart, for reports: loss (and the
+// validation loss, when the job evaluates a held-out set) and the global
 // grad_norm over the steps, with the guard's rollbacks and skipped steps
 // marked (`ballast plot`). Built from the job's events, so it works for any
 // job the coordinator still holds, from any machine.
@@ -21,14 +22,17 @@ class LossChart {
  public:
   explicit LossChart(std::string title) : title_(std::move(title)) {}
 
-  // Takes the step metrics and guard events of `event`; ignores the rest.
+  // Takes the step metrics, evaluations and guard events of `event`;
+  // ignores the rest.
   void Add(const v1::JobEvent& event);
 
   int64_t steps() const { return static_cast<int64_t>(points_.size()); }
+  int64_t evals() const { return static_cast<int64_t>(evals_.size()); }
   int64_t rollbacks() const { return static_cast<int64_t>(rollbacks_.size()); }
 
-  // The chart: two panels sharing the step axis, loss above (linear) and
-  // grad_norm below (log10, because one spike would flatten a linear axis).
+  // The chart: two panels sharing the step axis, loss above (linear), with
+  // eval_loss as a second line of marked points, and grad_norm below
+  // (log10, because one spike would flatten a linear axis).
   // A step without a loss leaves a gap; a non-finite or skipped step is a
   // marker at the panel's top; a rollback is a vertical line from the step
   // it was taken at, labelled with the step it went back to. Deterministic:
@@ -43,6 +47,11 @@ class LossChart {
     bool skipped;
     int segment;
   };
+  struct Eval {
+    int64_t step;
+    double loss;
+    int segment;
+  };
   struct Rollback {
     int64_t step;
     int64_t to_step;
@@ -50,6 +59,7 @@ class LossChart {
 
   std::string title_;
   std::vector<Point> points_;
+  std::vector<Eval> evals_;
   std::vector<Rollback> rollbacks_;
   int segment_ = 0;
   int last_attempt_ = -1;

@@ -10,7 +10,6 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -232,11 +231,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void RefuseBody(uint64_t limit) {
     Transport().expires_never();
     response_ = HttpResponse{};
-    response_.status = 413;
-    response_.set_content(
-        JsonErrorBody(absl::StrCat("the body is larger than the ", limit, " bytes ",
-                                   request_.method, " ", request_.path, " takes")),
-        "application/json");
+    server_->routes.AnswerError(request_.path, 413,
+                                absl::StrCat("the body is larger than the ", limit, " bytes ",
+                                             request_.method, " ", request_.path, " takes"),
+                                response_);
     BeastServer::AddSecurityHeaders(response_);
     keep_alive_ = false;
     head_only_ = false;
@@ -418,12 +416,11 @@ bool BeastServer::Refuse(const HttpRequest& request, HttpResponse& response) con
   // The one exception to GET and HEAD only: a POST route's own paths, behind
   // the check above.
   if (refusal.ok() && request.method == "POST" && routes.HasPost(request.path)) return false;
-  response.status = refusal.ok() ? 405 : 403;
-  if (refusal.ok()) response.set_header("Allow", "GET, HEAD");
   const std::string message =
       refusal.ok() ? absl::StrCat(request.method, ": nothing here changes state; GET and HEAD only")
                    : std::string(refusal.message());
-  response.set_content(JsonErrorBody(message), "application/json");
+  routes.AnswerError(request.path, refusal.ok() ? 405 : 403, message, response);
+  if (refusal.ok()) response.set_header("Allow", "GET, HEAD");
   return true;
 }
 
@@ -544,13 +541,6 @@ std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
     if (authorization == expected) return absl::OkStatus();
     return absl::UnauthenticatedError("missing or wrong token: send 'Authorization: Bearer TOKEN'");
   };
-}
-
-std::string JsonErrorBody(absl::string_view message) {
-  // A path or parameter echoed back may be any bytes: never throw on them.
-  return nlohmann::json({{"error", std::string(message)}})
-             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-         "\n";
 }
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(

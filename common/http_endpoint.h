@@ -41,10 +41,6 @@ bool IsLoopbackHost(const std::string& host);
 std::function<absl::Status(const std::string& authorization)> BearerTokenCheck(
     const std::string& token);
 
-// `{"error": MESSAGE}` and a newline: the body of every error answer of
-// ballastd's JSON API. Bytes that are not UTF-8 become U+FFFD.
-std::string JsonErrorBody(absl::string_view message);
-
 // PEM files for HTTPS; both empty serves plain HTTP.
 struct HttpsFiles {
   std::string cert;

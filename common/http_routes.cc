@@ -1,9 +1,12 @@
 #include "common/http_routes.h"
 
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace ballast {
 
@@ -84,8 +87,35 @@ void HttpRoutes::Serve(HttpRequest& request, HttpResponse& response) const {
     route.handler(request, response);
     return;
   }
-  response.status = 404;
-  response.set_content("not found\n", "text/plain");
+  AnswerError(request.path, 404,
+              absl::StrCat("not found: no route for ", request.method, " ", request.path),
+              response);
+}
+
+void HttpRoutes::SetErrorFormat(std::string prefix, ErrorFormat format) {
+  error_formats_.emplace_back(std::move(prefix), std::move(format));
+}
+
+void HttpRoutes::AnswerError(const std::string& path, int http_status, absl::string_view message,
+                             HttpResponse& response) const {
+  const ErrorFormat* format = nullptr;
+  size_t longest = 0;
+  for (const auto& [prefix, candidate] : error_formats_) {
+    if (absl::StartsWith(path, prefix) && (format == nullptr || prefix.size() > longest)) {
+      format = &candidate;
+      longest = prefix.size();
+    }
+  }
+  response.status = http_status;
+  response.set_content(format != nullptr ? (*format)(http_status, message) : JsonErrorBody(message),
+                       "application/json");
+}
+
+std::string JsonErrorBody(absl::string_view message) {
+  // A path or parameter echoed back may be any bytes: never throw on them.
+  return nlohmann::json({{"error", std::string(message)}})
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
 }
 
 }  // namespace ballast

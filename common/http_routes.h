@@ -15,7 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace ballast {
+
+// `{"error": MESSAGE}` and a newline: the body of every error answer of
+// ballastd's JSON API. Bytes that are not UTF-8 become U+FFFD.
+std::string JsonErrorBody(absl::string_view message);
 
 struct HttpRequest {
   std::string method;
@@ -87,6 +93,19 @@ class HttpRoutes {
   // Whether a POST route matches `path`.
   bool HasPost(const std::string& path) const;
 
+  // The body of an error answered outside a route for a path under `prefix`:
+  // the refusals before routing (403, 405, 413) and 404 when no route
+  // matches. An API with an error shape of its own (the OpenAI-compatible
+  // one's error object) sets it for its paths; elsewhere it is
+  // JsonErrorBody's. The longest matching prefix wins.
+  using ErrorFormat = std::function<std::string(int http_status, absl::string_view message)>;
+  void SetErrorFormat(std::string prefix, ErrorFormat format);
+
+  // Sets `response` to the error `http_status` with `message`, in the format
+  // of `path`'s API (SetErrorFormat), as JSON.
+  void AnswerError(const std::string& path, int http_status, absl::string_view message,
+                   HttpResponse& response) const;
+
   // Runs the route for `request` (filling its matches), or answers 404
   // when none matches. Only GET, HEAD and the POSTs of Post routes come
   // here: HttpEndpoint refuses everything else before routing.
@@ -103,6 +122,7 @@ class HttpRoutes {
   // The POST route for `path`, or nullptr.
   const Route* FindPost(const std::string& path) const;
   std::vector<Route> routes_;
+  std::vector<std::pair<std::string, ErrorFormat>> error_formats_;
 };
 
 }  // namespace ballast

@@ -81,10 +81,10 @@ class OpenAiApi : public std::enable_shared_from_this<OpenAiApi> {
     server->Post("/v1/fine_tuning/jobs/([^/]+)/cancel", 0, Route(&OpenAiApi::CancelJob));
     server->Get("/v1/fine_tuning/jobs/([^/]+)/events", Route(&OpenAiApi::ListEvents));
     server->Get("/v1/fine_tuning/jobs/([^/]+)/checkpoints", Route(&OpenAiApi::ListCheckpoints));
-    // Anything else under /v1/ is OpenAI's 404, not the server's plain one.
-    server->Get("/v1/.*", [](const HttpRequest& request, HttpResponse& response) {
-      Fail(response, absl::NotFoundError(absl::StrCat("no such API path: ", request.path,
-                                                      " (see docs/openai-api.md)")));
+    // What the server answers under /v1/ before any route runs (an unknown
+    // path, a refused method, origin or body size) is OpenAI's error object.
+    server->SetErrorFormat("/v1/", [](int http_status, absl::string_view message) {
+      return openai::ErrorBodyOfHttpStatus(http_status, message);
     });
   }
 
@@ -118,10 +118,11 @@ class OpenAiApi : public std::enable_shared_from_this<OpenAiApi> {
     if (file->data.size() > options_.max_file_bytes) {
       response.status = 413;
       response.set_content(
-          openai::ErrorBody(absl::InvalidArgumentError(absl::StrCat(
-                                "the file has ", file->data.size(), " bytes; this ballastd takes ",
-                                options_.max_file_bytes, " at most (--openai-max-file-bytes)")),
-                            "file"),
+          openai::ErrorBodyOfHttpStatus(
+              413,
+              absl::StrCat("the file has ", file->data.size(), " bytes; this ballastd takes ",
+                           options_.max_file_bytes, " at most (--openai-max-file-bytes)"),
+              "file"),
           kJson);
       return;
     }

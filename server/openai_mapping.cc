@@ -274,21 +274,52 @@ int ErrorStatus(const absl::Status& status) {
   return HttpStatusOf(status);
 }
 
+namespace {
+
+std::string ErrorObject(int http_status, std::string code, absl::string_view message,
+                        absl::string_view param) {
+  const char* type = http_status >= 500   ? "server_error"
+                     : http_status == 429 ? "insufficient_quota"
+                                          : "invalid_request_error";
+  return json({{"error",
+                {{"message", std::string(message)},
+                 {"type", type},
+                 {"param", param.empty() ? json() : json(std::string(param))},
+                 {"code", std::move(code)}}}})
+             .dump(-1, ' ', false, json::error_handler_t::replace) +
+         "\n";
+}
+
+}  // namespace
+
 std::string ErrorBody(const absl::Status& status, absl::string_view param) {
   const int http = ErrorStatus(status);
   std::string code = absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
   if (http == 401) code = "invalid_api_key";
   if (http == 429) code = "insufficient_quota";
-  const char* type = http == 500 || http == 503 ? "server_error"
-                     : http == 429              ? "insufficient_quota"
-                                                : "invalid_request_error";
-  return json({{"error",
-                {{"message", std::string(status.message())},
-                 {"type", type},
-                 {"param", param.empty() ? json() : json(std::string(param))},
-                 {"code", code}}}})
-             .dump(-1, ' ', false, json::error_handler_t::replace) +
-         "\n";
+  return ErrorObject(http, std::move(code), status.message(), param);
+}
+
+std::string ErrorBodyOfHttpStatus(int http_status, absl::string_view message,
+                                  absl::string_view param) {
+  std::string code;
+  switch (http_status) {
+    case 403:
+      code = "permission_denied";
+      break;
+    case 404:
+      code = "not_found";
+      break;
+    case 405:
+      code = "method_not_allowed";
+      break;
+    case 413:
+      code = "request_too_large";
+      break;
+    default:
+      code = absl::StrCat("http_", http_status);
+  }
+  return ErrorObject(http_status, std::move(code), message, param);
 }
 
 absl::StatusOr<CreatedJob> SpecOfCreateRequest(const json& request, const ModelChoice& model,

@@ -97,6 +97,15 @@ absl::StatusOr<nlohmann::json> ListPage(const std::vector<nlohmann::json>& items
 int ErrorStatus(const absl::Status& status);
 std::string ErrorBody(const absl::Status& status, absl::string_view param = "");
 
+// The same object for an HTTP status that no absl::Status stands for, as
+// the HTTP server answers before any route runs under /v1/
+// (HttpRoutes::SetErrorFormat): a refused origin or token header (403, code
+// permission_denied), a method no route takes (405, method_not_allowed), a
+// body over its limit (413, request_too_large; also a route's own), a path
+// no route takes (404, not_found).
+std::string ErrorBodyOfHttpStatus(int http_status, absl::string_view message,
+                                  absl::string_view param = "");
+
 // What a create request becomes.
 struct CreatedJob {
   v1::JobSpec spec;

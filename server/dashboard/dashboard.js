@@ -156,15 +156,19 @@ function askToken(message) {
 // A line chart of points [{step, value, skipped, run}] with rollbacks
 // [{step, to_step}] as dashed lines: one polyline per run (a rollback's
 // re-run starts a new one), skipped steps as dots at the top.
-function chart(svg, points, rollbacks, { log = false, color = "#1f77b4" } = {}) {
+// `dots`: a second series drawn as marked points ({step, value, run}), the
+// validation loss on the loss chart.
+function chart(svg, points, rollbacks, { log = false, color = "#1f77b4", dots = [] } = {}) {
   const W = 560, H = 220, L = 56, R = 8, T = 10, B = 24;
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   const good = points.filter((p) => !p.skipped && isFinite(p.value) && (!log || p.value > 0));
-  const steps = points.map((p) => p.step);
+  const goodDots = dots.filter((d) => isFinite(d.value) && (!log || d.value > 0));
+  const steps = points.concat(dots).map((p) => p.step);
   const x0 = Math.min(...steps, 1), x1 = Math.max(...steps, x0 + 1);
-  let y0 = Math.min(...good.map((p) => p.value)), y1 = Math.max(...good.map((p) => p.value));
-  if (!good.length) { y0 = log ? 0.1 : 0; y1 = log ? 10 : 1; }
+  const values = good.concat(goodDots).map((p) => p.value);
+  let y0 = Math.min(...values), y1 = Math.max(...values);
+  if (!values.length) { y0 = log ? 0.1 : 0; y1 = log ? 10 : 1; }
   if (log) { y0 = Math.pow(10, Math.floor(Math.log10(y0))); y1 = Math.pow(10, Math.ceil(Math.log10(y1) + 1e-9)); }
   if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
   const f = (v) => (log ? Math.log10(v) : v);
@@ -198,6 +202,21 @@ function chart(svg, points, rollbacks, { log = false, color = "#1f77b4" } = {}) 
     line.push(`${X(p.step).toFixed(1)},${Y(p.value).toFixed(1)}`);
   }
   flush();
+  let dotRun = null, dotLine = [];
+  const flushDots = () => {
+    if (dotLine.length > 1) svg.append(svgEl("polyline", { class: "dots", points: dotLine.join(" ") }));
+    dotLine = [];
+  };
+  for (const d of goodDots) {
+    if (d.run !== dotRun) { flushDots(); dotRun = d.run; }
+    dotLine.push(`${X(d.step).toFixed(1)},${Y(d.value).toFixed(1)}`);
+    const dot = svgEl("circle", { class: "dot", cx: X(d.step), cy: Y(d.value), r: 3 });
+    const title = svgEl("title");
+    title.textContent = `eval_loss ${fmt(d.value)} at step ${d.step}`;
+    dot.append(title);
+    svg.append(dot);
+  }
+  flushDots();
   for (const r of rollbacks) {
     const g = svgEl("line", { class: "rollback", x1: X(r.step), x2: X(r.step), y1: T, y2: H - B });
     const title = svgEl("title");
@@ -206,6 +225,7 @@ function chart(svg, points, rollbacks, { log = false, color = "#1f77b4" } = {}) 
     svg.append(g);
   }
   svg.dataset.points = good.length;
+  svg.dataset.dots = goodDots.length;
 }
 
 // --- the job list -----------------------------------------------------------
@@ -258,7 +278,8 @@ async function jobView(jobId, current) {
   const log = el("div", { id: "log" });
   const card = (title, ...body) => el("div", { class: "card" }, el("h2", {}, title), ...body);
   const grid = el("div", { class: "grid" },
-    card("Loss", charts.loss), card("Global grad_norm (log scale)", charts.grad_norm),
+    card("Loss, and eval_loss (dots)", charts.loss),
+    card("Global grad_norm (log scale)", charts.grad_norm),
     card("Learning rate", charts.lr), card("Step time per rank", ranks),
     card("Events", log),
     card("Spec",
@@ -275,12 +296,13 @@ async function jobView(jobId, current) {
   };
 
   const points = [];  // {step, loss, grad_norm, lr, aux_loss, load_ratio, skipped, run}
+  const evals = [];  // {step, value: eval_loss, run}
   const rollbacks = [];
   let run = 0, lastStep = 0, lastAttempt = null, pending = false;
   const draw = () => {
     pending = false;
     const series = (key) => points.map((p) => ({ step: p.step, value: p[key], skipped: p.skipped, run: p.run }));
-    chart(charts.loss, series("loss"), rollbacks);
+    chart(charts.loss, series("loss"), rollbacks, { dots: evals });
     chart(charts.grad_norm, series("grad_norm"), rollbacks, { log: true, color: "#2ca02c" });
     chart(charts.lr, series("lr"), rollbacks, { color: "#9467bd" });
     if (moe) {
@@ -322,6 +344,10 @@ async function jobView(jobId, current) {
     } else if (t.checkpoint_saved) {
       addLog("info", `checkpoint step ${t.checkpoint_saved.step}: ${t.checkpoint_saved.path}`, e.time_ms);
     } else if (t.eval) {
+      if (t.eval.loss !== undefined) {
+        evals.push({ step: Number(t.eval.step), value: Number(t.eval.loss), run });
+        redraw();
+      }
       addLog("info", `eval at step ${t.eval.step}: ${JSON.stringify(t.eval)}`, e.time_ms);
     }
   };

@@ -84,7 +84,12 @@ class Crowd:
 
     def stop(self):
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Stopped anyway, so that a failing run leaves no process behind.
+            self.proc.kill()
+            self.proc.wait()
         self.reader.join(timeout=10)
 
 
@@ -287,8 +292,10 @@ def test_probes_and_scrapes_keep_their_time_under_idle_slow_and_streaming_crowds
         figures["opened"], figures["over"], figures["other"] = tenant_streams(
             port, tenants[TENANTS], tenants[0])
     finally:
-        crowd.stop()
-        control.stop()
+        try:
+            crowd.stop()
+        finally:
+            control.stop()
         lines = [f"Last run: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, "
                  f"{os.cpu_count()} cores, ballastd {os.path.normpath(BALLASTD)}.", "",
                  "| probe | quiet ballastd p99 | crowded ballastd p99 | failed of made (quiet / crowded) |",

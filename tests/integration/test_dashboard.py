@@ -40,11 +40,12 @@ def get(url, token=None, timeout=10):
 
 @pytest.fixture
 def running_job(cluster, inputs):
-    """A 2-rank job that keeps running, with a rollback early on."""
+    """A 2-rank job that keeps running, with a rollback early on, evaluating
+    a held-out share of its data every 10 steps."""
     cluster.start_coordinator()
     cluster.start_worker("w1", cpu_slots=2)
     spec = base_spec(*inputs, max_steps=100000)
-    spec.update(devices=2, checkpoint_every=0,
+    spec.update(devices=2, checkpoint_every=0, eval={"fraction": 0.2, "every": 10},
                 guard={"snapshot_every": 2, "good_after_steps": 2,
                        "inject": {"nan_grad_at_step": [20, 21, 22]}})
     spec["data"]["grad_accum_steps"] = 2
@@ -94,6 +95,10 @@ def test_chromium_draws_the_running_job_with_its_rollback(running_job):
     assert re.search(r'<polyline points="[\d.]+,[\d.]+ [\d.]+,[\d.]+', chart)
     assert chart.count('class="rollback"') == 1
     assert chart.count('class="skipped"') == 3  # steps 20, 21 and 22, which rolled back
+    # The validation loss, at steps 0, 10, 20, ...: marked points and their line.
+    dots = int(re.search(r'data-dots="(\d+)"', chart).group(1))
+    assert dots >= 4 and chart.count('<circle class="dot"') == dots, chart[:4000]
+    assert '<polyline class="dots"' in chart
     # Both ranks' step times, and the guard's rollback in the event log.
     assert 'data-rank="0"' in dom and 'data-rank="1"' in dom
     assert "rolled back to step" in dom

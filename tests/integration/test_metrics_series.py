@@ -1,5 +1,5 @@
 """The set of series on /metrics, held still: after the same scripted activity
-(a job that succeeds, one whose rank fails, one the guard rolls back, a worker
+(a job that succeeds while evaluating a held-out set, one whose rank fails, one the guard rolls back, a worker
 that joins and leaves), the series that ballastd and a `ballast-worker --http`
 serve must be exactly those listed in metrics_series.txt. A change of the
 metrics library or encoder (issue 38) must not add, drop or rename a series,
@@ -7,7 +7,7 @@ a label or a histogram bucket; dashboards and alerts select on all three.
 
 Only what is stable is compared: each series' process, type, name and label
 set (labels sorted by name, so their printed order does not matter). Values
-are not compared. Job ids become the job's role, and ballast_build_info's
+are not compared, but for ballast_job_eval_loss's against GetJob. Job ids become the job's role, and ballast_build_info's
 version and commit placeholders. `le` stays as printed: Prometheus 2 stores
 it as text, so le="1" and le="1.0" would be two different series."""
 import os
@@ -75,7 +75,8 @@ def run_activity(cluster, inputs, tmp_path):
     cluster.start_worker("w1", cpu_slots=2, env=ONE_THREAD, extra_args=["--http", worker_http])
     roles = {}
 
-    succeeded = cluster.submit(spec(inputs, max_steps=4))
+    # It evaluates a held-out quarter of its data: ballast_job_eval_loss.
+    succeeded = cluster.submit(spec(inputs, max_steps=4, eval={"fraction": 0.25, "every": 2}))
     roles[succeeded] = "<succeeded>"
     assert cluster.cli("watch", succeeded, timeout=300).returncode == 0
 
@@ -120,6 +121,12 @@ def test_metrics_series_are_those_listed(cluster, inputs, tmp_path):  # noqa: F8
     with open(SERIES_FILE) as f:
         want = {line.rstrip("\n") for line in f if line.strip() and not line.startswith("#")}
     missing, extra = sorted(want - got), sorted(got - want)
+    # The gauge holds the last evaluation's loss, as GetJob has it.
+    succeeded = next(job for job, role in roles.items() if role == "<succeeded>")
+    eval_loss = cluster.job(succeeded)["last_eval"]["loss"]
+    served = re.search(rf'^ballast_job_eval_loss{{job_id="{succeeded}"}} (\S+)$', coordinator_text,
+                       re.M)
+    assert served and float(served.group(1)) == pytest.approx(eval_loss, rel=1e-6), served
     assert not missing and not extra, (
         f"/metrics differs from {os.path.basename(SERIES_FILE)}:\n"
         + "".join(f"- {line}\n" for line in missing) + "".join(f"+ {line}\n" for line in extra))

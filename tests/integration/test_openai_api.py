@@ -95,7 +95,7 @@ def test_upload_train_follow_checkpoints_cancel_and_tenants(api):
     with open(write(tmp / "big.jsonl", text * (MAX_FILE_BYTES // len(text) + 1)), "rb") as f:
         with pytest.raises(openai.APIStatusError) as refused:
             alice.files.create(file=f, purpose="fine-tune")
-    assert refused.value.status_code == 413
+    assert refused.value.status_code == 413 and refused.value.code == "request_too_large"
 
     # 16 chats, batches of 4, 2 epochs: 8 steps, a checkpoint per epoch.
     job = alice.fine_tuning.jobs.create(
@@ -188,12 +188,19 @@ def post(cluster, path, body=b"{}", headers=None):
 
 def test_post_routes_keep_the_http_rules(api):
     cluster, clients, _ = api
-    # No bearer token, or a foreign Origin: refused before any route.
-    assert post(cluster, "/v1/fine_tuning/jobs")[0] == 403
-    assert post(cluster, "/v1/fine_tuning/jobs",
-                headers={"Authorization": "Bearer x", "Origin": "http://evil.example"})[0] == 403
-    # POST anywhere else is still 405.
-    assert post(cluster, "/api/v1/jobs", headers={"Authorization": "Bearer x"})[0] == 405
+    # No bearer token, or a foreign Origin: refused before any route, and
+    # under /v1/ in OpenAI's error object too.
+    for headers in ({}, {"Authorization": "Bearer x", "Origin": "http://evil.example"}):
+        status, body = post(cluster, "/v1/fine_tuning/jobs", headers=headers)
+        assert status == 403
+        error = json.loads(body)["error"]
+        assert error["code"] == "permission_denied" and error["type"] == "invalid_request_error"
+        assert error["message"] and error["param"] is None
+    # A POST no route takes: 405, OpenAI's object under /v1/, ballastd's elsewhere.
+    status, body = post(cluster, "/v1/models", headers={"Authorization": "Bearer x"})
+    assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+    status, body = post(cluster, "/api/v1/jobs", headers={"Authorization": "Bearer x"})
+    assert status == 405 and isinstance(json.loads(body)["error"], str)
     # Errors are OpenAI's error object.
     status, body = post(cluster, "/v1/fine_tuning/jobs", b"not json",
                         headers={"Authorization": f"Bearer {ADMIN}"})

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace ballast::client {
@@ -85,6 +86,37 @@ TEST(LossChart, ANewAttemptStartsANewLineAndNoStepsStillDraw) {
   chart.Add(Step(3, 2.8, 1.0, false, 2));  // a restart resumed at step 3
   chart.Add(Step(4, 2.7, 1.0, false, 2));
   EXPECT_EQ(Count(chart.Svg(), "<polyline class=\"loss\""), 2);
+}
+
+v1::JobEvent Eval(int64_t step, std::optional<double> loss) {
+  v1::JobEvent e;
+  v1::EvalReport* r = e.mutable_training()->mutable_eval();
+  r->set_step(step);
+  if (loss) r->set_loss(*loss);
+  return e;
+}
+
+TEST(LossChart, EvalLossIsALineOfMarkedPointsOnTheLossPanel) {
+  LossChart chart("evaluated");
+  chart.Add(Eval(0, 3.2));  // before the first step: the x axis starts at 0
+  for (int s = 1; s <= 4; ++s) chart.Add(Step(s, 3.0 - 0.1 * s, 1.0));
+  chart.Add(Eval(2, 3.0));
+  chart.Add(Eval(4, 5.0));           // above every training loss: the axis covers it
+  chart.Add(Eval(4, std::nullopt));  // a reranker's, without a loss
+  EXPECT_EQ(chart.evals(), 3);
+  const std::string svg = chart.Svg();
+  EXPECT_EQ(Count(svg, "<polyline class=\"eval_loss\""), 1);
+  EXPECT_EQ(Count(svg, "<circle class=\"eval_loss\""), 3);
+  EXPECT_THAT(svg, HasSubstr("<title>eval_loss 5 at step 4</title>"));
+  EXPECT_THAT(svg, HasSubstr("loss, and eval_loss (dots)"));
+  // Step 0 sits on the left edge; eval_loss 5.0, the top value, near the top
+  // of the loss panel (48, plus the 5% padding of the range).
+  EXPECT_THAT(svg, HasSubstr("<circle class=\"eval_loss\" cx=\"80.0\""));
+  EXPECT_THAT(svg, HasSubstr("cx=\"936.0\" cy=\"59.8\""));
+  // Without evaluations the chart is as before.
+  LossChart plain("plain");
+  plain.Add(Step(1, 3.0, 1.0));
+  EXPECT_EQ(Count(plain.Svg(), "eval_loss"), 0);
 }
 
 }  // namespace

@@ -219,6 +219,37 @@ TEST_F(HttpEndpointTest, RoutesSeeTheDecodedRequestAndStreamsArriveInChunks) {
   EXPECT_THAT(all, HasSubstr("3\r\nn3;\r\n3\r\nn2;\r\n3\r\nn1;\r\n0\r\n\r\n"));
 }
 
+TEST_F(HttpEndpointTest, AnswersOutsideARouteTakeTheErrorFormatOfTheirPath) {
+  Start(HttpLimits{}, [](HttpRoutes* routes) {
+    routes->Get("/api/x", [](const HttpRequest&, HttpResponse& response) {
+      response.set_content("x", "text/plain");
+    });
+    routes->SetErrorFormat("/api/", [](int status, absl::string_view message) {
+      return absl::StrCat("{\"api\": ", status, ", \"said\": \"", message, "\"}");
+    });
+    routes->SetErrorFormat("/api/deeper/", [](int status, absl::string_view) {
+      return absl::StrCat("{\"deeper\": ", status, "}");
+    });
+  });
+  const int fd = Connect();
+  Send(fd,
+       "GET /api/none HTTP/1.1\r\nHost: x\r\n\r\n"
+       "GET /api/deeper/none HTTP/1.1\r\nHost: x\r\n\r\n"
+       "GET /elsewhere HTTP/1.1\r\nHost: x\r\n\r\n"
+       "POST /api/x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+       "DELETE /api/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+       "Connection: close\r\n\r\n");
+  const std::string all = Receive(fd, std::chrono::milliseconds(5000));
+  EXPECT_THAT(all,
+              HasSubstr("{\"api\": 404, \"said\": \"not found: no route for GET /api/none\"}"));
+  EXPECT_THAT(all, HasSubstr("{\"deeper\": 404}"));  // the longest prefix
+  EXPECT_THAT(all, HasSubstr("{\"error\":\"not found: no route for GET /elsewhere\"}"));
+  EXPECT_THAT(all, HasSubstr("{\"api\": 403, \"said\": \""));
+  EXPECT_THAT(all, HasSubstr("{\"api\": 405, \"said\": \"DELETE: nothing here changes state"));
+  EXPECT_EQ(std::count(all.begin(), all.end(), '{'), 5);
+  EXPECT_THAT(all, HasSubstr("Content-Type: application/json"));
+}
+
 // A POST route (the OpenAI-compatible API's exception to GET-only): reached
 // only with a bearer header, its body read within the route's own limit and
 // the upload timeout, which the head deadline does not cut; a body past the

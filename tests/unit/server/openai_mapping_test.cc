@@ -69,6 +69,14 @@ TEST(OpenAiMappingTest, ErrorsAreOpenAisErrorObject) {
   EXPECT_EQ(ErrorStatus(absl::NotFoundError("")), 404);
   EXPECT_EQ(ErrorStatus(absl::ResourceExhaustedError("")), 429);
   EXPECT_EQ(ErrorStatus(absl::InternalError("")), 500);
+  // What the HTTP endpoint answers before a route runs, in the same object.
+  const json too_large = json::parse(ErrorBodyOfHttpStatus(413, "too big"))["error"];
+  EXPECT_EQ(too_large["code"], "request_too_large");
+  EXPECT_EQ(too_large["type"], "invalid_request_error");
+  EXPECT_EQ(too_large["message"], "too big");
+  EXPECT_TRUE(too_large["param"].is_null());
+  EXPECT_EQ(json::parse(ErrorBodyOfHttpStatus(403, ""))["error"]["code"], "permission_denied");
+  EXPECT_EQ(json::parse(ErrorBodyOfHttpStatus(405, ""))["error"]["code"], "method_not_allowed");
 }
 
 UploadedFile File(int64_t records) {

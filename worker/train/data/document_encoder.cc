@@ -135,7 +135,9 @@ absl::Status DocumentEncoder::EncodeParsed(const nlohmann::json& record,
   documents->clear();
   *special_token_text = false;
   if (options_.format == DataFormat::kReranker) {
-    if (absl::Status status = EncodeReranker(record, documents); !status.ok()) return status;
+    if (absl::Status status = EncodeReranker(record, documents, special_token_text); !status.ok()) {
+      return status;
+    }
   } else {
     documents->emplace_back();
     if (absl::Status status = EncodeRecord(record, &documents->back(), special_token_text);
@@ -169,9 +171,11 @@ absl::Status DocumentEncoder::EncodeParsed(const nlohmann::json& record,
 }
 
 absl::Status DocumentEncoder::EncodeReranker(const nlohmann::json& record,
-                                             std::vector<EncodedDocument>* documents) const {
+                                             std::vector<EncodedDocument>* documents,
+                                             bool* special_token_text) const {
   absl::StatusOr<RerankerRecord> parsed = ParseRerankerRecord(record);
   if (!parsed.ok()) return parsed.status();
+
   const size_t negatives =
       std::min(parsed->negatives.size(), static_cast<size_t>(options_.max_negatives));
   if (options_.needs_negative && negatives == 0) {
@@ -179,6 +183,16 @@ absl::Status DocumentEncoder::EncodeReranker(const nlohmann::json& record,
   }
   const size_t positives =
       std::min(parsed->positives.size(), static_cast<size_t>(options_.max_positives));
+  // The data report counts the record when a text it trains on holds
+  // special-token text (plain text here, EncodeCandidate).
+  std::vector<const std::string*> texts = {&parsed->query};
+  for (size_t g = 0; g < positives; ++g) texts.push_back(&parsed->positives[g]);
+  for (size_t k = 0; k < negatives; ++k) texts.push_back(&parsed->negatives[k]);
+  for (const std::string* text : texts) {
+    absl::StatusOr<std::optional<std::string>> special = tokenizer_->FindSpecialToken(*text);
+    if (!special.ok()) return special.status();
+    *special_token_text = *special_token_text || special->has_value();
+  }
   for (size_t g = 0; g < positives; ++g) {
     for (size_t k = 0; k <= negatives; ++k) {
       const std::string& text = k == 0 ? parsed->positives[g] : parsed->negatives[k - 1];

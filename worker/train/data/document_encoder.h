@@ -19,12 +19,12 @@
 // inside a record's text, prompt, completion or message. With
 // allow_special_tokens off (data.allow_special_tokens, default false), so
 // that a record cannot forge a control token:
-//   text, and prompt_completion without a template: encoded as plain text,
-//     as `tokenizers` encodes with encode_special_tokens=True;
-//   messages, and prompt_completion through a template: a bad record naming
-//     the message and the token (ChatTemplate::Encode), since the chat's
-//     turns are cut by the template's own control tokens;
-//   reranker: a bad record (reranker_records.h).
+//   text, prompt_completion and messages: encoded as plain text, as
+//     `tokenizers` encodes with encode_special_tokens=True; through a chat
+//     template, only the messages' text is, and the template's own control
+//     tokens stay (ChatTemplate::Encode);
+//   reranker: the query's and the documents' text as plain text
+//     (EncodeCandidate), the prompt's tokens kept.
 // With it on (text, prompt_completion and messages only), the text becomes
 // the special token, as `tokenizers`' default encode and transformers'
 // apply_chat_template do. Either way the template's own tokens, the prefix
@@ -139,8 +139,8 @@ class DocumentEncoder {
   // The encoders of one record set *special_token_text as Encode does.
   absl::Status EncodeRecord(const nlohmann::json& record, EncodedDocument* document,
                             bool* special_token_text) const;
-  absl::Status EncodeReranker(const nlohmann::json& record,
-                              std::vector<EncodedDocument>* documents) const;
+  absl::Status EncodeReranker(const nlohmann::json& record, std::vector<EncodedDocument>* documents,
+                              bool* special_token_text) const;
   absl::Status EncodeChat(const std::vector<ChatMessage>& messages, EncodedDocument* document,
                           bool* special_token_text) const;
   // Appends `text` (EncodeRecordText), labelled or not; ORs into

@@ -1,6 +1,8 @@
 #include "worker/train/data/reranker_records.h"
 
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -81,26 +83,32 @@ absl::StatusOr<std::vector<TokenId>> EncodeCandidate(const Tokenizer& tokenizer,
                                                      const std::string& query,
                                                      const std::string& document,
                                                      int64_t max_tokens, bool* cut) {
-  for (const auto& [what, text] : {std::pair{"query", &query}, std::pair{"document", &document}}) {
-    absl::StatusOr<std::optional<std::string>> special = tokenizer.FindSpecialToken(*text);
-    if (!special.ok()) return special.status();
-    if (*special) {
-      return Bad(absl::StrCat("the ", what, " holds the special token ", **special));
-    }
-  }
-  const std::string head = absl::StrCat(prompt.prefix, "<Instruct>: ", prompt.instruction,
-                                        "\n<Query>: ", query, "\n<Document>: ");
+  const std::string head_before_query =
+      absl::StrCat(prompt.prefix, "<Instruct>: ", prompt.instruction, "\n<Query>: ");
+  const std::string head = absl::StrCat(head_before_query, query, "\n<Document>: ");
+  // The query and the document are the data's: their special-token text is
+  // plain text, while the prompt's own tokens stay control tokens.
+  const ByteRange plain[] = {{head_before_query.size(), head_before_query.size() + query.size()},
+                             {head.size(), head.size() + document.size()}};
   // One pass over head + document, as transformers tokenizes the whole text:
   // the space after "<Document>:" joins the document's first word.
   absl::StatusOr<Tokenizer::Encoding> whole =
-      tokenizer.EncodeWithOffsets(head + document, /*allow_special=*/true);
+      tokenizer.EncodeWithOffsets(head + document, SpecialTokens{.allow = true, .plain = plain});
   if (!whole.ok()) return whole.status();
-  // The head ends in ASCII, so its normalized text is a prefix of the whole's.
-  absl::StatusOr<std::string> head_normalized = tokenizer.Normalize(head, true);
-  if (!head_normalized.ok()) return head_normalized.status();
+  // The head's normalized length, piece by piece: each piece borders on
+  // ASCII, so the pieces normalize as the whole does.
+  size_t head_normalized = 0;
+  for (const auto& [piece, is_plain] :
+       {std::pair<std::string_view, bool>{head_before_query, false},
+        {query, true},
+        {std::string_view(head).substr(head_before_query.size() + query.size()), false}}) {
+    absl::StatusOr<std::string> normalized = tokenizer.Normalize(piece, !is_plain);
+    if (!normalized.ok()) return normalized.status();
+    head_normalized += normalized->size();
+  }
   size_t first_document_token = 0;
   while (first_document_token < whole->ends.size() &&
-         whole->ends[first_document_token] <= head_normalized->size()) {
+         whole->ends[first_document_token] <= head_normalized) {
     ++first_document_token;
   }
   // The suffix starts at a special token, which no regex piece crosses.

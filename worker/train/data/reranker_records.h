@@ -44,8 +44,9 @@ struct RerankerPrompt {
 
 // The ids of one candidate, at most `max_tokens`, the document cut to fit.
 // Tokenized whole, as transformers does, with special tokens matched in the
-// prompt; a query or document holding a special token's text is refused
-// (INVALID_ARGUMENT), as is a prompt that leaves no room for the document.
+// prompt; a query's or document's special-token text is plain text (as
+// `tokenizers` encodes it with encode_special_tokens=True). INVALID_ARGUMENT
+// for a prompt that leaves no room for the document.
 // `*cut` says whether the document was cut.
 absl::StatusOr<std::vector<TokenId>> EncodeCandidate(const Tokenizer& tokenizer,
                                                      const RerankerPrompt& prompt,

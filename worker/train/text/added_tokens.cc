@@ -137,12 +137,26 @@ const AddedToken* AddedTokenMatcher::FindSpecial(std::string_view text) const {
   return nullptr;
 }
 
-void AddedTokenMatcher::Split(std::string_view text, bool allow_special,
+bool SpecialTokens::Allows(size_t begin, size_t end) const {
+  if (!allow) return false;
+  // The first range that ends after `begin` is the only one that can overlap.
+  const auto after =
+      std::upper_bound(plain.begin(), plain.end(), begin,
+                       [](size_t at, const ByteRange& range) { return at < range.end; });
+  return after == plain.end() || after->begin >= end;
+}
+
+SpecialTokens SpecialTokens::Within(size_t begin, size_t end) const {
+  if (!Allows(begin, end)) return SpecialTokens{.allow = false};
+  return SpecialTokens{.allow = true};
+}
+
+void AddedTokenMatcher::Split(std::string_view text, const SpecialTokens& special,
                               std::vector<TextSegment>* segments) const {
   size_t segment_start = 0;
   for (Match match = Find(text, 0); match.token >= 0; match = Find(text, match.end)) {
     const AddedToken& token = tokens_[match.token];
-    if (token.special && !allow_special) continue;
+    if (token.special && !special.Allows(match.start, match.end)) continue;
     if (token.single_word) {
       const bool word_before =
           match.start > 0 && IsWordCharacter(LastCodePoint(text.substr(0, match.start)));

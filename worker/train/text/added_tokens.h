@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "worker/train/text/bpe.h"
 
 namespace ballast::train {
@@ -41,6 +42,27 @@ struct TextSegment {
   TokenId id;
 };
 
+// Bytes [begin, end) of a text.
+struct ByteRange {
+  size_t begin;
+  size_t end;
+};
+
+// Where special tokens are matched in a text: nowhere (`allow` false), or
+// everywhere except where a match overlaps one of `plain`, byte ranges of
+// the text (sorted, disjoint). A chat's message text is plain: it must not
+// become a control token, while the template's own tokens around it do.
+struct SpecialTokens {
+  bool allow = false;
+  absl::Span<const ByteRange> plain;
+
+  bool Allows(size_t begin, size_t end) const;
+  // The rule for the bytes [begin, end) of the text as a text of their own
+  // once normalized, where offsets into the text are lost: every special
+  // token when no plain range overlaps them, none otherwise.
+  SpecialTokens Within(size_t begin, size_t end) const;
+};
+
 class AddedTokenMatcher {
  public:
   // Matches `token` where `pattern` occurs: its content, normalized for
@@ -48,8 +70,10 @@ class AddedTokenMatcher {
   void Add(std::string_view pattern, const AddedToken& token);
 
   // Appends the segments of `text`, in order, to `segments`; the views point
-  // into `text`. Special tokens are matched only when `allow_special`.
-  void Split(std::string_view text, bool allow_special, std::vector<TextSegment>* segments) const;
+  // into `text`. A special token is matched only where `special` allows it;
+  // elsewhere its match is skipped.
+  void Split(std::string_view text, const SpecialTokens& special,
+             std::vector<TextSegment>* segments) const;
 
   // The special token whose pattern occurs first in `text`, the shortest at
   // that place; nullptr when none. Every occurrence counts, also one that

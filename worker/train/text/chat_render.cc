@@ -48,7 +48,7 @@ class Pieces {
   }
   // Text from a message.
   void Content(std::string_view text, bool supervised) {
-    pieces_.push_back(ChatPiece{text, supervised});
+    pieces_.push_back(ChatPiece{text, supervised, /*from_message=*/true});
   }
   std::vector<ChatPiece> Take() { return std::move(pieces_); }
 

@@ -19,6 +19,9 @@ namespace ballast::train {
 struct ChatPiece {
   std::string_view text;
   bool supervised;  // in an assistant turn's trained span
+  // A message's text rather than the template's: the text whose special
+  // tokens stay plain unless the caller allows them.
+  bool from_message = false;
 };
 
 // OK when every message has one of the four roles and UTF-8 text, and there

@@ -55,25 +55,19 @@ absl::StatusOr<std::optional<std::string>> ConfigTemplate(const nlohmann::json& 
                    "template; set data.template"));
 }
 
-// Where the first message field that holds a special token's text is, as
-// "messages[i].field holds the special token T"; empty when none does.
-absl::StatusOr<std::string> FindSpecialTokenText(const Tokenizer& tokenizer,
-                                                 absl::Span<const ChatMessage> messages) {
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& message = messages[i];
-    const std::pair<const char*, const std::string*> fields[] = {
-        {"content", &message.content},
-        {"reasoning", message.reasoning.has_value() ? &*message.reasoning : nullptr}};
-    for (const auto& [field, text] : fields) {
+// Whether a message's content or reasoning holds a special token's text.
+absl::StatusOr<bool> HoldsSpecialTokenText(const Tokenizer& tokenizer,
+                                           absl::Span<const ChatMessage> messages) {
+  for (const ChatMessage& message : messages) {
+    for (const std::string* text :
+         {&message.content, message.reasoning.has_value() ? &*message.reasoning : nullptr}) {
       if (text == nullptr) continue;
       absl::StatusOr<std::optional<std::string>> special = tokenizer.FindSpecialToken(*text);
       if (!special.ok()) return special.status();
-      if (special->has_value()) {
-        return absl::StrCat("messages[", i, "].", field, " holds the special token ", **special);
-      }
+      if (special->has_value()) return true;
     }
   }
-  return std::string();
+  return false;
 }
 
 }  // namespace
@@ -173,14 +167,8 @@ absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
                                                  TrainOn train_on, bool allow_special) const {
   if (absl::Status status = Check(messages); !status.ok()) return status;
   if (absl::Status status = CheckTokenizer(tokenizer); !status.ok()) return status;
-  absl::StatusOr<std::string> special = FindSpecialTokenText(tokenizer, messages);
-  if (!special.ok()) return special.status();
-  if (!special->empty() && !allow_special) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(*special,
-                     ", which would become a control token; remove it from the data, or allow "
-                     "special tokens in text"));
-  }
+  absl::StatusOr<bool> special_token_text = HoldsSpecialTokenText(tokenizer, messages);
+  if (!special_token_text.ok()) return special_token_text.status();
 
   // Where each piece ends in the text the tokens cover. Normalizing the
   // pieces one by one gives the same text as normalizing the whole, since
@@ -192,15 +180,21 @@ absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
   std::string text;
   std::string expected;
   std::vector<size_t> piece_ends;
+  std::vector<ByteRange> message_text;
   piece_ends.reserve(pieces.size());
   for (const ChatPiece& piece : pieces) {
+    const bool plain = piece.from_message && !allow_special;
+    if (plain && !piece.text.empty()) {
+      message_text.push_back(ByteRange{text.size(), text.size() + piece.text.size()});
+    }
     text.append(piece.text);
-    absl::StatusOr<std::string> normalized = tokenizer.Normalize(piece.text, true);
+    absl::StatusOr<std::string> normalized = tokenizer.Normalize(piece.text, !plain);
     if (!normalized.ok()) return normalized.status();
     expected.append(*normalized);
     piece_ends.push_back(expected.size());
   }
-  absl::StatusOr<Tokenizer::Encoding> encoding = tokenizer.EncodeWithOffsets(text, true);
+  absl::StatusOr<Tokenizer::Encoding> encoding =
+      tokenizer.EncodeWithOffsets(text, SpecialTokens{.allow = true, .plain = message_text});
   if (!encoding.ok()) return encoding.status();
   if (encoding->normalized != expected) {
     return absl::InternalError(
@@ -213,7 +207,7 @@ absl::StatusOr<EncodedChat> ChatTemplate::Encode(const Tokenizer& tokenizer,
   // token that joins the header's "\n" to content starting with "\n" is the
   // content's, and one that ends in the header is not.
   EncodedChat chat;
-  chat.special_token_text = !special->empty();
+  chat.special_token_text = *special_token_text;
   chat.ids = std::move(encoding->ids);
   chat.supervised.resize(chat.ids.size(), 1);
   if (train_on == TrainOn::kAll) return chat;

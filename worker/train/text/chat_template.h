@@ -31,13 +31,14 @@
 // a "\n" that content starts with), and a token is supervised when its last
 // byte lies in a supervised span.
 //
-// Text that holds a special token's content is refused unless Encode is
-// told to allow special tokens: apply_chat_template would turn it into a
-// control token, and training data must not unless its user says so. When
-// allowed, it becomes that control token, as in apply_chat_template. (A
-// special token that only forms across a boundary of content and template,
-// such as one spelt "x<|im_end|>", is not looked for; no known vocabulary
-// has one.)
+// A message's text that holds a special token's content is encoded as plain
+// text unless Encode is told to allow special tokens: apply_chat_template
+// would turn it into a control token, and training data must not unless its
+// user says so, while the template's own control tokens around it stay
+// control tokens. When allowed, it becomes that control token, as in
+// apply_chat_template. (A special token that only forms across a boundary
+// of message and template, such as one spelt "x<|im_end|>", is not looked
+// for; no known vocabulary has one.)
 //
 // Thread-safe: a ChatTemplate is an immutable value.
 #ifndef BALLAST_WORKER_TRAIN_TEXT_CHAT_TEMPLATE_H_
@@ -71,8 +72,8 @@ enum class TrainOn { kAssistant, kAll };
 struct EncodedChat {
   std::vector<TokenId> ids;
   std::vector<uint8_t> supervised;  // per id: 1 = trained on
-  // Whether a message's text held a special token's text, which became
-  // that token (Encode allowed special tokens; else it refuses the chat).
+  // Whether a message's text held a special token's text: plain text, or
+  // that token when Encode allowed special tokens.
   bool special_token_text = false;
 };
 
@@ -109,11 +110,10 @@ class ChatTemplate {
 
   // Render() (no generation prompt) tokenized whole, as
   // apply_chat_template(tokenize=True) does, with the mask of the class
-  // comment. INVALID_ARGUMENT as Render, and, unless `allow_special`,
-  // naming the message and the token when a message holds a special
-  // token's text; INTERNAL when the tokens do not line up with the rendered
-  // pieces (a tokenizer whose normalizer joins text across a template
-  // boundary), rather than a wrong mask.
+  // comment; special-token text in the messages is plain text unless
+  // `allow_special`. INVALID_ARGUMENT as Render; INTERNAL when the tokens
+  // do not line up with the rendered pieces (a tokenizer whose normalizer
+  // joins text across a template boundary), rather than a wrong mask.
   absl::StatusOr<EncodedChat> Encode(const Tokenizer& tokenizer,
                                      absl::Span<const ChatMessage> messages, TrainOn train_on,
                                      bool allow_special) const;

@@ -162,7 +162,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(const nlohmann::json& json) try {
 absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(std::string_view text,
                                                        bool allow_special) const {
   std::vector<TokenId> ids;
-  if (absl::Status status = EncodeInto(text, allow_special, &ids, nullptr); !status.ok()) {
+  if (absl::Status status = EncodeInto(text, SpecialTokens{.allow = allow_special}, &ids, nullptr);
+      !status.ok()) {
     return status;
   }
   return ids;
@@ -170,22 +171,28 @@ absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(std::string_view text,
 
 absl::StatusOr<Tokenizer::Encoding> Tokenizer::EncodeWithOffsets(std::string_view text,
                                                                  bool allow_special) const {
+  return EncodeWithOffsets(text, SpecialTokens{.allow = allow_special});
+}
+
+absl::StatusOr<Tokenizer::Encoding> Tokenizer::EncodeWithOffsets(
+    std::string_view text, const SpecialTokens& special) const {
   Encoding encoding;
-  if (absl::Status status = EncodeInto(text, allow_special, &encoding.ids, &encoding);
-      !status.ok()) {
+  if (absl::Status status = EncodeInto(text, special, &encoding.ids, &encoding); !status.ok()) {
     return status;
   }
   return encoding;
 }
 
-absl::Status Tokenizer::EncodeInto(std::string_view text, bool allow_special,
+absl::Status Tokenizer::EncodeInto(std::string_view text, const SpecialTokens& special,
                                    std::vector<TokenId>* ids, Encoding* offsets) const {
   if (!IsValidUtf8(text)) return absl::InvalidArgumentError("text is not valid UTF-8");
   std::vector<TextSegment> segments;
-  raw_added_.Split(text, allow_special, &segments);
+  raw_added_.Split(text, special, &segments);
   for (const TextSegment& segment : segments) {
     if (segment.id < 0) {
-      if (absl::Status status = EncodeStretch(segment.text, allow_special, ids, offsets);
+      const size_t begin = segment.text.data() - text.data();
+      if (absl::Status status = EncodeStretch(
+              segment.text, special.Within(begin, begin + segment.text.size()), ids, offsets);
           !status.ok()) {
         return status;
       }
@@ -200,7 +207,7 @@ absl::Status Tokenizer::EncodeInto(std::string_view text, bool allow_special,
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::EncodeStretch(std::string_view text, bool allow_special,
+absl::Status Tokenizer::EncodeStretch(std::string_view text, const SpecialTokens& special,
                                       std::vector<TokenId>* ids, Encoding* offsets) const {
   std::string normalized;
   if (normalizer_.active()) {
@@ -213,7 +220,7 @@ absl::Status Tokenizer::EncodeStretch(std::string_view text, bool allow_special,
   const size_t base = offsets != nullptr ? offsets->normalized.size() : 0;
   std::vector<size_t>* ends = offsets != nullptr ? &offsets->ends : nullptr;
   std::vector<TextSegment> segments;
-  normalized_added_.Split(text, allow_special, &segments);
+  normalized_added_.Split(text, special, &segments);
   std::vector<std::string_view> pieces;
   for (const TextSegment& segment : segments) {
     const size_t segment_start = base + (segment.text.data() - text.data());
@@ -243,7 +250,7 @@ absl::StatusOr<std::string> Tokenizer::Normalize(std::string_view text, bool all
   if (!normalizer_.active()) return std::string(text);
   std::string normalized;
   std::vector<TextSegment> segments;
-  raw_added_.Split(text, allow_special, &segments);
+  raw_added_.Split(text, SpecialTokens{.allow = allow_special}, &segments);
   for (const TextSegment& segment : segments) {
     if (segment.id >= 0) {
       normalized.append(segment.text);

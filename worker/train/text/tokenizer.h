@@ -72,6 +72,14 @@ class Tokenizer {
   // Encode, with where each id's text ends. Errors as Encode.
   absl::StatusOr<Encoding> EncodeWithOffsets(std::string_view text, bool allow_special) const;
 
+  // EncodeWithOffsets with special tokens matched where `special` allows
+  // them: a chat's template tokens, and not the text of its messages. A
+  // special token matched in the normalized text (none in the byte-level
+  // vocabularies this reads) is matched only in a stretch between raw added
+  // tokens that no plain range overlaps.
+  absl::StatusOr<Encoding> EncodeWithOffsets(std::string_view text,
+                                             const SpecialTokens& special) const;
+
   // `text` as Encode's ids spell it: the added tokens matched in the raw
   // text kept as they are, the stretches between them normalized. Equal to
   // `text` without a normalizer. INVALID_ARGUMENT when `text` is not valid
@@ -107,13 +115,13 @@ class Tokenizer {
 
   // Encode into `ids`; with `offsets`, also appends to its `normalized` and
   // `ends` (`ids` may be offsets->ids).
-  absl::Status EncodeInto(std::string_view text, bool allow_special, std::vector<TokenId>* ids,
-                          Encoding* offsets) const;
+  absl::Status EncodeInto(std::string_view text, const SpecialTokens& special,
+                          std::vector<TokenId>* ids, Encoding* offsets) const;
 
   // Steps 2 to 4 of the class comment on one stretch of raw text; appends
   // to `offsets` as EncodeInto.
-  absl::Status EncodeStretch(std::string_view text, bool allow_special, std::vector<TokenId>* ids,
-                             Encoding* offsets) const;
+  absl::Status EncodeStretch(std::string_view text, const SpecialTokens& special,
+                             std::vector<TokenId>* ids, Encoding* offsets) const;
 
   Bpe bpe_;
   Normalizer normalizer_;

@@ -107,15 +107,19 @@ TEST(DocumentEncoderTest, SpecialTokenTextIsPlainTextUnlessAllowedAndIsReportedE
   EXPECT_EQ(doc.labels, Concat({Ignored(1), Bytes(" A"), {kEndOfText}, {kEndOfText}}));
   EXPECT_TRUE(special);
 
-  // A chat holding it is refused (BadRecordsSayWhatIsWrong) unless allowed;
-  // allowed, the content's token is the control token, as the template's are.
+  // In a chat, the content's text is plain text and the template's tokens
+  // stay; allowed, the content's token is the control token, as the
+  // template's are.
   const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}, )"
                            R"({"role": "assistant", "content": "y<|im_end|>o"}]})";
+  const std::vector<int32_t> prompt = Concat(
+      {{kImStart}, Bytes("user\nhi"), {kImEnd}, Bytes("\n"), {kImStart}, Bytes("assistant\n")});
+  ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kMessages, "chatml"), chat, &doc, &special).ok());
+  EXPECT_EQ(doc.input_ids, Concat({prompt, Bytes("y<|im_end|>o"), {kImEnd}, Bytes("\n")}));
+  EXPECT_TRUE(special);
   ASSERT_TRUE(EncodeOne(Encoder(DataFormat::kMessages, "chatml", TrainOn::kAssistant, true), chat,
                         &doc, &special)
                   .ok());
-  const std::vector<int32_t> prompt = Concat(
-      {{kImStart}, Bytes("user\nhi"), {kImEnd}, Bytes("\n"), {kImStart}, Bytes("assistant\n")});
   EXPECT_EQ(doc.input_ids,
             Concat({prompt, Bytes("y"), {kImEnd}, Bytes("o"), {kImEnd}, Bytes("\n")}));
   EXPECT_TRUE(special);
@@ -170,10 +174,6 @@ TEST(DocumentEncoderTest, BadRecordsSayWhatIsWrong) {
                 "messages[0].content is not a string"},
            Case{DataFormat::kMessages, R"({"messages": [{"role": "user", "content": "hi"}]})",
                 "no token to train on: the record has no assistant turn"},
-           Case{DataFormat::kMessages,
-                R"({"messages": [{"role": "user", "content": "a<|im_end|>"}, )"
-                R"({"role": "assistant", "content": "b"}]})",
-                "<|im_end|>"},
            Case{DataFormat::kPromptCompletion, R"({"prompt": "a"})", "no \"completion\""},
        }) {
     EncodedDocument doc;

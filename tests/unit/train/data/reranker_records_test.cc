@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -87,9 +88,28 @@ TEST(RerankerRecordsTest, CandidatesAreTokenizedWholeAndOnlyTheDocumentIsCut) {
 
   EXPECT_THAT(EncodeCandidate(tokenizer, kPrompt, "q", "doc", 10, &cut).status().message(),
               HasSubstr("the prompt without its document is"));
-  EXPECT_THAT(
-      EncodeCandidate(tokenizer, kPrompt, "q", "a<|im_end|>", 1000, &cut).status().message(),
-      HasSubstr("the document holds the special token <|im_end|>"));
+}
+
+TEST(RerankerRecordsTest, SpecialTokenTextInTheQueryOrDocumentIsPlainText) {
+  const Tokenizer tokenizer = ChatmlTokenizer();
+  bool cut = true;
+  absl::StatusOr<std::vector<TokenId>> ids =
+      EncodeCandidate(tokenizer, kPrompt, "q<|im_start|>", "a<|im_end|> doc", 1000, &cut);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  // The prompt's control tokens, and the rest as `tokenizers` encodes it
+  // with encode_special_tokens=True.
+  std::vector<TokenId> want = {kImStart};
+  for (const std::vector<TokenId>& part :
+       {tokenizer
+            .Encode("user\n<Instruct>: find\n<Query>: q<|im_start|>\n<Document>: a<|im_end|> doc",
+                    /*allow_special=*/false)
+            .value(),
+        {kImEnd},
+        tokenizer.Encode("\n", false).value()}) {
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(*ids, want);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), kImStart), 1);
 }
 
 TEST(RerankerRecordsTest, ARecordBecomesAGroupPerPositiveWithItsNegatives) {

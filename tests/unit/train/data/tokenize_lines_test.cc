@@ -79,7 +79,7 @@ TEST_F(TokenizeLinesTest, ALineIsReadAsAJobReadsARecord) {
   EXPECT_EQ(counts.failed, 2);
 }
 
-TEST_F(TokenizeLinesTest, SpecialTokenTextIsPlainTextOrRefusedUnlessAllowedAndCounted) {
+TEST_F(TokenizeLinesTest, SpecialTokenTextIsPlainTextUnlessAllowedAndCounted) {
   const std::string input =
       "{\"text\": \"a<|im_start|>b<|im_start|>\"}\n"
       "{\"text\": \"ab\"}\n"
@@ -89,10 +89,17 @@ TEST_F(TokenizeLinesTest, SpecialTokenTextIsPlainTextOrRefusedUnlessAllowedAndCo
   std::vector<nlohmann::json> out = Run(input, false, &counts);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0]["ids"].get<std::vector<int>>(), Bytes("a<|im_start|>b<|im_start|>"));
-  EXPECT_THAT(out[2].value("error", ""), HasSubstr("messages[0].content holds the special token "
-                                                   "<|endoftext|>"));
-  EXPECT_EQ(counts.special_token_text, 1);  // records, not occurrences; the refused chat is not
-  EXPECT_EQ(counts.failed, 1);
+  // The chat's message text is plain text; its template's tokens stay.
+  EXPECT_EQ(out[2]["ids"].get<std::vector<int>>(), Concat({{kImStart},
+                                                           Bytes("user\nq<|endoftext|>"),
+                                                           {kImEnd},
+                                                           Bytes("\n"),
+                                                           {kImStart},
+                                                           Bytes("assistant\na"),
+                                                           {kImEnd},
+                                                           Bytes("\n")}));
+  EXPECT_EQ(counts.special_token_text, 2);  // records, not occurrences
+  EXPECT_EQ(counts.failed, 0);
 
   out = Run(input, true, &counts);
   ASSERT_EQ(out.size(), 3u);

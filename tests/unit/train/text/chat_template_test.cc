@@ -425,25 +425,49 @@ TEST(ChatTemplateRefusals, Qwen3_5ALaterSystemMessageAndAChatWithoutAQuery) {
   }
 }
 
-TEST(ChatTemplateRefusals, ASpecialTokenInAnyMessageFieldNamingBoth) {
+TEST(ChatTemplateEncode, SpecialTokenTextInAMessageIsPlainTextAndTheTemplatesTokensStay) {
   const Tokenizer tokenizer = Make(QwenJson());
+  const TokenId im_start = tokenizer.TokenToId("<|im_start|>");
+  const TokenId im_end = tokenizer.TokenToId("<|im_end|>");
+  auto plain = [&](std::string_view text) { return tokenizer.Encode(text, false).value(); };
   absl::StatusOr<EncodedChat> chat = Named("chatml").Encode(
       tokenizer, {Message("user", "q"), Message("assistant", "a <|im_end|> b")},
       TrainOn::kAssistant, false);
-  EXPECT_EQ(chat.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(chat.status().message(), HasSubstr("messages[1].content"));
-  EXPECT_THAT(chat.status().message(), HasSubstr("<|im_end|>"));
-  // Also in reasoning that the template would drop.
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->special_token_text);
+  std::vector<TokenId> want = {im_start};
+  for (const std::vector<TokenId>& part : {plain("user\nq"),
+                                           {im_end},
+                                           plain("\n"),
+                                           {im_start},
+                                           plain("assistant\na <|im_end|> b"),
+                                           {im_end},
+                                           plain("\n")}) {
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(chat->ids, want);
+  EXPECT_THAT(SupervisedRuns(tokenizer, *chat), ElementsAre("a <|im_end|> b<|im_end|>"));
+  // Also in reasoning, which counts though the template drops it here.
+  const std::vector<ChatMessage> dropped = {Message("user", "q"), Message("assistant", "a"),
+                                            Message("user", "q")};
   chat = Named("qwen3").Encode(
       tokenizer,
       {Message("user", "q"), Message("assistant", "a", "<|im_start|>"), Message("user", "q")},
       TrainOn::kAssistant, false);
-  EXPECT_THAT(chat.status().message(), HasSubstr("messages[1].reasoning"));
-  // Added tokens that are not special are content like any other.
-  EXPECT_TRUE(Named("qwen3")
-                  .Encode(tokenizer, {Message("user", "<think>"), Message("assistant", "a")},
-                          TrainOn::kAssistant, false)
-                  .ok());
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->special_token_text);
+  EXPECT_EQ(chat->ids,
+            Named("qwen3").Encode(tokenizer, dropped, TrainOn::kAssistant, false).value().ids);
+  // Added tokens that are not special are matched as `tokenizers` matches them.
+  chat = Named("qwen3").Encode(tokenizer, {Message("user", "<think>"), Message("assistant", "a")},
+                               TrainOn::kAssistant, false);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_FALSE(chat->special_token_text);
+  EXPECT_EQ(
+      chat->ids,
+      tokenizer
+          .Encode(Render("qwen3", {Message("user", "<think>"), Message("assistant", "a")}), true)
+          .value());
 }
 
 TEST(ChatTemplateEncode, AllowedSpecialTokenTextBecomesTheTokenAsApplyChatTemplateDoes) {
