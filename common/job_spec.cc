@@ -486,11 +486,11 @@ void ApplyDefaults(v1::JobSpec* spec) {
     }
     const FieldDescriptor* f = paths[i].back();
     // A number without presence holds its zero when unset, and spec_rules_test
-    // checks that such fields default to their zero: nothing to fill.
-    if (!f->has_presence() && !f->is_repeated() &&
-        f->cpp_type() != FieldDescriptor::CPPTYPE_STRING) {
-      continue;
-    }
+    // checks that such fields default to their zero, or that their zero
+    // stands for the default (zero_default), filled below.
+    const bool zero_means_unset =
+        !f->has_presence() && !f->is_repeated() && f->cpp_type() != FieldDescriptor::CPPTYPE_STRING;
+    if (zero_means_unset && !rule.zero_default) continue;
     Message* msg = spec;
     for (size_t k = 0; k + 1 < paths[i].size(); ++k) {
       msg = msg->GetReflection()->MutableMessage(msg, paths[i][k]);
@@ -503,7 +503,11 @@ void ApplyDefaults(v1::JobSpec* spec) {
       }
       continue;
     }
-    if (f->has_presence() ? r->HasField(*msg, f) : !r->GetString(*msg, f).empty()) continue;
+    // (HasField of a field without presence: whether it is not 0.)
+    if (f->has_presence() || zero_means_unset ? r->HasField(*msg, f)
+                                              : !r->GetString(*msg, f).empty()) {
+      continue;
+    }
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32:
         r->SetInt32(msg, f, static_cast<int32_t>(rule.number));

@@ -66,6 +66,9 @@ struct SpecRule {
   bool lo_open = false;
   bool hi_open = false;
   bool zero_off = false;  // 0 turns the feature off and is allowed too
+  // For a number field without presence (a message the proto cannot change):
+  // its 0, unset or written, stands for `number`, which ApplyDefaults fills.
+  bool zero_default = false;
   // kOneOf: the choices, joined by ", ".
   absl::string_view choices = {};
   // kInCode: the allowed values in words, as the error and the README say them.
@@ -636,6 +639,43 @@ inline constexpr SpecRule kSpecRules[] = {
      .lo = 0,
      .hi = 100,
      .meaning = "restarts from the last checkpoint after a rank or worker failure"},
+    {.key = "watchdog.stall_factor",
+     .number = 10,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 1,
+     .hi = 1000,
+     .lo_open = true,
+     .zero_default = true,
+     .meaning = "the job is stalled, its ranks stopped and it restarts from its newest "
+                "checkpoint (a restart), when no rank completes a step for this many times the "
+                "median step time, and at least `stall_floor_s` (coordinator only; see "
+                "[docs/reliability.md](docs/reliability.md), \"Watchdog\"); 0: the default"},
+    {.key = "watchdog.stall_floor_s",
+     .number = 120,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 1,
+     .hi = 86400,
+     .zero_default = true,
+     .meaning = "the least wait before a stall, in seconds: room for checkpoints, evaluations "
+                "and slow first steps; 0: the default"},
+    {.key = "watchdog.straggler_factor",
+     .number = 2,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 1,
+     .hi = 1000,
+     .lo_open = true,
+     .zero_default = true,
+     .meaning = "a rank whose own time in a step (outside collectives) stays above this many "
+                "times the median of the other ranks' is a straggler (an event and "
+                "`ballast_rank_straggler`); 0: the default"},
+    {.key = "watchdog.straggler_window",
+     .number = 20,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 1,
+     .hi = 100000,
+     .zero_default = true,
+     .meaning = "steps in a row a rank must be slow to become a straggler, and fast again to "
+                "stop being one; 0: the default"},
 };
 
 // The rule of `key`, or nullptr.

@@ -227,6 +227,7 @@ void Coordinator::LeaseLoop() {
       if (shutting_down_) return;
     }
     ExpireLeases();
+    WatchProgress();
     RetireFinishedJobs();
     if (options_.job_history > 0 && absl::Now() - pruned >= absl::Seconds(1)) {
       PruneHistory();
@@ -1154,6 +1155,11 @@ void Coordinator::ApplyRankEvent(const std::string& worker_id, const v1::RankEve
   }
   switch (e.kind_case()) {
     case v1::RankEvent::kTraining: {
+      job->watch.Observe(e.attempt(), e.rank(), e.training(), options_.now_ms());
+      // A phase is the watchdog's input, kept in memory until a stall
+      // reports it: a job of long steps holds phases often, and stored they
+      // would crowd its step metrics out of the event history.
+      if (e.training().has_phase()) return;
       if (!ApplyTrainingEvent(job, e.rank(), e.training())) return;
       v1::JobEvent out;
       *out.mutable_training() = e.training();
@@ -1263,6 +1269,37 @@ void Coordinator::ExpireLeases() {
                    fence_ms > 0 ? absl::StrCat("; its ranks fenced after ", fence_ms, " ms") : "",
                    ")"));
       }
+    }
+    if (!changed) return;
+    RunScheduler();
+    ticket = Flush();
+  }
+  (void)Commit(ticket);
+}
+
+void Coordinator::WatchProgress() {
+  CommitQueue::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    const int64_t now = options_.now_ms();
+    bool changed = false;
+    for (auto& [id, job] : jobs_) {
+      v1::Job& j = job.record.job;
+      if (j.state() != v1::JOB_STATE_RUNNING) continue;
+      std::optional<v1::StallReport> stall =
+          job.watch.Stalled(job.record.attempt, j.spec().watchdog(), j.spec().devices(), now);
+      if (!stall) continue;
+      const std::string why = absl::StrCat("stalled: ", ProgressWatch::Describe(*stall, now));
+      std::fprintf(stderr, "ballastd: job %s %s\n", id.c_str(), why.c_str());
+      v1::JobEvent event;
+      *event.mutable_training()->mutable_stall() = *std::move(stall);
+      ApplyTrainingEvent(&job, 0, event.training());
+      AddEvent(&job, std::move(event));
+      // Stops every rank and restarts from the newest checkpoint, counted
+      // as a restart like a rank's failure.
+      FailAttempt(&job, why, /*count_restart=*/true);
+      changed = true;
     }
     if (!changed) return;
     RunScheduler();

@@ -225,6 +225,11 @@ class Coordinator {
   // (or failed). Called by the lease thread; tests call it after moving
   // their clock.
   void ExpireLeases();
+  // Declares stalled the running jobs whose progress watch says so
+  // (progress_watch.h): records the stall as an event and restarts the job
+  // from its newest checkpoint (a restart). Called by the lease thread;
+  // tests call it after moving their clock.
+  void WatchProgress() ABSL_LOCKS_EXCLUDED(mu_);
   // Deletes from the store finished jobs beyond the newest job_history (a
   // bounded number a call). Called by the lease thread once a second; tests
   // call it directly.

@@ -15,6 +15,7 @@
 #include "ballast/v1/job.pb.h"
 #include "prometheus/histogram.h"
 #include "server/event_fanout.h"
+#include "server/progress_watch.h"
 #include "server/store.h"
 
 namespace ballast::server {
@@ -48,6 +49,8 @@ struct JobEntry {
   bool dirty = false;
   // When it last entered QUEUED (now_ms() time), for the queue-wait histogram.
   int64_t queued_since_ms = 0;
+  // The current attempt's progress, for the watchdog.
+  ProgressWatch watch;
 };
 
 // Folds what the coordinator interprets of a current-attempt training event

@@ -1,5 +1,6 @@
 #include "server/job_metrics.h"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <utility>
@@ -52,9 +53,12 @@ JobMetrics::Snapshot JobMetrics::Read() const {
       s.anomalies.push_back(n == j.anomalies().end() ? 0.0 : static_cast<double>(n->second));
     }
     for (const auto& [rank, series] : entry.ranks) {
-      s.ranks[rank] = {.step_seconds = series.step_seconds.Collect(),
-                       .peak_memory_bytes = series.peak_memory_bytes,
-                       .communicated_bytes = series.communicated_bytes};
+      s.ranks[rank] = {
+          .step_seconds = series.step_seconds.Collect(),
+          .peak_memory_bytes = series.peak_memory_bytes,
+          .communicated_bytes = series.communicated_bytes,
+          .straggler = std::find(j.straggler_ranks().begin(), j.straggler_ranks().end(), rank) !=
+                       j.straggler_ranks().end()};
     }
   }
   return snap;
@@ -222,6 +226,12 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
                             "started.",
                             MetricType::Counter,
                             {}};
+  MetricFamily straggler{"ballast_rank_straggler",
+                         "1 while the progress watchdog counts the rank a straggler: its own "
+                         "step time (outside collectives) above watchdog.straggler_factor times "
+                         "the other ranks' median for watchdog.straggler_window steps; else 0.",
+                         MetricType::Gauge,
+                         {}};
   for (const JobSample& j : snap.jobs) {
     for (const auto& [rank, series] : j.ranks) {
       const std::vector<prometheus::ClientMetric::Label> labels = {{"job_id", j.id},
@@ -232,11 +242,13 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
         sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
       }
       sample(communicated, labels, series.communicated_bytes);
+      sample(straggler, labels, series.straggler ? 1 : 0);
     }
   }
   families.push_back(std::move(step_seconds));
   families.push_back(std::move(peak_memory));
   families.push_back(std::move(communicated));
+  families.push_back(std::move(straggler));
   return families;
 }
 

@@ -38,6 +38,7 @@
 #include "common/version.h"
 #include "worker/train/checkpoint/export.h"
 #include "worker/train/collectives/process_group.h"
+#include "worker/train/collectives/step_phase.h"
 #include "worker/train/data/data_check.h"
 #include "worker/train/data/tokenize_lines.h"
 #include "worker/train/model/inference.h"
@@ -160,6 +161,22 @@ absl::StatusOr<ballast::v1::JobSpec> LoadSpec(const std::string& spec_path,
   return spec;
 }
 
+// The rank's phase as its channel reports it to the watchdog; nothing while
+// no step has begun (the model and the data are loading).
+std::optional<std::pair<uint64_t, ballast::v1::RankPhase>> ReadStepPhase() {
+  using ballast::train::StepPhase;
+  const StepPhase::Snapshot now = StepPhase::OfThisRank().Read();
+  if (now.kind == StepPhase::Kind::kIdle) return std::nullopt;
+  ballast::v1::RankPhase phase;
+  phase.set_step(now.step);
+  phase.set_phase(std::string(StepPhase::Name(now.kind)));
+  phase.set_layer(now.layer);
+  phase.set_collective(std::string(now.collective));
+  phase.set_collective_seq(now.collective_seq);
+  phase.set_since_ms(now.since_ms);
+  return std::make_pair(now.version, std::move(phase));
+}
+
 absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
                      const RankFlags& flags) {
   // A user's relative paths mean this folder, as they would to `ballast submit`.
@@ -190,7 +207,8 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
                               " ms (--agent-silence-ms ", limit, ")"));
     };
     absl::StatusOr<std::unique_ptr<ballast::train::AgentChannel>> connected =
-        ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank, std::move(fence));
+        ballast::train::AgentChannel::Connect(flags.agent_socket, flags.rank, std::move(fence),
+                                              {.read = ReadStepPhase});
     if (!connected.ok()) return absl::UnavailableError(connected.status().message());
     channel = *std::move(connected);
   }
@@ -229,6 +247,10 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
   options.observer = &observer;
   options.collectives = collectives->get();
   options.device = *device;
+  absl::StatusOr<ballast::train::DelayInjection> delays =
+      ballast::train::DelayInjection::FromEnvironment(flags.rank, flags.attempt);
+  if (!delays.ok()) return delays.status();
+  options.delays = *delays;
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
       ballast::train::Trainer::Create(spec, trainer_dir, options);
   absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();

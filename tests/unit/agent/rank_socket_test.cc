@@ -141,6 +141,55 @@ TEST_F(RankSocketTest, RankMessagesGoUpInOrderAndCancelComesDown) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
 }
 
+// The phase goes up only once it has held: a rank that moves through its
+// phases faster than the hold sends none, and a rank that stays in one sends
+// it once, from the channel's thread, while the training thread does nothing.
+TEST_F(RankSocketTest, APhaseGoesUpOnceItHasHeldAndAMovingOneNever) {
+  absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  absl::Mutex phase_mu;
+  uint64_t version = 1;
+  v1::RankPhase phase;
+  phase.set_step(7);
+  phase.set_phase("collective");
+  phase.set_collective("all_gather");
+  phase.set_layer(3);
+  phase.set_collective_seq(1);
+  train::PhaseSource source;
+  source.hold = std::chrono::milliseconds(300);
+  source.read = [&]() -> std::optional<std::pair<uint64_t, v1::RankPhase>> {
+    absl::MutexLock lock(&phase_mu);
+    return std::make_pair(version, phase);
+  };
+  absl::StatusOr<std::unique_ptr<AgentChannel>> channel =
+      AgentChannel::Connect(path_, 2, {}, source);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // Moving every 20 ms for 1 s: nothing held for 300 ms.
+  for (int i = 0; i < 50; ++i) {
+    {
+      absl::MutexLock lock(&phase_mu);
+      ++version;
+      phase.set_collective_seq(version);
+    }
+    usleep(20000);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_TRUE(got_.empty()) << got_.size() << " phases of a rank that kept moving";
+  }
+  // Then held: one report, with this rank and the phase as it stood.
+  ASSERT_TRUE(WaitForMessages(1));
+  usleep(600000);  // twice the hold again: still one
+  absl::MutexLock lock(&mu_);
+  ASSERT_EQ(got_.size(), 1u);
+  const v1::RankPhase& sent = got_[0].training().phase();
+  EXPECT_EQ(sent.rank(), 2);
+  EXPECT_EQ(sent.step(), 7);
+  EXPECT_EQ(sent.collective(), "all_gather");
+  EXPECT_EQ(sent.collective_seq(), 51);
+  EXPECT_EQ(sent.layer(), 3);
+}
+
 TEST_F(RankSocketTest, SendBeforeTheRankConnectsIsFailedPrecondition) {
   absl::StatusOr<std::unique_ptr<RankSocket>> socket = RankSocket::Listen(path_, Collect());
   ASSERT_TRUE(socket.ok());

@@ -69,6 +69,24 @@ TEST(JobSpec, DefaultsFollowTheProtoComments) {
   EXPECT_EQ(spec->guard().inject().ByteSizeLong(), 0u);
   // Reports go to metrics.jsonl and the job's events only.
   EXPECT_TRUE(spec->report_to().empty());
+  // The watchdog is on; its fields have no presence, and 0 stands for the
+  // default.
+  EXPECT_DOUBLE_EQ(spec->watchdog().stall_factor(), 10);
+  EXPECT_DOUBLE_EQ(spec->watchdog().stall_floor_s(), 120);
+  EXPECT_DOUBLE_EQ(spec->watchdog().straggler_factor(), 2);
+  EXPECT_EQ(spec->watchdog().straggler_window(), 20);
+}
+
+TEST(JobSpec, AWatchdogValueSetIsKeptAndItsZeroIsTheDefault) {
+  absl::StatusOr<v1::JobSpec> spec = ParseValidated(
+      "model: {path: m}\ndata: {path: d, seq_len: 8}\noptimizer: {lr: 0.1}\nmax_steps: 3\n"
+      "watchdog: {stall_factor: 4, stall_floor_s: 1.5, straggler_factor: 0, "
+      "straggler_window: 3}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->watchdog().stall_factor(), 4);
+  EXPECT_DOUBLE_EQ(spec->watchdog().stall_floor_s(), 1.5);
+  EXPECT_DOUBLE_EQ(spec->watchdog().straggler_factor(), 2);
+  EXPECT_EQ(spec->watchdog().straggler_window(), 3);
 }
 
 TEST(JobSpec, UnknownKeyIsNamedWithItsPath) {
@@ -237,7 +255,15 @@ TEST(JobSpec, OutOfRangeValuesNameFieldAndRange) {
         Case{"moe.aux_loss_scope=mean", "moe.aux_loss_scope = 'mean'"},
         Case{"moe.router_aux_loss_coef=-0.1", "moe.router_aux_loss_coef = -0.1"},
         Case{"moe.balance=sinkhorn",
-             "moe.balance = 'sinkhorn' is not supported; allowed: aux_free, aux_loss"}}) {
+             "moe.balance = 'sinkhorn' is not supported; allowed: aux_free, aux_loss"},
+        Case{"watchdog.stall_factor=1", "watchdog.stall_factor = 1 is out of range; allowed: (1, "},
+        Case{"watchdog.stall_factor=-3", "watchdog.stall_factor = -3 is out of range"},
+        Case{"watchdog.stall_floor_s=-1",
+             "watchdog.stall_floor_s = -1 is out of range; allowed: [1, "},
+        Case{"watchdog.stall_floor_s=0.5", "watchdog.stall_floor_s = 0.5 is out of range"},
+        Case{"watchdog.straggler_factor=0.9", "watchdog.straggler_factor = 0.9 is out of range"},
+        Case{"watchdog.straggler_window=-2",
+             "watchdog.straggler_window = -2 is out of range; allowed: 1..100000"}}) {
     absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
     ASSERT_TRUE(spec.ok());
     ASSERT_TRUE(ApplyOverrides({c.override_}, &*spec).ok()) << c.override_;

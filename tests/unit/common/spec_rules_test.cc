@@ -55,7 +55,10 @@ TEST(SpecRules, DefaultsFitTheirFields) {
       EXPECT_NE(f->cpp_type(), FieldDescriptor::CPPTYPE_STRING) << rule.key;
       EXPECT_NE(f->cpp_type(), FieldDescriptor::CPPTYPE_MESSAGE) << rule.key;
       EXPECT_FALSE(f->is_repeated()) << rule.key;
-      if (rule.number != 0) EXPECT_TRUE(f->has_presence()) << rule.key << " needs `optional`";
+      if (rule.number != 0 && !rule.zero_default) {
+        EXPECT_TRUE(f->has_presence()) << rule.key << " needs `optional`";
+      }
+      if (rule.zero_default) EXPECT_FALSE(f->has_presence()) << rule.key << ": use `optional`";
     }
     if (rule.default_kind == SpecDefault::kText) {
       EXPECT_EQ(f->cpp_type(), FieldDescriptor::CPPTYPE_STRING) << rule.key;

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <set>
@@ -1172,6 +1173,111 @@ TEST_F(CoordinatorTest, OnlyRank0MovesTheJobWhileEveryRankHasItsOwnSeries) {
   EXPECT_THAT(text,
               HasSubstr("ballast_rank_step_seconds_bucket" + r0_labels + ",le=\"0.25\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE ballast_rank_step_seconds histogram\n"));
+}
+
+// The progress watchdog (progress_watch.h): a job whose ranks and worker are
+// all alive but complete no step for the bound (the default: 120 s, above
+// 10 x its 1 s steps) is stalled with every rank's last phase, its ranks are
+// stopped, and it restarts, counted. Phases are its input, not the job's
+// events.
+TEST_F(CoordinatorTest, AJobWithoutAStepForTheBoundIsStalledAndRestarted) {
+  const auto [w1, job, r0, r1] = StartTwoRanks();
+  ASSERT_FALSE(job.id().empty());
+  auto step = [](const v1::Assignment& a, int64_t n) {
+    v1::RankEvent e = Step(a, n);
+    e.mutable_training()->mutable_step_metrics()->set_step_time_s(1.0);
+    return e;
+  };
+  auto phase = [&](const v1::Assignment& a, const std::string& name, const std::string& collective,
+                   int64_t seq, int32_t layer) {
+    v1::RankEvent e = Event(a);
+    v1::RankPhase* p = e.mutable_training()->mutable_phase();
+    p->set_rank(a.rank());
+    p->set_step(3);
+    p->set_phase(name);
+    p->set_collective(collective);
+    p->set_collective_seq(seq);
+    p->set_layer(layer);
+    p->set_since_ms(now_.load());
+    return e;
+  };
+  ASSERT_TRUE(
+      Report(w1, {Started(r0), Started(r1), step(r0, 1), step(r1, 1), step(r0, 2), step(r1, 2)})
+          .ok());
+  const int64_t seq = Get(job.id()).last_seq();
+  ASSERT_TRUE(
+      Report(w1, {phase(r0, "data", "", 0, -1), phase(r1, "collective", "all_gather", 4182, 17)})
+          .ok());
+  EXPECT_EQ(Get(job.id()).last_seq(), seq) << "a phase is no event of the job";
+  Drain(w1);
+  // The worker keeps its lease all along (heartbeats every half lease).
+  auto wait = [&](int64_t ms) {
+    for (int64_t t = 0; t < ms; t += kLeaseMs / 2) {
+      now_ += kLeaseMs / 2;
+      Heartbeat(w1);
+    }
+    c_->WatchProgress();
+  };
+  wait(119'000);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  wait(2'000);
+  const v1::Job j = Get(job.id());
+  EXPECT_EQ(j.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(j.restarts(), 1);
+  EXPECT_EQ(j.stalls(), 1);
+  EXPECT_EQ(j.last_stall().step(), 3);
+  EXPECT_DOUBLE_EQ(j.last_stall().bound_s(), 120);
+  ASSERT_EQ(j.last_stall().ranks_size(), 2);
+  EXPECT_EQ(j.last_stall().ranks(1).collective(), "all_gather");
+  // (The lease thread may have declared it first, between 120 and 121 s.)
+  EXPECT_THAT(j.failure_reason(), HasSubstr("stalled: no rank completed step 3 in 12"));
+  EXPECT_THAT(j.failure_reason(), HasSubstr(" s (bound 120.0 s): rank 0 reading data for 12"));
+  EXPECT_THAT(j.failure_reason(), HasSubstr(" s; rank 1 in all_gather #4182 of layer 17 for 12"));
+  std::set<int32_t> stopped;
+  for (const v1::Assignment& a : Drain(w1)) {
+    EXPECT_EQ(a.action(), v1::Assignment::ACTION_STOP);
+    stopped.insert(a.rank());
+  }
+  EXPECT_EQ(stopped, (std::set<int32_t>{0, 1}));
+  const std::vector<v1::JobEvent> events = Events(job.id());
+  EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                          [](const v1::JobEvent& e) { return e.training().has_stall(); }),
+            1);
+  EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                          [](const v1::JobEvent& e) { return e.training().has_phase(); }),
+            0);
+  // Once stalled, the attempt is not judged again while its ranks stop.
+  wait(300'000);
+  EXPECT_EQ(Get(job.id()).stalls(), 1);
+}
+
+// A straggler report (rank 0's StragglerWatch) moves the job's
+// straggler_ranks and ballast_rank_straggler, both ways.
+TEST_F(CoordinatorTest, AStragglerShowsOnTheJobAndInItsRankSeries) {
+  const auto [w1, job, r0, r1] = StartTwoRanks();
+  ASSERT_FALSE(job.id().empty());
+  auto straggler = [&](bool straggling) {
+    v1::RankEvent e = Event(r0);
+    v1::StragglerReport* s = e.mutable_training()->mutable_straggler();
+    s->set_rank(1);
+    s->set_step(3);
+    s->set_step_time_s(2.0);
+    s->set_others_step_time_s(0.5);
+    s->set_straggling(straggling);
+    return e;
+  };
+  ASSERT_TRUE(
+      Report(w1, {Started(r0), Started(r1), Step(r0, 1), Step(r1, 1), straggler(true)}).ok());
+  EXPECT_THAT(Get(job.id()).straggler_ranks(), ::testing::ElementsAre(1));
+  const std::string r0_labels = "{job_id=\"" + job.id() + "\",rank=\"0\"}";
+  const std::string r1_labels = "{job_id=\"" + job.id() + "\",rank=\"1\"}";
+  std::string text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r0_labels + " 0\n"));
+  EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r1_labels + " 1\n"));
+  ASSERT_TRUE(Report(w1, {straggler(false)}).ok());
+  EXPECT_THAT(Get(job.id()).straggler_ranks(), ::testing::ElementsAre());
+  text = metrics_->Encode();
+  EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r1_labels + " 0\n"));
 }
 
 TEST_F(CoordinatorTest, RankSeriesLeaveWithTheJobsOtherSeries) {

@@ -19,9 +19,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/train/collectives/step_phase.h"
 
 namespace ballast::train {
 namespace {
@@ -78,12 +80,15 @@ class ProcessGroupCollectives;
 
 class WorkInFlight : public InFlight {
  public:
-  WorkInFlight(ProcessGroupCollectives* owner, c10::intrusive_ptr<c10d::Work> work)
-      : owner_(owner), work_(std::move(work)) {}
+  WorkInFlight(ProcessGroupCollectives* owner, absl::string_view name, int64_t seq,
+               c10::intrusive_ptr<c10d::Work> work)
+      : owner_(owner), name_(name), seq_(seq), work_(std::move(work)) {}
   void Wait() override;
 
  private:
   ProcessGroupCollectives* owner_;
+  absl::string_view name_;
+  int64_t seq_;
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
@@ -119,7 +124,7 @@ class ProcessGroupCollectives : public Collectives {
 
   void SumInPlace(at::Tensor& values) override {
     std::vector<at::Tensor> tensors = {values};
-    Wait(group_->allreduce(tensors));
+    Wait("all_reduce", ++issued_, group_->allreduce(tensors));
     sent_ += RingBytes(values, 2);
   }
 
@@ -128,14 +133,15 @@ class ProcessGroupCollectives : public Collectives {
         at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(r_.device))};
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp::MAX;
-    Wait(group_->allreduce(tensors, options));
+    Wait("all_reduce", ++issued_, group_->allreduce(tensors, options));
     sent_ += RingBytes(tensors[0], 2);
     return tensors[0].item<int64_t>();
   }
 
   std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override {
     sent_ += RingBytes(full, 1);
-    return std::make_unique<WorkInFlight>(this, group_->_allgather_base(full, shard));
+    return std::make_unique<WorkInFlight>(this, "all_gather", ++issued_,
+                                          group_->_allgather_base(full, shard));
   }
 
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
@@ -144,14 +150,15 @@ class ProcessGroupCollectives : public Collectives {
     sent_ += RingBytes(full, 2);
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
-    return std::make_unique<WorkInFlight>(this, group_->_reduce_scatter_base(shard, full, options));
+    return std::make_unique<WorkInFlight>(this, "reduce_scatter", ++issued_,
+                                          group_->_reduce_scatter_base(shard, full, options));
   }
 
   void Barrier() override {
     c10d::BarrierOptions options;
     // NCCL's barrier is an allreduce on a device, which it would otherwise guess.
     if (r_.device.is_cuda()) options.device_ids = {r_.device.index()};
-    Wait(group_->barrier(options));
+    Wait("barrier", ++issued_, group_->barrier(options));
   }
 
   int64_t communicated_bytes() const override { return sent_; }
@@ -168,8 +175,12 @@ class ProcessGroupCollectives : public Collectives {
   // On a GPU the wait is the current stream's, not the host's: NCCL's wait
   // with a timeout would block the host until the data arrived, and the
   // group's watchdog already bounds every collective by the timeout and
-  // ends the process when one overruns it.
-  void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
+  // ends the process when one overruns it. The rank's StepPhase is inside
+  // collective `name` number `seq` meanwhile.
+  void Wait(absl::string_view name, int64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {
+    StepPhase& phase = StepPhase::OfThisRank();
+    const StepPhase::Snapshot left = phase.EnterCollective(name, seq);
+    absl::Cleanup leave = [&] { phase.LeaveCollective(left); };
     try {
       if (r_.device.is_cuda()) {
         work->wait();
@@ -354,6 +365,8 @@ class ProcessGroupCollectives : public Collectives {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> group_;
   int64_t sent_ = 0;
+  // Collectives issued, numbering each for the rank's StepPhase.
+  int64_t issued_ = 0;
   std::mutex mu_;
   std::condition_variable stop_;
   bool stopping_ = false;  // guarded by mu_
@@ -370,7 +383,7 @@ class ProcessGroupCollectives : public Collectives {
   std::thread watchdog_;
 };
 
-void WorkInFlight::Wait() { owner_->Wait(work_); }
+void WorkInFlight::Wait() { owner_->Wait(name_, seq_, work_); }
 
 }  // namespace
 

@@ -29,7 +29,8 @@ std::chrono::milliseconds PollPeriod(std::chrono::milliseconds limit) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AgentChannel>> AgentChannel::Connect(const std::string& path,
-                                                                    int rank, SilenceFence fence) {
+                                                                    int rank, SilenceFence fence,
+                                                                    PhaseSource phases) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -46,11 +47,12 @@ absl::StatusOr<std::unique_ptr<AgentChannel>> AgentChannel::Connect(const std::s
     return absl::UnavailableError(
         absl::StrCat("cannot connect to the worker at ", path, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<AgentChannel>(new AgentChannel(fd, rank, std::move(fence)));
+  return std::unique_ptr<AgentChannel>(
+      new AgentChannel(fd, rank, std::move(fence), std::move(phases)));
 }
 
-AgentChannel::AgentChannel(int fd, int rank, SilenceFence fence)
-    : fd_(fd), rank_(rank), fence_(std::move(fence)) {
+AgentChannel::AgentChannel(int fd, int rank, SilenceFence fence, PhaseSource phases)
+    : fd_(fd), rank_(rank), fence_(std::move(fence)), phases_(std::move(phases)) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
@@ -61,6 +63,7 @@ AgentChannel::~AgentChannel() {
 }
 
 absl::Status AgentChannel::Send(const v1::RankMessage& message) {
+  absl::MutexLock lock(&send_mu_);
   if (broken_) return absl::UnavailableError("the worker's socket is closed");
   std::string wire;
   {
@@ -106,6 +109,7 @@ void AgentChannel::ReadLoop() {
         open = false;  // the worker is gone: no keepalive will come
       }
     }
+    if (phases_.read) ReportHeldPhase();
     const auto silent =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_keepalive);
     if (fence_.limit.count() > 0 && silent > fence_.limit) {
@@ -127,6 +131,23 @@ bool AgentChannel::TakeControl(RankFrameReader* frames, Clock::time_point* last_
       if (control.has_keepalive()) *last_keepalive = Clock::now();
     }
   }
+}
+
+void AgentChannel::ReportHeldPhase() {
+  std::optional<std::pair<uint64_t, v1::RankPhase>> now = phases_.read();
+  if (!now.has_value()) return;
+  if (now->first != phase_seen_) {
+    phase_seen_ = now->first;
+    phase_seen_at_ = Clock::now();
+    phase_sent_ = false;
+    return;
+  }
+  if (phase_sent_ || Clock::now() - phase_seen_at_ < phases_.hold) return;
+  phase_sent_ = true;
+  v1::RankMessage m;
+  *m.mutable_training()->mutable_phase() = std::move(now->second);
+  m.mutable_training()->mutable_phase()->set_rank(rank_);
+  (void)Send(m);  // the next held phase says it again
 }
 
 void AgentChannel::OnEvent(const v1::TrainingEvent& event) {

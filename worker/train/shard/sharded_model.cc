@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "worker/train/collectives/step_phase.h"
 #include "worker/train/model/activation_checkpoint.h"
 #include "worker/train/model/rng_state.h"
 
@@ -78,6 +79,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
                             const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& cu_seqlens, int64_t mask_kind, int64_t block_size) {
     const size_t unit = model->LayerUnit(layer);
+    StepPhase::OfThisRank().Enter(StepPhase::Kind::kForward, static_cast<int32_t>(layer));
     model->WaitGathered(unit);
     if (unit + 1 < model->num_units() && model->IsLayer(unit + 1)) model->Prefetch(unit + 1);
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
@@ -115,6 +117,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     const int64_t num_flats = ctx->saved_data["num_flats"].toInt();
     const bool h_requires_grad = ctx->saved_data["h_requires_grad"].toBool();
     const size_t unit = model->LayerUnit(layer);
+    StepPhase::OfThisRank().Enter(StepPhase::Kind::kBackward, static_cast<int32_t>(layer));
     model->WaitGathered(unit);
     if (unit > 0 && model->IsLayer(unit - 1)) model->Prefetch(unit - 1);
 

@@ -208,6 +208,16 @@ void Reporter::Log(const std::string& level, const std::string& text) {
   Send(LogEvent(level, text));
 }
 
+void Reporter::Straggler(const v1::StragglerReport& report) {
+  std::cerr << "ballast-train: rank " << report.rank()
+            << (report.straggling() ? " is a straggler" : " keeps up again") << " at step "
+            << report.step() << ": its own step time " << report.step_time_s()
+            << " s against the others' " << report.others_step_time_s() << " s" << std::endl;
+  v1::TrainingEvent event;
+  *event.mutable_straggler() = report;
+  Send(event);
+}
+
 v1::GuardEvent DescribeAnomaly(const TensorNorms& norms, const StepHealth& health,
                                const GuardVerdict& verdict) {
   v1::GuardEvent anomaly;

@@ -80,6 +80,9 @@ class Reporter {
   // A line for the rank's log and the job's event stream; `level` is
   // "info", "warning" or "error".
   void Log(const std::string& level, const std::string& text);
+  // A rank that became or stopped being a straggler (straggler_watch.h),
+  // as an event and a log line.
+  void Straggler(const v1::StragglerReport& report);
 
   bool StopRequested() { return observer_->StopRequested(); }
   // Whether this rank writes the job's shared files (rank 0).

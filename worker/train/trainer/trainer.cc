@@ -13,6 +13,7 @@
 #include "common/spec_rules.h"
 #include "kernels/grad_norm.h"
 #include "worker/train/checkpoint/export.h"
+#include "worker/train/collectives/step_phase.h"
 #include "worker/train/model/pretrained.h"
 #include "worker/train/model/rng_state.h"
 #include "worker/train/optim/lr_schedule.h"
@@ -162,6 +163,14 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
       routing_bias_(std::move(routing_bias)),
       guard_(GuardOptionsFromSpec(spec_.guard())),
       injection_(spec_.guard().inject(), collectives_->rank()),
+      delays_(options.delays),
+      // (A spec built without ApplyDefaults has the watchdog's zeros.)
+      stragglers_(spec_.watchdog().straggler_factor() > 1
+                      ? spec_.watchdog().straggler_factor()
+                      : SpecDefaultNumber("watchdog.straggler_factor"),
+                  spec_.watchdog().straggler_window() >= 1
+                      ? spec_.watchdog().straggler_window()
+                      : static_cast<int32_t>(SpecDefaultNumber("watchdog.straggler_window"))),
       recovery_(spec_,
                 {.checkpoints_dir = (fs::path(out_dir_) / "checkpoints").string(),
                  .kept_checkpoints_dir = options.kept_checkpoints_dir,
@@ -231,7 +240,11 @@ absl::Status Trainer::RunSteps() {
   absl::StatusOr<Recovery::Start> start = recovery_.Resume();
   if (!start.ok()) return start.status();
   TrainPosition pos = start->position;
-  reports_.RunStarts(spec_, pos.step, start->checkpoint, injection_.Describe(), data_.report);
+  std::string injected = injection_.Describe();
+  if (const std::string delays = delays_.Describe(); !delays.empty()) {
+    absl::StrAppend(&injected, injected.empty() ? "" : "; ", delays);
+  }
+  reports_.RunStarts(spec_, pos.step, start->checkpoint, injected, data_.report);
   if (absl::Status s = reports_.OpenMetrics(out_dir_, spec_, pos.step); !s.ok()) return s;
 
   // The baseline the evaluations move from.
@@ -246,7 +259,14 @@ absl::Status Trainer::RunSteps() {
       reported_epoch = epoch;
     }
     GuardVerdict verdict;
+    StepPhase& phase = StepPhase::OfThisRank();
+    const double collective_ms_before = phase.collective_ms();
+    const auto step_start = std::chrono::steady_clock::now();
     const v1::StepMetrics metrics = Step(&pos, &verdict);
+    // The rank's own time in the step: its compute, without what it waited
+    // for its peers (and without rank 0's reports, which are not the step).
+    const double own_s =
+        SecondsSince(step_start) - (phase.collective_ms() - collective_ms_before) / 1000;
     // Here, before Checkpoint and before Export's write: a rank stopped past
     // the collective timeout, whose peers gave up on it, writes nothing.
     collectives_->FenceIfStalled();
@@ -266,7 +286,7 @@ absl::Status Trainer::RunSteps() {
     // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
     // and a rank that stopped alone would leave the others in the next
     // step's collectives, failing them with "lost rank".
-    if (collectives_->Max(reports_.StopRequested() ? 1 : 0) != 0) {
+    if (AgreeAfterStep(pos.step, own_s)) {
       reports_.Log("info", absl::StrCat("cancelled after step ", pos.step));
       return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
     }
@@ -328,6 +348,8 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
 
   // Batch: this rank's micro-batches of the step, packed during the last one.
   const int64_t communicated_before = collectives_->communicated_bytes();
+  StepPhase::OfThisRank().BeginStep(m.step());
+  delays_.InStep(m.step());
   std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
   const int64_t first_document = pos->data_cursor;
   pos->data_cursor += batches_.rows_per_step();
@@ -398,6 +420,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
         }
       }
     }
+    StepPhase::OfThisRank().Enter(StepPhase::Kind::kOptimizer);
     optimizer_.Step(trained, m.lr());
     // With the weights: only an applied step moves the bias.
     if (routing_bias_ && numbers.routing) routing_bias_->Update(*numbers.routing);
@@ -506,6 +529,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
       if (step_counts) stats->UseStepCounts(*step_counts);
       decoder_.set_routing(stats);
     }
+    StepPhase::OfThisRank().Enter(StepPhase::Kind::kForward);
     kernels::LossSum ls = objective_->Loss(decoder_, batch, /*training=*/true);
     if (routing && aux_gradient && !step_counts) {
       StepRouting own(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
@@ -516,6 +540,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
       stats->UseStepCounts(own);
     }
     const at::Tensor sum = injected == 1 ? ls.sum : ls.sum * injected;
+    StepPhase::OfThisRank().Enter(StepPhase::Kind::kBackward);
     (sum / n).backward();
     state_->FinishBackward();
     loss_sum += sum.detach();
@@ -636,6 +661,24 @@ void Trainer::ClearGradients() {
   }
 }
 
+bool Trainer::AgreeAfterStep(int64_t step, double own_s) {
+  const int world = collectives_->world_size();
+  std::vector<double> values(1 + world, 0.0);
+  values[0] = reports_.StopRequested() ? 1 : 0;
+  values[1 + collectives_->rank()] = own_s;
+  at::Tensor agreed = torch::tensor(values, torch::kDouble).to(device_);
+  collectives_->SumInPlace(agreed);
+  agreed = agreed.cpu();
+  const double* a = agreed.const_data_ptr<double>();
+  if (reports_.writes_shared_files()) {
+    for (const v1::StragglerReport& report :
+         stragglers_.Observe(step, std::vector<double>(a + 1, a + 1 + world))) {
+      reports_.Straggler(report);
+    }
+  }
+  return a[0] > 0;
+}
+
 void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
                             int64_t communicated_before, v1::StepMetrics* m) const {
   m->set_step_time_s(SecondsSince(start));
@@ -655,6 +698,7 @@ void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
 // Checkpoints, rollback, evaluation and export.
 
 absl::Status Trainer::Checkpoint(const TrainPosition& pos, bool last) {
+  StepPhase::OfThisRank().Enter(StepPhase::Kind::kCheckpoint);
   collectives_->FenceIfStalled();
   absl::StatusOr<std::string> dir = recovery_.SaveCheckpoint(pos, last);
   if (absl::IsFailedPrecondition(dir.status())) {
@@ -702,6 +746,7 @@ int64_t Trainer::EvalEvery() const {
 
 absl::Status Trainer::Evaluate(int64_t step) {
   if (data_.eval == nullptr) return absl::OkStatus();
+  StepPhase::OfThisRank().Enter(StepPhase::Kind::kEval);
   const int64_t per_batch = spec_.data().micro_batch_size();
   if (!spec_.has_eval()) {
     // Every rank ranks every held-out group: a sharded model's layers are
@@ -729,6 +774,7 @@ absl::Status Trainer::Evaluate(int64_t step) {
 }
 
 absl::Status Trainer::Export() {
+  StepPhase::OfThisRank().Enter(StepPhase::Kind::kExport);
   // A sharded model is gathered one bucket at a time, on every rank; rank 0
   // writes. The whole model exists once, in fp32, on each rank meanwhile.
   std::vector<std::pair<std::string, at::Tensor>> tensors =

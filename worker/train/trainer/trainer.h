@@ -44,7 +44,9 @@
 #include "worker/train/optim/adamw.h"
 #include "worker/train/recovery/recovery.h"
 #include "worker/train/recovery/trained_state.h"
+#include "worker/train/trainer/delay_injection.h"
 #include "worker/train/trainer/reporter.h"
+#include "worker/train/trainer/straggler_watch.h"
 #include "worker/train/trainer/training_observer.h"
 
 namespace ballast::train {
@@ -73,6 +75,8 @@ struct TrainerOptions {
   // The job's token cache (data/token_cache.h), shared by its attempts.
   // Empty: out_dir/data-cache.
   std::string data_cache_dir;
+  // The watchdog's faults, for its tests (delay_injection.h).
+  DelayInjection delays;
 };
 
 class Trainer {
@@ -194,6 +198,10 @@ class Trainer {
   // Steps between evaluations: eval.every, or reranker.eval_every.
   int64_t EvalEvery() const;
   absl::Status Export();
+  // Agreed by every rank after each step, in one all-reduce: whether any
+  // rank was asked to stop, and each one's own time in the step (`own_s`
+  // here), which rank 0's straggler watch judges.
+  bool AgreeAfterStep(int64_t step, double own_s);
 
   const v1::JobSpec spec_;
   const std::string out_dir_;
@@ -217,6 +225,9 @@ class Trainer {
   const std::unique_ptr<RoutingBias> routing_bias_;
   Guard guard_;
   FaultInjection injection_;
+  const DelayInjection delays_;
+  // Rank 0's: the ranks' own step times, after each step.
+  StragglerWatch stragglers_;
   Recovery recovery_;
   // The guard event of the step in progress, when it was not applied as it
   // came.

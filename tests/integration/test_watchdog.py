@@ -1,0 +1,118 @@
+"""The progress watchdog (docs/reliability.md, "Watchdog"), on CPU, in a
+two-rank ZeRO-3 job under ballastd, with the faults of
+worker/train/trainer/delay_injection.h:
+
+- a rank that sleeps inside a step (BALLAST_INJECT_HANG) while every process
+  stays alive: the watchdog declares the job stalled within its bound, the
+  stall names both ranks' phases, and the job restarts from its checkpoint
+  (restarts 1) and trains every step once. The sleep is far longer than the
+  test, so neither the collective timeout (the sleeping rank's heartbeat
+  thread beats on) nor the lease (its worker is well) can be what ends it;
+- a rank slowed in every step (BALLAST_INJECT_SLOW): it becomes a straggler
+  within its window, seen in the job and in ballast_rank_straggler.
+
+Each prints its measured times (docs/reliability.md quotes them)."""
+import json
+import os
+import re
+import time
+import urllib.request
+
+from cluster import wait_for
+from test_control_plane import TERMINAL, inputs  # noqa: F401
+from test_gang import gang_spec
+from test_rank_stop import steps_in
+
+STEPS = 10
+HANG_STEP = 6
+# The stall's bound: the floor, above 3 x the tiny model's median step.
+FLOOR_S = 4
+# On top of the bound, for the loaded 2-core CI machine: the coordinator
+# looks once per lease_ms / 4 (0.75 s), a rank's phase goes up once it has
+# held 0.5 s, and a report waits for the store.
+MARGIN_S = 10
+WINDOW = 3
+
+
+def job_spec(inputs, **watchdog):
+    return gang_spec(inputs, 2, max_steps=STEPS, checkpoint_every=2,
+                     schedule={"kind": "constant", "warmup_steps": 0},
+                     guard={"good_after_steps": 0}, watchdog=watchdog)
+
+
+def test_a_rank_hung_inside_a_step_is_stalled_named_and_restarted_from_its_checkpoint(
+        inputs, make_cluster):
+    cluster = make_cluster()
+    cluster.start_coordinator()
+    # Both ranks on one worker, whose environment they inherit; rank 1 sleeps
+    # for ten minutes in step 6 of the first attempt.
+    cluster.start_worker("w", cpu_slots=2,
+                         env={**os.environ, "BALLAST_INJECT_HANG": f"1:{HANG_STEP}:600"})
+    job_id = cluster.submit(job_spec(inputs, stall_factor=3, stall_floor_s=FLOOR_S))
+    wait_for(lambda: int(cluster.job(job_id).get("step", 0)) >= HANG_STEP - 1, 300,
+             f"step {HANG_STEP - 1}")
+    hung_from = time.monotonic()  # step 5 is in: step 6 hangs from about now
+    job = wait_for(lambda: (lambda j: j if int(j.get("stalls", 0)) >= 1 else None)(
+        cluster.job(job_id)), 120, "the stall")
+    detected_s = time.monotonic() - hung_from
+    stall = job["last_stall"]
+    assert int(stall["step"]) == HANG_STEP, stall
+    # The bound is the floor unless the loaded machine made 3 x the median
+    # step longer; detected within a poll and the margin past it.
+    assert stall["bound_s"] >= FLOOR_S, stall
+    assert stall["bound_s"] < stall["waited_s"] <= stall["bound_s"] + MARGIN_S, stall
+    phases = {r.get("rank", 0): r for r in stall["ranks"]}
+    assert sorted(phases) == [0, 1], stall
+    # Rank 1 sleeps in its data phase; rank 0 waits for it in the step's
+    # first collective, the all-reduce of the token counts.
+    assert phases[1]["phase"] == "data" and int(phases[1]["step"]) == HANG_STEP, stall
+    assert phases[0]["phase"] == "collective", stall
+    assert phases[0]["collective"] == "all_reduce" and int(phases[0]["collective_seq"]) > 0
+
+    done = cluster.wait_state(job_id, TERMINAL, 600)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs()
+    assert int(done["restarts"]) == 1 and int(done["stalls"]) == 1
+    out = done["output_dir"]
+    assert steps_in(os.path.join(out, "metrics.jsonl")) == list(range(1, STEPS + 1)), \
+        "the restart resumed from the checkpoint and trained every step once"
+    assert os.path.exists(os.path.join(out, "adapter", "adapter_model.safetensors"))
+    print(f"\nhang of rank 1 in step {HANG_STEP}: stalled after {stall['waited_s']:.1f} s "
+          f"without a step (bound {stall['bound_s']:.0f} s), seen {detected_s:.1f} s after "
+          f"step {HANG_STEP - 1} was reported")
+
+
+def straggler_series(cluster, job_id):
+    with urllib.request.urlopen(f"http://{cluster.http}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    return {int(rank): float(value) for rank, value in re.findall(
+        rf'ballast_rank_straggler{{job_id="{job_id}",rank="(\d+)"}} (\S+)', text)}
+
+
+def test_a_rank_slowed_in_every_step_becomes_a_straggler_within_its_window(
+        inputs, make_cluster):
+    cluster = make_cluster()
+    cluster.start_coordinator()
+    cluster.start_worker("w", cpu_slots=2, env={**os.environ, "BALLAST_INJECT_SLOW": "1:1.0"})
+    job_id = cluster.submit(job_spec(inputs, straggler_factor=2, straggler_window=WINDOW))
+    job = wait_for(lambda: (lambda j: j if j.get("straggler_ranks") else None)(
+        cluster.job(job_id)), 300, "a straggler")
+    assert job["straggler_ranks"] == [1], job
+    assert straggler_series(cluster, job_id) == {0: 0.0, 1: 1.0}
+    done = cluster.wait_state(job_id, TERMINAL, 600)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs()
+    assert int(done.get("stalls", 0)) == 0 and int(done.get("restarts", 0)) == 0
+    with urllib.request.urlopen(
+            f"http://{cluster.http}/api/v1/jobs/{job_id}/events?after=0&limit=1000",
+            timeout=10) as page:
+        events = json.loads(page.read())["events"]
+    reports = [e["training"]["straggler"] for e in events if "straggler" in e.get("training", {})]
+    assert len(reports) == 1, reports
+    report = reports[0]
+    assert report.get("rank") == 1 and report["straggling"], report
+    # Flagged at the end of its first window of slow steps (every step is
+    # slow; the first, with its warm-up, may not count).
+    assert WINDOW <= int(report["step"]) <= WINDOW + 1, report
+    assert report["step_time_s"] > 2 * report["others_step_time_s"], report
+    print(f"\nrank 1 slowed by 1.0 s a step: a straggler at step {report['step']} (window "
+          f"{WINDOW}), its own step {report['step_time_s']:.2f} s against the other's "
+          f"{report['others_step_time_s']:.2f} s")
