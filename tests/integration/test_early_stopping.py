@@ -13,7 +13,6 @@ its loss on other documents rises.
   GetJob (`ballast get`) shows the exported step and why.
 - Bad input exits 2 naming the key.
 """
-import json
 import os
 import shutil
 import sys
@@ -106,29 +105,21 @@ def test_stops_early_exports_the_best_checkpoint_and_a_restart_decides_the_same(
     assert kept == sorted({f"step-{best_step:08d}", f"step-{stop:08d}",
                            f"step-{stop - EVERY:08d}"}), kept
 
-    # The export is the best checkpoint's: its tensors, which PEFT loads to
-    # the best evaluation's loss (not the last one's).
+    # The export is the best checkpoint's weights: PEFT loads it to the best
+    # evaluation's loss, and to no other evaluation's.
     from peft import PeftModel
-    from safetensors.torch import load_file
     adapter = os.path.join(out, "adapter")
-    exported = adapter_tensors(adapter)
-    checkpoint = load_file(os.path.join(best_folder, "params.safetensors"))
-    assert len(exported) == len(checkpoint) > 0
-    for name, t in exported.items():
-        ours = name.replace("base_model.model.", "").replace(".weight", ".weight")
-        match = [v for k, v in checkpoint.items() if k.endswith(ours) or ours.endswith(k)]
-        assert len(match) == 1 and torch.equal(match[0], t), name
     base = model_class("qwen3").from_pretrained(model_dir, torch_dtype=torch.float64)
     peft = PeftModel.from_pretrained(base, adapter).to(torch.float64).eval()
     loss = eval_loss(peft, eval_rows)
     assert relative_error([loss], [best_loss]) <= 1e-5, (loss, best_loss)
-    last = [e["loss"] for e in evals if e["step"] == stop][0]
-    assert relative_error([loss], [last]) > 1e-3, (loss, last)
+    others = [e["loss"] for e in evals if e["step"] != best_step]
+    assert all(relative_error([loss], [o]) > 1e-4 for o in others), (loss, evals)
 
     # A restart from the checkpoint between the best and the stop (its
     # progress: best_step, and PATIENCE - 1 evaluations without improvement)
     # trains the same steps and stops at the same one, exporting the same.
-    first = {n: t.clone() for n, t in exported.items()}
+    first = adapter_tensors(adapter)
     first_evals = evals_of(out, timed=False)
     shutil.rmtree(adapter)
     r = run_train(str(tmp_path / "job.yaml"), out, "--resume-at-or-before", str(stop - 1))
@@ -198,7 +189,7 @@ def test_through_the_coordinator_the_job_succeeds_with_the_reason(tmp_path, clus
     end = job["end"]
     assert end["stop_reason"] == reason, end
     assert int(end["step"]) == stop and int(end["exported_step"]) == best_step, end
-    assert end["export_reason"].startswith(f"the best eval_loss, "), end
+    assert end["export_reason"].startswith("the best eval_loss, "), end
     assert end["export_reason"].endswith(f" at step {best_step}"), end
     # `ballast watch` ends with it, and `ballast get` shows both.
     assert f"SUCCEEDED: {reason}" in r.stdout, r.stdout

@@ -20,7 +20,7 @@ struct Outcome {
   std::vector<bool> best;
 };
 
-Outcome Run(const EarlyStoppingRule& rule, const std::vector<double>& values) {
+Outcome Judge(const EarlyStoppingRule& rule, const std::vector<double>& values) {
   const EarlyStopping es(rule);
   Outcome out;
   for (size_t i = 0; i < values.size(); ++i) {
@@ -37,7 +37,7 @@ Outcome Run(const EarlyStoppingRule& rule, const std::vector<double>& values) {
 }
 
 TEST(EarlyStopping, StopsAfterPatienceEvaluationsWithoutImprovement) {
-  const Outcome out = Run({.patience = 2}, {3.0, 2.0, 2.5, 1.9, 2.1, 2.2, 0.1});
+  const Outcome out = Judge({.patience = 2}, {3.0, 2.0, 2.5, 1.9, 2.1, 2.2, 0.1});
   EXPECT_EQ(out.best, (std::vector<bool>{true, true, false, true, false, false}));
   EXPECT_EQ(out.stopped_at, 6);
   EXPECT_EQ(out.progress.best_step, 4);
@@ -52,7 +52,7 @@ TEST(EarlyStopping, StopsAfterPatienceEvaluationsWithoutImprovement) {
 }
 
 TEST(EarlyStopping, ATieIsNoImprovement) {
-  const Outcome out = Run({.patience = 1}, {2.0, 2.0});
+  const Outcome out = Judge({.patience = 1}, {2.0, 2.0});
   EXPECT_EQ(out.best, (std::vector<bool>{true, false}));
   EXPECT_EQ(out.stopped_at, 2);
   EXPECT_EQ(out.progress.best_step, 1);
@@ -61,13 +61,13 @@ TEST(EarlyStopping, ATieIsNoImprovement) {
 TEST(EarlyStopping, AnImprovementMustBeatTheBestByMoreThanMinDelta) {
   // Gains of 0.05 and 0.01 do not count, 0.15 do (each well away from 0.1,
   // whatever the binary rounding of the values).
-  const Outcome out = Run({.patience = 3, .min_delta = 0.1}, {2.0, 1.95, 1.85, 1.84, 1.7});
+  const Outcome out = Judge({.patience = 3, .min_delta = 0.1}, {2.0, 1.95, 1.85, 1.84, 1.7});
   EXPECT_EQ(out.best, (std::vector<bool>{true, false, true, false, true}));
   EXPECT_EQ(out.stopped_at, 0);
   EXPECT_EQ(out.progress.best_step, 5);
   // The gains 2.0 -> 1.95 and 1.85 -> 1.84 did not reset patience: a run
   // creeping down by less than min_delta stops.
-  const Outcome creeping = Run({.patience = 3, .min_delta = 0.1}, {2.0, 1.95, 1.93, 1.92});
+  const Outcome creeping = Judge({.patience = 3, .min_delta = 0.1}, {2.0, 1.95, 1.93, 1.92});
   EXPECT_EQ(creeping.stopped_at, 4);
   EXPECT_EQ(EarlyStopping({.patience = 3, .min_delta = 0.1}).StopReason(creeping.progress, 4),
             "stopped early at step 4: eval_loss did not improve by 0.1 for 3 evaluations since "
@@ -75,7 +75,7 @@ TEST(EarlyStopping, AnImprovementMustBeatTheBestByMoreThanMinDelta) {
 }
 
 TEST(EarlyStopping, WarmupEvaluationsNeitherCountNorCanBeTheBest) {
-  const Outcome out = Run({.patience = 1, .warmup_evals = 2}, {0.5, 9.0, 3.0, 4.0});
+  const Outcome out = Judge({.patience = 1, .warmup_evals = 2}, {0.5, 9.0, 3.0, 4.0});
   EXPECT_EQ(out.best, (std::vector<bool>{false, false, true, false}));
   EXPECT_EQ(out.progress.best_step, 3);
   EXPECT_EQ(out.stopped_at, 4);
@@ -84,7 +84,7 @@ TEST(EarlyStopping, WarmupEvaluationsNeitherCountNorCanBeTheBest) {
 TEST(EarlyStopping, HigherIsBetterForARankingMetric) {
   const EarlyStoppingRule rule{.metric = "mrr_at_10", .patience = 2, .min_delta = 0.01};
   EXPECT_TRUE(EarlyStopping(rule).higher_is_better());
-  const Outcome out = Run(rule, {0.5, 0.6, 0.605, 0.4, 0.7});
+  const Outcome out = Judge(rule, {0.5, 0.6, 0.605, 0.4, 0.7});
   EXPECT_EQ(out.best, (std::vector<bool>{true, true, false, false}));
   EXPECT_EQ(out.stopped_at, 4);
   EXPECT_EQ(out.progress.best_step, 2);
@@ -101,7 +101,7 @@ TEST(EarlyStopping, HigherIsBetterForARankingMetric) {
 
 TEST(EarlyStopping, ANaNIsNeverTheBestAndCountsAgainstPatience) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const Outcome out = Run({.patience = 2}, {nan, 2.0, nan, nan});
+  const Outcome out = Judge({.patience = 2}, {nan, 2.0, nan, nan});
   EXPECT_EQ(out.best, (std::vector<bool>{false, true, false, false}));
   EXPECT_EQ(out.stopped_at, 4);
   EXPECT_EQ(out.progress.best_step, 2);
@@ -120,7 +120,7 @@ TEST(EarlyStopping, AnEvaluationWhoseCheckpointWasRefusedIsNotTheBest) {
 }
 
 TEST(EarlyStopping, PatienceZeroNeverStops) {
-  const Outcome out = Run({}, {1.0, 2.0, 3.0, 4.0, 5.0});
+  const Outcome out = Judge({}, {1.0, 2.0, 3.0, 4.0, 5.0});
   EXPECT_EQ(out.stopped_at, 0);
   EXPECT_EQ(out.progress.best_step, 1);
   EXPECT_EQ(out.progress.since_best, 4);
