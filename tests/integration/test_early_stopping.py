@@ -36,15 +36,17 @@ def inputs(root, seed):
 
 
 def overfit_spec(model_dir, data, held_out, **overrides):
-    """Every step trains on all four records, at lr 3e-2: the train loss
-    falls towards zero and the eval loss turns upwards within a few steps."""
-    return base_spec(model_dir, data, max_steps=40, checkpoint_every=EVERY, keep_checkpoints=2,
-                     optimizer={"lr": 3e-2, "weight_decay": 0.0, "max_grad_norm": 1.0},
-                     schedule={"kind": "constant", "warmup_steps": 0},
-                     guard={"good_after_steps": 2},
-                     eval={"path": held_out, "every": EVERY},
-                     early_stopping={"patience": PATIENCE, "min_delta": 1e-3},
-                     **overrides)
+    """Every step trains on all four records, unclipped at lr 1e-2 with
+    rank-16 adapters: the train loss falls steadily (5.9 to 3.0 in 16 steps)
+    and the eval loss turns upwards after a step or two."""
+    spec = dict(max_steps=40, checkpoint_every=EVERY, keep_checkpoints=2,
+                lora={"r": 16, "lora_alpha": 32, "target_modules": ["all-linear"]},
+                optimizer={"lr": 1e-2, "weight_decay": 0.0, "max_grad_norm": 0},
+                schedule={"kind": "constant", "warmup_steps": 0},
+                guard={"good_after_steps": 2},
+                eval={"path": held_out, "every": EVERY},
+                early_stopping={"patience": PATIENCE, "min_delta": 1e-3})
+    return base_spec(model_dir, data, **{**spec, **overrides})
 
 
 def decide(evals, patience, min_delta):
