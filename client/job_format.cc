@@ -145,6 +145,11 @@ std::string JobDetail(const v1::Job& job, int64_t now_ms) {
   if (job.has_last_guard_event()) add("LAST GUARD", GuardLine(job.last_guard_event()));
   if (job.has_data()) add("DATA", DataLine(job.data()));
   if (job.has_last_eval()) add("EVAL", EvalLine(job.last_eval()));
+  if (job.has_end()) {
+    if (!job.end().stop_reason().empty()) add("STOPPED", job.end().stop_reason());
+    add("EXPORTED",
+        absl::StrCat("step ", job.end().exported_step(), ": ", job.end().export_reason()));
+  }
   if (job.created_ms() > 0) {
     add("CREATED",
         absl::StrCat(UtcTime(job.created_ms()), " (", Age(job.created_ms(), now_ms), " ago)"));
@@ -241,12 +246,19 @@ std::string DataLine(const v1::DataReport& d) {
 }
 
 std::string EvalLine(const v1::EvalReport& e) {
-  if (e.has_loss()) {
-    return absl::StrFormat("eval step %d: loss %.4f over %d supervised tokens", e.step(), e.loss(),
-                           e.supervised_tokens());
-  }
-  return absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d groups", e.step(),
-                         e.mrr_at_10(), e.ndcg_at_10(), e.groups());
+  std::string line = e.has_loss()
+                         ? absl::StrFormat("eval step %d: loss %.4f over %d supervised tokens",
+                                           e.step(), e.loss(), e.supervised_tokens())
+                         : absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d groups",
+                                           e.step(), e.mrr_at_10(), e.ndcg_at_10(), e.groups());
+  if (e.best()) absl::StrAppend(&line, " (the best so far)");
+  return line;
+}
+
+std::string EndLine(const v1::TrainingEnd& end) {
+  return absl::StrCat(
+      end.stop_reason().empty() ? absl::StrCat("trained to step ", end.step()) : end.stop_reason(),
+      "; exported step ", end.exported_step(), " (", end.export_reason(), ")");
 }
 
 namespace {
@@ -269,6 +281,8 @@ std::optional<std::string> UnescapedEventLine(const v1::JobEvent& event) {
       return DataLine(training.data());
     case v1::TrainingEvent::kEval:
       return EvalLine(training.eval());
+    case v1::TrainingEvent::kEnd:
+      return EndLine(training.end());
     case v1::TrainingEvent::kCheckpointSaved:
       return absl::StrCat("checkpoint step ", training.checkpoint_saved().step(), ": ",
                           training.checkpoint_saved().path());
@@ -294,6 +308,9 @@ std::string FinalLine(const v1::Job& job) {
   std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
   if (!job.failure_reason().empty() && job.state() != v1::JOB_STATE_SUCCEEDED) {
     absl::StrAppend(&line, ": ", job.failure_reason());
+  }
+  if (job.state() == v1::JOB_STATE_SUCCEEDED && !job.end().stop_reason().empty()) {
+    absl::StrAppend(&line, ": ", job.end().stop_reason());
   }
   return Printable(line);
 }

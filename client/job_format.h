@@ -57,8 +57,15 @@ std::string LogLineText(const v1::LogLine& log);
 // was lost to bad records and truncation.
 std::string DataLine(const v1::DataReport& d);
 
-// One line for an EvalReport: the step, MRR@10 and NDCG@10, the groups.
+// One line for an EvalReport: the step, the loss or MRR@10 and NDCG@10,
+// what it was measured over, and whether it is the best so far.
 std::string EvalLine(const v1::EvalReport& e);
+
+// One line for a TrainingEnd: why training ended and which step's weights
+// were exported, and why: "stopped early at step 12: eval_loss did not
+// improve by 0 for 3 evaluations since step 6; exported step 6 (the best
+// eval_loss, 1.234 at step 6)".
+std::string EndLine(const v1::TrainingEnd& end);
 
 // "guard rollback at step 7 to step 4 [non_finite, deterministic, lora_B on
 // rank 1, 3 steps lost, 24 documents skipped from position 32]: message".

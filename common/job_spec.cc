@@ -625,6 +625,55 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                   AllowedText("eval.max_tokens")));
     }
   }
+  // What early stopping and export: best watch must be evaluated.
+  const bool reranker = spec.task() == "generative_reranker";
+  if (spec.has_early_stopping()) {
+    const v1::EarlyStoppingSpec& es = spec.early_stopping();
+    const std::string metric = es.metric().empty() ? "eval_loss" : es.metric();
+    const bool ranking = metric == "mrr_at_10" || metric == "ndcg_at_10";
+    if (metric != "eval_loss" && !ranking) {
+      checks.push_back(absl::InvalidArgumentError(
+          absl::StrCat("early_stopping.metric = ", es.metric(),
+                       " is not one of eval_loss, mrr_at_10, ndcg_at_10")));
+    } else if (ranking && !reranker) {
+      checks.push_back(absl::InvalidArgumentError(absl::StrCat("early_stopping.metric = ", metric,
+                                                               " is a reranker's, but task is ",
+                                                               spec.task(), "; watch eval_loss")));
+    } else if (ranking && spec.reranker().eval_path().empty()) {
+      checks.push_back(absl::InvalidArgumentError(
+          absl::StrCat("early_stopping.metric = ", metric,
+                       " needs reranker.eval_path, the held-out groups it is measured on")));
+    } else if (!ranking && reranker) {
+      checks.push_back(absl::InvalidArgumentError(
+          "early_stopping.metric = eval_loss, but task is generative_reranker, whose "
+          "evaluation (reranker.eval_path) has no loss; watch mrr_at_10 or ndcg_at_10"));
+    } else if (!ranking && !spec.has_eval()) {
+      checks.push_back(absl::InvalidArgumentError(
+          "early_stopping is set, but eval is not: early stopping watches the validation set's "
+          "loss; set eval.path or eval.fraction"));
+    }
+    checks.push_back(CheckRange<int32_t>("early_stopping.patience", es.patience(), 1, 1000000,
+                                         AllowedText("early_stopping.patience")));
+    if (spec.export_() == "last") {
+      checks.push_back(absl::InvalidArgumentError(
+          "export = last contradicts early_stopping, which exports the best evaluation's "
+          "checkpoint; drop one"));
+    }
+  }
+  if (!spec.export_().empty() && spec.export_() != "last" && spec.export_() != "best") {
+    checks.push_back(absl::InvalidArgumentError(
+        absl::StrCat("export = ", spec.export_(), " is not one of best, last")));
+  } else if (spec.export_() == "best" && !spec.has_early_stopping()) {
+    if (reranker) {
+      checks.push_back(absl::InvalidArgumentError(
+          "export = best needs a metric for a reranker: set early_stopping.metric (mrr_at_10 or "
+          "ndcg_at_10) and its patience"));
+    } else if (!spec.has_eval()) {
+      checks.push_back(absl::InvalidArgumentError(
+          "export = best needs eval: the best is the lowest eval_loss; set eval.path or "
+          "eval.fraction"));
+    }
+  }
   checks.push_back(CheckRange<int64_t>("checkpoint_every", spec.checkpoint_every(), 0,
                                        spec.max_steps(), AllowedText("checkpoint_every")));
   checks.push_back(CheckRange<int64_t>("schedule.warmup_steps", spec.schedule().warmup_steps(), 0,

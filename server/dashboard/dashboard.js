@@ -343,6 +343,8 @@ async function jobView(jobId, current) {
       addLog(level, `[rank ${t.log.rank || 0}] ${t.log.text}`, e.time_ms);
     } else if (t.checkpoint_saved) {
       addLog("info", `checkpoint step ${t.checkpoint_saved.step}: ${t.checkpoint_saved.path}`, e.time_ms);
+    } else if (t.end) {
+      addLog("info", `${t.end.stop_reason || `trained to step ${t.end.step || 0}`}; exported step ${t.end.exported_step || 0} (${t.end.export_reason || ""})`, e.time_ms);
     } else if (t.eval) {
       if (t.eval.loss !== undefined) {
         evals.push({ step: Number(t.eval.step), value: Number(t.eval.loss), run });
@@ -365,7 +367,10 @@ async function jobView(jobId, current) {
       ...(j.last_step?.moe ? [fact("Aux loss", fmt(j.last_step.aux_loss)),
                               fact("Max load ratio", fmt(j.last_step.moe.expert_load_max_ratio, 3))] : []),
       fact("Rollbacks", j.guard_rollbacks || 0), fact("Restarts", j.restarts || 0),
-      fact("Checkpoint", j.checkpoint_step || "—"));
+      fact("Checkpoint", j.checkpoint_step || "—"),
+      // How training ended and which step's weights were exported, and why.
+      ...(j.end ? [fact("Exported", userText(`step ${j.end.exported_step || 0}: ${j.end.export_reason || ""}`, 300))] : []),
+      ...(j.end?.stop_reason ? [fact("Stopped", userText(j.end.stop_reason, 300))] : []));
     const { ranks: stats = [] } = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}/ranks`);
     const slowest = Math.max(...stats.map((r) => r.step_seconds_mean), 1e-9);
     ranks.replaceChildren(

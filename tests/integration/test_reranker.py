@@ -149,3 +149,39 @@ def test_a_sharded_reranker_ranks_on_every_rank_as_one_rank_does(model, tmp_path
     assert len(evals[2]) == 4 and len(set(evals[2])) == 2, evals
     # Before any step the model is the same at any world size.
     assert evals[1][0] == [e for e in evals[2] if e[0] == "0"][0], evals
+
+
+def test_early_stopping_on_mrr_keeps_the_best_ranking(model, tmp_path):
+    """early_stopping.metric mrr_at_10 (higher is better): the run stops
+    once MRR@10 stops rising, and the export is the best ranking's
+    checkpoint, which ranks the held-out groups as that evaluation did."""
+    data, held_out = str(tmp_path / "groups.jsonl"), str(tmp_path / "held-out.jsonl")
+    make_reranker_groups(data, 64, seed=7)
+    make_reranker_groups(held_out, 16, seed=8)
+    spec = reranker_spec(model, data, eval_path=held_out, eval_every=2)
+    spec.update(max_steps=40, checkpoint_every=4, keep_checkpoints=1,
+                early_stopping={"metric": "mrr_at_10", "patience": 2})
+    write_spec(tmp_path / "job.yaml", **spec)
+    out = str(tmp_path / "out")
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / "job.yaml"), "--out", out],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    evals = re.findall(r"eval step (\d+): MRR@10 ([0-9.]+), NDCG@10 [0-9.]+ over 16 held-out "
+                       r"groups(; the best so far)?", r.stderr)
+    best = [int(step) for step, _, flag in evals if flag]
+    stop = re.search(r"stopped early at step (\d+): mrr_at_10 did not improve by 0 for 2 "
+                     r"evaluations since step (\d+); exporting step (\d+), the best mrr_at_10, ",
+                     r.stderr)
+    assert stop, r.stderr
+    stopped, since, exported = (int(g) for g in stop.groups())
+    assert since == exported == best[-1] and stopped == best[-1] + 4 < 40, (evals, stop.groups())
+    assert int(evals[-1][0]) == stopped
+    assert os.path.isdir(os.path.join(out, "checkpoints", f"step-{since:08d}"))
+    # The exported adapter ranks the held-out groups as the best evaluation did.
+    r = subprocess.run([TRAIN, "rerank", "--model", model, "--adapter",
+                        os.path.join(out, "adapter"), "--queries", held_out, "--spec",
+                        str(tmp_path / "job.yaml")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    final = re.search(r"MRR@10 ([0-9.]+), NDCG@10 [0-9.]+ over 16 queries", r.stderr)
+    best_mrr = [float(m) for step, m, _ in evals if int(step) == since][0]
+    assert final and abs(float(final.group(1)) - best_mrr) < 1e-3, (r.stderr, best_mrr)

@@ -320,6 +320,23 @@ def read_metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
+def eval_loss(model, rows):
+    """The validation loss as training defines it (README "Validation"): the
+    sum over supervised targets of -log p(labels[t + 1] | ids[:t + 1]) over
+    their count, each document alone, with `model` as it is (float64 for a
+    reference)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            logits = model(torch.tensor([r["input_ids"]])).logits[0]
+            targets = torch.tensor(r["labels"][1:])
+            kept = targets != -100
+            lp = torch.log_softmax(logits[:-1][kept], dim=-1)
+            total -= lp.gather(1, targets[kept][:, None]).sum().item()
+            count += int(kept.sum())
+    return total / count
+
+
 def write_rows(path, rows):
     """Documents as a tokens JSONL (input_ids, labels)."""
     with open(path, "w") as f:

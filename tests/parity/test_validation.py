@@ -17,8 +17,8 @@ import json
 import os
 
 import torch
-from reference import (base_spec, make_dataset, make_model, model_class, read_metrics,
-                       relative_error, run_train, write_rows, write_spec)
+from reference import (base_spec, eval_loss, make_dataset, make_model, model_class,
+                       read_metrics, relative_error, run_train, write_rows, write_spec)
 
 TOLERANCE = 1e-5
 
@@ -29,19 +29,9 @@ def steps_and_evals(out_dir):
 
 
 def hf_eval_loss(model_dir, rows):
-    """Σ over supervised targets of -log p(labels[t + 1] | ids[:t + 1]) over their
-    count, each document alone, in float64."""
+    """transformers' validation loss of the model folder, in float64."""
     model = model_class("qwen3").from_pretrained(model_dir, torch_dtype=torch.float64).eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for r in rows:
-            logits = model(torch.tensor([r["input_ids"]])).logits[0]
-            targets = torch.tensor(r["labels"][1:])
-            kept = targets != -100
-            lp = torch.log_softmax(logits[:-1][kept], dim=-1)
-            total -= lp.gather(1, targets[kept][:, None]).sum().item()
-            count += int(kept.sum())
-    return total / count
+    return eval_loss(model, rows)
 
 
 def inputs(tmp_path, seed):

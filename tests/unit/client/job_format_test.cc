@@ -241,6 +241,43 @@ TEST(JobFormat, FinalLineCarriesTheFailureReason) {
   EXPECT_EQ(FinalLine(job), "job-0123456789ab SUCCEEDED");
 }
 
+TEST(JobFormat, DetailAndFinalLineShowTheStopAndTheExport) {
+  v1::Job job = RunningJob();
+  EXPECT_THAT(JobDetail(job, kNow), Not(HasSubstr("EXPORTED")));
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  v1::TrainingEnd* end = job.mutable_end();
+  end->set_step(20);
+  end->set_exported_step(20);
+  end->set_export_reason("the last step");
+  EXPECT_THAT(JobDetail(job, kNow), HasSubstr("EXPORTED    step 20: the last step\n"));
+  EXPECT_THAT(JobDetail(job, kNow), Not(HasSubstr("STOPPED")));
+  EXPECT_EQ(FinalLine(job), "job-0123456789ab SUCCEEDED");
+  end->set_step(12);
+  end->set_stop_reason(
+      "stopped early at step 12: eval_loss did not improve by 0.01 for 3 evaluations since step 6");
+  end->set_exported_step(6);
+  end->set_export_reason("the best eval_loss, 1.234 at step 6");
+  const std::string detail = JobDetail(job, kNow);
+  EXPECT_THAT(detail, HasSubstr("STOPPED     stopped early at step 12: eval_loss did not improve "
+                                "by 0.01 for 3 evaluations since step 6\n"));
+  EXPECT_THAT(detail, HasSubstr("EXPORTED    step 6: the best eval_loss, 1.234 at step 6\n"));
+  EXPECT_EQ(FinalLine(job),
+            "job-0123456789ab SUCCEEDED: stopped early at step 12: eval_loss did not improve by "
+            "0.01 for 3 evaluations since step 6");
+  v1::JobEvent event;
+  *event.mutable_training()->mutable_end() = *end;
+  EXPECT_EQ(EventLine(event),
+            "stopped early at step 12: eval_loss did not improve by 0.01 for 3 evaluations since "
+            "step 6; exported step 6 (the best eval_loss, 1.234 at step 6)");
+  v1::EvalReport eval;
+  eval.set_step(6);
+  eval.set_loss(1.234);
+  eval.set_supervised_tokens(100);
+  eval.set_best(true);
+  EXPECT_EQ(EvalLine(eval),
+            "eval step 6: loss 1.2340 over 100 supervised tokens (the best so far)");
+}
+
 TEST(ExitCodes, MapFromGrpcStatus) {
   auto code = [](grpc::StatusCode c) { return ExitCodeFor(ToAbsl(grpc::Status(c, "m")).code()); };
   EXPECT_EQ(ExitCodeFor(absl::StatusCode::kOk), 0);

@@ -77,6 +77,13 @@ absl::Status PublishCheckpoint(const CheckpointFolder& folder, const TrainPositi
     }
   }
   nlohmann::json state = {{"step", position.step}, {"data_cursor", position.data_cursor}};
+  if (const EvalProgress& eval = position.eval; eval.evaluations > 0) {
+    // nlohmann writes a double with the digits that read back as it.
+    state["evaluations"] = eval.evaluations;
+    state["best_step"] = eval.best_step;
+    state["best_value"] = eval.best_value;
+    state["since_best"] = eval.since_best;
+  }
   if (absl::Status s = WriteTextAtomically(fs::path(folder.tmp_dir) / "state.json", state.dump());
       !s.ok()) {
     return s;
@@ -172,7 +179,8 @@ absl::Status MarkCheckpointGood(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep) {
+absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep,
+                               int64_t best_step) {
   if (keep <= 0) return absl::OkStatus();
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> all;  // (step, folder)
@@ -185,7 +193,7 @@ absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep)
   bool good_kept = false;
   for (size_t i = 0; i < all.size(); ++i) {
     const bool good = IsGoodCheckpoint(all[i].second.string());
-    if (static_cast<int64_t>(i) < keep || (good && !good_kept)) {
+    if (static_cast<int64_t>(i) < keep || (good && !good_kept) || all[i].first == best_step) {
       good_kept = good_kept || good;
       continue;
     }

@@ -7,7 +7,10 @@
 //   buffers.safetensors    model tensors no gradient trains, the same on
 //                          every rank (moe.balance aux_free's routing bias);
 //                          absent when the model has none
-//   state.json             {"step": 5, "data_cursor": 40}
+//   state.json             {"step": 5, "data_cursor": 40}, and the
+//                          evaluations' progress once there is one:
+//                          "evaluations", "best_step", "best_value",
+//                          "since_best"
 //   UNVERIFIED             present until the checkpoint is good
 // A checkpoint is written into a hidden temporary folder and renamed into
 // place, so a folder named step-* is always complete. One holding a
@@ -33,9 +36,25 @@
 
 namespace ballast::train {
 
+// What the evaluations so far decided (trainer/early_stopping.h): part of the
+// position, so that a resumed or rolled-back run judges its next evaluation
+// as the run it continues would have.
+struct EvalProgress {
+  // Evaluations of the watched metric so far (warmup ones included).
+  int64_t evaluations = 0;
+  // The best one past the warmup and its value; best_step -1: none yet.
+  int64_t best_step = -1;
+  double best_value = 0;
+  // Evaluations past the warmup since the best, none of which improved on it.
+  int64_t since_best = 0;
+
+  bool operator==(const EvalProgress&) const = default;
+};
+
 struct TrainPosition {
   int64_t step = 0;         // optimizer steps completed
   int64_t data_cursor = 0;  // examples consumed
+  EvalProgress eval;
 };
 
 enum class CheckpointHealth { kGood, kUnverified };
@@ -89,8 +108,11 @@ absl::Status MarkCheckpointGood(const std::string& dir);
 bool IsGoodCheckpoint(const std::string& dir);
 
 // Deletes all but the newest `keep` checkpoints, never the newest good one
-// (keep 0 deletes nothing). INTERNAL names a folder that could not be removed.
-absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep);
+// nor the one of step `best_step` (the best evaluation's, which the job may
+// export; -1: none). keep 0 deletes nothing. INTERNAL names a folder that
+// could not be removed.
+absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep,
+                               int64_t best_step = -1);
 
 // Restores params, optimizer and RNG from a checkpoint folder, of a job of
 // one rank or a sharded one (sharded_checkpoint.h), and returns its

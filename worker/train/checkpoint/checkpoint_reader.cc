@@ -78,7 +78,20 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) 
   if (!state->contains("step") || !state->contains("data_cursor")) {
     return absl::DataLossError(absl::StrCat(dir, "/state.json is missing or corrupt"));
   }
-  reader.position_ = {(*state)["step"].get<int64_t>(), (*state)["data_cursor"].get<int64_t>()};
+  reader.position_.step = (*state)["step"].get<int64_t>();
+  reader.position_.data_cursor = (*state)["data_cursor"].get<int64_t>();
+  if (state->contains("evaluations")) {
+    EvalProgress& eval = reader.position_.eval;
+    for (const char* key : {"best_step", "best_value", "since_best"}) {
+      if (!state->contains(key)) {
+        return absl::DataLossError(absl::StrCat(dir, "/state.json has evaluations but no ", key));
+      }
+    }
+    eval.evaluations = (*state)["evaluations"].get<int64_t>();
+    eval.best_step = (*state)["best_step"].get<int64_t>();
+    eval.best_value = (*state)["best_value"].get<double>();
+    eval.since_best = (*state)["since_best"].get<int64_t>();
+  }
 
   std::error_code ec;
   std::shared_ptr<SafetensorsFile> step_file;

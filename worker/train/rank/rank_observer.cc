@@ -41,6 +41,9 @@ void RankObserver::OnEvent(const v1::TrainingEvent& event) {
   gang_->FenceIfStalled();
   switch (event.kind_case()) {
     case v1::TrainingEvent::kStepMetrics:
+    // The end, before the export: the lines after the last step's (its
+    // evaluation) are committed with the rest.
+    case v1::TrainingEvent::kEnd:
       if (!commit_status_.ok()) return;
       if (output_ != nullptr) {
         if (absl::Status s = output_->CommitMetrics(); !s.ok()) return CommitFailed(s);

@@ -39,8 +39,9 @@ class RankObserver : public TrainingObserver {
   // OK, or the failed commit that stopped the run (ABORTED: superseded).
   const absl::Status& commit_status() const { return commit_status_; }
 
-  // Commits a step's metrics.jsonl lines, and a saved checkpoint, before it
-  // forwards them; after a failed commit, steps, guard events and
+  // Commits a step's metrics.jsonl lines (and at the training's end, the
+  // lines after the last step's), and a saved checkpoint, before it forwards
+  // them; after a failed commit, steps, the end, guard events and
   // checkpoints are dropped, and every other kind still goes up.
   void OnEvent(const v1::TrainingEvent& event) override;
   bool StopRequested() override;

@@ -76,9 +76,21 @@ absl::StatusOr<std::string> Recovery::SaveCheckpoint(const TrainPosition& positi
   return dir;
 }
 
-absl::Status Recovery::RotateCheckpoints() {
+absl::Status Recovery::RotateCheckpoints(int64_t best_step) {
   if (collectives_->rank() != 0 || spec_.keep_checkpoints() <= 0) return absl::OkStatus();
-  return train::RotateCheckpoints(options_.kept_checkpoints_dir, spec_.keep_checkpoints());
+  return train::RotateCheckpoints(options_.kept_checkpoints_dir, spec_.keep_checkpoints(),
+                                  best_step);
+}
+
+std::string Recovery::KeptCheckpoint(int64_t step) const {
+  return CheckpointFolderFor(options_.kept_checkpoints_dir, step).final_dir;
+}
+
+absl::Status Recovery::Restore(int64_t step) {
+  const std::string dir = KeptCheckpoint(step);
+  absl::StatusOr<TrainPosition> loaded = state_->Load(dir, optimizer_);
+  if (!loaded.ok()) return loaded.status();
+  return LoadBuffers(dir);
 }
 
 absl::Status Recovery::AfterAppliedStep(const TrainPosition& position, int64_t clean_steps) {

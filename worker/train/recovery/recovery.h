@@ -81,8 +81,16 @@ class Recovery {
   // checkpoint stays the one to go back to. INTERNAL when a write fails.
   absl::StatusOr<std::string> SaveCheckpoint(const TrainPosition& position, bool last);
   // Deletes the checkpoints past spec.keep_checkpoints (rank 0; keep 0
-  // keeps all). INTERNAL names a folder that could not be removed.
-  absl::Status RotateCheckpoints();
+  // keeps all), but never the one of step `best_step` (the best
+  // evaluation's; -1: none). INTERNAL names a folder that could not be
+  // removed.
+  absl::Status RotateCheckpoints(int64_t best_step);
+  // Where checkpoint `step` lives once saved (its kept folder).
+  std::string KeptCheckpoint(int64_t step) const;
+  // Puts back the trained state of the kept checkpoint of `step` (the best
+  // evaluation's, for the export), collectively as Resume's load.
+  // DATA_LOSS when it does not load.
+  absl::Status Restore(int64_t step);
 
   // After a step the guard applied, which ends `clean_steps` applied steps
   // in a row: marks the snapshots and checkpoints that have become good,

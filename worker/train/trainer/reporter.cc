@@ -177,29 +177,34 @@ void Reporter::Data(v1::DataReport report, int64_t epoch) {
   Send(std::move(event));
 }
 
-void Reporter::Eval(int64_t step, const RankingMetrics& m) {
-  Log("info", absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d held-out groups",
-                              step, m.mrr_at_10, m.ndcg_at_10, m.groups));
-  if (!writes_shared_files()) return;
-  v1::TrainingEvent event;
-  v1::EvalReport* report = event.mutable_eval();
-  report->set_step(step);
-  report->set_groups(m.groups);
-  report->set_mrr_at_10(m.mrr_at_10);
-  report->set_ndcg_at_10(m.ndcg_at_10);
-  Send(std::move(event));
-}
-
-absl::Status Reporter::EvalLoss(const v1::EvalReport& report) {
-  Log("info",
-      absl::StrFormat("eval step %d: loss %.6f over %d supervised tokens (%d tokens, %.3f s)",
-                      report.step(), report.loss(), report.supervised_tokens(), report.tokens(),
-                      report.time_s()));
+absl::Status Reporter::Eval(const v1::EvalReport& report) {
+  std::string line =
+      report.has_loss()
+          ? absl::StrFormat("eval step %d: loss %.6f over %d supervised tokens (%d tokens, %.3f s)",
+                            report.step(), report.loss(), report.supervised_tokens(),
+                            report.tokens(), report.time_s())
+          : absl::StrFormat("eval step %d: MRR@10 %.4f, NDCG@10 %.4f over %d held-out groups",
+                            report.step(), report.mrr_at_10(), report.ndcg_at_10(),
+                            report.groups());
+  if (report.best()) absl::StrAppend(&line, "; the best so far, kept in ", report.checkpoint());
+  Log("info", line);
   if (!writes_shared_files()) return absl::OkStatus();
   v1::TrainingEvent event;
   *event.mutable_eval() = report;
   Send(std::move(event));
-  return metrics_ ? metrics_->AppendEval(report) : absl::OkStatus();
+  // metrics.jsonl holds the validation loss's lines; a reranker's ranking
+  // goes to the event stream alone.
+  return metrics_ && report.has_loss() ? metrics_->AppendEval(report) : absl::OkStatus();
+}
+
+void Reporter::End(const v1::TrainingEnd& end) {
+  Log("info", absl::StrCat(end.stop_reason().empty() ? "trained to step " : "",
+                           end.stop_reason().empty() ? absl::StrCat(end.step()) : end.stop_reason(),
+                           "; exporting step ", end.exported_step(), ", ", end.export_reason()));
+  if (!writes_shared_files()) return;
+  v1::TrainingEvent event;
+  *event.mutable_end() = end;
+  Send(std::move(event));
 }
 
 // A line for the rank log (stderr) and the job's event stream.

@@ -21,7 +21,6 @@
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_spec.pb.h"
 #include "worker/train/guard/guard.h"
-#include "worker/train/objective/ranking_metrics.h"
 #include "worker/train/recovery/trained_state.h"
 #include "worker/train/trainer/metrics_log.h"
 #include "worker/train/trainer/tensorboard_log.h"
@@ -71,12 +70,12 @@ class Reporter {
   void CheckpointSaved(int64_t step, const std::string& dir);
   // Rank 0: the data report, at the start and at each epoch.
   void Data(v1::DataReport report, int64_t epoch);
-  // An evaluation of the held-out set at `step`: a log line, and (rank 0)
-  // its report.
-  void Eval(int64_t step, const RankingMetrics& metrics);
-  // An evaluation of eval.path: a log line, and (rank 0) its report and its
-  // line in metrics.jsonl. INTERNAL when the line cannot be written.
-  absl::Status EvalLoss(const v1::EvalReport& report);
+  // An evaluation of the held-out set: a log line, and (rank 0) its report
+  // and, for eval.path's loss, its line in metrics.jsonl. INTERNAL when the
+  // line cannot be written.
+  absl::Status Eval(const v1::EvalReport& report);
+  // Rank 0: how training ended and what is exported, before the export.
+  void End(const v1::TrainingEnd& end);
   // A line for the rank's log and the job's event stream; `level` is
   // "info", "warning" or "error".
   void Log(const std::string& level, const std::string& text);

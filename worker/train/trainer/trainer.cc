@@ -176,7 +176,12 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                  .kept_checkpoints_dir = options.kept_checkpoints_dir,
                  .resume_at_or_before = options.resume_at_or_before,
                  .device = device_},
-                state_.get(), &optimizer_, collectives_, routing_bias_.get()) {
+                state_.get(), &optimizer_, collectives_, routing_bias_.get()),
+      early_stopping_([&]() -> std::optional<EarlyStopping> {
+        std::optional<EarlyStoppingRule> rule = EarlyStoppingRule::FromSpec(spec_);
+        if (!rule) return std::nullopt;
+        return EarlyStopping(*std::move(rule));
+      }()) {
   decoder_.set_layer_runner(state_->layer_runner());
   decoder_.set_routing_bias(routing_bias_.get());
   // AdamW keeps two fp32 moments per trainable element.
@@ -249,10 +254,16 @@ absl::Status Trainer::RunSteps() {
 
   // The baseline the evaluations move from.
   if (pos.step == 0) {
-    if (absl::Status s = Evaluate(0); !s.ok()) return s;
+    bool checkpointed = false;
+    if (absl::Status s = EvaluateAndJudge(&pos, &checkpointed); !s.ok()) return s;
   }
+  // Whether early stopping ended training before max_steps; a run resumed
+  // from the checkpoint of the evaluation that decided it ends at once.
+  const auto stopped_early = [&] {
+    return early_stopping_ && pos.step < spec_.max_steps() && early_stopping_->ShouldStop(pos.eval);
+  };
   int64_t reported_epoch = -1;
-  while (pos.step < spec_.max_steps()) {
+  while (pos.step < spec_.max_steps() && !stopped_early()) {
     if (const int64_t epoch = pos.data_cursor / data_.dataset->rows_per_epoch();
         epoch != reported_epoch) {
       reports_.Data(data_.report, epoch);
@@ -275,12 +286,16 @@ absl::Status Trainer::RunSteps() {
       if (absl::Status s = Rollback(verdict, metrics.step(), &pos); !s.ok()) return s;
       continue;
     }
+    // Whether checkpoint pos.step is written already (the best evaluation's).
+    bool checkpointed = false;
     if (verdict.action == GuardAction::kApply) {
+      // Before the snapshot AfterAppliedStep may take: it holds the
+      // evaluation's progress, as the checkpoint of this step does.
+      if (EvalEvery() > 0 && pos.step % EvalEvery() == 0) {
+        if (absl::Status s = EvaluateAndJudge(&pos, &checkpointed); !s.ok()) return s;
+      }
       if (absl::Status s = recovery_.AfterAppliedStep(pos, guard_.clean_steps()); !s.ok()) {
         return s;
-      }
-      if (EvalEvery() > 0 && pos.step % EvalEvery() == 0) {
-        if (absl::Status s = Evaluate(pos.step); !s.ok()) return s;
       }
     }
     // Agreed: a SIGTERM or a cancel reaches the ranks at different moments,
@@ -290,13 +305,15 @@ absl::Status Trainer::RunSteps() {
       reports_.Log("info", absl::StrCat("cancelled after step ", pos.step));
       return absl::CancelledError(absl::StrCat("cancelled after step ", pos.step));
     }
-    if (recovery_.CheckpointDue(pos)) {
+    if (!checkpointed && recovery_.CheckpointDue(pos)) {
       // A refusal (a non-finite state) was reported; the run goes on, and
       // the guard meets the same values in the next step.
       absl::Status s = Checkpoint(pos, /*last=*/false);
       if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;
     }
   }
+  const std::string stop_reason =
+      stopped_early() ? early_stopping_->StopReason(pos.eval, pos.step) : std::string();
   // Applied steps over the job, not this attempt: the optimizer's step
   // counter counts the updates of the run that counts, goes into every
   // checkpoint and snapshot and back with a rollback, so a job is judged
@@ -304,22 +321,46 @@ absl::Status Trainer::RunSteps() {
   // meets 5 bad steps is judged by its 95 applied ones). Every rank holds the
   // same counter, since the ranks agree on each step's action, so every rank
   // fails alike here, with no collective to wait in.
-  if (std::string why = guard_.TooFewApplied(optimizer_.steps(), spec_.max_steps()); !why.empty()) {
+  // A run stopped early is judged by the steps it went to.
+  if (std::string why = guard_.TooFewApplied(optimizer_.steps(), pos.step); !why.empty()) {
     if (const int64_t bad = data_.report.skipped_records(); bad > 0) {
       absl::StrAppend(&why, "; the data lost ", bad, " of its ", data_.report.records(),
                       " records as bad (data.on_bad_record: skip)");
     }
     return FailRun(guard_.MostSkippedBy(), pos.step, why);
   }
-  if (EvalEvery() == 0 || pos.step % EvalEvery() != 0) {
-    if (absl::Status s = Evaluate(pos.step); !s.ok()) return s;
+  if (stop_reason.empty()) {
+    if (EvalEvery() == 0 || pos.step % EvalEvery() != 0) {
+      bool checkpointed = false;  // never at the last step
+      if (absl::Status s = EvaluateAndJudge(&pos, &checkpointed); !s.ok()) return s;
+    }
+    // The run is over and its last step was applied: nothing follows to
+    // judge this checkpoint by, and the export holds the same state. (A run
+    // stopped early exports the best evaluation's checkpoint, written when
+    // it was evaluated.)
+    if (absl::Status s = Checkpoint(pos, /*last=*/true); !s.ok()) {
+      if (!absl::IsFailedPrecondition(s)) return s;
+      return FailRun(GuardTrigger::kNonFinite, pos.step, std::string(s.message()));
+    }
   }
-  // The run is over and its last step was applied: nothing follows to judge
-  // this checkpoint by, and the export holds the same state.
-  if (absl::Status s = Checkpoint(pos, /*last=*/true); !s.ok()) {
-    if (!absl::IsFailedPrecondition(s)) return s;
-    return FailRun(GuardTrigger::kNonFinite, pos.step, std::string(s.message()));
+  v1::TrainingEnd end;
+  end.set_step(pos.step);
+  end.set_stop_reason(stop_reason);
+  end.set_exported_step(pos.step);
+  end.set_export_reason("the last step");
+  if (early_stopping_ && pos.eval.best_step >= 0) {
+    end.set_exported_step(pos.eval.best_step);
+    end.set_export_reason(early_stopping_->BestReason(pos.eval));
+    // The weights of the best evaluation, unless they are the ones in hand.
+    if (pos.eval.best_step != pos.step) {
+      if (absl::Status s = recovery_.Restore(pos.eval.best_step); !s.ok()) return s;
+    }
+  } else if (early_stopping_) {
+    end.set_export_reason(absl::StrCat("the last step (no evaluation of ",
+                                       early_stopping_->rule().metric,
+                                       " after the first step could be the best)"));
   }
+  reports_.End(end);
   return Export();
 }
 
@@ -710,7 +751,7 @@ absl::Status Trainer::Checkpoint(const TrainPosition& pos, bool last) {
   // Only while this run's commits are accepted: a superseded attempt keeps
   // its hands off the job's checkpoints.
   if (reports_.StopRequested()) return absl::OkStatus();
-  return recovery_.RotateCheckpoints();
+  return recovery_.RotateCheckpoints(pos.eval.best_step);
 }
 
 absl::Status Trainer::Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* pos) {
@@ -744,24 +785,27 @@ int64_t Trainer::EvalEvery() const {
   return spec_.has_eval() ? spec_.eval().every() : spec_.reranker().eval_every();
 }
 
-absl::Status Trainer::Evaluate(int64_t step) {
-  if (data_.eval == nullptr) return absl::OkStatus();
+std::optional<v1::EvalReport> Trainer::Evaluate(int64_t step) {
+  if (data_.eval == nullptr) return std::nullopt;
   StepPhase::OfThisRank().Enter(StepPhase::Kind::kEval);
   const int64_t per_batch = spec_.data().micro_batch_size();
+  const auto start = std::chrono::steady_clock::now();
+  v1::EvalReport report;
+  report.set_step(step);
   if (!spec_.has_eval()) {
     // Every rank ranks every held-out group: a sharded model's layers are
-    // gathered by all ranks together. Rank 0 reports.
+    // gathered by all ranks together.
     const std::optional<RankingMetrics> metrics =
         RankHeldOut(*data_.eval, per_batch, *objective_, decoder_, state_.get(), device_);
-    if (metrics) reports_.Eval(step, *metrics);
-    return absl::OkStatus();
+    if (!metrics) return std::nullopt;
+    report.set_groups(metrics->groups);
+    report.set_mrr_at_10(metrics->mrr_at_10);
+    report.set_ndcg_at_10(metrics->ndcg_at_10);
+    return report;
   }
-  const auto start = std::chrono::steady_clock::now();
   const HeldOutSums sums =
       HeldOutLoss(*data_.eval, HeldOutRows(*data_.eval, spec_.eval().max_tokens()), per_batch,
                   *objective_, decoder_, state_.get(), collectives_, device_);
-  v1::EvalReport report;
-  report.set_step(step);
   // OpenTrainingData refused an eval set without a supervised token, but
   // max_tokens may keep only rows without one.
   if (sums.supervised_tokens > 0) {
@@ -770,7 +814,44 @@ absl::Status Trainer::Evaluate(int64_t step) {
   report.set_tokens(sums.tokens);
   report.set_supervised_tokens(sums.supervised_tokens);
   report.set_time_s(SecondsSince(start));
-  return reports_.EvalLoss(report);
+  return report;
+}
+
+absl::Status Trainer::EvaluateAndJudge(TrainPosition* pos, bool* checkpointed) {
+  std::optional<v1::EvalReport> report = Evaluate(pos->step);
+  if (!report) return absl::OkStatus();
+  // The evaluation before the first step is the baseline: its weights are
+  // the ones training starts from, never an export.
+  if (early_stopping_ && pos->step > 0) {
+    if (std::optional<double> value = early_stopping_->MetricOf(*report)) {
+      // Rank 0's value on every rank, so that the ranks' decisions (and the
+      // collective checkpoint saves they lead to) cannot part over a bit.
+      at::Tensor agreed = torch::full({1}, collectives_->rank() == 0 ? *value : 0.0,
+                                      torch::TensorOptions().dtype(torch::kDouble).device(device_));
+      collectives_->SumInPlace(agreed);
+      *value = agreed.cpu().item<double>();
+      const EvalProgress before = pos->eval;
+      bool best = early_stopping_->Improves(before, *value);
+      pos->eval = early_stopping_->Record(before, pos->step, *value, best);
+      // The last step's checkpoint is the run's last (RunSteps), which holds
+      // this progress.
+      if (best && pos->step < spec_.max_steps()) {
+        absl::Status s = Checkpoint(*pos, /*last=*/false);
+        if (absl::IsFailedPrecondition(s)) {
+          // The health gate refused these weights: they are never exported.
+          best = false;
+          pos->eval = early_stopping_->Record(before, pos->step, *value, false);
+        } else if (!s.ok()) {
+          return s;
+        } else {
+          *checkpointed = true;
+        }
+      }
+      report->set_best(best);
+      if (best) report->set_checkpoint(recovery_.KeptCheckpoint(pos->step));
+    }
+  }
+  return reports_.Eval(*report);
 }
 
 absl::Status Trainer::Export() {

@@ -45,6 +45,7 @@
 #include "worker/train/recovery/recovery.h"
 #include "worker/train/recovery/trained_state.h"
 #include "worker/train/trainer/delay_injection.h"
+#include "worker/train/trainer/early_stopping.h"
 #include "worker/train/trainer/reporter.h"
 #include "worker/train/trainer/straggler_watch.h"
 #include "worker/train/trainer/training_observer.h"
@@ -190,11 +191,16 @@ class Trainer {
   // trouble, past the data that led there, or fails with the guard's
   // diagnosis when it cannot.
   absl::Status Rollback(const GuardVerdict& verdict, int64_t step, TrainPosition* position);
-  // Evaluates the held-out set at `step` and reports it: the validation
-  // loss of eval (its line in metrics.jsonl may fail, INTERNAL), or a
-  // reranker's MRR@10 and NDCG@10 (reranker.eval_path); nothing without one.
-  // No gradient, optimizer state, generator or guard is touched.
-  absl::Status Evaluate(int64_t step);
+  // Evaluates the held-out set at `step`: the validation loss of eval, or
+  // a reranker's MRR@10 and NDCG@10 (reranker.eval_path); nullopt without
+  // one. No gradient, optimizer state, generator or guard is touched.
+  std::optional<v1::EvalReport> Evaluate(int64_t step);
+  // Evaluates at `position->step`, judges the evaluation by early stopping
+  // (or export: best), which advances `position->eval`, keeps a new best's
+  // weights in checkpoint `position->step` (setting `checkpointed`; the last
+  // step's is RunSteps' own), and reports it. Errors: Checkpoint's but a
+  // refusal (that evaluation cannot be the best), and the report's line.
+  absl::Status EvaluateAndJudge(TrainPosition* position, bool* checkpointed);
   // Steps between evaluations: eval.every, or reranker.eval_every.
   int64_t EvalEvery() const;
   absl::Status Export();
@@ -229,6 +235,9 @@ class Trainer {
   // Rank 0's: the ranks' own step times, after each step.
   StragglerWatch stragglers_;
   Recovery recovery_;
+  // early_stopping's rule, or export: best's; absent when the job exports
+  // its last step.
+  const std::optional<EarlyStopping> early_stopping_;
   // The guard event of the step in progress, when it was not applied as it
   // came.
   v1::GuardEvent anomaly_;

@@ -76,6 +76,14 @@ TEST_F(CheckpointRollbackTest, RotationNeverDeletesTheNewestGoodCheckpoint) {
   EXPECT_EQ(Names().size(), 3u);
 }
 
+TEST_F(CheckpointRollbackTest, RotationNeverDeletesTheBestEvaluationsCheckpoint) {
+  SaveUnverified(20);
+  SaveUnverified(25);
+  ASSERT_TRUE(RotateCheckpoints(dir_, 1, /*best_step=*/10).ok());
+  // The newest, the newest good one (15), and 10, the best evaluation's.
+  EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000010", "step-00000015", "step-00000025"}));
+}
+
 TEST_F(CheckpointRollbackTest, ANonFiniteStateIsNeverWritten) {
   AdamW opt({}, params_);
   {

@@ -57,6 +57,26 @@ TEST_F(CheckpointTest, RoundTripsParamsOptimizerRngAndPosition) {
   EXPECT_TRUE(torch::equal(torch::rand({8}), next_draw));
 }
 
+// Early stopping's progress is part of the position: a resumed run judges
+// its next evaluation as the run it continues would have. A fresh random
+// best value comes back to the bit.
+TEST_F(CheckpointTest, RoundTripsTheEvaluationsProgress) {
+  AdamW opt({}, params_);
+  TrainPosition position{.step = 9, .data_cursor = 36};
+  const double best = torch::rand({1}, torch::kDouble).item<double>() * 10;
+  position.eval = {.evaluations = 4, .best_step = 6, .best_value = best, .since_best = 1};
+  ASSERT_TRUE(SaveCheckpoint(dir_, position, params_, opt, CheckpointHealth::kGood).ok());
+  ASSERT_TRUE(SaveCheckpoint(dir_, {12, 48}, params_, opt, CheckpointHealth::kGood).ok());
+  absl::StatusOr<TrainPosition> with = LoadCheckpoint(*LatestCheckpoint(dir_, 9), &params_, &opt);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->eval, position.eval);
+  // None yet: the defaults, best_step -1.
+  absl::StatusOr<TrainPosition> without = LoadCheckpoint(*LatestCheckpoint(dir_), &params_, &opt);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->eval, EvalProgress());
+  EXPECT_EQ(without->eval.best_step, -1);
+}
+
 TEST_F(CheckpointTest, RefusesToWriteNonFiniteParams) {
   AdamW opt({}, params_);
   {
