@@ -12,6 +12,7 @@ import pytest
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from reference import TRAIN, base_spec, make_model, write_spec  # noqa: E402
+from special_token_chats import plain_chat_ids  # noqa: E402
 from test_chat_template import QWEN3  # noqa: E402
 from trained_tokenizers import write_chat_tokenizer  # noqa: E402
 
@@ -140,8 +141,7 @@ def references(model):
 
 def special_chats(rng, n):
     """Chats whose messages hold special-token text. An assistant's content
-    starts with a letter, since Qwen3's template strips the newlines that
-    start the last one (template_cut_ids substitutes contents verbatim)."""
+    starts with a letter, as a chat's answer mostly does."""
     chats = []
     for texts in zip(special_texts(rng, n), special_texts(rng, n), special_texts(rng, n)):
         chat = [{"role": "user", "content": texts[0]},
@@ -150,38 +150,6 @@ def special_chats(rng, n):
             chat += [{"role": "user", "content": texts[2]}, {"role": "assistant", "content": "b"}]
         chats.append(chat)
     return chats
-
-
-def template_cut_ids(hf, plain, chat):
-    """HF's ids for `chat` with its messages' special-token text as plain
-    text (docs/data.md): apply_chat_template's text cut at the template's own
-    control tokens, each stretch between them encoded with
-    encode_special_tokens=True. The template's text is found by rendering
-    the chat with a marker in place of each message's content."""
-    import re
-    marked = [{**m, "content": f"\x00{i}\x00"} for i, m in enumerate(chat)]
-    parts = re.split("\x00(\\d+)\x00", hf.apply_chat_template(marked, tokenize=False))
-    special = [t.content for t in plain.get_added_tokens_decoder().values() if t.special]
-    control = re.compile("|".join(re.escape(t) for t in sorted(special, key=len, reverse=True)))
-    ids, stretch = [], ""
-
-    def flush():
-        if stretch:
-            ids.extend(plain.encode(stretch, add_special_tokens=False).ids)
-
-    for k, part in enumerate(parts):
-        if k % 2:
-            stretch += chat[int(part)]["content"]
-            continue
-        at = 0
-        for m in control.finditer(part):
-            stretch += part[at:m.start()]
-            flush()
-            ids.append(plain.token_to_id(m.group()))
-            stretch, at = "", m.end()
-        stretch += part[at:]
-    flush()
-    return ids
 
 
 def test_tokenize_encodes_special_token_text_as_tokenizers_does(model):
@@ -210,7 +178,7 @@ def test_tokenize_encodes_special_token_text_as_tokenizers_does(model):
             # Allowed, the text is the token, as apply_chat_template makes it;
             # else plain text between the template's own tokens.
             want = (hf.apply_chat_template(chat, tokenize=True) if allow
-                    else template_cut_ids(hf, reference, chat))
+                    else plain_chat_ids(hf, reference, chat, SPECIAL))
             assert reply["ids"] == want, f"seed {seed}, allow {allow}: {chat!r}"
         assert (f"{holding} lines contained special-token text, encoded as "
                 + ("special tokens" if allow else "plain text")) in r.stderr, f"seed {seed}"
