@@ -11,13 +11,16 @@
 // Tolerance, relative (Frobenius): fp32 on both sides, in other orders
 // (forward substitution against the CPU's explicit inverse, sums by element
 // against the CPU's vectors): 1e-5, as the op-by-op path is held to the CPU
-// kernel. bf16 results are rounded once on each side from fp32 values that
+// kernel, up to 32 x 32 heads and growing with the root of Dk x Dv past it.
+// bf16 results are rounded once on each side from fp32 values that
 // differ by that much: 1e-2.
 #include "kernels/cuda/gated_delta_rule_blocks.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -67,7 +70,12 @@ void ExpectBlocksMatchCpuKernel(const Case& c, bool with_d_final = true,
       in.q, in.k, in.v, in.g, in.beta, in.cu_seqlens, in.initial_state, in.scale, kL2Eps);
   const GdrForward got = gdr_blocks::ForwardPass(launch, in.q, in.k, in.v, in.g, in.beta,
                                                  in.cu_seqlens, in.initial_state, in.scale, kL2Eps);
-  const double tolerance = c.dtype == torch::kFloat ? 1e-5 : 1e-2;
+  // Two fp32 summation orders of reductions over Dk x Dv terms (d_g, d_beta)
+  // differ by about sqrt(Dk x Dv) roundings: 1e-5 holds to 32 x 32, and
+  // grows with the root past it (d_g at Qwen's 128 x 128 measured 1.01e-5).
+  const double fp32_tolerance =
+      1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.dk * c.dv)) / 32);
+  const double tolerance = c.dtype == torch::kFloat ? fp32_tolerance : 1e-2;
   EXPECT_EQ(got.out.scalar_type(), c.dtype);
   EXPECT_LT(RelativeError(got.out, want.out), tolerance) << "out";
   EXPECT_LT(RelativeError(got.final_state, want.final_state), 1e-5) << "final_state";
