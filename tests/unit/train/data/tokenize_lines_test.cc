@@ -89,15 +89,20 @@ TEST_F(TokenizeLinesTest, SpecialTokenTextIsPlainTextUnlessAllowedAndCounted) {
   std::vector<nlohmann::json> out = Run(input, false, &counts);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0]["ids"].get<std::vector<int>>(), Bytes("a<|im_start|>b<|im_start|>"));
-  // The chat's message text is plain text; its template's tokens stay.
-  EXPECT_EQ(out[2]["ids"].get<std::vector<int>>(), Concat({{kImStart},
-                                                           Bytes("user\nq<|endoftext|>"),
-                                                           {kImEnd},
-                                                           Bytes("\n"),
-                                                           {kImStart},
-                                                           Bytes("assistant\na"),
-                                                           {kImEnd},
-                                                           Bytes("\n")}));
+  // The chat's message text is plain text; its template's tokens stay. The
+  // chat's ids around its user turn's ids:
+  const auto chat = [](const std::vector<int>& user) {
+    return Concat({{kImStart},
+                   Bytes("user\n"),
+                   user,
+                   {kImEnd},
+                   Bytes("\n"),
+                   {kImStart},
+                   Bytes("assistant\na"),
+                   {kImEnd},
+                   Bytes("\n")});
+  };
+  EXPECT_EQ(out[2]["ids"].get<std::vector<int>>(), chat(Bytes("q<|endoftext|>")));
   EXPECT_EQ(counts.special_token_text, 2);  // records, not occurrences
   EXPECT_EQ(counts.failed, 0);
 
@@ -105,15 +110,7 @@ TEST_F(TokenizeLinesTest, SpecialTokenTextIsPlainTextUnlessAllowedAndCounted) {
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0]["ids"].get<std::vector<int>>(),
             Concat({Bytes("a"), {kImStart}, Bytes("b"), {kImStart}}));
-  EXPECT_EQ(out[2]["ids"].get<std::vector<int>>(), Concat({{kImStart},
-                                                           Bytes("user\nq"),
-                                                           {kEndOfText},
-                                                           {kImEnd},
-                                                           Bytes("\n"),
-                                                           {kImStart},
-                                                           Bytes("assistant\na"),
-                                                           {kImEnd},
-                                                           Bytes("\n")}));
+  EXPECT_EQ(out[2]["ids"].get<std::vector<int>>(), chat(Concat({Bytes("q"), {kEndOfText}})));
   EXPECT_EQ(counts.special_token_text, 2);
   EXPECT_EQ(counts.failed, 0);
 }
