@@ -37,7 +37,7 @@ endfunction()
 # gives each test nproc / JOBS threads): ctest runs it alone, with as many
 # threads as the machine has cores.
 function(ballast_pytest)
-  cmake_parse_arguments(ARG "HF5;WHOLE_MACHINE" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "HF5;WHOLE_MACHINE;BUILDS" "NAME;FILE;TIMEOUT" "ARGS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 900)
   endif()
@@ -57,5 +57,12 @@ function(ballast_pytest)
     cmake_host_system_information(RESULT _cores QUERY NUMBER_OF_LOGICAL_CORES)
     set_tests_properties(${ARG_NAME} PROPERTIES RUN_SERIAL TRUE)
     set_property(TEST ${ARG_NAME} APPEND PROPERTY ENVIRONMENT "OMP_NUM_THREADS=${_cores}")
+  endif()
+  # A test that runs the build (the demo's build stage) runs alone: when the
+  # version stamp has changed (a new commit, an edited tracked file), the
+  # build relinks every binary, and for the seconds the linker writes one,
+  # the tests beside it that exec it get EACCES.
+  if(ARG_BUILDS)
+    set_tests_properties(${ARG_NAME} PROPERTIES RUN_SERIAL TRUE)
   endif()
 endfunction()
