@@ -7,8 +7,11 @@ the whole set, so:
   before the first step and on the exported weights after the last;
 - `--nproc 2` gives the eval of 1 rank, and a run with evaluations trains
   exactly as one without (no gradient, optimizer state or generator moved);
-- block_diffusion: two evaluations of the same weights agree bit for bit
-  (the noise is drawn from eval.seed, fixed), another eval.seed draws others;
+- block_diffusion: it equals a float64 transformers forward of each eval
+  document as [x_t ; x_0] under the block-diffusion mask, with the noise
+  drawn here anew from eval.seed (SplitMix64, as the worker draws it); two
+  evaluations of the same weights agree bit for bit, another eval.seed
+  draws others;
 - eval.fraction holds out the documents its seed picks (written anew here),
   evaluates them in file order, and trains on exactly the others;
 - bad input exits 2 naming the key.
@@ -137,17 +140,91 @@ def test_fraction_holds_out_a_seeded_split_disjoint_from_training(tmp_path):
     assert [m["tokens"] for m in steps] == [m["tokens"] for m in rest]
 
 
-def test_block_diffusion_evals_of_the_same_weights_agree_bit_for_bit(tmp_path):
-    model_dir, data, held_out, _ = inputs(tmp_path, seed=60)
+def split_mix_uniform(state):
+    state, z = split_mix(state)
+    return state, (z >> 11) * 2.0 ** -53
+
+
+def diffusion_noise(labels, seed, document, eps):
+    """The eval set's mask draw of one document (README "Block diffusion"),
+    written anew: p = (1 - eps) t + eps with t ~ U(0, 1), each answer token
+    masked with probability p, redrawn up to 10 times while none is, then one
+    forced. Seeded by eval.seed, epoch 0 and the document's index."""
+    mask = (1 << 64) - 1
+    state = seed ^ 0x9e3779b97f4a7c15 ^ ((0xc2b2ae3d27d4eb4f * (document + 1)) & mask)
+    answers = [i for i, t in enumerate(labels) if t != -100]
+    state, t = split_mix_uniform(state)
+    p = (1 - eps) * t + eps
+    masked = set()
+    for _ in range(10):
+        if masked or not answers:
+            break
+        for i in answers:
+            state, u = split_mix_uniform(state)
+            if u < p:
+                masked.add(i)
+    if not masked and answers:
+        state, r = split_mix(state)
+        masked.add(answers[r % len(answers)])
+    return masked, p, len(answers)
+
+
+def block_diffusion_mask(n, block):
+    """The additive mask of one [x_t ; x_0] document of 2n tokens: within a
+    half, a block sees its own block both ways; a noisy block also sees the
+    clean blocks strictly before it; a clean block, the clean blocks up to
+    its own."""
+    blocks = torch.arange(n) // block
+    same = blocks[:, None] == blocks[None, :]
+    seen = torch.zeros(2 * n, 2 * n, dtype=torch.bool)
+    seen[:n, :n] = same
+    seen[:n, n:] = blocks[None, :] < blocks[:, None]
+    seen[n:, n:] = blocks[None, :] <= blocks[:, None]
+    additive = torch.zeros(2 * n, 2 * n, dtype=torch.float64)
+    additive[~seen] = torch.finfo(torch.float64).min
+    return additive[None, None]
+
+
+def hf_block_diffusion_eval_loss(model_dir, rows, seed, block, mask_token_id, eps=1e-3):
+    """transformers' block-diffusion validation loss of the model folder, in
+    float64: the sum over masked x_t positions of -log p(clean token) x
+    float32(1 / p), over the eval set's answer tokens."""
+    model = model_class("qwen3").from_pretrained(model_dir, torch_dtype=torch.float64,
+                                                 attn_implementation="eager").eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for d, r in enumerate(rows):
+            ids, n = r["input_ids"], len(r["input_ids"])
+            masked, p, answers = diffusion_noise(r["labels"], seed, d, eps)
+            noisy = [mask_token_id if i in masked else t for i, t in enumerate(ids)]
+            positions = torch.tensor([list(range(n)) * 2])
+            logits = model(torch.tensor([noisy + ids]), position_ids=positions,
+                           attention_mask=block_diffusion_mask(n, block)).logits[0]
+            at = torch.tensor(sorted(masked))
+            lp = torch.log_softmax(logits[at], dim=-1)
+            weight = float(torch.tensor(1.0 / p, dtype=torch.float32))
+            total -= weight * lp.gather(1, torch.tensor(ids)[at][:, None]).sum().item()
+            count += answers
+    return total / count
+
+
+def test_block_diffusion_eval_loss_equals_transformers_and_repeats_bit_for_bit(tmp_path):
+    model_dir, data, held_out, eval_rows = inputs(tmp_path, seed=60)
     spec = base_spec(model_dir, data, task="block_diffusion", max_steps=3, data={"seq_len": 128},
                      block_diffusion={"block_length": 4, "mask_token_id": 319},
                      eval={"path": held_out, "every": 1, "seed": 5})
     _, a = train(tmp_path, "a", spec)
+    # Step 0's weights are the base model's (LoRA's B starts at 0).
+    reference = [hf_block_diffusion_eval_loss(model_dir, eval_rows, seed, 4, 319)
+                 for seed in (5, 6)]
+    assert relative_error([a[0]["loss"]], reference[:1]) <= TOLERANCE, (a[0], reference)
+    assert a[0]["supervised_tokens"] == sum(sum(t != -100 for t in r["labels"]) for r in eval_rows)
     # Another training seed: other LoRA init (B = 0 leaves the step-0 model the
     # base), other training noise; the eval noise is eval.seed's alone.
     _, b = train(tmp_path, "b", {**spec, "seed": 8})
     _, c = train(tmp_path, "c", {**spec, "eval": {**spec["eval"], "seed": 6}})
     assert a[0]["loss"] == b[0]["loss"], (a, b)
+    assert relative_error([c[0]["loss"]], reference[1:]) <= TOLERANCE, (c[0], reference)
     assert a[0]["loss"] != c[0]["loss"], (a, c)
     assert all(e["loss"] is not None and e["supervised_tokens"] > 0 for e in a + b + c)
 
