@@ -51,7 +51,8 @@ def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, t
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "as reranker (detected from its first record)" in r.stderr
-    steps = read_metrics(out)
+    lines = read_metrics(out)
+    steps = [m for m in lines if "eval" not in m]
     assert len(steps) == 30
     assert all(math.isfinite(s["grad_norm"]) and s["loss"] is not None for s in steps)
     # Listwise normalises by groups (two a step), pointwise by candidates.
@@ -71,6 +72,14 @@ def test_a_reranker_job_trains_with_finite_gradients_and_a_falling_loss(model, t
     assert [int(step) for step, _, _ in evals] == [0, 10, 20, 30], r.stderr
     mrr = [float(m) for _, m, _ in evals]
     assert mrr[-1] > mrr[0] and mrr[-1] > 0.9, mrr
+    # metrics.jsonl has each evaluation after its step's line, as a causal
+    # LM's validation loss is (README "Validation").
+    logged = [(m["step"], m["eval"]) for m in lines if "eval" in m]
+    assert [(step, f"{e['mrr_at_10']:.4f}", f"{e['ndcg_at_10']:.4f}") for step, e in logged] == \
+        [(int(step), m, n) for step, m, n in evals], (logged, evals)
+    assert all(e["groups"] == 16 and e["loss"] is None and e["time_s"] > 0 for _, e in logged)
+    assert [m["step"] for m in lines] == [0] + [s for s in range(1, 31)
+                                               for _ in range(1 + (s % 10 == 0))]
 
     # The exported adapter scores the held-out pairs as the last evaluation
     # ranked them, rendered with the job's prompt (--spec).

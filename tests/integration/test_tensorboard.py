@@ -1,6 +1,6 @@
 """`report_to: [tensorboard]`: ballast-train's TensorBoard event files, read
-back by TensorBoard's own readers, equal metrics.jsonl step for step, with the
-guard's events on the text dashboard, across a rollback and a resume that
+back by TensorBoard's own readers, equal metrics.jsonl step for step (the
+validation loss included), with the guard's events on the text dashboard, across a rollback and a resume that
 redo steps already reported. (A reporter other than tensorboard is refused:
 test_train_cli.py.)"""
 import glob
@@ -54,16 +54,20 @@ def assert_tensorboard_equals_metrics(out_dir):
     and both readers agree. Returns the dashboards' reader."""
     lines = read_metrics(out_dir)
     classic, plugins = read_tensorboard(out_dir)
-    assert set(plugins.PluginTagToContent("scalars")) == {f"train/{k}" for k in SCALARS}
-    for key in SCALARS:
-        want = [(line["step"], float(np.float32(line[key]))) for line in lines
-                if line[key] is not None]
-        assert want, key
-        got = [(e.step, e.value) for e in classic.Scalars(f"train/{key}")]
-        assert got == want, key
+    steps = [line for line in lines if "eval" not in line]
+    evals = [line["eval"] for line in lines if "eval" in line]
+    points = {f"train/{key}": [(line["step"], line[key]) for line in steps] for key in SCALARS}
+    points["eval/loss"] = [(e["step"], e["loss"]) for e in evals]
+    assert evals
+    assert set(plugins.PluginTagToContent("scalars")) == set(points)
+    for tag, values in points.items():
+        want = [(step, float(np.float32(v))) for step, v in values if v is not None]
+        assert want, tag
+        got = [(e.step, e.value) for e in classic.Scalars(tag)]
+        assert got == want, tag
         got = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item())
-               for e in plugins.Tensors(f"train/{key}")]
-        assert got == want, key
+               for e in plugins.Tensors(tag)]
+        assert got == want, tag
     assert all(tag.startswith("guard/") for tag in plugins.PluginTagToContent("text"))
     return plugins
 
@@ -73,7 +77,8 @@ def model_and_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     make_model("qwen3", str(root / "model"), seed=1)
     make_dataset(str(root / "data.jsonl"), n=64, vocab=320, seed=2)
-    return str(root / "model"), str(root / "data.jsonl")
+    make_dataset(str(root / "eval.jsonl"), n=8, vocab=320, seed=3)
+    return str(root / "model"), str(root / "data.jsonl"), str(root / "eval.jsonl")
 
 
 def train(tmp_path, spec, *extra):
@@ -90,7 +95,9 @@ def test_event_files_equal_metrics_across_a_rollback_and_a_resume(tmp_path, mode
                                                                   attempts):
     # Steps 5 and 6 are skipped, 7 rolls back to step 2's snapshot; 11 is
     # skipped and stays so (after step 8's checkpoint has become good).
-    spec = base_spec(*model_and_data, max_steps=12, checkpoint_every=4, report_to=["tensorboard"],
+    model, data, held_out = model_and_data
+    spec = base_spec(model, data, max_steps=12, checkpoint_every=4, report_to=["tensorboard"],
+                     eval={"path": held_out, "every": 4},
                      guard={"snapshot_every": 2, "good_after_steps": 2,
                             "inject": {"nan_grad_at_step": [5, 6, 7, 11]}})
     r = train(tmp_path, spec, *(["--attempt", "1"] if attempts else []))
@@ -99,7 +106,7 @@ def test_event_files_equal_metrics_across_a_rollback_and_a_resume(tmp_path, mode
     guard_lines = re.findall(r"^ballast-train: (guard (\w+) at step (\d+): .*)$", r.stderr, re.M)
     assert [(kind, int(step)) for _, kind, step in guard_lines] == [
         ("skip", 5), ("skip", 6), ("rollback", 7), ("skip", 11)], r.stderr
-    assert [line["step"] for line in read_metrics(out)] == list(range(1, 13))
+    assert [line["step"] for line in read_metrics(out) if "eval" not in line] == list(range(1, 13))
     plugins = assert_tensorboard_equals_metrics(out)
     # The skips before the rollback went with the steps it undid, as their
     # metrics.jsonl lines did; the rollback's own line is at its bad step.
@@ -119,7 +126,7 @@ def test_event_files_equal_metrics_across_a_rollback_and_a_resume(tmp_path, mode
     assert len(files) == 2 and files[0] == first and EVENT_FILE.fullmatch(files[1]), files
     # The first run's file is untouched: only its own process wrote it.
     assert all(open(p, "rb").read() == b for p, b in before.items())
-    assert [line["step"] for line in read_metrics(out)] == list(range(1, 13))
+    assert [line["step"] for line in read_metrics(out) if "eval" not in line] == list(range(1, 13))
     plugins = assert_tensorboard_equals_metrics(out)
     # The session start at step 9 dropped the first run's skip at 11; the
     # new process, whose injection fires again, skipped it anew.

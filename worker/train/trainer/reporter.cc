@@ -192,9 +192,14 @@ absl::Status Reporter::Eval(const v1::EvalReport& report) {
   v1::TrainingEvent event;
   *event.mutable_eval() = report;
   Send(std::move(event));
-  // metrics.jsonl holds the validation loss's lines; a reranker's ranking
-  // goes to the event stream alone.
-  return metrics_ && report.has_loss() ? metrics_->AppendEval(report) : absl::OkStatus();
+  if (metrics_) {
+    if (absl::Status s = metrics_->AppendEval(report); !s.ok()) return s;
+  }
+  if (tensorboard_) {
+    tensorboard_status_.Update(tensorboard_->Eval(report));
+    if (!tensorboard_status_.ok()) return tensorboard_status_;
+  }
+  return absl::OkStatus();
 }
 
 void Reporter::End(const v1::TrainingEnd& end) {

@@ -76,6 +76,19 @@ absl::Status TensorBoardLog::Step(const v1::StepMetrics& m) {
   return Write(event);
 }
 
+absl::Status TensorBoardLog::Eval(const v1::EvalReport& report) {
+  tensorboard::Event event;
+  event.set_step(report.step());
+  tensorboard::Summary* summary = event.mutable_summary();
+  if (report.groups() > 0) {
+    AddScalar("eval/mrr_at_10", report.mrr_at_10(), summary);
+    AddScalar("eval/ndcg_at_10", report.ndcg_at_10(), summary);
+  } else if (report.has_loss() && std::isfinite(report.loss())) {
+    AddScalar("eval/loss", report.loss(), summary);
+  }
+  return Write(event);
+}
+
 absl::Status TensorBoardLog::Text(absl::string_view tag, int64_t step, absl::string_view text) {
   tensorboard::Event event;
   event.set_step(step);

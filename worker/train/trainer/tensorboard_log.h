@@ -12,6 +12,9 @@
 //     TensorBoard writer stores scalars): train/loss, train/grad_norm,
 //     train/lr and train/tokens_per_s, named as in metrics.jsonl; loss and
 //     grad_norm only when metrics.jsonl has a number for them (not null);
+//   - per evaluation, eval/loss (the validation loss; left out when the
+//     rows eval.max_tokens kept have no supervised token), or a reranker's
+//     eval/mrr_at_10 and eval/ndcg_at_10, at the step evaluated;
 //   - the guard's events as text summaries (the text dashboard), tagged
 //     guard/<kind> at the bad step.
 //
@@ -68,6 +71,9 @@ class TensorBoardLog {
 
   // The scalars of one optimizer step, applied or skipped.
   absl::Status Step(const v1::StepMetrics& metrics);
+  // The scalars of one evaluation at its step: eval/loss, or a reranker's
+  // eval/mrr_at_10 and eval/ndcg_at_10.
+  absl::Status Eval(const v1::EvalReport& report);
   // `text` as a text summary tagged `tag` at `step`.
   absl::Status Text(absl::string_view tag, int64_t step, absl::string_view text);
   // A rollback to `step`: a session start after it, so that readers drop the

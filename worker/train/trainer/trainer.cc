@@ -801,6 +801,7 @@ std::optional<v1::EvalReport> Trainer::Evaluate(int64_t step) {
     report.set_groups(metrics->groups);
     report.set_mrr_at_10(metrics->mrr_at_10);
     report.set_ndcg_at_10(metrics->ndcg_at_10);
+    report.set_time_s(SecondsSince(start));
     return report;
   }
   const HeldOutSums sums =
