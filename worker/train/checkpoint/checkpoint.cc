@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -180,7 +181,7 @@ absl::Status MarkCheckpointGood(const std::string& dir) {
 }
 
 absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep,
-                               int64_t best_step) {
+                               absl::Span<const int64_t> best_steps) {
   if (keep <= 0) return absl::OkStatus();
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> all;  // (step, folder)
@@ -190,11 +191,19 @@ absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep,
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot list ", checkpoints_dir));
   std::sort(all.begin(), all.end(), std::greater<>());
+  std::set<int64_t> protected_steps(best_steps.begin(), best_steps.end());
   bool good_kept = false;
+  // Newest first: a kept checkpoint protects the best it names before that
+  // one's turn comes (a best is never newer than the checkpoint naming it).
   for (size_t i = 0; i < all.size(); ++i) {
     const bool good = IsGoodCheckpoint(all[i].second.string());
-    if (static_cast<int64_t>(i) < keep || (good && !good_kept) || all[i].first == best_step) {
+    if (static_cast<int64_t>(i) < keep || (good && !good_kept) ||
+        protected_steps.contains(all[i].first)) {
       good_kept = good_kept || good;
+      // A folder whose state.json cannot be read names no best: loading it
+      // fails anyway, with DATA_LOSS naming the file.
+      absl::StatusOr<TrainPosition> kept = ReadCheckpointPosition(all[i].second.string());
+      if (kept.ok() && kept->eval.best_step >= 0) protected_steps.insert(kept->eval.best_step);
       continue;
     }
     if (absl::Status s = RemoveTree(all[i].second.string()); !s.ok()) return s;

@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/train/model/param_store.h"
 #include "worker/train/optim/adamw.h"
 
@@ -107,12 +108,14 @@ absl::StatusOr<std::optional<std::string>> KeepCheckpointsAtOrBefore(
 absl::Status MarkCheckpointGood(const std::string& dir);
 bool IsGoodCheckpoint(const std::string& dir);
 
-// Deletes all but the newest `keep` checkpoints, never the newest good one
-// nor the one of step `best_step` (the best evaluation's, which the job may
-// export; -1: none). keep 0 deletes nothing. INTERNAL names a folder that
-// could not be removed.
+// Deletes all but the newest `keep` checkpoints, never the newest good one,
+// nor one of `best_steps` (the best evaluations that the run's state and the
+// snapshots it may roll back to would export), nor the best evaluation's
+// that a kept checkpoint's state.json names (a rollback or restart to that
+// checkpoint would export it). keep 0 deletes nothing. INTERNAL names a
+// folder that could not be removed.
 absl::Status RotateCheckpoints(const std::string& checkpoints_dir, int64_t keep,
-                               int64_t best_step = -1);
+                               absl::Span<const int64_t> best_steps = {});
 
 // Restores params, optimizer and RNG from a checkpoint folder, of a job of
 // one rank or a sharded one (sharded_checkpoint.h), and returns its

@@ -69,19 +69,17 @@ const char* PartSuffix(CheckpointReader::Part part) {
   }
 }
 
-absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
-  const fs::path root(dir);
-  CheckpointReader reader;
-  reader.dir_ = dir;
-  absl::StatusOr<nlohmann::json> state = ReadJson(root / "state.json");
+absl::StatusOr<TrainPosition> ReadCheckpointPosition(const std::string& dir) {
+  absl::StatusOr<nlohmann::json> state = ReadJson(fs::path(dir) / "state.json");
   if (!state.ok()) return state.status();
   if (!state->contains("step") || !state->contains("data_cursor")) {
     return absl::DataLossError(absl::StrCat(dir, "/state.json is missing or corrupt"));
   }
-  reader.position_.step = (*state)["step"].get<int64_t>();
-  reader.position_.data_cursor = (*state)["data_cursor"].get<int64_t>();
+  TrainPosition position;
+  position.step = (*state)["step"].get<int64_t>();
+  position.data_cursor = (*state)["data_cursor"].get<int64_t>();
   if (state->contains("evaluations")) {
-    EvalProgress& eval = reader.position_.eval;
+    EvalProgress& eval = position.eval;
     for (const char* key : {"best_step", "best_value", "since_best"}) {
       if (!state->contains(key)) {
         return absl::DataLossError(absl::StrCat(dir, "/state.json has evaluations but no ", key));
@@ -92,6 +90,16 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) 
     eval.best_value = (*state)["best_value"].get<double>();
     eval.since_best = (*state)["since_best"].get<int64_t>();
   }
+  return position;
+}
+
+absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
+  const fs::path root(dir);
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  absl::StatusOr<TrainPosition> position = ReadCheckpointPosition(dir);
+  if (!position.ok()) return position.status();
+  reader.position_ = *position;
 
   std::error_code ec;
   std::shared_ptr<SafetensorsFile> step_file;

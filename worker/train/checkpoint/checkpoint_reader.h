@@ -23,6 +23,10 @@
 
 namespace ballast::train {
 
+// The position a checkpoint folder's state.json records (its evaluations'
+// progress included). DATA_LOSS when the file is missing or corrupt.
+absl::StatusOr<TrainPosition> ReadCheckpointPosition(const std::string& dir);
+
 class CheckpointReader {
  public:
   // What a bucket range holds: the fp32 masters, or one of AdamW's moments.

@@ -56,4 +56,12 @@ void SnapshotRing::DropAfter(int64_t step) {
   while (!ring_.empty() && ring_.back().position.step > step) ring_.pop_back();
 }
 
+std::vector<int64_t> SnapshotRing::BestEvaluationSteps() const {
+  std::vector<int64_t> steps;
+  for (const TrainSnapshot& snapshot : ring_) {
+    if (snapshot.position.eval.best_step >= 0) steps.push_back(snapshot.position.eval.best_step);
+  }
+  return steps;
+}
+
 }  // namespace ballast::train

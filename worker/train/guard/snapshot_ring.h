@@ -21,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/train/checkpoint/checkpoint.h"
@@ -66,6 +67,10 @@ class SnapshotRing {
   // Drops the snapshots taken after step `step` (they belong to the
   // trajectory a rollback abandoned).
   void DropAfter(int64_t step);
+
+  // The best evaluations' steps that the snapshots' positions name (none
+  // for -1): the checkpoints a rollback to one of them may export.
+  std::vector<int64_t> BestEvaluationSteps() const;
 
   int64_t size() const { return static_cast<int64_t>(ring_.size()); }
 

@@ -78,8 +78,10 @@ absl::StatusOr<std::string> Recovery::SaveCheckpoint(const TrainPosition& positi
 
 absl::Status Recovery::RotateCheckpoints(int64_t best_step) {
   if (collectives_->rank() != 0 || spec_.keep_checkpoints() <= 0) return absl::OkStatus();
+  std::vector<int64_t> best_steps = snapshots_.BestEvaluationSteps();
+  if (best_step >= 0) best_steps.push_back(best_step);
   return train::RotateCheckpoints(options_.kept_checkpoints_dir, spec_.keep_checkpoints(),
-                                  best_step);
+                                  best_steps);
 }
 
 std::string Recovery::KeptCheckpoint(int64_t step) const {

@@ -82,8 +82,9 @@ class Recovery {
   absl::StatusOr<std::string> SaveCheckpoint(const TrainPosition& position, bool last);
   // Deletes the checkpoints past spec.keep_checkpoints (rank 0; keep 0
   // keeps all), but never the one of step `best_step` (the best
-  // evaluation's; -1: none). INTERNAL names a folder that could not be
-  // removed.
+  // evaluation's; -1: none), nor a best evaluation's that a snapshot or a
+  // kept checkpoint names: a rollback to either puts that best back as the
+  // one to export. INTERNAL names a folder that could not be removed.
   absl::Status RotateCheckpoints(int64_t best_step);
   // Where checkpoint `step` lives once saved (its kept folder).
   std::string KeptCheckpoint(int64_t step) const;

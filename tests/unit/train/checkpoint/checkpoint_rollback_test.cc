@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "absl/strings/str_format.h"
 #include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/checkpoint/checkpoint_reader.h"
 #include "worker/train/io/file_tree.h"
 #include "worker/train/optim/adamw.h"
 
@@ -79,9 +81,35 @@ TEST_F(CheckpointRollbackTest, RotationNeverDeletesTheNewestGoodCheckpoint) {
 TEST_F(CheckpointRollbackTest, RotationNeverDeletesTheBestEvaluationsCheckpoint) {
   SaveUnverified(20);
   SaveUnverified(25);
-  ASSERT_TRUE(RotateCheckpoints(dir_, 1, /*best_step=*/10).ok());
+  ASSERT_TRUE(RotateCheckpoints(dir_, 1, /*best_steps=*/{10}).ok());
   // The newest, the newest good one (15), and 10, the best evaluation's.
   EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000010", "step-00000015", "step-00000025"}));
+}
+
+// A rollback or a restart to a kept checkpoint puts its evaluations'
+// progress back, and with it the best it names as the one to export.
+TEST_F(CheckpointRollbackTest, RotationKeepsTheBestThatAKeptCheckpointNames) {
+  AdamW opt({}, params_);
+  for (const TrainPosition& position :
+       {TrainPosition{20, 40, {.evaluations = 2, .best_step = 5, .best_value = 1.5}},
+        TrainPosition{25, 50, {.evaluations = 3, .best_step = 20, .best_value = 1.25}}}) {
+    ASSERT_TRUE(SaveCheckpoint(dir_, position, params_, opt, CheckpointHealth::kGood).ok());
+  }
+  // The run's best is now 25's evaluation (10 is no one's): 25 is the
+  // newest, and it names 20, which names 5.
+  ASSERT_TRUE(RotateCheckpoints(dir_, 1, /*best_steps=*/{25}).ok());
+  EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000005", "step-00000020", "step-00000025"}));
+  absl::StatusOr<TrainPosition> named = ReadCheckpointPosition(dir_ + "/step-00000020");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->eval.best_step, 5);
+  EXPECT_EQ(named->eval.best_value, 1.5);
+  // A folder whose state.json is unreadable names nothing, and is rotated
+  // as any other.
+  std::ofstream(dir_ + "/step-00000025/state.json") << "{not json";
+  ASSERT_TRUE(RotateCheckpoints(dir_, 1).ok());
+  EXPECT_EQ(Names(), (std::vector<std::string>{"step-00000025"}));
+  EXPECT_EQ(ReadCheckpointPosition(dir_ + "/step-00000025").status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST_F(CheckpointRollbackTest, ANonFiniteStateIsNeverWritten) {

@@ -83,5 +83,17 @@ TEST_F(SnapshotRingTest, KeepsTheNewestAndDropsWhatARollbackAbandons) {
   EXPECT_EQ(ring.NewestGoodBefore(100)->position.step, 4);
 }
 
+TEST_F(SnapshotRingTest, NamesTheBestEvaluationsItsSnapshotsWouldPutBack) {
+  SnapshotRing ring(3);
+  ring.Take({2, 0}, params_, optimizer_, c10::kCPU);  // before any evaluation
+  ring.Take({4, 0, {.evaluations = 1, .best_step = 4}}, params_, optimizer_, c10::kCPU);
+  ring.Take({6, 0, {.evaluations = 2, .best_step = 4}}, params_, optimizer_, c10::kCPU);
+  ring.Take({8, 0, {.evaluations = 3, .best_step = 8}}, params_, optimizer_, c10::kCPU);
+  // The oldest (step 2) left the ring; each snapshot names its own best.
+  EXPECT_EQ(ring.BestEvaluationSteps(), (std::vector<int64_t>{4, 4, 8}));
+  ring.DropAfter(6);
+  EXPECT_EQ(ring.BestEvaluationSteps(), (std::vector<int64_t>{4, 4}));
+}
+
 }  // namespace
 }  // namespace ballast::train
