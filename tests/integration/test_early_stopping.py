@@ -9,6 +9,8 @@ its loss on other documents rises.
   and keep_checkpoints does not delete that checkpoint.
 - A restart from a checkpoint between the best and the stop decides the
   same, to the bit (the progress is stored with the checkpoint).
+- On two ranks (ZeRO-3) the run stops as its evaluations say, and exports
+  the best checkpoint's shards.
 - Through ballastd and a worker the job ends SUCCEEDED with the reason, and
   GetJob (`ballast get`) shows the exported step and why.
 - Bad input exits 2 naming the key.
@@ -131,6 +133,30 @@ def test_stops_early_exports_the_best_checkpoint_and_a_restart_decides_the_same(
     again = adapter_tensors(adapter)
     assert again.keys() == first.keys()
     assert all(torch.equal(again[n], first[n]) for n in first)
+
+
+def test_two_ranks_stop_where_their_evaluations_say_and_export_the_best_shards(tmp_path):
+    """ZeRO-3 over two ranks: both ranks act on rank 0's eval loss, the run
+    stops where its own evaluations say, and the export gathers the best
+    checkpoint's shards (sharded layout) into the adapter PEFT loads to that
+    evaluation's loss."""
+    model_dir, data, held_out, eval_rows = inputs(tmp_path, seed=93)
+    out = str(tmp_path / "run")
+    write_spec(tmp_path / "job.yaml", **overfit_spec(model_dir, data, held_out, devices=2))
+    r = run_train(str(tmp_path / "job.yaml"), out, "--nproc", "2")
+    evals = evals_of(out)
+    best_step, best_loss, stop = decide(evals, PATIENCE, 1e-3)
+    assert stop is not None and best_step > 0 and stop == best_step + PATIENCE * EVERY, evals
+    assert [m["step"] for m in read_metrics(out) if "eval" not in m] == list(range(1, stop + 1))
+    assert f"exporting step {best_step}, the best eval_loss, " in r.stderr, r.stderr
+    best_folder = os.path.join(out, "checkpoints", f"step-{best_step:08d}")
+    assert sorted(f for f in os.listdir(best_folder) if f.startswith("rank-")) == \
+        ["rank-0.safetensors", "rank-1.safetensors"], os.listdir(best_folder)
+    from peft import PeftModel
+    base = model_class("qwen3").from_pretrained(model_dir, torch_dtype=torch.float64)
+    peft = PeftModel.from_pretrained(base, os.path.join(out, "adapter")).to(torch.float64).eval()
+    loss = eval_loss(peft, eval_rows)
+    assert relative_error([loss], [best_loss]) <= 1e-5, (loss, best_loss)
 
 
 def test_export_best_without_early_stopping_runs_to_the_end(tmp_path):
