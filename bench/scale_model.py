@@ -334,13 +334,15 @@ def main():
     parser.add_argument("--table", action="store_true", help="the full markdown table")
     parser.add_argument("--measured-ratio", type=float,
                         help="bench/sharded_trainer.py's bytes ratio (Gloo, CPU)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--mfu", type=float, default=0.40)
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="dense peak per GPU (H100 SXM bf16: 989)")
+    parser.add_argument("--mfu", type=float, default=0.40, help="sustained share of the peak")
     parser.add_argument("--nvlink-gbs", type=float, default=450.0, help="per GPU, one way")
     parser.add_argument("--ib-gbs", type=float, default=50.0, help="per GPU, one way")
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--global-tokens", type=int, default=4 * 2**20)
-    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--global-tokens", type=int, default=4 * 2**20,
+                        help="tokens per optimizer step, fixed as nodes are added")
+    parser.add_argument("--lora-rank", type=int, default=16, help="all-linear LoRA's r")
     args = parser.parse_args()
     for name in ("measured_ratio", "peak_tflops", "mfu", "nvlink_gbs", "ib_gbs"):
         value = getattr(args, name)
