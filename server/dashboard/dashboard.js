@@ -156,9 +156,10 @@ function askToken(message) {
 // A line chart of points [{step, value, skipped, run}] with rollbacks
 // [{step, to_step}] as dashed lines: one polyline per run (a rollback's
 // re-run starts a new one), skipped steps as dots at the top.
-// `dots`: a second series drawn as marked points ({step, value, run}), the
-// validation loss on the loss chart.
-function chart(svg, points, rollbacks, { log = false, color = "#1f77b4", dots = [] } = {}) {
+// `dots`: a second series drawn as marked points ({step, value, run}), named
+// `dotLabel` in their tooltips: the validation loss on the loss chart.
+function chart(svg, points, rollbacks,
+               { log = false, color = "#1f77b4", dots = [], dotLabel = "eval_loss" } = {}) {
   const W = 560, H = 220, L = 56, R = 8, T = 10, B = 24;
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -212,7 +213,7 @@ function chart(svg, points, rollbacks, { log = false, color = "#1f77b4", dots = 
     dotLine.push(`${X(d.step).toFixed(1)},${Y(d.value).toFixed(1)}`);
     const dot = svgEl("circle", { class: "dot", cx: X(d.step), cy: Y(d.value), r: 3 });
     const title = svgEl("title");
-    title.textContent = `eval_loss ${fmt(d.value)} at step ${d.step}`;
+    title.textContent = `${dotLabel} ${fmt(d.value)} at step ${d.step}`;
     dot.append(title);
     svg.append(dot);
   }
@@ -273,6 +274,8 @@ async function jobView(jobId, current) {
     // A Mixture-of-Experts job's routing; their cards appear with its first step.
     aux_loss: svgEl("svg", { class: "chart", id: "chart-moe-aux-loss" }),
     load_ratio: svgEl("svg", { class: "chart", id: "chart-moe-load-ratio" }),
+    // A reranker's held-out ranking; its card appears with its first evaluation.
+    ranking: svgEl("svg", { class: "chart", id: "chart-ranking" }),
   };
   const ranks = el("table", { id: "ranks" });
   const log = el("div", { id: "log" });
@@ -294,9 +297,16 @@ async function jobView(jobId, current) {
     grid.insertBefore(card("MoE load-balancing loss (without its coefficient)", charts.aux_loss), grid.children[3]);
     grid.insertBefore(card("MoE expert load, max / mean, least balanced layer", charts.load_ratio), grid.children[4]);
   };
+  let ranking = false;
+  const showRanking = () => {
+    if (ranking) return;
+    ranking = true;
+    grid.insertBefore(card("Held-out ranking: MRR@10, and NDCG@10 (dots)", charts.ranking), grid.children[1]);
+  };
 
   const points = [];  // {step, loss, grad_norm, lr, aux_loss, load_ratio, skipped, run}
   const evals = [];  // {step, value: eval_loss, run}
+  const mrr = [], ndcg = [];  // a reranker's evaluations: {step, value, run}
   const rollbacks = [];
   let run = 0, lastStep = 0, lastAttempt = null, pending = false;
   const draw = () => {
@@ -308,6 +318,9 @@ async function jobView(jobId, current) {
     if (moe) {
       chart(charts.aux_loss, series("aux_loss"), rollbacks, { color: "#d62728" });
       chart(charts.load_ratio, series("load_ratio"), rollbacks, { color: "#8c564b" });
+    }
+    if (ranking) {
+      chart(charts.ranking, mrr, rollbacks, { color: "#ff7f0e", dots: ndcg, dotLabel: "NDCG@10" });
     }
   };
   const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
@@ -346,8 +359,14 @@ async function jobView(jobId, current) {
     } else if (t.end) {
       addLog("info", `${t.end.stop_reason || `trained to step ${t.end.step || 0}`}; exported step ${t.end.exported_step || 0} (${t.end.export_reason || ""})`, e.time_ms);
     } else if (t.eval) {
+      const step = Number(t.eval.step || 0);
       if (t.eval.loss !== undefined) {
-        evals.push({ step: Number(t.eval.step), value: Number(t.eval.loss), run });
+        evals.push({ step, value: Number(t.eval.loss), run });
+        redraw();
+      } else if (t.eval.groups !== undefined) {
+        showRanking();
+        mrr.push({ step, value: Number(t.eval.mrr_at_10 || 0), run });
+        ndcg.push({ step, value: Number(t.eval.ndcg_at_10 || 0), run });
         redraw();
       }
       addLog("info", `eval at step ${t.eval.step}: ${JSON.stringify(t.eval)}`, e.time_ms);

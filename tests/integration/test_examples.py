@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -14,6 +15,7 @@ import urllib.request
 
 import pytest
 import yaml
+from test_dashboard import CHROMIUM, dump_when_drawn
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -51,6 +53,15 @@ def test_reranker_example_trains_and_reports_its_ranking(cluster, tiny):
     with urllib.request.urlopen(f"http://{cluster.http}/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert f'ballast_job_eval_mrr_at_10{{job_id="{job_id}"}}' in metrics
+    if CHROMIUM:
+        # The dashboard charts the ranking of its four evaluations (steps 0,
+        # 10, 20, 30): MRR@10 as the line, NDCG@10 as the dots.
+        dom = dump_when_drawn(f"http://{cluster.http}/#/jobs/{job_id}",
+                              lambda dom: 'id="chart-ranking"' in dom)
+        chart = re.search(r'<svg class="chart" id="chart-ranking"[^>]*>', dom)
+        assert chart, dom[dom.find('<main'):][:6000]
+        assert 'data-points="4"' in chart.group(0) and 'data-dots="4"' in chart.group(0), \
+            chart.group(0)
 
 
 def test_chat_example_trains_on_text_through_the_pipeline(cluster, tiny):
