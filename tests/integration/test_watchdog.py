@@ -37,9 +37,9 @@ MARGIN_S = 10
 WINDOW = 3
 
 
-# The slowed rank's sleep in the third test: many times the tiny model's own
+# The slowed rank's sleep in the third test: 50 times the tiny model's own
 # step (10 ms), and short, as every step of both attempts has it.
-SLOW_S = 0.3
+SLOW_S = 0.5
 
 
 def job_spec(inputs, **watchdog):
@@ -162,12 +162,16 @@ def test_the_restart_after_a_stall_avoids_the_device_of_a_straggler(inputs, make
     assert int(done["restarts"]) == 1 and int(done["stalls"]) == 1
     assert steps_in(os.path.join(done["output_dir"], "metrics.jsonl")) == \
         list(range(1, STEPS + 1)), "the restart trained every step once"
-    scheduled = [e["state_change"]["reason"] for e in job_events(cluster, job_id)
+    events = job_events(cluster, job_id)
+    scheduled = [e["state_change"]["reason"] for e in events
                  if e.get("state_change", {}).get("to") == "JOB_STATE_SCHEDULED"]
     assert len(scheduled) == 2, scheduled
     assert scheduled[1] == (
         f"attempt 2 on 2 device(s), rank 0 on {worker}; avoids worker {worker} device "
         f"{slow_device}: rank 1 was a straggler there in attempt 1"), scheduled
-    print(f"\nrank 1 a straggler on {worker} device {slow_device} in attempt 1, then "
-          f"stalled: attempt 2 placed it on device 2; the job took "
-          f"{time.monotonic() - started:.1f} s")
+    flagged = [int(e["training"]["straggler"]["step"]) for e in events
+               if e.get("attempt") == 1 and "straggler" in e.get("training", {})]
+    print(f"\nrank 1 slowed by {SLOW_S} s a step: a straggler on device {slow_device} at "
+          f"step {flagged} of attempt 1, stalled in step {done['last_stall']['step']} after "
+          f"{done['last_stall']['waited_s']:.1f} s; attempt 2 ran it on device 2 and "
+          f"\"{scheduled[1]}\"; the job took {time.monotonic() - started:.1f} s")
