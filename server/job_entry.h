@@ -68,8 +68,9 @@ struct JobEntry {
 
 // Folds what the coordinator interprets of a current-attempt training event
 // of `rank` into `job` (its step, guard counters, checkpoint, data, eval,
-// stragglers and their devices, and the rank's series). False when the event is to be dropped:
-// another rank's copy of what rank 0 reports for the job.
+// stragglers and their devices, and the rank's series). False when the
+// event is to be dropped: another rank's copy of what rank 0 reports for
+// the job.
 bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& event);
 
 }  // namespace ballast::server

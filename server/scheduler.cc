@@ -131,8 +131,9 @@ void Scheduler::Take(std::string_view worker_id, int32_t count, const std::set<D
     if (a->device < capacity) avoided[a->device] = true;
   }
   int32_t taken = 0;
-  // Avoided devices last: the worker was chosen by its free count, all of
-  // them, so the job never waits for its avoided ones (the header says why).
+  // Avoided devices last. The worker was chosen by its free devices, avoided
+  // ones included, so a job never waits for one it avoids (the header says
+  // why).
   for (const bool take_avoided : {false, true}) {
     for (int32_t d = 0; d < capacity && taken < count; ++d) {
       if (w.busy[d] || avoided[d] != take_avoided) continue;
