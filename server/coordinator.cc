@@ -58,6 +58,30 @@ std::string DeviceKindOf(const v1::JobSpec& spec) {
   return spec.device() == "auto" ? "" : spec.device();
 }
 
+// What a new attempt, placed as `ranks`, did with the devices of the job's
+// stragglers in earlier attempts, each after "; ". The scheduler takes them
+// last, so one is used only when its worker had no other free device.
+std::string StragglerDevicesNote(const std::map<Device, StragglerSighting>& straggler_devices,
+                                 const std::vector<v1::RankPlacement>& ranks) {
+  std::string note;
+  for (const auto& [device, sighting] : straggler_devices) {
+    const std::string straggler = absl::StrCat(
+        "rank ", sighting.rank, " was a straggler there in attempt ", sighting.attempt);
+    const auto used = std::find_if(ranks.begin(), ranks.end(), [&](const v1::RankPlacement& p) {
+      return p.worker_id() == device.worker_id && p.device() == device.device;
+    });
+    if (used == ranks.end()) {
+      absl::StrAppend(&note, "; avoids worker ", device.worker_id, " device ", device.device, ": ",
+                      straggler);
+    } else {
+      absl::StrAppend(&note, "; rank ", used->rank(), " on worker ", device.worker_id, " device ",
+                      device.device, " although ", straggler, ": ", device.worker_id,
+                      " had no other free device outside those avoided");
+    }
+  }
+  return note;
+}
+
 int64_t RealNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -410,7 +434,7 @@ absl::Status Coordinator::Commit(CommitQueue::Ticket ticket) {
 // ---------------------------------------------------------------------------
 // Ranks and the state machine
 
-std::vector<std::pair<Coordinator::RankKey, Coordinator::Device>> Coordinator::LiveRanks(
+std::vector<std::pair<Coordinator::RankKey, Device>> Coordinator::LiveRanks(
     const JobEntry& job) const {
   std::vector<std::pair<RankKey, Device>> out;
   const std::string& id = job.record.job.id();
@@ -458,8 +482,10 @@ bool Coordinator::HasLiveRanks(const std::string& job_id) const {
 void Coordinator::EnqueueIfIdle(JobEntry* job) {
   const v1::Job& j = job->record.job;
   if (j.state() != v1::JOB_STATE_QUEUED || HasLiveRanks(j.id())) return;
+  std::set<Device> avoid;
+  for (const auto& [device, sighting] : job->straggler_devices) avoid.insert(avoid.end(), device);
   scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
-                     j.spec().devices(), DeviceKindOf(j.spec()));
+                     j.spec().devices(), DeviceKindOf(j.spec()), std::move(avoid));
 }
 
 void Coordinator::Requeue(JobEntry* job, const std::string& reason) {
@@ -568,6 +594,8 @@ void Coordinator::RunScheduler() {
     r.attempt += 1;
     j.clear_placement();
     for (const v1::RankPlacement& p : d.ranks) *j.add_placement() = p;
+    // The new attempt's straggler watch starts afresh.
+    j.clear_straggler_ranks();
     const std::string& master = workers_.Find(d.ranks.front().worker_id())->record.worker.host();
     // Each attempt gets its own port, so a new gang never meets a half-dead
     // TCPStore of the previous one on the same host.
@@ -592,7 +620,8 @@ void Coordinator::RunScheduler() {
     }
     Transition(job, v1::JOB_STATE_SCHEDULED,
                absl::StrCat("attempt ", r.attempt, " on ", d.ranks.size(), " device(s), rank 0 on ",
-                            d.ranks.front().worker_id()));
+                            d.ranks.front().worker_id(),
+                            StragglerDevicesNote(job->straggler_devices, d.ranks)));
   }
 }
 

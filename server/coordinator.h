@@ -253,10 +253,6 @@ class Coordinator {
 
   // A rank of some attempt, live on a device: (job_id, attempt, rank).
   using RankKey = std::tuple<std::string, int32_t, int32_t>;
-  struct Device {
-    std::string worker_id;
-    int32_t device = 0;
-  };
 
   Coordinator(Store* store, MetricsRegistry* metrics, CoordinatorOptions options);
   absl::Status Load();

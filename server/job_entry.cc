@@ -77,6 +77,13 @@ bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e)
       const auto at = std::find(ranks->begin(), ranks->end(), s.rank());
       if (s.straggling() && at == ranks->end()) ranks->Add(s.rank());
       if (!s.straggling() && at != ranks->end()) ranks->erase(at);
+      // A rank that keeps up again still marks its device: it was slow there.
+      if (!s.straggling()) break;
+      for (const v1::RankPlacement& p : j.placement()) {
+        if (p.rank() == s.rank()) {
+          job->straggler_devices[{p.worker_id(), p.device()}] = {s.rank(), job->record.attempt};
+        }
+      }
       break;
     }
     // A rank's phase is the watchdog's input, not the job's state.

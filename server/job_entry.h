@@ -16,6 +16,7 @@
 #include "prometheus/histogram.h"
 #include "server/event_fanout.h"
 #include "server/progress_watch.h"
+#include "server/scheduler.h"
 #include "server/store.h"
 
 namespace ballast::server {
@@ -39,6 +40,13 @@ struct RankSeries {
   double communicated_bytes = 0;
 };
 
+// Who was a straggler on a device (the progress watchdog's): the rank, in
+// which attempt (the newest, when it was one there in several).
+struct StragglerSighting {
+  int32_t rank = 0;
+  int32_t attempt = 0;
+};
+
 struct JobEntry {
   JobRecord record;
   // By rank number, across attempts.
@@ -51,12 +59,18 @@ struct JobEntry {
   int64_t queued_since_ms = 0;
   // The current attempt's progress, for the watchdog.
   ProgressWatch watch;
+  // The devices its stragglers ran on, in every attempt so far: the next
+  // attempts take them last (Scheduler, avoided devices). Kept over attempts
+  // so that a later restart does not return to a device that was slow; in
+  // memory only, as the stored Job has no field for it.
+  std::map<Device, StragglerSighting> straggler_devices;
 };
 
 // Folds what the coordinator interprets of a current-attempt training event
-// of `rank` into `job` (its step, guard counters, checkpoint, data, eval and
-// the rank's series). False when the event is to be dropped: another rank's
-// copy of what rank 0 reports for the job.
+// of `rank` into `job` (its step, guard counters, checkpoint, data, eval,
+// stragglers and their devices, and the rank's series). False when the
+// event is to be dropped: another rank's copy of what rank 0 reports for
+// the job.
 bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& event);
 
 }  // namespace ballast::server

@@ -5,12 +5,12 @@
 namespace ballast::server {
 
 void Scheduler::Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
-                        const std::string& kind) {
+                        const std::string& kind, std::set<Device> avoid) {
   Dequeue(job_id);
   QueueKey key{priority, order, job_id};
   Need need{devices, kind};
   by_need_[need].insert(key);
-  queue_.emplace(key, std::move(need));
+  queue_.emplace(key, Queued{std::move(need), std::move(avoid)});
   queued_keys_.emplace(job_id, std::move(key));
 }
 
@@ -22,7 +22,7 @@ bool Scheduler::Dequeue(const std::string& job_id) {
 }
 
 void Scheduler::Unqueue(Queue::iterator it) {
-  auto bucket = by_need_.find(it->second);
+  auto bucket = by_need_.find(it->second.need);
   bucket->second.erase(it->first);
   if (bucket->second.empty()) by_need_.erase(bucket);
   queued_keys_.erase(it->first.job_id);
@@ -121,22 +121,35 @@ Scheduler::Queue::iterator Scheduler::NextFitting(const QueueKey& after) {
   return next == nullptr ? queue_.end() : queue_.find(*next);
 }
 
-void Scheduler::Take(std::string_view worker_id, int32_t count, Decision* decision) {
+void Scheduler::Take(std::string_view worker_id, int32_t count, const std::set<Device>& avoid,
+                     Decision* decision) {
   Worker& w = workers_.find(worker_id)->second;
+  const int32_t capacity = static_cast<int32_t>(w.busy.size());
+  std::vector<bool> avoided(w.busy.size(), false);
+  for (auto a = avoid.lower_bound(Device{std::string(worker_id), 0});
+       a != avoid.end() && a->worker_id == worker_id; ++a) {
+    if (a->device < capacity) avoided[a->device] = true;
+  }
   int32_t taken = 0;
-  for (int32_t d = 0; d < static_cast<int32_t>(w.busy.size()) && taken < count; ++d) {
-    if (w.busy[d]) continue;
-    w.busy[d] = true;
-    ++taken;
-    v1::RankPlacement& p = decision->ranks.emplace_back();
-    p.set_rank(static_cast<int32_t>(decision->ranks.size()) - 1);
-    p.set_worker_id(std::string(worker_id));
-    p.set_device(d);
+  // Avoided devices last. The worker was chosen by its free devices, avoided
+  // ones included, so a job never waits for one it avoids (the header says
+  // why).
+  for (const bool take_avoided : {false, true}) {
+    for (int32_t d = 0; d < capacity && taken < count; ++d) {
+      if (w.busy[d] || avoided[d] != take_avoided) continue;
+      w.busy[d] = true;
+      ++taken;
+      v1::RankPlacement& p = decision->ranks.emplace_back();
+      p.set_rank(static_cast<int32_t>(decision->ranks.size()) - 1);
+      p.set_worker_id(std::string(worker_id));
+      p.set_device(d);
+    }
   }
   SetFree(worker_id, &w, w.free - taken);
 }
 
-void Scheduler::Place(const Need& need, Decision* decision) {
+void Scheduler::Place(const Queued& job, Decision* decision) {
+  const Need& need = job.need;
   // On one worker, the one with the fewest free that suffice over every kind
   // it may use; else spread over the kind with the most free.
   const Index::value_type* fit = nullptr;
@@ -149,13 +162,13 @@ void Scheduler::Place(const Need& need, Decision* decision) {
     if (spread == nullptr || pool.free > spread->free) spread = &pool;
   }
   if (fit != nullptr) {
-    Take(fit->second, need.devices, decision);
+    Take(fit->second, need.devices, job.avoid, decision);
     return;
   }
   for (int32_t left = need.devices; left > 0;) {
     const auto [free, worker_id] = *spread->index.rbegin();
     const int32_t count = std::min(left, free);
-    Take(worker_id, count, decision);
+    Take(worker_id, count, job.avoid, decision);
     left -= count;
   }
 }
@@ -167,7 +180,7 @@ std::vector<Decision> Scheduler::Schedule(
   Reservation reservation;
   for (auto it = queue_.begin(); it != queue_.end() && free_devices() > 0;) {
     const QueueKey key = it->first;
-    const Need need = it->second;
+    const Need need = it->second.need;
     if (!Fits(need)) {
       // The first job in order that does not fit is the head: it reserves.
       if (!reserved) {
@@ -177,7 +190,7 @@ std::vector<Decision> Scheduler::Schedule(
     } else if (!admit || admit(key.job_id, need.devices)) {
       Decision& decision = decisions.emplace_back();
       decision.job_id = key.job_id;
-      Place(need, &decision);
+      Place(it->second, &decision);
       Unqueue(it);
     }
     // Once the head has reserved, only jobs that fit are worth a visit.

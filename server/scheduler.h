@@ -16,15 +16,26 @@
 //  - Backfill: when the first job in order does not fit, it reserves the
 //    workers it would take as they free up; later jobs may use only devices
 //    outside that reservation, so it cannot starve.
+//  - Avoided devices: a job may name devices to avoid (those of its
+//    stragglers in earlier attempts). On each worker chosen for it, its
+//    other free devices are taken first, an avoided one only when the
+//    worker has no other free. Avoiding never decides whether a job fits or
+//    which workers it gets, so it never makes a job wait: a straggler's
+//    slowness may be its rank's (its data, its shard) and not the device's,
+//    and a job held back for a device that was merely slow would not train
+//    at all.
 //
 // Cost: a pass costs O(log) per decision, per distinct need (devices, kind)
 // in the queue, and per job `admit` refuses; never a walk of the whole queue
 // or of every worker. Workers are kept indexed by free devices, and the
 // queue by need as well as by order, so "the next job in order that fits
-// in what is free" is one lookup per need.
+// in what is free" is one lookup per need. Placing a job walks the devices
+// of the workers it gets (twice at most when it avoids some); its avoided
+// devices, per job and few (its stragglers'), add O(log) each.
 #ifndef BALLAST_SERVER_SCHEDULER_H_
 #define BALLAST_SERVER_SCHEDULER_H_
 
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -37,6 +48,13 @@
 
 namespace ballast::server {
 
+// One device of one worker.
+struct Device {
+  std::string worker_id;
+  int32_t device = 0;
+  auto operator<=>(const Device&) const = default;
+};
+
 // One job to start: its ranks in order (rank 0 first).
 struct Decision {
   std::string job_id;
@@ -47,9 +65,10 @@ class Scheduler {
  public:
   // Adds a job to the queue. `order` is its submission order (smaller first
   // among equal priorities); `kind` the device kind it must run on, empty
-  // for any. Replaces an entry with the same id.
+  // for any; `avoid` the devices it takes last on the workers it gets.
+  // Replaces an entry with the same id.
   void Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
-               const std::string& kind = "");
+               const std::string& kind = "", std::set<Device> avoid = {});
   // Removes a queued job; false when it was not queued.
   bool Dequeue(const std::string& job_id);
   size_t queued() const { return queue_.size(); }
@@ -107,7 +126,11 @@ class Scheduler {
     Index index;
     int64_t free = 0;
   };
-  using Queue = std::map<QueueKey, Need>;
+  struct Queued {
+    Need need;
+    std::set<Device> avoid;
+  };
+  using Queue = std::map<QueueKey, Queued>;
   // Workers the head job reserved in this pass, out of their pools until the
   // pass ends.
   using Reservation = std::vector<std::pair<Pool*, Index::value_type>>;
@@ -120,9 +143,11 @@ class Scheduler {
   // does not fit now, waits for, if some kind it may run on can ever hold it.
   Reservation Reserve(const Need& need);
   // Takes the devices of a job that fits for `decision`.
-  void Place(const Need& need, Decision* decision);
-  // Takes `count` free devices of one worker for `decision`, lowest first.
-  void Take(std::string_view worker_id, int32_t count, Decision* decision);
+  void Place(const Queued& job, Decision* decision);
+  // Takes `count` free devices of one worker for `decision`, lowest first,
+  // those in `avoid` after all others.
+  void Take(std::string_view worker_id, int32_t count, const std::set<Device>& avoid,
+            Decision* decision);
   void AddToPool(std::string_view worker_id, const Worker& worker);
   void RemoveFromPool(std::string_view worker_id, const Worker& worker);
   // Moves a worker's index entry to its new free count.

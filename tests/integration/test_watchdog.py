@@ -9,7 +9,10 @@ worker/train/trainer/delay_injection.h:
   test, so neither the collective timeout (the sleeping rank's heartbeat
   thread beats on) nor the lease (its worker is well) can be what ends it;
 - a rank slowed in every step (BALLAST_INJECT_SLOW): it becomes a straggler
-  within its window, seen in the job and in ballast_rank_straggler.
+  within its window, seen in the job and in ballast_rank_straggler;
+- both on one rank, on a worker with a device to spare: the restart after
+  the stall places the straggler's rank elsewhere than its slow device, says
+  so in the SCHEDULED event, and the job still trains every step once.
 
 Each prints its measured times (docs/reliability.md quotes them)."""
 import json
@@ -32,6 +35,11 @@ FLOOR_S = 4
 # held 0.5 s, and a report waits for the store.
 MARGIN_S = 10
 WINDOW = 3
+
+
+# The slowed rank's sleep in the third test: 50 times the tiny model's own
+# step (10 ms), and short, as every step of both attempts has it.
+SLOW_S = 0.5
 
 
 def job_spec(inputs, **watchdog):
@@ -88,6 +96,13 @@ def straggler_series(cluster, job_id):
         rf'ballast_rank_straggler{{job_id="{job_id}",rank="(\d+)"}} (\S+)', text)}
 
 
+def job_events(cluster, job_id):
+    with urllib.request.urlopen(
+            f"http://{cluster.http}/api/v1/jobs/{job_id}/events?after=0&limit=1000",
+            timeout=10) as page:
+        return json.loads(page.read())["events"]
+
+
 def test_a_rank_slowed_in_every_step_becomes_a_straggler_within_its_window(
         inputs, make_cluster):
     cluster = make_cluster()
@@ -101,11 +116,8 @@ def test_a_rank_slowed_in_every_step_becomes_a_straggler_within_its_window(
     done = cluster.wait_state(job_id, TERMINAL, 600)
     assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs()
     assert int(done.get("stalls", 0)) == 0 and int(done.get("restarts", 0)) == 0
-    with urllib.request.urlopen(
-            f"http://{cluster.http}/api/v1/jobs/{job_id}/events?after=0&limit=1000",
-            timeout=10) as page:
-        events = json.loads(page.read())["events"]
-    reports = [e["training"]["straggler"] for e in events if "straggler" in e.get("training", {})]
+    reports = [e["training"]["straggler"] for e in job_events(cluster, job_id)
+               if "straggler" in e.get("training", {})]
     assert len(reports) == 1, reports
     report = reports[0]
     assert report.get("rank") == 1 and report["straggling"], report
@@ -116,3 +128,50 @@ def test_a_rank_slowed_in_every_step_becomes_a_straggler_within_its_window(
     print(f"\nrank 1 slowed by 1.0 s a step: a straggler at step {report['step']} (window "
           f"{WINDOW}), its own step {report['step_time_s']:.2f} s against the other's "
           f"{report['others_step_time_s']:.2f} s")
+
+
+def devices(job):
+    """(worker, device) of each rank of the job's placement, by rank."""
+    return {p.get("rank", 0): (p["worker_id"], p.get("device", 0)) for p in job["placement"]}
+
+
+def test_the_restart_after_a_stall_avoids_the_device_of_a_straggler(inputs, make_cluster):
+    cluster = make_cluster()
+    cluster.start_coordinator()
+    # Three device slots for two ranks: one to spare. Rank 1 is slow in every
+    # step of every attempt, and sleeps for ten minutes in step 6 of the first.
+    cluster.start_worker("w", cpu_slots=3, env={
+        **os.environ, "BALLAST_INJECT_SLOW": f"1:{SLOW_S}",
+        "BALLAST_INJECT_HANG": f"1:{HANG_STEP}:600"})
+    started = time.monotonic()
+    job_id = cluster.submit(job_spec(inputs, stall_factor=3, stall_floor_s=FLOOR_S,
+                                     straggler_factor=2, straggler_window=WINDOW))
+    first = wait_for(lambda: (lambda j: j if j.get("straggler_ranks") else None)(
+        cluster.job(job_id)), 300, "a straggler")
+    assert first["straggler_ranks"] == [1] and int(first.get("restarts", 0)) == 0, first
+    worker, slow_device = devices(first)[1]
+    assert devices(first) == {0: (worker, 0), 1: (worker, 1)}, first
+    # The stall restarts it: attempt 2 takes the spare device instead.
+    second = wait_for(lambda: (lambda j: j if int(j.get("restarts", 0)) == 1 and j.get(
+        "placement") else None)(cluster.job(job_id)), 120, "the restart's placement")
+    assert int(second["stalls"]) == 1, second
+    assert devices(second) == {0: (worker, 0), 1: (worker, 2)}, second
+
+    done = cluster.wait_state(job_id, TERMINAL, 600)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs()
+    assert int(done["restarts"]) == 1 and int(done["stalls"]) == 1
+    assert steps_in(os.path.join(done["output_dir"], "metrics.jsonl")) == \
+        list(range(1, STEPS + 1)), "the restart trained every step once"
+    events = job_events(cluster, job_id)
+    scheduled = [e["state_change"]["reason"] for e in events
+                 if e.get("state_change", {}).get("to") == "JOB_STATE_SCHEDULED"]
+    assert len(scheduled) == 2, scheduled
+    assert scheduled[1] == (
+        f"attempt 2 on 2 device(s), rank 0 on {worker}; avoids worker {worker} device "
+        f"{slow_device}: rank 1 was a straggler there in attempt 1"), scheduled
+    flagged = [int(e["training"]["straggler"]["step"]) for e in events
+               if e.get("attempt") == 1 and "straggler" in e.get("training", {})]
+    print(f"\nrank 1 slowed by {SLOW_S} s a step: a straggler on device {slow_device} at "
+          f"step {flagged} of attempt 1, stalled in step {done['last_stall']['step']} after "
+          f"{done['last_stall']['waited_s']:.1f} s; attempt 2 ran it on device 2 and "
+          f"\"{scheduled[1]}\"; the job took {time.monotonic() - started:.1f} s")

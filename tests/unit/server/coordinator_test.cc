@@ -161,6 +161,19 @@ class CoordinatorTest : public ::testing::Test {
     return e;
   }
 
+  // Rank 0's StragglerWatch report, sent by `r0`, that `rank` became (or
+  // stopped being) a straggler.
+  static v1::RankEvent Straggler(const v1::Assignment& r0, int32_t rank, bool straggling) {
+    v1::RankEvent e = Event(r0);
+    v1::StragglerReport* s = e.mutable_training()->mutable_straggler();
+    s->set_rank(rank);
+    s->set_step(3);
+    s->set_step_time_s(2.0);
+    s->set_others_step_time_s(0.5);
+    s->set_straggling(straggling);
+    return e;
+  }
+
   v1::Job Get(const std::string& id) { return *c_->GetJob(id); }
 
   void Heartbeat(const std::string& worker_id) {
@@ -1256,28 +1269,71 @@ TEST_F(CoordinatorTest, AJobWithoutAStepForTheBoundIsStalledAndRestarted) {
 TEST_F(CoordinatorTest, AStragglerShowsOnTheJobAndInItsRankSeries) {
   const auto [w1, job, r0, r1] = StartTwoRanks();
   ASSERT_FALSE(job.id().empty());
-  auto straggler = [&](bool straggling) {
-    v1::RankEvent e = Event(r0);
-    v1::StragglerReport* s = e.mutable_training()->mutable_straggler();
-    s->set_rank(1);
-    s->set_step(3);
-    s->set_step_time_s(2.0);
-    s->set_others_step_time_s(0.5);
-    s->set_straggling(straggling);
-    return e;
-  };
   ASSERT_TRUE(
-      Report(w1, {Started(r0), Started(r1), Step(r0, 1), Step(r1, 1), straggler(true)}).ok());
+      Report(w1, {Started(r0), Started(r1), Step(r0, 1), Step(r1, 1), Straggler(r0, 1, true)})
+          .ok());
   EXPECT_THAT(Get(job.id()).straggler_ranks(), ::testing::ElementsAre(1));
   const std::string r0_labels = "{job_id=\"" + job.id() + "\",rank=\"0\"}";
   const std::string r1_labels = "{job_id=\"" + job.id() + "\",rank=\"1\"}";
   std::string text = metrics_->Encode();
   EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r0_labels + " 0\n"));
   EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r1_labels + " 1\n"));
-  ASSERT_TRUE(Report(w1, {straggler(false)}).ok());
+  ASSERT_TRUE(Report(w1, {Straggler(r0, 1, false)}).ok());
   EXPECT_THAT(Get(job.id()).straggler_ranks(), ::testing::ElementsAre());
   text = metrics_->Encode();
   EXPECT_THAT(text, HasSubstr("ballast_rank_straggler" + r1_labels + " 0\n"));
+}
+
+// The devices a job's stragglers ran on are taken last by its later
+// attempts, over every attempt, and the SCHEDULED reason says so.
+TEST_F(CoordinatorTest, LaterAttemptsTakeTheStragglersDevicesLast) {
+  const std::string w = Register("node-1", 3);
+  const v1::Job job = SubmitGang(2, /*max_restarts=*/2);
+  // Fails attempt `attempt`, whose rank `straggler` was reported a straggler
+  // (and kept up again: a sighting counts for the attempt), and returns the
+  // devices of the next attempt's ranks.
+  auto next_attempt = [&](int32_t attempt, int32_t straggler) {
+    const auto starts = GangStarts({w}, job.id());
+    EXPECT_EQ(starts.size(), 2u);
+    if (starts.size() != 2u) return std::vector<int32_t>();
+    const v1::Assignment& r0 = starts.at(0).second;
+    const v1::Assignment& r1 = starts.at(1).second;
+    EXPECT_EQ(r0.attempt(), attempt);
+    EXPECT_TRUE(Report(w, {Started(r0), Started(r1), Step(r0, 1), Step(r1, 1),
+                           Straggler(r0, straggler, true), Straggler(r0, straggler, false),
+                           Straggler(r0, straggler, true)})
+                    .ok());
+    EXPECT_THAT(Get(job.id()).straggler_ranks(), ::testing::ElementsAre(straggler));
+    EXPECT_TRUE(Report(w, {Exited(r1, 137), Exited(r0, 143)}).ok());
+    const v1::Job j = Get(job.id());
+    EXPECT_EQ(j.state(), v1::JOB_STATE_SCHEDULED);
+    // The new attempt's watch has judged nobody yet.
+    EXPECT_THAT(j.straggler_ranks(), ::testing::ElementsAre());
+    std::vector<int32_t> devices;
+    for (const v1::RankPlacement& p : j.placement()) devices.push_back(p.device());
+    return devices;
+  };
+  auto scheduled_reason = [&] {
+    const std::vector<v1::JobEvent> events = Events(job.id());
+    const auto it = std::find_if(events.rbegin(), events.rend(), [](const v1::JobEvent& e) {
+      return e.state_change().to() == v1::JOB_STATE_SCHEDULED;
+    });
+    return it == events.rend() ? std::string() : it->state_change().reason();
+  };
+  // Attempt 1 on devices 0 and 1, rank 1 a straggler on 1: attempt 2
+  // takes 0 and 2.
+  EXPECT_EQ(next_attempt(1, 1), (std::vector<int32_t>{0, 2}));
+  const std::string avoids_1 =
+      absl::StrCat("avoids worker ", w, " device 1: rank 1 was a straggler there in attempt 1");
+  EXPECT_EQ(scheduled_reason(),
+            absl::StrCat("attempt 2 on 2 device(s), rank 0 on ", w, "; ", avoids_1));
+  // Rank 0 a straggler on device 0 in attempt 2: attempt 3 avoids 0 and 1,
+  // the worker has 3 free, so rank 1 gets one of them, the lowest.
+  EXPECT_EQ(next_attempt(2, 0), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(scheduled_reason(),
+            absl::StrCat("attempt 3 on 2 device(s), rank 0 on ", w, "; rank 1 on worker ", w,
+                         " device 0 although rank 0 was a straggler there in attempt 2: ", w,
+                         " had no other free device outside those avoided; ", avoids_1));
 }
 
 TEST_F(CoordinatorTest, RankSeriesLeaveWithTheJobsOtherSeries) {

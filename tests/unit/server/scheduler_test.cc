@@ -3,8 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
+#include <set>
 
 namespace ballast::server {
+
+// For gtest's messages.
+void PrintTo(const Device& d, std::ostream* os) { *os << d.worker_id << " device " << d.device; }
+
 namespace {
 
 // Worker id of every rank, in rank order.
@@ -12,6 +18,24 @@ std::vector<std::string> Workers(const Decision& d) {
   std::vector<std::string> out;
   for (const v1::RankPlacement& p : d.ranks) out.push_back(p.worker_id());
   return out;
+}
+
+// (worker, device) of every rank, in rank order.
+std::vector<Device> Devices(const Decision& d) {
+  std::vector<Device> out;
+  for (const v1::RankPlacement& p : d.ranks) out.push_back({p.worker_id(), p.device()});
+  return out;
+}
+
+// Where a lone job of `devices` ranks that avoids `avoid` goes on idle
+// workers of the given capacities.
+std::vector<Device> PlaceAlone(const std::map<std::string, int32_t>& workers, int32_t devices,
+                               std::set<Device> avoid) {
+  Scheduler s;
+  for (const auto& [id, capacity] : workers) s.AddWorker(id, capacity);
+  s.Enqueue("job", 0, 1, devices, "", std::move(avoid));
+  const std::vector<Decision> d = s.Schedule();
+  return d.size() == 1 ? Devices(d[0]) : std::vector<Device>();
 }
 
 std::vector<std::string> Started(const std::vector<Decision>& decisions) {
@@ -248,6 +272,68 @@ TEST(Scheduler, DequeueRemovesAQueuedJob) {
   EXPECT_FALSE(s.Dequeue("job"));
   s.AddWorker("a", 1);
   EXPECT_TRUE(s.Schedule().empty());
+}
+
+// A job's avoided devices (its stragglers' in earlier attempts) are taken
+// after every other free device of the worker it gets.
+TEST(Scheduler, AvoidedDevicesAreSkippedWhenTheWorkerHasOthersFree) {
+  Scheduler s;
+  s.AddWorker("w", 4);
+  s.Enqueue("job", 0, 1, 2, "", {{"w", 1}, {"other", 0}});
+  std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Devices(d[0]), (std::vector<Device>{{"w", 0}, {"w", 2}}));
+  EXPECT_EQ(d[0].ranks[1].rank(), 1);
+  EXPECT_EQ(s.free_devices(), 2);
+
+  // Free now: 1, 2 and 3; a job that avoids 0 to 2 takes 3.
+  s.Release("w", 2);
+  s.Enqueue("next", 0, 2, 1, "", {{"w", 0}, {"w", 1}, {"w", 2}});
+  d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Devices(d[0]), (std::vector<Device>{{"w", 3}}));
+}
+
+// Avoiding never decides whether a job fits or which worker it gets: an
+// avoided device is used when the worker has no other free, last, and the
+// job does not wait for a device it would rather have.
+TEST(Scheduler, AvoidedDevicesAreUsedWhenNothingElseFits) {
+  Scheduler s;
+  s.AddWorker("w", 3);
+  ASSERT_TRUE(s.Occupy("w", 2));
+  s.Enqueue("job", 0, 1, 2, "", {{"w", 0}});
+  std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Devices(d[0]), (std::vector<Device>{{"w", 1}, {"w", 0}}));
+  EXPECT_EQ(s.free_devices(), 0);
+
+  // Every device of the best-fitting worker avoided: it is still the one.
+  EXPECT_EQ(PlaceAlone({{"a", 2}, {"b", 4}}, 2, {{"a", 0}, {"a", 1}}),
+            (std::vector<Device>{{"a", 0}, {"a", 1}}));
+  // Spread over workers, each takes its avoided devices last.
+  EXPECT_EQ(PlaceAlone({{"a", 2}, {"b", 3}}, 5, {{"b", 0}, {"a", 0}}),
+            (std::vector<Device>{{"b", 1}, {"b", 2}, {"b", 0}, {"a", 1}, {"a", 0}}));
+}
+
+TEST(Scheduler, AJobsAvoidedDevicesAreItsOwn) {
+  Scheduler s;
+  s.AddWorker("w", 4);
+  s.Enqueue("avoids", 0, 1, 1, "", {{"w", 0}});
+  s.Enqueue("plain", 0, 2, 1);
+  std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].job_id, "avoids");
+  EXPECT_EQ(Devices(d[0]), (std::vector<Device>{{"w", 1}}));
+  EXPECT_EQ(Devices(d[1]), (std::vector<Device>{{"w", 0}}));
+
+  // Enqueued again without them (Enqueue replaces), it avoids nothing.
+  s.Release("w", 0);
+  s.Release("w", 1);
+  s.Enqueue("avoids", 0, 3, 1, "", {{"w", 0}});
+  s.Enqueue("avoids", 0, 3, 1);
+  d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Devices(d[0]), (std::vector<Device>{{"w", 0}}));
 }
 
 }  // namespace
