@@ -104,15 +104,18 @@ void LossChart::Add(const v1::JobEvent& event) {
                        .skipped = m.skipped(),
                        .segment = segment_});
   } else if (t.has_eval() && t.eval().has_loss()) {
-    // A reranker's evaluation has no loss: its ranking is not on this axis.
-    evals_.push_back({.step = t.eval().step(), .loss = t.eval().loss(), .segment = segment_});
+    evals_.push_back({.step = t.eval().step(), .value = t.eval().loss(), .segment = segment_});
+  } else if (t.has_eval() && t.eval().groups() > 0) {
+    mrr_.push_back({.step = t.eval().step(), .value = t.eval().mrr_at_10(), .segment = segment_});
+    ndcg_.push_back({.step = t.eval().step(), .value = t.eval().ndcg_at_10(), .segment = segment_});
   } else if (t.has_guard() && t.guard().kind() == v1::GuardEvent::KIND_ROLLBACK) {
     rollbacks_.push_back({.step = t.guard().step(), .to_step = t.guard().to_step()});
   }
 }
 
 std::string LossChart::Svg() const {
-  const double height = kTop + 2 * kPanelHeight + kGap + kBottom;
+  const int panels = mrr_.empty() ? 2 : 3;
+  const double height = kTop + panels * kPanelHeight + (panels - 1) * kGap + kBottom;
   const double plot_width = kWidth - kLeft - kRight;
   int64_t first = std::numeric_limits<int64_t>::max();
   int64_t last = 0;
@@ -133,14 +136,18 @@ std::string LossChart::Svg() const {
     }
   }
   for (const Eval& e : evals_) {
-    first = std::min(first, e.step);
-    last = std::max(last, e.step);
-    if (std::isfinite(e.loss)) {
-      loss_lo = std::min(loss_lo, e.loss);
-      loss_hi = std::max(loss_hi, e.loss);
+    if (std::isfinite(e.value)) {
+      loss_lo = std::min(loss_lo, e.value);
+      loss_hi = std::max(loss_hi, e.value);
     }
   }
-  if (points_.empty() && evals_.empty()) first = last = 0;
+  for (const std::vector<Eval>* evals : {&evals_, &mrr_}) {
+    for (const Eval& e : *evals) {
+      first = std::min(first, e.step);
+      last = std::max(last, e.step);
+    }
+  }
+  if (points_.empty() && evals_.empty() && mrr_.empty()) first = last = 0;
   if (last <= first) last = first + 1;
   if (!(loss_hi >= loss_lo)) loss_lo = 0, loss_hi = 1;
   if (loss_hi - loss_lo < 1e-12) loss_lo -= 0.5, loss_hi += 0.5;
@@ -154,6 +161,8 @@ std::string LossChart::Svg() const {
 
   const Panel loss_panel{kTop, loss_lo, loss_hi, false};
   const Panel norm_panel{kTop + kPanelHeight + kGap, norm_lo, norm_hi, true};
+  const Panel ranking_panel{kTop + 2 * (kPanelHeight + kGap), 0, 1, false};
+  const Panel& bottom_panel = mrr_.empty() ? norm_panel : ranking_panel;
   auto x = [&](int64_t step) {
     return kLeft +
            plot_width * static_cast<double>(step - first) / static_cast<double>(last - first);
@@ -195,6 +204,7 @@ std::string LossChart::Svg() const {
   };
   axes(loss_panel, evals_.empty() ? "loss" : "loss, and eval_loss (dots)");
   axes(norm_panel, "grad_norm (log scale)");
+  if (!mrr_.empty()) axes(ranking_panel, "held-out ranking: MRR@10, and NDCG@10 (dashed)");
   absl::StrAppend(&svg, "<text x=\"", Number(kLeft + plot_width / 2), "\" y=\"", Number(height - 8),
                   "\" text-anchor=\"middle\">step</text>\n");
 
@@ -231,30 +241,37 @@ std::string LossChart::Svg() const {
     if (!p.loss || !std::isfinite(*p.loss) || p.skipped) return std::nullopt;
     return *p.loss;
   });
-  // The validation loss: few points, each marked, one line per segment.
-  int eval_segment = -1;
-  std::string eval_run;
-  auto flush_evals = [&] {
-    if (eval_run.find(' ') != std::string::npos) {
-      absl::StrAppend(&svg, "<polyline class=\"eval_loss\" fill=\"none\" stroke=\"#9467bd\" ",
-                      "stroke-width=\"1.5\" points=\"", eval_run, "\"/>\n");
+  // Evaluations: few points, each marked, one line per segment.
+  auto marked = [&](const Panel& panel, const std::vector<Eval>& evals, const char* name,
+                    const char* color, const char* dashes) {
+    int segment = -1;
+    std::string run;
+    auto flush = [&] {
+      if (run.find(' ') != std::string::npos) {
+        absl::StrAppend(&svg, "<polyline class=\"", name, "\" fill=\"none\" stroke=\"", color,
+                        "\" stroke-width=\"1.5\" stroke-dasharray=\"", dashes, "\" points=\"", run,
+                        "\"/>\n");
+      }
+      run.clear();
+    };
+    for (const Eval& e : evals) {
+      if (e.segment != segment) flush();
+      segment = e.segment;
+      if (!std::isfinite(e.value)) {
+        flush();
+        continue;
+      }
+      const std::string cx = Number(x(e.step)), cy = Number(panel.Y(e.value));
+      absl::StrAppend(&run, run.empty() ? "" : " ", cx, ",", cy);
+      absl::StrAppend(&svg, "<circle class=\"", name, "\" cx=\"", cx, "\" cy=\"", cy,
+                      "\" r=\"3\" fill=\"", color, "\"><title>", name, " ", TickLabel(e.value),
+                      " at step ", e.step, "</title></circle>\n");
     }
-    eval_run.clear();
+    flush();
   };
-  for (const Eval& e : evals_) {
-    if (e.segment != eval_segment) flush_evals();
-    eval_segment = e.segment;
-    if (!std::isfinite(e.loss)) {
-      flush_evals();
-      continue;
-    }
-    const std::string at = absl::StrCat(Number(x(e.step)), ",", Number(loss_panel.Y(e.loss)));
-    absl::StrAppend(&eval_run, eval_run.empty() ? "" : " ", at);
-    absl::StrAppend(&svg, "<circle class=\"eval_loss\" cx=\"", Number(x(e.step)), "\" cy=\"",
-                    Number(loss_panel.Y(e.loss)), "\" r=\"3\" fill=\"#9467bd\"><title>eval_loss ",
-                    TickLabel(e.loss), " at step ", e.step, "</title></circle>\n");
-  }
-  flush_evals();
+  marked(loss_panel, evals_, "eval_loss", "#9467bd", "none");
+  marked(ranking_panel, mrr_, "mrr_at_10", "#ff7f0e", "none");
+  marked(ranking_panel, ndcg_, "ndcg_at_10", "#8c564b", "5 3");
   lines(norm_panel, "grad_norm", "#2ca02c", [](const Point& p) -> std::optional<double> {
     if (!std::isfinite(p.grad_norm) || p.grad_norm <= 0 || p.skipped) return std::nullopt;
     return p.grad_norm;
@@ -272,7 +289,7 @@ std::string LossChart::Svg() const {
     const double rx = x(r.step);
     absl::StrAppend(
         &svg, "<g class=\"rollback\"><line x1=\"", Number(rx), "\" x2=\"", Number(rx), "\" y1=\"",
-        Number(loss_panel.top), "\" y2=\"", Number(norm_panel.top + kPanelHeight),
+        Number(loss_panel.top), "\" y2=\"", Number(bottom_panel.top + kPanelHeight),
         "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/><text x=\"", Number(rx + 4), "\" y=\"",
         Number(loss_panel.top + 14), "\" fill=\"#d62728\">rollback to ", r.to_step,
         "</text><title>step ", r.step, ": rolled back to step ", r.to_step, "</title></g>\n");

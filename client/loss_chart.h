@@ -1,8 +1,9 @@
 // A job's training curves as an SVG chart, for reports: loss (and the
 // validation loss, when the job evaluates a held-out set) and the global
-// grad_norm over the steps, with the guard's rollbacks and skipped steps
-// marked (`ballast plot`). Built from the job's events, so it works for any
-// job the coordinator still holds, from any machine.
+// grad_norm over the steps, a reranker's held-out ranking when it has one,
+// with the guard's rollbacks and skipped steps marked (`ballast plot`).
+// Built from the job's events, so it works for any job the coordinator
+// still holds, from any machine.
 #ifndef BALLAST_CLIENT_LOSS_CHART_H_
 #define BALLAST_CLIENT_LOSS_CHART_H_
 
@@ -28,11 +29,14 @@ class LossChart {
 
   int64_t steps() const { return static_cast<int64_t>(points_.size()); }
   int64_t evals() const { return static_cast<int64_t>(evals_.size()); }
+  int64_t rankings() const { return static_cast<int64_t>(mrr_.size()); }
   int64_t rollbacks() const { return static_cast<int64_t>(rollbacks_.size()); }
 
   // The chart: two panels sharing the step axis, loss above (linear), with
   // eval_loss as a second line of marked points, and grad_norm below
-  // (log10, because one spike would flatten a linear axis).
+  // (log10, because one spike would flatten a linear axis); below them, for
+  // a reranker that evaluated, a third panel of its MRR@10 and NDCG@10 (0 to
+  // 1) as lines of marked points.
   // A step without a loss leaves a gap; a non-finite or skipped step is a
   // marker at the panel's top; a rollback is a vertical line from the step
   // it was taken at, labelled with the step it went back to. Deterministic:
@@ -47,9 +51,10 @@ class LossChart {
     bool skipped;
     int segment;
   };
+  // An evaluation's value: eval_loss, or a reranker's MRR@10 or NDCG@10.
   struct Eval {
     int64_t step;
-    double loss;
+    double value;
     int segment;
   };
   struct Rollback {
@@ -60,6 +65,7 @@ class LossChart {
   std::string title_;
   std::vector<Point> points_;
   std::vector<Eval> evals_;
+  std::vector<Eval> mrr_, ndcg_;  // a reranker's evaluations
   std::vector<Rollback> rollbacks_;
   int segment_ = 0;
   int last_attempt_ = -1;

@@ -119,5 +119,42 @@ TEST(LossChart, EvalLossIsALineOfMarkedPointsOnTheLossPanel) {
   EXPECT_EQ(Count(plain.Svg(), "eval_loss"), 0);
 }
 
+v1::JobEvent Ranking(int64_t step, double mrr, double ndcg) {
+  v1::JobEvent e;
+  v1::EvalReport* r = e.mutable_training()->mutable_eval();
+  r->set_step(step);
+  r->set_groups(16);
+  r->set_mrr_at_10(mrr);
+  r->set_ndcg_at_10(ndcg);
+  return e;
+}
+
+TEST(LossChart, ARerankersRankingIsAThirdPanelOfTwoMarkedLines) {
+  LossChart chart("reranker");
+  chart.Add(Ranking(0, 0.5, 0.6));
+  for (int s = 1; s <= 4; ++s) chart.Add(Step(s, 1.0 - 0.1 * s, 1.0));
+  chart.Add(Ranking(2, 0.75, 0.8));
+  chart.Add(Rollback(4, 2));
+  chart.Add(Ranking(4, 1.0, 1.0));
+  EXPECT_EQ(chart.rankings(), 3);
+  EXPECT_EQ(chart.evals(), 0);
+  const std::string svg = chart.Svg();
+  // Three panels: 48 + 3 x 260 + 2 x 56 + 48 high.
+  EXPECT_THAT(svg, HasSubstr("height=\"988.0\""));
+  EXPECT_THAT(svg, HasSubstr("held-out ranking: MRR@10, and NDCG@10 (dashed)"));
+  EXPECT_EQ(Count(svg, "<polyline class=\"mrr_at_10\""), 1);
+  EXPECT_EQ(Count(svg, "<circle class=\"mrr_at_10\""), 3);
+  EXPECT_EQ(Count(svg, "<polyline class=\"ndcg_at_10\""), 1);
+  EXPECT_EQ(Count(svg, "<circle class=\"ndcg_at_10\""), 3);
+  // The panel runs from 0 (its bottom, 680 + 260) to 1 (its top, 680): MRR
+  // 1.0 at step 4 on the right edge, 0.5 at step 0 halfway, on the left.
+  EXPECT_THAT(svg, HasSubstr("<circle class=\"mrr_at_10\" cx=\"936.0\" cy=\"680.0\""));
+  EXPECT_THAT(svg, HasSubstr("<circle class=\"mrr_at_10\" cx=\"80.0\" cy=\"810.0\""));
+  EXPECT_THAT(svg, HasSubstr("<title>ndcg_at_10 0.8 at step 2</title>"));
+  // The rollback's line crosses all three panels.
+  EXPECT_THAT(svg, HasSubstr("y1=\"48.0\" y2=\"940.0\""));
+  EXPECT_EQ(Count(svg, "eval_loss"), 0);
+}
+
 }  // namespace
 }  // namespace ballast::client
