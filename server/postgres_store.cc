@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "server/store_rows.h"
 
 namespace ballast::server {
@@ -124,6 +125,9 @@ bool Bool(const PGresult* r, int row, int column) {
   return !bytes.empty() && bytes[0] != 0;
 }
 
+// libpq's message, without the newline it ends with.
+absl::string_view Message(const char* text) { return absl::StripTrailingAsciiWhitespace(text); }
+
 // The record of row `row` of a query of kRecordColumns.
 absl::StatusOr<JobRecord> RecordFromRow(const PGresult* r, int row) {
   return DecodeJobRow(Int(r, row, 0), static_cast<int32_t>(Int(r, row, 1)), Int(r, row, 2),
@@ -154,7 +158,7 @@ class PostgresStore::Connection {
     auto connection = std::unique_ptr<Connection>(new Connection(conn));
     if (PQstatus(conn) != CONNECTION_OK) {
       return absl::UnavailableError(
-          absl::StrCat("store ", RedactStoreUrl(url), ": ", PQerrorMessage(conn)));
+          absl::StrCat("store ", RedactStoreUrl(url), ": ", Message(PQerrorMessage(conn))));
     }
     return connection;
   }
@@ -173,7 +177,8 @@ class PostgresStore::Connection {
              &PQclear);
     const ExecStatusType status = PQresultStatus(r.get());
     if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-      std::string message = absl::StrCat("store: ", what, ": ", PQresultErrorMessage(r.get()));
+      std::string message =
+          absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r.get())));
       const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
       if (state != nullptr && state == kUniqueViolation) return absl::AlreadyExistsError(message);
       return absl::UnavailableError(message);
@@ -187,7 +192,7 @@ class PostgresStore::Connection {
     Result r(PQexec(conn_, sql), &PQclear);
     if (PQresultStatus(r.get()) != PGRES_COMMAND_OK && PQresultStatus(r.get()) != PGRES_TUPLES_OK) {
       return absl::UnavailableError(
-          absl::StrCat("store: ", what, ": ", PQresultErrorMessage(r.get())));
+          absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r.get()))));
     }
     return absl::OkStatus();
   }
@@ -211,7 +216,8 @@ class PostgresStore::Connection {
     if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
     PQreset(conn_);
     if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
-    return absl::UnavailableError(absl::StrCat("store: ", what, ": ", PQerrorMessage(conn_)));
+    return absl::UnavailableError(
+        absl::StrCat("store: ", what, ": ", Message(PQerrorMessage(conn_))));
   }
 
   PGconn* const conn_;
@@ -239,7 +245,8 @@ absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& ur
   });
   if (!made.ok()) {
     if (made.code() == absl::StatusCode::kFailedPrecondition) return made;
-    return absl::UnavailableError(absl::StrCat(where, ": ", made.message()));
+    return absl::UnavailableError(
+        absl::StrCat(where, ": ", absl::StripPrefix(made.message(), "store: ")));
   }
   absl::StatusOr<std::unique_ptr<Connection>> reader = Connection::Open(url);
   if (!reader.ok()) return reader.status();
