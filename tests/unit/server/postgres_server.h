@@ -1,17 +1,20 @@
-// A throwaway PostgreSQL server for the store's tests: a cluster made with
-// initdb in a temporary folder, serving on a unix socket in that folder
-// only (no TCP port, so parallel tests never collide), stopped and deleted
-// when the test process ends (or, should it crash, a second after). Debian's postgresql package
-// installs the binaries (`make setup`); without them, tests that need one skip.
+// A throwaway PostgreSQL server for the store's tests, made and stopped by
+// postgres_server.sh (initdb in a folder, served on a unix socket there
+// only, so parallel runs never collide; run as the `postgres` user when
+// this is root, as CI is). Each test takes a new database on it.
 //
-// initdb and the server refuse to run as root, which CI and this machine
-// are: then they run as the `postgres` user that package creates (`nobody`
-// where there is none) via runuser, in a folder given to that user.
+// Under CTest one server serves every test process: a fixture starts it
+// before the server tests and stops it after (tests/unit/CMakeLists.txt),
+// and BALLAST_TEST_POSTGRES names its folder, since a cluster of its own per
+// process would cost each case 1.5 s. A test binary run by hand starts its
+// own at its first use and stops it at exit (or, should it crash, a second
+// after). Without PostgreSQL's binaries (`make setup` installs them), tests
+// that need one skip.
 #ifndef BALLAST_TESTS_UNIT_SERVER_POSTGRES_SERVER_H_
 #define BALLAST_TESTS_UNIT_SERVER_POSTGRES_SERVER_H_
 
 #include <libpq-fe.h>
-#include <pwd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,7 +23,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,9 +33,9 @@ namespace ballast::server::testing {
 
 class PostgresServer {
  public:
-  // The server of this test process, started at the first call. NOT_FOUND
-  // when PostgreSQL's binaries are missing (a test skips with the message);
-  // INTERNAL, with the server's log, when they fail.
+  // The server of this test process. NOT_FOUND when PostgreSQL's binaries
+  // are missing (a test skips with the message); INTERNAL, with the
+  // server's log, when they fail.
   static absl::StatusOr<PostgresServer*> Shared() {
     static absl::StatusOr<std::unique_ptr<PostgresServer>> server = Start();
     if (!server.ok()) return server.status();
@@ -47,17 +49,13 @@ class PostgresServer {
     return (*server)->NewDatabase();
   }
 
-  // A URL to a new, empty database on the server.
+  // A URL to a new, empty database on the server; its name is unique among
+  // the processes sharing the server.
   absl::StatusOr<std::string> NewDatabase() {
-    const std::string name = absl::StrCat("test_", ++databases_);
-    PGconn* admin = PQconnectdb(Url("postgres").c_str());
-    PGresult* r = PQexec(admin, absl::StrCat("CREATE DATABASE ", name).c_str());
-    absl::Status status = PQresultStatus(r) == PGRES_COMMAND_OK
-                              ? absl::OkStatus()
-                              : absl::InternalError(PQerrorMessage(admin));
-    PQclear(r);
-    PQfinish(admin);
-    if (!status.ok()) return status;
+    const std::string name = absl::StrCat("test_", getpid(), "_", ++databases_);
+    if (absl::Status s = Exec(Url("postgres"), absl::StrCat("CREATE DATABASE ", name)); !s.ok()) {
+      return s;
+    }
     return Url(name);
   }
 
@@ -76,90 +74,57 @@ class PostgresServer {
 
   // The URL of database `name`, through the socket folder.
   std::string Url(const std::string& name) const {
-    return absl::StrCat("postgresql:///", name, "?host=", dir_.path().string(),
+    return absl::StrCat("postgresql:///", name, "?host=", folder_.string(),
                         "&port=5432&user=ballast");
   }
 
   ~PostgresServer() {
-    (void)Run(absl::StrCat(bin_, "/pg_ctl -D ", data(), " -m immediate stop >/dev/null"));
+    if (own_) (void)std::system(absl::StrCat(Script(), " stop ", folder_.string()).c_str());
   }
 
  private:
+  explicit PostgresServer(std::filesystem::path folder) : folder_(std::move(folder)) {}
+  // A server of this process's own, in a new temporary folder.
+  PostgresServer()
+      : scratch_(std::make_unique<TempDir>()), folder_(scratch_->path() / "server"), own_(true) {
+    // The server's user (not root) must reach its folder inside.
+    std::filesystem::permissions(scratch_->path(), std::filesystem::perms::others_exec,
+                                 std::filesystem::perm_options::add);
+  }
+
+  static std::string Script() {
+    const char* source = std::getenv("BALLAST_SOURCE_DIR");
+    return absl::StrCat(source != nullptr ? source : ".", "/tests/unit/server/postgres_server.sh");
+  }
+
   static absl::StatusOr<std::unique_ptr<PostgresServer>> Start() {
-    std::string bin;
-    const std::filesystem::path versions = "/usr/lib/postgresql";
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(versions, ec)) {
-      if (std::filesystem::exists(entry.path() / "bin" / "initdb")) {
-        bin = std::max(bin, (entry.path() / "bin").string());
-      }
+    if (const char* shared = std::getenv("BALLAST_TEST_POSTGRES");
+        shared != nullptr && std::filesystem::exists(std::filesystem::path(shared) / "data")) {
+      return std::unique_ptr<PostgresServer>(new PostgresServer(shared));
     }
-    if (bin.empty()) {
-      return absl::NotFoundError(
-          "no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/initdb): `make setup` "
-          "installs Debian's postgresql package");
-    }
-    std::unique_ptr<PostgresServer> server(new PostgresServer(bin));
-    if (absl::Status s = server->Init(); !s.ok()) return s;
+    std::unique_ptr<PostgresServer> server(new PostgresServer());
+    const std::string errors = (server->scratch_->path() / "start.err").string();
+    const int rc = std::system(
+        absl::StrCat(Script(), " start ", server->folder_.string(), " 2>", errors).c_str());
+    std::stringstream message;
+    message << std::ifstream(errors).rdbuf();
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) return absl::NotFoundError(message.str());
+    if (rc != 0)
+      return absl::InternalError(absl::StrCat("postgres_server.sh start: ", message.str()));
+    // A test process that crashes or is killed runs no destructor: a
+    // watcher stops the server once this process is gone.
+    (void)std::system(absl::StrCat("sh -c 'while [ -d /proc/", getpid(), " ]; do sleep 1; done; ",
+                                   Script(), " stop ", server->folder_.string(),
+                                   "' >/dev/null 2>&1 &")
+                          .c_str());
     return server;
   }
 
-  explicit PostgresServer(std::string bin) : bin_(std::move(bin)) {}
-
-  std::string data() const { return (dir_.path() / "data").string(); }
-
-  absl::Status Init() {
-    if (geteuid() == 0) {
-      const passwd* user = getpwnam("postgres");
-      if (user == nullptr) user = getpwnam("nobody");
-      if (user == nullptr)
-        return absl::InternalError("running as root, and no user postgres or nobody");
-      as_user_ = absl::StrCat("runuser -u ", user->pw_name, " -- ");
-      if (chown(dir_.path().c_str(), user->pw_uid, user->pw_gid) != 0) {
-        return absl::InternalError(absl::StrCat("chown ", dir_.path().string(), " failed"));
-      }
-    }
-    // initdb's output is written by this process, the server's log by the
-    // server's user.
-    const std::string initdb_log = (dir_.path() / "initdb.log").string();
-    const std::string log = (dir_.path() / "server.log").string();
-    // No fsync: a test's data need not survive a power loss, and this
-    // machine is slow at it.
-    if (absl::Status s = Run(absl::StrCat(bin_, "/initdb -D ", data(),
-                                          " -A trust -U ballast --no-sync -E UTF8 --locale=C > ",
-                                          initdb_log, " 2>&1"));
-        !s.ok()) {
-      return Failed(s, initdb_log);
-    }
-    if (absl::Status s = Run(absl::StrCat(bin_, "/pg_ctl -D ", data(), " -l ", log, " -o \"-k ",
-                                          dir_.path().string(),
-                                          " -p 5432 -c listen_addresses='' -c fsync=off\" -w "
-                                          "start >/dev/null"));
-        !s.ok()) {
-      return Failed(s, log);
-    }
-    // A test process that crashes or is killed runs no destructor: a
-    // watcher stops the server once this process is gone.
-    return Run(absl::StrCat("sh -c 'while [ -d /proc/", getpid(), " ]; do sleep 1; done; ", bin_,
-                            "/pg_ctl -D ", data(), " -m immediate stop' >/dev/null 2>&1 &"));
-  }
-
-  absl::Status Run(const std::string& command) const {
-    const std::string line = as_user_ + command;
-    if (std::system(line.c_str()) != 0) return absl::InternalError(absl::StrCat("failed: ", line));
-    return absl::OkStatus();
-  }
-
-  static absl::Status Failed(const absl::Status& s, const std::string& log) {
-    std::stringstream text;
-    text << std::ifstream(log).rdbuf();
-    return absl::InternalError(absl::StrCat(s.message(), "\n", text.str()));
-  }
-
-  TempDir dir_;
-  const std::string bin_;
-  // Prefix of each command: runs it as another user when this one is root.
-  std::string as_user_;
+  // Holds the folder of a server of this process's own.
+  const std::unique_ptr<TempDir> scratch_;
+  const std::filesystem::path folder_;
+  // Started by this process, which stops it.
+  const bool own_ = false;
   int databases_ = 0;
 };
 

@@ -404,22 +404,25 @@ TEST_F(PostgresStoreTest, AStoreOfAnotherSchemaVersionIsRefused) {
   EXPECT_THAT(s.message(), ::testing::HasSubstr("schema version 99"));
 }
 
-// The server dropped every connection (a restart, a failover): the call
+// The server dropped the store's connections (a restart, a failover): the call
 // that finds its connection gone fails, and the next ones reconnect.
 TEST_F(PostgresStoreTest, ConnectionsTheServerClosedAreOpenedAgain) {
   auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1), {MakeEvent("job-a", 1)}).ok());
-  ASSERT_TRUE(PostgresServer::Exec(url_,
-                                   "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                   "WHERE application_name = 'ballastd'")
-                  .ok());
+  ASSERT_TRUE(
+      PostgresServer::Exec(url_,
+                           "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE application_name = 'ballastd' AND datname = current_database()")
+          .ok());
   // Termination is a signal: wait until both backends are gone.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!PostgresServer::Exec(url_,
-                               "DO $$ BEGIN IF (SELECT COUNT(*) FROM pg_stat_activity WHERE "
-                               "application_name = 'ballastd') > 0 THEN RAISE 'alive'; END IF; "
-                               "END $$")
+  while (!PostgresServer::Exec(
+              url_,
+              "DO $$ BEGIN IF (SELECT COUNT(*) FROM pg_stat_activity WHERE "
+              "application_name = 'ballastd' AND datname = current_database()) > 0 THEN "
+              "RAISE 'alive'; END IF; "
+              "END $$")
               .ok()) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the store's backends stay";
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
