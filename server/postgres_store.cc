@@ -201,8 +201,10 @@ class PostgresStore::Connection {
   template <typename Body>
   absl::Status Transaction(Body body) {
     if (absl::Status s = Exec("begin", "BEGIN"); !s.ok()) return s;
+    in_transaction_ = true;
     absl::Status s = body();
     if (s.ok()) s = Exec("commit", "COMMIT");
+    in_transaction_ = false;
     if (!s.ok()) (void)Exec("rollback", "ROLLBACK");
     return s;
   }
@@ -211,9 +213,14 @@ class PostgresStore::Connection {
   explicit Connection(PGconn* conn) : conn_(conn) {}
 
   // A connection the server closed (it restarted) is opened again; the call
-  // that found it closed has already failed.
+  // that found it closed has already failed. Not within a transaction:
+  // what came after would be committed apart from what came before.
   absl::Status Reconnect(const char* what) {
     if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
+    if (in_transaction_) {
+      return absl::UnavailableError(
+          absl::StrCat("store: ", what, ": the connection was lost within a transaction"));
+    }
     PQreset(conn_);
     if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
     return absl::UnavailableError(
@@ -221,6 +228,8 @@ class PostgresStore::Connection {
   }
 
   PGconn* const conn_;
+  // Between BEGIN and its COMMIT or ROLLBACK.
+  bool in_transaction_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url) {
