@@ -245,12 +245,7 @@ absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& ur
                                     ") ON CONFLICT (singleton) DO UPDATE SET version = "
                                     "ballast_schema.version RETURNING version"));
     if (!version.ok()) return version.status();
-    if (const int64_t found = Int(version->get(), 0, 0); found != kSchemaVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(where, " holds schema version ", found,
-                                                        "; this ballastd reads version ",
-                                                        kSchemaVersion));
-    }
-    return absl::OkStatus();
+    return CheckSchemaVersion(where, Int(version->get(), 0, 0));
   });
   if (!made.ok()) {
     if (made.code() == absl::StatusCode::kFailedPrecondition) return made;

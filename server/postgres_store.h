@@ -38,9 +38,6 @@ namespace ballast::server {
 
 class PostgresStore : public Store {
  public:
-  // The schema version this ballastd writes and reads.
-  static constexpr int kSchemaVersion = 1;
-
   // Connects to `url` (twice: writes and reads) and makes the schema if the
   // database has none. UNAVAILABLE naming the URL, without its password, when
   // the server cannot be reached or refuses; FAILED_PRECONDITION when the

@@ -156,9 +156,22 @@ absl::StatusOr<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA foreign_keys=ON"}) {
     if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
   }
+  // user_version 0: a new store, or one from before versions, which the
+  // steps below bring to version 1.
+  absl::StatusOr<int64_t> version = store->SchemaVersion();
+  if (!version.ok()) return version.status();
+  if (*version != 0) {
+    if (absl::Status s = CheckSchemaVersion(absl::StrCat("store ", path), *version); !s.ok()) {
+      return s;
+    }
+  }
   if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
   if (absl::Status s = store->AddMissingJobColumns(); !s.ok()) return s;
   if (absl::Status s = store->Exec(kEvictedIndexes); !s.ok()) return s;
+  if (*version == 0) {
+    const std::string set = absl::StrCat("PRAGMA user_version = ", kSchemaVersion);
+    if (absl::Status s = store->Exec(set.c_str()); !s.ok()) return s;
+  }
   if (absl::Status s = store->Prepare(); !s.ok()) return s;
   if (absl::Status s = store->OpenReader(path); !s.ok()) return s;
   // Replaces SQLite's checkpoint at commit, which made every thousandth
@@ -261,6 +274,18 @@ absl::Status SqliteStore::Exec(const char* sql) {
     return s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> SqliteStore::SchemaVersion() {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "PRAGMA user_version", -1, &stmt, nullptr) != SQLITE_OK) {
+    return Error("schema version");
+  }
+  const int rc = sqlite3_step(stmt);
+  const int64_t version = rc == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_ROW) return Error("schema version");
+  return version;
 }
 
 absl::Status SqliteStore::AddMissingJobColumns() {

@@ -60,6 +60,12 @@ absl::Status RequestIdTaken(const v1::Job& job) {
                                                "' belongs to another job"));
 }
 
+absl::Status CheckSchemaVersion(const std::string& where, int64_t found) {
+  if (found == kSchemaVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, " holds schema version ", found, "; this ballastd reads version ", kSchemaVersion));
+}
+
 std::string RedactStoreUrl(std::string_view url) {
   std::string out(url);
   // scheme://user:password@host...

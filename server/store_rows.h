@@ -17,6 +17,15 @@
 
 namespace ballast::server {
 
+// The version of the schema this ballastd reads and writes, stored in each
+// store (SQLite's user_version; PostgreSQL's ballast_schema row), so that a
+// later ballastd can tell what it migrates from.
+inline constexpr int64_t kSchemaVersion = 1;
+
+// FAILED_PRECONDITION naming the store `where` when it holds schema version
+// `found` and this ballastd reads another; OK when they agree.
+absl::Status CheckSchemaVersion(const std::string& where, int64_t found);
+
 // A job as one row of the jobs table.
 struct JobRow {
   int64_t order = 0;

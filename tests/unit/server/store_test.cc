@@ -354,6 +354,15 @@ TEST(Store, AStoreFromBeforeEvictionOpensWithEveryJobLoaded) {
   ASSERT_TRUE(Put(store->get(), evicted).ok());
   EXPECT_TRUE((*store)->LoadJobs()->empty());
   ASSERT_EQ((*store)->ListEvictedJobs(10, {}, "", 10)->size(), 1u);
+  // And it now says which schema it holds.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* version = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(version), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(version, 0), 1);
+  sqlite3_finalize(version);
+  sqlite3_close(db);
 }
 
 TEST(Store, ADamagedPageIsDataLossAtOpen) {
@@ -396,12 +405,20 @@ class PostgresStoreTest : public ::testing::Test {
 };
 
 // A later ballastd will migrate; this one must not run on what it cannot read.
-TEST_F(PostgresStoreTest, AStoreOfAnotherSchemaVersionIsRefused) {
+TEST_P(StoreTest, AStoreOfAnotherSchemaVersionIsRefused) {
   ASSERT_TRUE(Store::Open(url_).ok());
-  ASSERT_TRUE(PostgresServer::Exec(url_, "UPDATE ballast_schema SET version = 99").ok());
+  if (GetParam() == "sqlite") {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(url_.substr(7).c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  } else {
+    ASSERT_TRUE(PostgresServer::Exec(url_, "UPDATE ballast_schema SET version = 99").ok());
+  }
   absl::Status s = Store::Open(url_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.message(), ::testing::HasSubstr("schema version 99"));
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("holds schema version 99; this ballastd reads version 1"));
 }
 
 // The server dropped the store's connections (a restart, a failover): the call
