@@ -158,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path
   }
   // user_version 0: a new store, or one from before versions, which the
   // steps below bring to version 1.
-  absl::StatusOr<int64_t> version = store->SchemaVersion();
+  absl::StatusOr<int64_t> version = store->QueryInt("PRAGMA user_version", "schema version");
   if (!version.ok()) return version.status();
   if (*version != 0) {
     if (absl::Status s = CheckSchemaVersion(absl::StrCat("store ", path), *version); !s.ok()) {
@@ -276,16 +276,14 @@ absl::Status SqliteStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> SqliteStore::SchemaVersion() {
+absl::StatusOr<int64_t> SqliteStore::QueryInt(const char* sql, const char* what) {
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "PRAGMA user_version", -1, &stmt, nullptr) != SQLITE_OK) {
-    return Error("schema version");
-  }
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) return Error(what);
   const int rc = sqlite3_step(stmt);
-  const int64_t version = rc == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
+  const int64_t value = rc == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
   sqlite3_finalize(stmt);
-  if (rc != SQLITE_ROW) return Error("schema version");
-  return version;
+  if (rc != SQLITE_ROW) return Error(what);
+  return value;
 }
 
 absl::Status SqliteStore::AddMissingJobColumns() {
@@ -439,16 +437,7 @@ absl::StatusOr<std::vector<JobRecord>> SqliteStore::LoadJobs() {
 
 absl::StatusOr<int64_t> SqliteStore::LastJobOrder() {
   absl::MutexLock lock(&mu_);
-  sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(ord), 0) FROM jobs", -1, &stmt, nullptr) !=
-      SQLITE_OK) {
-    return Error("last job order");
-  }
-  const int rc = sqlite3_step(stmt);
-  const int64_t last = rc == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
-  sqlite3_finalize(stmt);
-  if (rc != SQLITE_ROW) return Error("last job order");
-  return last;
+  return QueryInt("SELECT COALESCE(MAX(ord), 0) FROM jobs", "last job order");
 }
 
 absl::StatusOr<std::map<int, int64_t>> SqliteStore::CountEvictedJobs() {

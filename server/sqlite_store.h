@@ -66,8 +66,9 @@ class SqliteStore : public Store {
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the read connection and prepares its statements.
   absl::Status OpenReader(const std::string& path) ABSL_LOCKS_EXCLUDED(read_mu_);
-  // The store's user_version: kSchemaVersion, or 0 before it had one.
-  absl::StatusOr<int64_t> SchemaVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one integer `sql` selects; `what` names it in errors.
+  absl::StatusOr<int64_t> QueryInt(const char* sql, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the columns a store from before eviction lacks (kEvictionColumns).
   absl::Status AddMissingJobColumns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
