@@ -23,6 +23,8 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET GLOBAL libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET GLOBAL libutf8proc)
 # Training data read as .jsonl.zst (common/regular_file.h).
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET GLOBAL libzstd)
+# ballastd --store postgresql://... (server/postgres_store.h).
+pkg_check_modules(LIBPQ REQUIRED IMPORTED_TARGET GLOBAL libpq)
 # The /metrics registry and its text format (Debian's 1.0.1; its config also finds
 # civetweb, zlib and curl, which the -dev package pulls in).
 find_package(prometheus-cpp CONFIG REQUIRED)

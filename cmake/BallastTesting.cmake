@@ -4,13 +4,15 @@
 enable_testing()
 include(GoogleTest)
 
-# ballast_gtest(name COMPONENT c [TORCH] SOURCES ... LIBS ...): one GoogleTest
-# binary whose cases register as `c.Suite.Case`. A case that calls GTEST_SKIP
-# (the GPU-only ones, without a device) is reported by CTest as skipped.
+# ballast_gtest(name COMPONENT c [TORCH] SOURCES ... LIBS ... [FIXTURE f] [ENV ...]):
+# one GoogleTest binary whose cases register as `c.Suite.Case`. A case that
+# calls GTEST_SKIP (the GPU-only ones, without a device) is reported by CTest
+# as skipped. Every case requires the CTest fixture `f`, if given, and gets
+# the variables of ENV (NAME=VALUE) besides BALLAST_SOURCE_DIR.
 # TORCH compiles the sources with the shared torch precompiled header; they go
 # through a PIC object library because the header was built PIC, not PIE.
 function(ballast_gtest name)
-  cmake_parse_arguments(ARG "TORCH" "COMPONENT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH" "COMPONENT;FIXTURE" "SOURCES;LIBS;ENV" ${ARGN})
   if(ARG_TORCH)
     add_library(${name}_objs OBJECT ${ARG_SOURCES})
     target_link_libraries(${name}_objs PUBLIC ${ARG_LIBS} GTest::gtest GTest::gmock)
@@ -22,11 +24,20 @@ function(ballast_gtest name)
     target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock)
   endif()
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set(_properties SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
+                  ENVIRONMENT "BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  if(ARG_FIXTURE)
+    list(APPEND _properties FIXTURES_REQUIRED ${ARG_FIXTURE})
+  endif()
+  # One property per variable: a list's semicolons do not survive discovery.
+  foreach(_variable IN LISTS ARG_ENV)
+    string(REPLACE "=" "=set:" _modification "${_variable}")
+    list(APPEND _properties ENVIRONMENT_MODIFICATION "${_modification}")
+  endforeach()
   gtest_discover_tests(${name}
     TEST_PREFIX "${ARG_COMPONENT}."
     DISCOVERY_TIMEOUT 60
-    PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
-               ENVIRONMENT "BALLAST_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+    PROPERTIES ${_properties})
 endfunction()
 
 # ballast_pytest(NAME ctest_name FILE path [ARGS ...]): one pytest file as one

@@ -1,7 +1,8 @@
 // ballastd: the Ballast coordinator. It does not link LibTorch.
 //
 // Flags are the table in docs/control-plane.md. Once serving it prints
-//   ballastd: serving gRPC on HOST:PORT, HTTP on HOST:PORT, store sqlite:PATH
+//   ballastd: serving gRPC on HOST:PORT, HTTP on HOST:PORT, store URL
+// (the store's URL without its password)
 // to stderr and, with --ready-file, writes {"grpc": "HOST:PORT", "http":
 // "HOST:PORT"} there atomically. SIGINT or SIGTERM shut it down cleanly
 // (streams ended, store closed) with exit code 0.
@@ -17,6 +18,7 @@
 
 #include "common/version.h"
 #include "server/ballastd.h"
+#include "server/store_rows.h"
 
 namespace {
 
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", state_dir, "Holds the default store and job outputs")
       ->capture_default_str();
   app.add_option("--store", options.store_url,
-                 "Job store URL (default sqlite:STATE_DIR/ballastd.db)");
+                 "Job store URL: sqlite:PATH or postgresql://... (default "
+                 "sqlite:STATE_DIR/ballastd.db)");
   app.add_option("--output-root", options.output_root,
                  "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
   app.add_option("--path-root", options.path_roots,
@@ -153,7 +156,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
-            << (*server)->http_address() << ", store " << options.store_url << std::endl;
+            << (*server)->http_address() << ", store "
+            << ballast::server::RedactStoreUrl(options.store_url) << std::endl;
   if (options.token.empty()) {
     std::cerr << "ballastd: no BALLAST_TOKEN: no auth (every caller is an admin), so on "
                  "loopback only; set it to listen on other addresses and to make tokens"

@@ -1,13 +1,8 @@
-// Durable store of the coordinator: jobs, their events, and workers, in
-// SQLite (WAL mode). The coordinator keeps its working state in memory and
-// writes every change through this store, so a restart loses no job.
-//
-// Thread-safe: one connection for writes behind a mutex, each call one
-// transaction, and one for reads of what is committed behind another.
-// Checkpoints (copying the WAL back into the database, with an fsync) run
-// on a thread and connection of their own, so no commit waits for one.
-// Writes come in batches, and one Write takes many (server/commit_queue.h
-// gathers those of concurrent callers).
+// Durable store of the coordinator: jobs, their events, workers and API
+// tokens. The coordinator keeps its working state in memory and writes every
+// change through this store, so a restart loses no job. Writes come in
+// batches, and one Write takes many (server/commit_queue.h gathers those of
+// concurrent callers).
 #ifndef BALLAST_SERVER_STORE_H_
 #define BALLAST_SERVER_STORE_H_
 
@@ -17,20 +12,14 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
 #include "ballast/v1/token_service.pb.h"
-
-struct sqlite3;
-struct sqlite3_stmt;
 
 namespace ballast::server {
 
@@ -86,108 +75,76 @@ struct TokenRecord {
   std::string secret_sha256;
 };
 
+// The coordinator's durable store. Two implementations with the same
+// semantics: SqliteStore (server/sqlite_store.h, the default) and
+// PostgresStore (server/postgres_store.h). What a row holds, and the
+// retention rule, are theirs in common (server/store_rows.h); only SQL and
+// its execution differ.
+//
+// Implementations are thread-safe, and every call is one transaction:
+// reads see what is committed.
 class Store {
  public:
-  // Opens (creating if needed) the store at `url`, "sqlite:PATH". The parent
-  // folder must exist. INVALID_ARGUMENT for another scheme, UNAVAILABLE when
-  // the database cannot be opened.
+  // Opens (creating its schema if needed) the store at `url`: "sqlite:PATH"
+  // (the parent folder must exist), or "postgresql://..." / "postgres://..."
+  // (libpq's connection URI). INVALID_ARGUMENT for another scheme,
+  // UNAVAILABLE when the database cannot be opened; errors name the URL
+  // without its password.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& url);
-  ~Store();
-  Store(const Store&) = delete;
-  Store& operator=(const Store&) = delete;
+  virtual ~Store() = default;
 
   // OK when the database answers a query.
-  absl::Status Ping();
+  virtual absl::Status Ping() = 0;
 
   // Writes `batches` in one transaction, all or nothing: each job inserted or
   // replaced with its new events, then its events beyond the newest
   // `retention` deleted; each worker inserted or replaced. ALREADY_EXISTS
   // when a job's request_id belongs to another job; UNAVAILABLE when the
   // database fails.
-  absl::Status Write(absl::Span<const StoreBatch* const> batches, int64_t retention);
+  virtual absl::Status Write(absl::Span<const StoreBatch* const> batches, int64_t retention) = 0;
 
   // Every job not evicted, in submission order.
-  absl::StatusOr<std::vector<JobRecord>> LoadJobs();
+  virtual absl::StatusOr<std::vector<JobRecord>> LoadJobs() = 0;
 
   // The highest submission order of any job, evicted or not; 0 when none.
-  absl::StatusOr<int64_t> LastJobOrder();
+  virtual absl::StatusOr<int64_t> LastJobOrder() = 0;
 
   // The job `job_id`, evicted or not; nullopt when there is none.
-  absl::StatusOr<std::optional<JobRecord>> ReadJob(const std::string& job_id);
+  virtual absl::StatusOr<std::optional<JobRecord>> ReadJob(const std::string& job_id) = 0;
 
   // Evicted jobs by state.
-  absl::StatusOr<std::map<int, int64_t>> CountEvictedJobs();
+  virtual absl::StatusOr<std::map<int, int64_t>> CountEvictedJobs() = 0;
 
   // Deletes the oldest evicted jobs, with their events, beyond the newest
   // `keep` evicted ones: at most `limit` of them, in one transaction, so a
   // long history is pruned a bit at a time between commits. Returns the
   // deleted jobs by state.
-  absl::StatusOr<std::map<int, int64_t>> PruneEvictedJobs(int64_t keep, int64_t limit);
+  virtual absl::StatusOr<std::map<int, int64_t>> PruneEvictedJobs(int64_t keep, int64_t limit) = 0;
 
   // The id of the job submitted with ScopedRequestId(tenant, request_id);
   // nullopt when there is none.
-  absl::StatusOr<std::optional<std::string>> JobOfRequest(const std::string& scoped_request_id);
+  virtual absl::StatusOr<std::optional<std::string>> JobOfRequest(
+      const std::string& scoped_request_id) = 0;
 
   // Up to `limit` evicted jobs with order < before_order, newest first; of
   // `tenant` alone unless it is empty, and in `states` unless it is empty.
-  absl::StatusOr<std::vector<JobRecord>> ListEvictedJobs(int64_t before_order,
-                                                         const std::set<int>& states,
-                                                         const std::string& tenant, int limit);
+  virtual absl::StatusOr<std::vector<JobRecord>> ListEvictedJobs(int64_t before_order,
+                                                                 const std::set<int>& states,
+                                                                 const std::string& tenant,
+                                                                 int limit) = 0;
 
   // Up to `limit` events of `job_id` with seq > after_seq, in seq order.
-  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t after_seq,
-                                                       int limit);
+  virtual absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id,
+                                                               int64_t after_seq, int limit) = 0;
 
   // Every worker, by id.
-  absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers();
+  virtual absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers() = 0;
 
   // Inserts or replaces a token (a revocation rewrites it).
-  absl::Status PutToken(const TokenRecord& record);
+  virtual absl::Status PutToken(const TokenRecord& record) = 0;
 
   // Every token, oldest first.
-  absl::StatusOr<std::vector<TokenRecord>> LoadTokens();
-
- private:
-  explicit Store(sqlite3* db) : db_(db) {}
-  // Checkpoints `path` whenever a commit has left the WAL long, until
-  // the store closes.
-  void CheckpointLoop(const std::string& path);
-  // SQLite's hook after each commit, with the WAL's length in pages.
-  static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
-  absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Opens the read connection and prepares its statements.
-  absl::Status OpenReader(const std::string& path) ABSL_LOCKS_EXCLUDED(read_mu_);
-  // Adds the columns a store from before eviction lacks (kEvictionColumns).
-  absl::Status AddMissingJobColumns() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DATA_LOSS naming `path` when SQLite's quick_check finds damage.
-  absl::Status CheckIntegrity(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteJob(const StoreBatch::JobChange& change, int64_t retention)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteWorker(const WorkerRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  absl::Mutex mu_;
-  sqlite3* db_ ABSL_GUARDED_BY(mu_);
-  // Prepared once, reset after each use.
-  sqlite3_stmt* put_job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* insert_event_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* trim_events_ ABSL_GUARDED_BY(mu_) = nullptr;
-  sqlite3_stmt* put_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
-
-  // Reads of what is committed (WAL readers never wait for the writer): a
-  // GetJob of an evicted job, a watch's replay or a new job id's check does
-  // not wait for a group commit under way.
-  absl::Mutex read_mu_;
-  sqlite3* reader_ ABSL_GUARDED_BY(read_mu_) = nullptr;
-  sqlite3_stmt* read_job_ ABSL_GUARDED_BY(read_mu_) = nullptr;
-  sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(read_mu_) = nullptr;
-  sqlite3_stmt* read_events_ ABSL_GUARDED_BY(read_mu_) = nullptr;
-
-  absl::Mutex checkpoint_mu_;
-  bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
-  std::thread checkpointer_;
+  virtual absl::StatusOr<std::vector<TokenRecord>> LoadTokens() = 0;
 };
 
 }  // namespace ballast::server

@@ -98,6 +98,8 @@ class Cluster:
         # Flags every CLI call gets, e.g. --tls-ca.
         self.cli_args = []
         self.coordinator = None
+        # ballastd's flags beyond the cluster's, kept for a restart.
+        self.coordinator_args = ()
         self.grpc = None
         self.http = None
         self.workers = []
@@ -105,6 +107,7 @@ class Cluster:
 
     # -- coordinator -------------------------------------------------------
     def start_coordinator(self, port=0, host="127.0.0.1", extra_args=()):
+        self.coordinator_args = extra_args
         ready = os.path.join(self.root, "ready.json")
         if os.path.exists(ready):
             os.remove(ready)
@@ -127,11 +130,11 @@ class Cluster:
             return None
 
     def restart_coordinator_after_kill9(self):
-        """kill -9, then start again on the same port and store."""
+        """kill -9, then start again on the same port, store and flags."""
         host, port = self.grpc.rsplit(":", 1)
         self.coordinator.kill9()
         self.coordinator.log.close()
-        return self.start_coordinator(port=int(port), host=host)
+        return self.start_coordinator(port=int(port), host=host, extra_args=self.coordinator_args)
 
     # -- workers -----------------------------------------------------------
     def start_worker(self, name, cpu_slots=1, host="127.0.0.1", prefix=None, env=None,

@@ -8,20 +8,24 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
+#include "tests/unit/server/postgres_server.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::PostgresServer;
 using testing::TempDir;
 using testing::ValidSpec;
 
@@ -163,6 +167,59 @@ TEST_F(BallastdTest, SubmitGetAndBadInputOverGrpc) {
   v1::GetJobRequest get;
   get.set_job_id("job-ffffffffffff");
   EXPECT_EQ(jobs_->GetJob(Context().get(), get, &again).error_code(), grpc::NOT_FOUND);
+}
+
+// --store postgresql://: what ballastd stored is there after a restart, and
+// a request_id is still that job's.
+TEST_F(BallastdTest, JobsOnPostgresqlSurviveARestart) {
+  absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
+  if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
+  ASSERT_TRUE(url.ok()) << url.status();
+  BallastdOptions o = LocalOptions();
+  o.store_url = *url;
+  Start(o);
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = ValidSpec(dir_.path());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    submit.set_request_id(absl::StrCat("r-", i));
+    v1::Job job;
+    ASSERT_TRUE(jobs_->SubmitJob(Context().get(), submit, &job).ok());
+    ids.push_back(job.id());
+  }
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(ids[1]);
+  v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(Context().get(), cancel, &cancelled).ok());
+
+  server_.reset();
+  Start(o);
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(jobs_->ListJobs(Context().get(), v1::ListJobsRequest(), &list).ok());
+  std::vector<std::string> listed;
+  for (const v1::Job& j : list.jobs()) {
+    listed.push_back(j.id());
+    EXPECT_EQ(j.state(), j.id() == ids[1] ? v1::JOB_STATE_CANCELLED : v1::JOB_STATE_QUEUED)
+        << j.id();
+  }
+  std::sort(listed.begin(), listed.end());
+  std::vector<std::string> want = ids;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(listed, want);
+  submit.set_request_id("r-3");
+  v1::Job again;
+  ASSERT_TRUE(jobs_->SubmitJob(Context().get(), submit, &again).ok());
+  EXPECT_EQ(again.id(), ids[3]);
+}
+
+TEST_F(BallastdTest, AnUnreachableStoreStopsTheStartNamingItWithoutThePassword) {
+  BallastdOptions o = LocalOptions();
+  o.store_url = "postgresql://ballast:hunter2@127.0.0.1:1/ballast?connect_timeout=5";
+  auto d = Ballastd::Start(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(d.status().message(), HasSubstr("postgresql://ballast:***@127.0.0.1:1/ballast"));
+  EXPECT_THAT(d.status().message(), ::testing::Not(HasSubstr("hunter2")));
 }
 
 TEST_F(BallastdTest, SubmitRefusesAnUnsupportedModelTypeWithInvalidArgument) {

@@ -13,11 +13,13 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "tests/unit/server/postgres_server.h"
 #include "tests/unit/server/test_util.h"
 
 namespace ballast::server {
 namespace {
 
+using testing::PostgresServer;
 using testing::TempDir;
 
 JobRecord MakeJob(const std::string& id, int64_t order, const std::string& request_id = "") {
@@ -47,11 +49,30 @@ absl::Status Put(Store* store, const JobRecord& job, std::vector<v1::JobEvent> e
   return store->Write(batches, retention);
 }
 
-TEST(Store, JobsWorkersAndEventsSurviveReopen) {
-  TempDir dir;
-  const std::string url = "sqlite:" + (dir.path() / "b.db").string();
+// The cases every backend must pass alike, each on an empty store.
+class StoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "sqlite") {
+      url_ = "sqlite:" + (dir_.path() / "b.db").string();
+      return;
+    }
+    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
+    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
+    ASSERT_TRUE(url.ok()) << url.status();
+    url_ = *url;
+  }
+
+  TempDir dir_;
+  std::string url_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("sqlite", "postgresql"),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(StoreTest, JobsWorkersAndEventsSurviveReopen) {
   {
-    auto store = Store::Open(url);
+    auto store = Store::Open(url_);
     ASSERT_TRUE(store.ok()) << store.status();
     JobRecord a = MakeJob("job-a", 1);
     ASSERT_TRUE(Put(store->get(), a).ok());
@@ -70,7 +91,7 @@ TEST(Store, JobsWorkersAndEventsSurviveReopen) {
     const StoreBatch* batches[] = {&batch};
     ASSERT_TRUE((*store)->Write(batches, 100).ok());
   }
-  auto store = Store::Open(url);
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok()) << store.status();
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -92,21 +113,24 @@ TEST(Store, JobsWorkersAndEventsSurviveReopen) {
   EXPECT_EQ((*workers)[0].worker.capacity(), 4);
 }
 
-TEST(Store, SecondJobWithSameRequestIdIsAlreadyExists) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, SecondJobWithSameRequestIdIsAlreadyExists) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
-  EXPECT_EQ(Put(store->get(), MakeJob("job-b", 2, "req-1")).code(),
-            absl::StatusCode::kAlreadyExists);
+  absl::Status taken = Put(store->get(), MakeJob("job-b", 2, "req-1"));
+  EXPECT_EQ(taken.code(), absl::StatusCode::kAlreadyExists) << taken;
+  EXPECT_THAT(taken.message(), ::testing::HasSubstr("request_id 'req-1' belongs to another job"));
+  // Idempotency keys are per tenant.
+  JobRecord other_tenant = MakeJob("job-e", 5, "req-1");
+  other_tenant.job.set_tenant("team-2");
+  EXPECT_TRUE(Put(store->get(), other_tenant).ok());
   // Jobs without a request id never collide with each other.
   EXPECT_TRUE(Put(store->get(), MakeJob("job-c", 3)).ok());
   EXPECT_TRUE(Put(store->get(), MakeJob("job-d", 4)).ok());
 }
 
-TEST(Store, AWriteOfManyBatchesIsAllOrNothing) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, AWriteOfManyBatchesIsAllOrNothing) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
   StoreBatch good;
@@ -123,9 +147,8 @@ TEST(Store, AWriteOfManyBatchesIsAllOrNothing) {
   EXPECT_TRUE(events->empty());
 }
 
-TEST(Store, KeepsTheNewestEventsPerJob) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, KeepsTheNewestEventsPerJob) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());
   JobRecord job = MakeJob("job-a", 1);
   for (int64_t seq = 1; seq <= 25; ++seq) {
@@ -143,9 +166,8 @@ TEST(Store, KeepsTheNewestEventsPerJob) {
   EXPECT_EQ((*jobs)[0].events_deleted, 15);
 }
 
-TEST(Store, ReadEventsPagesAfterSeq) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, ReadEventsPagesAfterSeq) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());
   JobRecord job = MakeJob("job-a", 1);
   job.job.set_last_seq(5);
@@ -159,12 +181,28 @@ TEST(Store, ReadEventsPagesAfterSeq) {
   EXPECT_EQ((*page)[1].seq(), 4);
 }
 
-TEST(Store, OnlySqliteUrlsAreAccepted) {
-  EXPECT_EQ(Store::Open("postgres://db/ballast").status().code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(Store, UrlsOfAnotherSchemeAreRefusedWithoutTheirPassword) {
+  absl::Status mysql = Store::Open("mysql://ballast:hunter2@db/ballast").status();
+  EXPECT_EQ(mysql.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mysql.message(), ::testing::HasSubstr("'mysql://ballast:***@db/ballast'"));
+  EXPECT_THAT(mysql.message(), ::testing::Not(::testing::HasSubstr("hunter2")));
   EXPECT_EQ(Store::Open("sqlite:").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Store::Open("sqlite:/no/such/folder/b.db").status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// Nothing listens on port 1: the error names the URL, never the password,
+// in either of the places a URI can hold one.
+TEST(Store, AnUnreachablePostgresIsUnavailableAndNamedWithoutThePassword) {
+  for (const std::string url :
+       {"postgresql://ballast:hunter2@127.0.0.1:1/jobs?connect_timeout=5",
+        "postgres://ballast@127.0.0.1:1/jobs?password=hunter2&connect_timeout=5"}) {
+    absl::Status s = Store::Open(url).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("127.0.0.1:1/jobs")) << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("***")) << s;
+    EXPECT_THAT(s.message(), ::testing::Not(::testing::HasSubstr("hunter2"))) << s;
+  }
 }
 
 // A damaged page is found at open, named, and nothing runs on it: the
@@ -196,9 +234,8 @@ TEST(Store, CheckpointsCopyTheWalIntoTheDatabase) {
   // in it); the soak bounds its size under real load.
 }
 
-TEST(Store, PruningDeletesTheOldestEvictedJobsWithTheirEventsAndNothingElse) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, PruningDeletesTheOldestEvictedJobsWithTheirEventsAndNothingElse) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok()) << store.status();
   // Orders 1..8: odd ones evicted (cancelled, but 7 succeeded), even ones live.
   for (int i = 1; i <= 8; ++i) {
@@ -237,9 +274,8 @@ TEST(Store, PruningDeletesTheOldestEvictedJobsWithTheirEventsAndNothingElse) {
   }
 }
 
-TEST(Store, EvictedJobsAreReadListedAndCountedButNotLoaded) {
-  TempDir dir;
-  auto store = Store::Open("sqlite:" + (dir.path() / "b.db").string());
+TEST_P(StoreTest, EvictedJobsAreReadListedAndCountedButNotLoaded) {
+  auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok()) << store.status();
   JobRecord a = MakeJob("job-a", 1);
   JobRecord b = MakeJob("job-b", 2, "req");
@@ -318,6 +354,15 @@ TEST(Store, AStoreFromBeforeEvictionOpensWithEveryJobLoaded) {
   ASSERT_TRUE(Put(store->get(), evicted).ok());
   EXPECT_TRUE((*store)->LoadJobs()->empty());
   ASSERT_EQ((*store)->ListEvictedJobs(10, {}, "", 10)->size(), 1u);
+  // And it now says which schema it holds.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* version = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(version), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(version, 0), 1);
+  sqlite3_finalize(version);
+  sqlite3_close(db);
 }
 
 TEST(Store, ADamagedPageIsDataLossAtOpen) {
@@ -345,6 +390,79 @@ TEST(Store, ADamagedPageIsDataLossAtOpen) {
   EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(store.status().message(), ::testing::HasSubstr("store " + path + " is damaged"));
   EXPECT_THAT(store.status().message(), ::testing::HasSubstr("Restore the newest backup"));
+}
+
+// The PostgreSQL store's own behaviour: what SQLite has no counterpart of.
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
+    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
+    ASSERT_TRUE(url.ok()) << url.status();
+    url_ = *url;
+  }
+  std::string url_;
+};
+
+// A later ballastd will migrate; this one must not run on what it cannot read.
+TEST_P(StoreTest, AStoreOfAnotherSchemaVersionIsRefused) {
+  ASSERT_TRUE(Store::Open(url_).ok());
+  if (GetParam() == "sqlite") {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(url_.substr(7).c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  } else {
+    ASSERT_TRUE(PostgresServer::Exec(url_, "UPDATE ballast_schema SET version = 99").ok());
+  }
+  absl::Status s = Store::Open(url_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("holds schema version 99; this ballastd reads version 1"));
+}
+
+// The server dropped the store's connections (a restart, a failover): the call
+// that finds its connection gone fails, and the next ones reconnect.
+TEST_F(PostgresStoreTest, ConnectionsTheServerClosedAreOpenedAgain) {
+  auto store = Store::Open(url_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1), {MakeEvent("job-a", 1)}).ok());
+  ASSERT_TRUE(
+      PostgresServer::Exec(url_,
+                           "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE application_name = 'ballastd' AND datname = current_database()")
+          .ok());
+  // Termination is a signal: wait until both backends are gone.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!PostgresServer::Exec(
+              url_,
+              "DO $$ BEGIN IF (SELECT COUNT(*) FROM pg_stat_activity WHERE "
+              "application_name = 'ballastd' AND datname = current_database()) > 0 THEN "
+              "RAISE 'alive'; END IF; "
+              "END $$")
+              .ok()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the store's backends stay";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Each connection fails the call that finds it closed, and only that one.
+  EXPECT_EQ((*store)->Ping().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*store)->ReadEvents("job-a", 0, 10).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE((*store)->Ping().ok());
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-b", 2)).ok());
+  auto events = (*store)->ReadEvents("job-a", 0, 10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_EQ(events->size(), 1u);
+  EXPECT_EQ((*store)->LoadJobs()->size(), 2u);
+}
+
+// Two coordinators opening one empty database at once both find the schema.
+TEST_F(PostgresStoreTest, TwoOpensOfAnEmptyDatabaseAtOnceBothSucceed) {
+  absl::Status first, second;
+  std::thread other([&] { first = Store::Open(url_).status(); });
+  second = Store::Open(url_).status();
+  other.join();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(second.ok()) << second;
 }
 
 }  // namespace

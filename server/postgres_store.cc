@@ -1,0 +1,483 @@
+#include "server/postgres_store.h"
+
+#include <libpq-fe.h>
+
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "server/store_rows.h"
+
+namespace ballast::server {
+namespace {
+
+// Held through schema creation, so two ballastd opening an empty database
+// at once do not both create it (CREATE ... IF NOT EXISTS races in
+// PostgreSQL). Any constant; this one spells "ballast" in ASCII.
+constexpr char kSchemaLock[] = "SELECT pg_advisory_xact_lock(27691666020332404)";
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS ballast_schema (
+  singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+  version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  ord BIGINT PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  request_id TEXT UNIQUE,
+  state INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  resume_at_or_before BIGINT NOT NULL,
+  events_deleted BIGINT NOT NULL,
+  job BYTEA NOT NULL,
+  tenant TEXT NOT NULL,
+  evicted BOOLEAN NOT NULL);
+CREATE INDEX IF NOT EXISTS evicted_jobs ON jobs(ord) WHERE evicted;
+CREATE INDEX IF NOT EXISTS evicted_jobs_by_tenant ON jobs(tenant, ord) WHERE evicted;
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  seq BIGINT NOT NULL,
+  event BYTEA NOT NULL,
+  PRIMARY KEY (job_id, seq));
+CREATE TABLE IF NOT EXISTS workers (
+  id TEXT PRIMARY KEY,
+  last_report_id BIGINT NOT NULL,
+  worker BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+  id TEXT PRIMARY KEY,
+  created_ms BIGINT NOT NULL,
+  secret_sha256 BYTEA NOT NULL,
+  token BYTEA NOT NULL);
+)sql";
+
+// A job's first write inserts it; later ones replace what changes (its
+// submission order and request_id never do).
+constexpr char kPutJob[] =
+    "INSERT INTO jobs (ord, id, request_id, state, priority, attempt, resume_at_or_before, "
+    "events_deleted, job, tenant, evicted) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+    "ON CONFLICT (id) DO UPDATE SET state = excluded.state, priority = excluded.priority, "
+    "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
+    "events_deleted = excluded.events_deleted, job = excluded.job, tenant = excluded.tenant, "
+    "evicted = excluded.evicted";
+
+// PostgreSQL's SQLSTATE for a unique constraint's violation.
+constexpr std::string_view kUniqueViolation = "23505";
+
+using Result = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+// The parameters of one statement: text, or bytes sent as they are (BYTEA).
+class Params {
+ public:
+  Params& Text(std::string value) { return Add(std::move(value), 0); }
+  Params& Int(int64_t value) { return Add(absl::StrCat(value), 0); }
+  Params& Bool(bool value) { return Add(value ? "true" : "false", 0); }
+  Params& Bytes(std::string value) { return Add(std::move(value), 1); }
+  Params& Null() {
+    values_.emplace_back();
+    formats_.push_back(0);
+    null_.push_back(true);
+    return *this;
+  }
+
+  int size() const { return static_cast<int>(values_.size()); }
+  std::vector<const char*> values() const {
+    std::vector<const char*> out;
+    for (int i = 0; i < size(); ++i) out.push_back(null_[i] ? nullptr : values_[i].data());
+    return out;
+  }
+  std::vector<int> lengths() const {
+    std::vector<int> out;
+    for (const std::string& v : values_) out.push_back(static_cast<int>(v.size()));
+    return out;
+  }
+  const int* formats() const { return formats_.data(); }
+
+ private:
+  Params& Add(std::string value, int format) {
+    values_.push_back(std::move(value));
+    formats_.push_back(format);
+    null_.push_back(false);
+    return *this;
+  }
+  std::vector<std::string> values_;
+  std::vector<int> formats_;
+  std::vector<bool> null_;
+};
+
+// Results come in binary: integers big-endian in 2, 4 or 8 bytes, booleans
+// in one, BYTEA and TEXT as they are.
+std::string_view Bytes(const PGresult* r, int row, int column) {
+  return std::string_view(PQgetvalue(r, row, column),
+                          static_cast<size_t>(PQgetlength(r, row, column)));
+}
+int64_t Int(const PGresult* r, int row, int column) {
+  const std::string_view bytes = Bytes(r, row, column);
+  uint64_t value = 0;
+  for (char c : bytes) value = (value << 8) | static_cast<uint8_t>(c);
+  const size_t bits = 8 * bytes.size();
+  if (bits > 0 && bits < 64 && (value >> (bits - 1)) != 0) value |= ~uint64_t{0} << bits;
+  return static_cast<int64_t>(value);
+}
+bool Bool(const PGresult* r, int row, int column) {
+  const std::string_view bytes = Bytes(r, row, column);
+  return !bytes.empty() && bytes[0] != 0;
+}
+
+// libpq's message, without the newline it ends with.
+absl::string_view Message(const char* text) { return absl::StripTrailingAsciiWhitespace(text); }
+
+// The record of row `row` of a query of kRecordColumns.
+absl::StatusOr<JobRecord> RecordFromRow(const PGresult* r, int row) {
+  return DecodeJobRow(Int(r, row, 0), static_cast<int32_t>(Int(r, row, 1)), Int(r, row, 2),
+                      Int(r, row, 3), Bool(r, row, 4), Bytes(r, row, 5));
+}
+
+absl::StatusOr<std::vector<JobRecord>> Records(const PGresult* r) {
+  std::vector<JobRecord> jobs;
+  for (int row = 0; row < PQntuples(r); ++row) {
+    absl::StatusOr<JobRecord> record = RecordFromRow(r, row);
+    if (!record.ok()) return record.status();
+    jobs.push_back(*std::move(record));
+  }
+  return jobs;
+}
+
+}  // namespace
+
+class PostgresStore::Connection {
+ public:
+  // UNAVAILABLE naming `url` without its password when it does not connect.
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& url) {
+    // The URL's own settings come after ours (expand_dbname), so it may
+    // change the timeout.
+    const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
+    const char* values[] = {"10", "ballastd", url.c_str(), nullptr};
+    PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+    auto connection = std::unique_ptr<Connection>(new Connection(conn));
+    if (PQstatus(conn) != CONNECTION_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("store ", RedactStoreUrl(url), ": ", Message(PQerrorMessage(conn))));
+    }
+    return connection;
+  }
+  ~Connection() { PQfinish(conn_); }
+
+  // Runs `sql` with `params`; `what` names it in errors. ALREADY_EXISTS when
+  // it would break a unique constraint, UNAVAILABLE when it fails otherwise,
+  // with the database's message.
+  absl::StatusOr<Result> Run(const char* what, const std::string& sql,
+                             const Params& params = Params()) {
+    if (absl::Status s = Reconnect(what); !s.ok()) return s;
+    const std::vector<const char*> values = params.values();
+    const std::vector<int> lengths = params.lengths();
+    Result r(PQexecParams(conn_, sql.c_str(), params.size(), nullptr, values.data(), lengths.data(),
+                          params.formats(), /*resultFormat=*/1),
+             &PQclear);
+    const ExecStatusType status = PQresultStatus(r.get());
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+      std::string message =
+          absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r.get())));
+      const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+      if (state != nullptr && state == kUniqueViolation) return absl::AlreadyExistsError(message);
+      return absl::UnavailableError(message);
+    }
+    return r;
+  }
+
+  // Runs `sql`, statements without parameters, in one go.
+  absl::Status Exec(const char* what, const char* sql) {
+    if (absl::Status s = Reconnect(what); !s.ok()) return s;
+    Result r(PQexec(conn_, sql), &PQclear);
+    if (PQresultStatus(r.get()) != PGRES_COMMAND_OK && PQresultStatus(r.get()) != PGRES_TUPLES_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r.get()))));
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs `body` between BEGIN and COMMIT, and rolls back when it fails.
+  template <typename Body>
+  absl::Status Transaction(Body body) {
+    if (absl::Status s = Exec("begin", "BEGIN"); !s.ok()) return s;
+    in_transaction_ = true;
+    absl::Status s = body();
+    if (s.ok()) s = Exec("commit", "COMMIT");
+    in_transaction_ = false;
+    if (!s.ok()) (void)Exec("rollback", "ROLLBACK");
+    return s;
+  }
+
+ private:
+  explicit Connection(PGconn* conn) : conn_(conn) {}
+
+  // A connection the server closed (it restarted) is opened again; the call
+  // that found it closed has already failed. Not within a transaction:
+  // what came after would be committed apart from what came before.
+  absl::Status Reconnect(const char* what) {
+    if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
+    if (in_transaction_) {
+      return absl::UnavailableError(
+          absl::StrCat("store: ", what, ": the connection was lost within a transaction"));
+    }
+    PQreset(conn_);
+    if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("store: ", what, ": ", Message(PQerrorMessage(conn_))));
+  }
+
+  PGconn* const conn_;
+  // Between BEGIN and its COMMIT or ROLLBACK.
+  bool in_transaction_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& url) {
+  absl::StatusOr<std::unique_ptr<Connection>> writer = Connection::Open(url);
+  if (!writer.ok()) return writer.status();
+  const std::string where = absl::StrCat("store ", RedactStoreUrl(url));
+  absl::Status made = (*writer)->Transaction([&]() -> absl::Status {
+    if (absl::Status s = (*writer)->Exec("lock the schema", kSchemaLock); !s.ok()) return s;
+    if (absl::Status s = (*writer)->Exec("create the schema", kSchema); !s.ok()) return s;
+    absl::StatusOr<Result> version =
+        (*writer)->Run("schema version",
+                       absl::StrCat("INSERT INTO ballast_schema (version) VALUES (", kSchemaVersion,
+                                    ") ON CONFLICT (singleton) DO UPDATE SET version = "
+                                    "ballast_schema.version RETURNING version"));
+    if (!version.ok()) return version.status();
+    return CheckSchemaVersion(where, Int(version->get(), 0, 0));
+  });
+  if (!made.ok()) {
+    if (made.code() == absl::StatusCode::kFailedPrecondition) return made;
+    return absl::UnavailableError(
+        absl::StrCat(where, ": ", absl::StripPrefix(made.message(), "store: ")));
+  }
+  absl::StatusOr<std::unique_ptr<Connection>> reader = Connection::Open(url);
+  if (!reader.ok()) return reader.status();
+  return std::unique_ptr<Store>(new PostgresStore(*std::move(writer), *std::move(reader)));
+}
+
+PostgresStore::PostgresStore(std::unique_ptr<Connection> writer, std::unique_ptr<Connection> reader)
+    : writer_(std::move(writer)), reader_(std::move(reader)) {}
+
+PostgresStore::~PostgresStore() = default;
+
+absl::Status PostgresStore::Ping() {
+  absl::MutexLock lock(&mu_);
+  return writer_->Run("ping", "SELECT 1").status();
+}
+
+absl::Status PostgresStore::WriteJob(const StoreBatch::JobChange& change, int64_t retention) {
+  const JobRow row = EncodeJobRow(change, retention);
+  for (const v1::JobEvent& e : change.events) {
+    absl::StatusOr<Result> r =
+        writer_->Run("insert event",
+                     "INSERT INTO events (job_id, seq, event) VALUES ($1, $2, $3) "
+                     "ON CONFLICT (job_id, seq) DO UPDATE SET event = excluded.event",
+                     Params().Text(e.job_id()).Int(e.seq()).Bytes(e.SerializeAsString()));
+    if (!r.ok()) return r.status();
+  }
+  if (row.trim_events_through > 0) {
+    absl::StatusOr<Result> r =
+        writer_->Run("trim events", "DELETE FROM events WHERE job_id = $1 AND seq <= $2",
+                     Params().Text(row.id).Int(row.trim_events_through));
+    if (!r.ok()) return r.status();
+  }
+  Params params;
+  params.Int(row.order).Text(row.id);
+  if (row.request_id) {
+    params.Text(*row.request_id);
+  } else {
+    params.Null();
+  }
+  params.Int(row.state)
+      .Int(row.priority)
+      .Int(row.attempt)
+      .Int(row.resume_at_or_before)
+      .Int(row.events_deleted)
+      .Bytes(row.job)
+      .Text(row.tenant)
+      .Bool(row.evicted);
+  absl::Status s = writer_->Run("write job", kPutJob, params).status();
+  if (s.code() == absl::StatusCode::kAlreadyExists) return RequestIdTaken(change.record.job);
+  return s;
+}
+
+absl::Status PostgresStore::Write(absl::Span<const StoreBatch* const> batches, int64_t retention) {
+  absl::MutexLock lock(&mu_);
+  return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    for (const StoreBatch* batch : batches) {
+      for (const StoreBatch::JobChange& change : batch->jobs) {
+        if (absl::Status s = WriteJob(change, retention); !s.ok()) return s;
+      }
+      for (const WorkerRecord& w : batch->workers) {
+        absl::StatusOr<Result> r = writer_->Run(
+            "put worker",
+            "INSERT INTO workers (id, last_report_id, worker) VALUES ($1, $2, $3) ON CONFLICT "
+            "(id) DO UPDATE SET last_report_id = excluded.last_report_id, worker = excluded.worker",
+            Params().Text(w.worker.id()).Int(w.last_report_id).Bytes(w.worker.SerializeAsString()));
+        if (!r.ok()) return r.status();
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<JobRecord>> PostgresStore::LoadJobs() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Result> r = writer_->Run(
+      "load jobs",
+      absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE NOT evicted ORDER BY ord"));
+  if (!r.ok()) return r.status();
+  return Records(r->get());
+}
+
+absl::StatusOr<int64_t> PostgresStore::LastJobOrder() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Result> r =
+      writer_->Run("last job order", "SELECT COALESCE(MAX(ord), 0)::BIGINT FROM jobs");
+  if (!r.ok()) return r.status();
+  return Int(r->get(), 0, 0);
+}
+
+absl::StatusOr<std::map<int, int64_t>> PostgresStore::CountEvictedJobs() {
+  absl::MutexLock lock(&read_mu_);
+  absl::StatusOr<Result> r = reader_->Run(
+      "count evicted jobs", "SELECT state, COUNT(*) FROM jobs WHERE evicted GROUP BY state");
+  if (!r.ok()) return r.status();
+  std::map<int, int64_t> counts;
+  for (int row = 0; row < PQntuples(r->get()); ++row) {
+    counts[static_cast<int>(Int(r->get(), row, 0))] = Int(r->get(), row, 1);
+  }
+  return counts;
+}
+
+absl::StatusOr<std::map<int, int64_t>> PostgresStore::PruneEvictedJobs(int64_t keep,
+                                                                       int64_t limit) {
+  absl::MutexLock lock(&mu_);
+  // One statement, so one transaction: the oldest `limit` evicted jobs older
+  // than the newest `keep` ones, their events, then the jobs.
+  absl::StatusOr<Result> r =
+      writer_->Run("prune jobs",
+                   "WITH victims AS (SELECT id FROM jobs WHERE evicted AND ord <= "
+                   "(SELECT ord FROM jobs WHERE evicted ORDER BY ord DESC LIMIT 1 OFFSET $1) "
+                   "ORDER BY ord LIMIT $2), "
+                   "gone_events AS (DELETE FROM events WHERE job_id IN (SELECT id FROM victims)) "
+                   "DELETE FROM jobs WHERE id IN (SELECT id FROM victims) RETURNING state",
+                   Params().Int(keep).Int(limit));
+  if (!r.ok()) return r.status();
+  std::map<int, int64_t> pruned;
+  for (int row = 0; row < PQntuples(r->get()); ++row)
+    ++pruned[static_cast<int>(Int(r->get(), row, 0))];
+  return pruned;
+}
+
+absl::StatusOr<std::optional<JobRecord>> PostgresStore::ReadJob(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  absl::StatusOr<Result> r =
+      reader_->Run("read job", absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE id = $1"),
+                   Params().Text(job_id));
+  if (!r.ok()) return r.status();
+  if (PQntuples(r->get()) == 0) return std::nullopt;
+  absl::StatusOr<JobRecord> record = RecordFromRow(r->get(), 0);
+  if (!record.ok()) return record.status();
+  return std::optional<JobRecord>(*std::move(record));
+}
+
+absl::StatusOr<std::optional<std::string>> PostgresStore::JobOfRequest(
+    const std::string& scoped_request_id) {
+  absl::MutexLock lock(&read_mu_);
+  absl::StatusOr<Result> r =
+      reader_->Run("find request_id", "SELECT id FROM jobs WHERE request_id = $1",
+                   Params().Text(scoped_request_id));
+  if (!r.ok()) return r.status();
+  if (PQntuples(r->get()) == 0) return std::nullopt;
+  return std::optional<std::string>(Bytes(r->get(), 0, 0));
+}
+
+absl::StatusOr<std::vector<JobRecord>> PostgresStore::ListEvictedJobs(int64_t before_order,
+                                                                      const std::set<int>& states,
+                                                                      const std::string& tenant,
+                                                                      int limit) {
+  absl::MutexLock lock(&read_mu_);
+  Params params;
+  params.Int(before_order).Int(limit);
+  std::string sql =
+      absl::StrCat("SELECT ", kRecordColumns, " FROM jobs WHERE evicted AND ord < $1");
+  if (!tenant.empty()) {
+    absl::StrAppend(&sql, " AND tenant = $3");
+    params.Text(tenant);
+  }
+  if (!states.empty()) absl::StrAppend(&sql, " AND state IN (", absl::StrJoin(states, ", "), ")");
+  absl::StrAppend(&sql, " ORDER BY ord DESC LIMIT $2");
+  absl::StatusOr<Result> r = reader_->Run("list evicted jobs", sql, params);
+  if (!r.ok()) return r.status();
+  return Records(r->get());
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> PostgresStore::ReadEvents(const std::string& job_id,
+                                                                    int64_t after_seq, int limit) {
+  absl::MutexLock lock(&read_mu_);
+  absl::StatusOr<Result> r =
+      reader_->Run("read events",
+                   "SELECT event FROM events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                   Params().Text(job_id).Int(after_seq).Int(limit));
+  if (!r.ok()) return r.status();
+  std::vector<v1::JobEvent> events(PQntuples(r->get()));
+  for (int row = 0; row < PQntuples(r->get()); ++row) {
+    const std::string_view bytes = Bytes(r->get(), row, 0);
+    if (!events[row].ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return absl::DataLossError(absl::StrCat("store: an event of ", job_id, " does not parse"));
+    }
+  }
+  return events;
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> PostgresStore::LoadWorkers() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Result> r =
+      writer_->Run("load workers", "SELECT last_report_id, worker FROM workers ORDER BY id");
+  if (!r.ok()) return r.status();
+  std::vector<WorkerRecord> workers(PQntuples(r->get()));
+  for (int row = 0; row < PQntuples(r->get()); ++row) {
+    workers[row].last_report_id = Int(r->get(), row, 0);
+    const std::string_view bytes = Bytes(r->get(), row, 1);
+    if (!workers[row].worker.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return absl::DataLossError("store: a worker row does not parse");
+    }
+  }
+  return workers;
+}
+
+absl::Status PostgresStore::PutToken(const TokenRecord& record) {
+  absl::MutexLock lock(&mu_);
+  return writer_
+      ->Run("put token",
+            "INSERT INTO tokens (id, created_ms, secret_sha256, token) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (id) DO UPDATE SET created_ms = excluded.created_ms, "
+            "secret_sha256 = excluded.secret_sha256, token = excluded.token",
+            Params()
+                .Text(record.token.id())
+                .Int(record.token.created_ms())
+                .Bytes(record.secret_sha256)
+                .Bytes(record.token.SerializeAsString()))
+      .status();
+}
+
+absl::StatusOr<std::vector<TokenRecord>> PostgresStore::LoadTokens() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Result> r = writer_->Run(
+      "load tokens", "SELECT secret_sha256, token FROM tokens ORDER BY created_ms, id");
+  if (!r.ok()) return r.status();
+  std::vector<TokenRecord> tokens(PQntuples(r->get()));
+  for (int row = 0; row < PQntuples(r->get()); ++row) {
+    tokens[row].secret_sha256 = std::string(Bytes(r->get(), row, 0));
+    const std::string_view bytes = Bytes(r->get(), row, 1);
+    if (!tokens[row].token.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return absl::DataLossError("store: a token row does not parse");
+    }
+  }
+  return tokens;
+}
+
+}  // namespace ballast::server
