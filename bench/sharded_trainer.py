@@ -17,10 +17,10 @@ Rows:
 - peak RSS of the largest rank, and tokens/s of the job, against N = 1;
 - bytes one rank sends in collectives per micro-batch, against the ZeRO-3
   figure 3 x parameter bytes x (N - 1) / N (a ring all-gather in forward and
-  in backward, a ring reduce-scatter). Gloo reduce-scatters as an allreduce
-  (pytorch/pytorch#118911), so about 4/3 of it is what Gloo can do. For LoRA
-  the figure would be 2 x all parameter bytes + 1 x the adapter's: frozen
-  weights are gathered but never reduced.
+  in backward, a ring reduce-scatter; on Gloo the reduce-scatter is an
+  all-to-all, which sends as much). For LoRA the figure would be 2 x all
+  parameter bytes + 1 x the adapter's: frozen weights are gathered but never
+  reduced.
 """
 import argparse
 import json
@@ -136,7 +136,7 @@ def main():
             zero3 = 3 * 4 * numel * (n - 1) / n
             print(f"zero3_cpu/{name} full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
                   f"3x params x (N-1)/N: {sent / zero3:.2f}x ({sent / 2**20:.1f} vs "
-                  f"{zero3 / 2**20:.1f} MiB; Gloo's reduce-scatter is an allreduce)")
+                  f"{zero3 / 2**20:.1f} MiB)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

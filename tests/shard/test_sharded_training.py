@@ -20,7 +20,7 @@ from reference import TRAIN, base_spec, make_dataset, make_model, read_metrics, 
 
 STEPS = 20
 # fp32 sums over ranks add the same terms in another order (per-rank partial
-# sums, then the ring's): the results differ from one process by rounding.
+# sums, then over the ranks): the results differ from one process by rounding.
 TOLERANCE = 1e-5
 
 

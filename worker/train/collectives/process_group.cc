@@ -92,6 +92,33 @@ class WorkInFlight : public InFlight {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
+// A reduce-scatter over Gloo's all-to-all: once every rank's chunk for this
+// rank has arrived, `shard` is their sum, added in rank order so that every
+// shard is summed alike at any world size (for two ranks, the bits of
+// Gloo's allreduce: a + b = b + a).
+class ChunksInFlight : public InFlight {
+ public:
+  ChunksInFlight(ProcessGroupCollectives* owner, int64_t seq, c10::intrusive_ptr<c10d::Work> work,
+                 at::Tensor shard, at::Tensor chunks)
+      : arrival_(owner, "reduce_scatter", seq, std::move(work)),
+        shard_(std::move(shard)),
+        chunks_(std::move(chunks)) {}
+  void Wait() override {
+    arrival_.Wait();
+    const int64_t n = shard_.numel();
+    shard_.copy_(chunks_.narrow(0, 0, n));
+    for (int64_t from = n; from < chunks_.numel(); from += n) {
+      shard_.add_(chunks_.narrow(0, from, n));
+    }
+    chunks_ = at::Tensor();
+  }
+
+ private:
+  WorkInFlight arrival_;
+  at::Tensor shard_;
+  at::Tensor chunks_;
+};
+
 class ProcessGroupCollectives : public Collectives {
  public:
   ProcessGroupCollectives(Rendezvous rendezvous, c10::intrusive_ptr<c10d::Store> store,
@@ -145,13 +172,23 @@ class ProcessGroupCollectives : public Collectives {
   }
 
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
+    sent_ += RingBytes(full, 1);
+    if (r_.device.is_cuda()) {
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      return std::make_unique<WorkInFlight>(this, "reduce_scatter", ++issued_,
+                                            group_->_reduce_scatter_base(shard, full, options));
+    }
     // Gloo reduce-scatters as an allreduce of `full` and a slice
-    // (pytorch/pytorch#118911): twice the traffic of a ring reduce-scatter.
-    sent_ += RingBytes(full, 2);
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    return std::make_unique<WorkInFlight>(this, "reduce_scatter", ++issued_,
-                                          group_->_reduce_scatter_base(shard, full, options));
+    // (pytorch/pytorch#118911), twice the traffic. Its all-to-all instead
+    // sends each peer that peer's chunk of `full` and nothing else: the
+    // (N - 1) / N of a ring reduce-scatter, on c10d's own threads. The
+    // chunks are added on Wait().
+    at::Tensor chunks = at::empty_like(full);
+    std::vector<int64_t> equal_split;
+    return std::make_unique<ChunksInFlight>(
+        this, ++issued_, group_->alltoall_base(chunks, full, equal_split, equal_split),
+        std::move(shard), std::move(chunks));
   }
 
   void Barrier() override {
@@ -197,7 +234,8 @@ class ProcessGroupCollectives : public Collectives {
 
  private:
   // Bytes this rank sends in a ring algorithm that passes `passes` times over
-  // `t`: (N - 1) / N of it per pass.
+  // `t`: (N - 1) / N of it per pass. The reduce-scatter's all-to-all sends
+  // the same as a ring's one pass.
   int64_t RingBytes(const at::Tensor& t, int passes) const {
     return passes * static_cast<int64_t>(t.nbytes()) * (r_.world_size - 1) / r_.world_size;
   }

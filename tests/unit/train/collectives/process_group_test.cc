@@ -1,0 +1,177 @@
+// ProcessGroupCollectives' reduce-scatter over real Gloo: N forked ranks on
+// loopback issue several reduce-scatters before waiting for any, and each
+// rank's shard must be the float64 sum of every rank's chunk to fp32's
+// rounding, added in rank order (for two ranks, the bits of Gloo's
+// allreduce), with (N - 1) chunks counted as sent.
+#include "worker/train/collectives/process_group.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ballast::train {
+namespace {
+
+// Chunk sizes per reduce-scatter: odd, none a multiple of another, from one
+// element to a few hundred KiB.
+const std::vector<int64_t> kChunks = {1, 7, 4099, 65537};
+
+// A port below the kernel's ephemeral range, where no test beside this one
+// takes it as the local end of a connection before rank 0 listens on it.
+int FreePort() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int ephemeral_low = 32768;
+  range >> ephemeral_low;
+  std::mt19937 rng{std::random_device{}()};
+  for (;;) {
+    const int port = std::uniform_int_distribution<int>(10000, ephemeral_low - 1)(rng);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+}
+
+// Rank `from`'s full tensor for reduce-scatter `op`: normal values scaled by
+// a power of ten per rank, so that the order of the fp32 additions shows.
+at::Tensor Full(uint64_t seed, size_t op, int from, int world_size) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed + 1000 * op + from);
+  return at::randn({world_size * kChunks[op]}, g, at::TensorOptions().dtype(at::kFloat)) *
+         std::pow(10.0, from % 3 - 1);
+}
+
+// One rank's part; the problems it found, or "".
+std::string CheckRank(int rank, int world_size, int port, uint64_t seed) {
+  at::set_num_threads(1);
+  Rendezvous r;
+  r.rank = rank;
+  r.world_size = world_size;
+  r.master_port = port;
+  r.timeout = std::chrono::seconds(60);
+  absl::StatusOr<std::unique_ptr<Collectives>> group = ConnectProcessGroup(r);
+  if (!group.ok()) return group.status().ToString();
+  Collectives& c = **group;
+
+  std::vector<at::Tensor> fulls, shards;
+  std::vector<std::unique_ptr<InFlight>> in_flight;
+  int64_t expected_bytes = 0;
+  const int64_t bytes_before = c.communicated_bytes();
+  for (size_t op = 0; op < kChunks.size(); ++op) {
+    fulls.push_back(Full(seed, op, rank, world_size));
+    shards.push_back(at::full({kChunks[op]}, NAN, at::kFloat));
+    in_flight.push_back(c.ReduceScatter(shards.back(), fulls.back()));
+    expected_bytes += (world_size - 1) * kChunks[op] * 4;
+  }
+  // Any order: each waits for its own operation.
+  for (size_t op = in_flight.size(); op-- > 0;) in_flight[op]->Wait();
+
+  std::string problems;
+  if (c.communicated_bytes() - bytes_before != expected_bytes) {
+    absl::StrAppend(&problems, "counted ", c.communicated_bytes() - bytes_before,
+                    " bytes for the reduce-scatters, expected ", expected_bytes, "; ");
+  }
+  for (size_t op = 0; op < kChunks.size(); ++op) {
+    const int64_t n = kChunks[op];
+    at::Tensor exact = at::zeros({n}, at::kDouble);
+    at::Tensor magnitude = at::zeros({n}, at::kDouble);
+    at::Tensor in_rank_order;
+    for (int from = 0; from < world_size; ++from) {
+      const at::Tensor mine = Full(seed, op, from, world_size).narrow(0, rank * n, n);
+      exact += mine.to(at::kDouble);
+      magnitude += mine.to(at::kDouble).abs();
+      in_rank_order = from == 0 ? mine.clone() : in_rank_order + mine;
+    }
+    // N - 1 fp32 additions, each rounding by at most half an ulp of its sum.
+    const at::Tensor bound = magnitude * (world_size * std::ldexp(1.0, -24));
+    const at::Tensor error = (shards[op].to(at::kDouble) - exact).abs();
+    if (!(error <= bound).all().item<bool>()) {
+      absl::StrAppend(&problems, "chunk of ", n, " is ", error.max().item<double>(),
+                      " off the float64 sum; ");
+    }
+    if (!torch::equal(shards[op], in_rank_order)) {
+      absl::StrAppend(&problems, "chunk of ", n, " is not the fp32 sum in rank order; ");
+    }
+    at::Tensor allreduced = fulls[op].clone();
+    c.SumInPlace(allreduced);
+    if (world_size == 2 && !torch::equal(shards[op], allreduced.narrow(0, rank * n, n))) {
+      absl::StrAppend(&problems, "chunk of ", n, " differs from Gloo's allreduce; ");
+    }
+  }
+  c.Barrier();
+  return problems;
+}
+
+class GlooReduceScatterTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) {
+  const int world_size = GetParam();
+  const int port = FreePort();
+  const uint64_t seed = std::random_device{}();
+  std::vector<pid_t> ranks;
+  std::vector<int> reports;
+  for (int rank = 0; rank < world_size; ++rank) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(fds[0]);
+      std::string problems;
+      try {
+        problems = CheckRank(rank, world_size, port, seed);
+      } catch (const std::exception& e) {
+        problems = e.what();
+      }
+      if (!problems.empty()) (void)!write(fds[1], problems.data(), problems.size());
+      _exit(problems.empty() ? 0 : 1);
+    }
+    close(fds[1]);
+    ranks.push_back(pid);
+    reports.push_back(fds[0]);
+  }
+  // Generous for a loaded machine: each rank moves about 1 MiB.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int rank = 0; rank < world_size; ++rank) {
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(ranks[rank], &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (done == 0) {
+      for (pid_t pid : ranks) kill(pid, SIGKILL);
+      waitpid(ranks[rank], &status, 0);
+    }
+    std::string problems(4096, '\0');
+    const ssize_t got = read(reports[rank], problems.data(), problems.size());
+    problems.resize(got > 0 ? got : 0);
+    close(reports[rank]);
+    EXPECT_NE(done, 0) << "rank " << rank << " of " << world_size << " did not finish in 120 s";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << rank << " of " << world_size << " (seed " << seed << "): " << problems;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooReduceScatterTest, ::testing::Values(2, 3, 4));
+
+}  // namespace
+}  // namespace ballast::train
