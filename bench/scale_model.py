@@ -10,8 +10,9 @@ jobs"; worker/train/collectives/process_group.cc counts the same bytes):
 a decoder layer is all-gathered in forward and again in backward; the roots
 (embeddings, final norm, lm_head) are gathered once and stay gathered for the
 micro-batch; gathers are in the compute dtype (b_c bytes); the trainable
-gradients are reduce-scattered in fp32 (4 bytes), in rho ring passes (NCCL's
-reduce-scatter is native, rho = 1; Gloo's is an allreduce, rho = 2). A ring
+gradients are reduce-scattered in fp32 (4 bytes), in rho ring passes (rho = 1:
+NCCL's reduce-scatter is native, and on CPU Ballast reduce-scatters with Gloo's
+all-to-all and a local sum, which sends what a ring would). A ring
 collective over n ranks sends (n - 1) / n of its tensor per pass:
 
   V = 2 b_c P_layers + b_c P_roots + 4 rho P_trainable
@@ -248,7 +249,7 @@ def state_gib(p, hw, shard_gpus):
 def cpu_check(measured):
     """The schedule's Gloo ratio for bench/sharded_trainer.py's run (fp32,
     full), and the measured over it."""
-    modelled = textbook_ratio(count(BENCH_QWEN3_8L, "full", 0), compute_bytes=4, reduce_passes=2)
+    modelled = textbook_ratio(count(BENCH_QWEN3_8L, "full", 0), compute_bytes=4, reduce_passes=1)
     return modelled, (measured / modelled if measured else 1.0)
 
 
