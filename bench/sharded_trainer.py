@@ -3,7 +3,8 @@ loopback), each figure a ratio to one rank, measured in one run.
 
 Setup: a Qwen3 of 8 layers, hidden 1024, vocab 8192 (110M parameters: 1.8 GB
 of fp32 masters, gradients and AdamW moments at N = 1, so that the state and
-not LibTorch's own ~0.5 GB dominates a rank's memory), seq 128; a full finetune
+not LibTorch's own ~0.5 GB dominates a rank's memory), seq 128 (--seq: issue
+35 asks for a shape where compute dominates, seq 2048); a full finetune
 (every parameter sharded, fp32 masters and AdamW moments); one step is 4
 micro-batches of 1 document, so 1, 2 and 4 ranks take 4, 2 and 1 of them.
 --model qwen3_moe trains the Mixture-of-Experts of model_config instead:
@@ -36,10 +37,10 @@ import time
 
 import psutil
 
-SEQ, GAS, STEPS, WARMUP = 128, 4, 4, 1
+GAS, STEPS, WARMUP = 4, 4, 1
 
 
-def model_config(model):
+def model_config(model, seq):
     """qwen3: the dense 8 layers above. qwen3_moe: the same attention and
     vocabulary with 8 layers of 8 experts, 2 active per token, of width 512
     (134M parameters, 101M of them experts), so that a rank's share of the
@@ -47,7 +48,7 @@ def model_config(model):
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     common = dict(vocab_size=8192, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=64, max_position_embeddings=1024,
+                  num_key_value_heads=8, head_dim=64, max_position_embeddings=max(1024, seq),
                   tie_word_embeddings=True)
     if model == "qwen3_moe":
         return Qwen3MoeConfig(**common, intermediate_size=2816, num_experts=8,
@@ -57,22 +58,22 @@ def model_config(model):
     return Qwen3Config(**common, intermediate_size=2816)
 
 
-def make_inputs(root, model_name):
+def make_inputs(root, model_name, seq):
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(model_config(model_name))
+    model = AutoModelForCausalLM.from_config(model_config(model_name, seq))
     model.save_pretrained(os.path.join(root, "model"))
     numel = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(1)
     with open(os.path.join(root, "data.jsonl"), "w") as f:
         for _ in range(GAS * STEPS):
-            f.write(json.dumps({"input_ids": torch.randint(0, 8192, (SEQ,), generator=g).tolist()})
+            f.write(json.dumps({"input_ids": torch.randint(0, 8192, (seq,), generator=g).tolist()})
                     + "\n")
     with open(os.path.join(root, "job.json"), "w") as f:
         json.dump({"model": {"path": os.path.join(root, "model")}, "method": "full",
-                   "data": {"path": os.path.join(root, "data.jsonl"), "seqLen": SEQ,
+                   "data": {"path": os.path.join(root, "data.jsonl"), "seqLen": seq,
                             "microBatchSize": 1, "gradAccumSteps": GAS, "shuffle": False},
                    "optimizer": {"lr": 1e-4}, "maxSteps": STEPS, "seed": 0}, f)
     return numel
@@ -118,20 +119,25 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", default="build/bin")
     parser.add_argument("--model", choices=["qwen3", "qwen3_moe"], default="qwen3")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per micro-batch")
+    parser.add_argument("--ranks", default="2,4", help="the world sizes to compare with 1")
     args = parser.parse_args()
     name = {"qwen3": "qwen3-8L", "qwen3_moe": "qwen3-moe-8L-8x2"}[args.model]
+    if args.seq != 128:
+        name += f" seq{args.seq}"
+    sizes = [int(n) for n in args.ranks.split(",")]
     binary = os.path.abspath(os.path.join(args.bin, "ballast-train"))
     root = tempfile.mkdtemp(prefix="ballast-sharded-bench-")
     try:
-        numel = make_inputs(root, args.model)
-        results = {n: run(binary, root, n) for n in (1, 2, 4)}
+        numel = make_inputs(root, args.model, args.seq)
+        results = {n: run(binary, root, n) for n in [1] + sizes}
         rss1, tps1, _ = results[1]
-        for n in (2, 4):
+        for n in sizes:
             rss, tps, sent = results[n]
             print(f"zero3_cpu/{name} full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
                   f"({rss / 2**20:.0f} vs {rss1 / 2**20:.0f} MiB), {tps / tps1:.2f}x tokens/s "
                   f"({tps:.0f} vs {tps1:.0f}, {os.cpu_count()} cores shared)")
-        for n in (2, 4):
+        for n in sizes:
             sent = results[n][2]
             zero3 = 3 * 4 * numel * (n - 1) / n
             print(f"zero3_cpu/{name} full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
