@@ -32,14 +32,15 @@ case "$action" in
     rm -rf "$dir"
     mkdir -p "$dir"
     [ -n "$as_user" ] && chown "$user" "$dir"
-    # No fsync: a test's data need not survive a power loss.
+    # No fsync: a test's data need not survive a power loss (a benchmark sets
+    # BALLAST_PG_FSYNC=on, to compare durable stores).
     if ! $as_user "$bin/initdb" -D "$dir/data" -A trust -U ballast --no-sync -E UTF8 --locale=C \
         >"$dir/initdb.log" 2>&1; then
       cat "$dir/initdb.log" >&2
       exit 1
     fi
     if ! $as_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-        -o "-k $dir -p 5432 -c listen_addresses='' -c fsync=off" start >/dev/null; then
+        -o "-k $dir -p 5432 -c listen_addresses='' -c fsync=${BALLAST_PG_FSYNC:-off}" start >/dev/null; then
       cat "$dir/server.log" >&2
       exit 1
     fi
