@@ -41,6 +41,8 @@ def main():
                         help="off: PostgreSQL's commits wait for no fsync, nearer SQLite's "
                              "synchronous=NORMAL")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
     folder = tempfile.mkdtemp(prefix="ballast-pg-bench-")
     subprocess.run(["sh", SERVER, "start", folder], check=True,
                    env={**os.environ, "BALLAST_PG_FSYNC": "on"})

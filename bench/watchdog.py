@@ -48,6 +48,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating pairs of runs (single runs vary by +-15%%)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
     binary = os.path.join(args.bin, "ballast-train")
     with tempfile.TemporaryDirectory() as root:
         make_inputs(root, "qwen3")
