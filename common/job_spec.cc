@@ -711,6 +711,28 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     }
   }
 
+  const v1::ShardingSpec& sharding = spec.sharding();
+  if (sharding.strategy() == "hybrid") {
+    const int32_t devices = std::max(spec.devices(), 1);
+    if (sharding.shard_group() < 1 || sharding.shard_group() > devices ||
+        devices % sharding.shard_group() != 0) {
+      checks.push_back(OutOfRange("sharding.shard_group", absl::StrCat(sharding.shard_group()),
+                                  absl::StrCat(AllowedText("sharding.shard_group"),
+                                               "; devices is ", devices)));
+    }
+  } else if (sharding.shard_group() != 0) {
+    checks.push_back(absl::InvalidArgumentError(
+        absl::StrCat("sharding.shard_group is set, but sharding.strategy is ",
+                     sharding.strategy().empty() ? "unset (zero3)" : sharding.strategy(),
+                     "; shard groups are for strategy hybrid")));
+  }
+  if (spec.zero3().reduce_dtype() == "bf16" && spec.precision() != "bf16") {
+    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
+        "zero3.reduce_dtype = bf16 needs precision bf16; precision is ",
+        spec.precision().empty() ? "unset (fp32)" : spec.precision(),
+        ", whose gradients bf16 would round")));
+  }
+
   const v1::LoraSpec& lora = spec.lora();
   if (spec.method() == "full" && !lora.init_adapter().empty()) {
     checks.push_back(absl::InvalidArgumentError(

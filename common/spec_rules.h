@@ -709,6 +709,35 @@ inline constexpr SpecRule kSpecRules[] = {
      .zero_default = true,
      .meaning = "steps in a row a rank must be slow to become a straggler, and fast again to "
                 "stop being one; 0: the default"},
+    {.key = "sharding.strategy",
+     .default_kind = SpecDefault::kText,
+     .text = "zero3",
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "hybrid, zero3",
+     .meaning = "`zero3`: parameters, gradients and optimizer state sharded across all ranks; "
+                "`hybrid` (HSDP): sharded inside shard groups of `shard_group` ranks on one "
+                "worker each, replicated across groups, gradients allreduced across the replicas "
+                "(see [docs/scaling.md](docs/scaling.md))"},
+    {.key = "sharding.shard_group",
+     .number = 0,
+     .allowed_kind = SpecAllowed::kInCode,
+     .allowed = "1..devices, dividing devices (hybrid only)",
+     .meaning = "ranks per shard group under `hybrid`; required there, unset otherwise"},
+    {.key = "zero3.prefetch",
+     .number = 1,
+     .allowed_kind = SpecAllowed::kRange,
+     .lo = 1,
+     .hi = 16,
+     .zero_default = true,
+     .meaning = "units whose parameter all-gather may be in flight ahead of the one computing; "
+                "more hides more latency at a unit's parameters of memory each; 0: the default"},
+    {.key = "zero3.reduce_dtype",
+     .default_kind = SpecDefault::kText,
+     .text = "fp32",
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "bf16, fp32",
+     .meaning = "the dtype gradients travel in during reduce-scatter; `bf16` (needs `precision: "
+                "bf16`) halves those bytes, and the sum stays fp32"},
 };
 
 // The rule of `key`, or nullptr.
