@@ -8,6 +8,14 @@
 // One rank needs no communication: SingleRank copies. ProcessGroupCollectives
 // (process_group.h) runs them over c10d: Gloo on CPU, NCCL on GPU.
 //
+// Hybrid sharding (sharding.strategy hybrid, HSDP): the world's ranks form a
+// 2-D mesh, M replicas x G ranks per shard group, rank = replica * G +
+// shard rank. A ZeRO-3 model gathers and reduce-scatters in its shard_group()
+// (the G ranks of one replica, normally one worker's GPUs) and sums its
+// gradient shards once per step in its replica_group() (the M ranks that hold
+// the same shard, one per replica). Everything else (token counts, the loss,
+// grad_norm, the guard) stays on the world, as without it.
+//
 // Not thread-safe: the training thread calls it; a rank that skips a call
 // leaves its peers waiting until the group's timeout.
 #ifndef BALLAST_WORKER_TRAIN_COLLECTIVES_COLLECTIVES_H_
@@ -51,8 +59,19 @@ class Collectives {
   virtual void Barrier() = 0;
 
   // Bytes this rank has sent plus received, by the algorithm's own count
-  // (see process_group.cc), since it was made.
+  // (see process_group.cc), since it was made: the world's and, with hybrid
+  // sharding, its shard and replica groups' too.
   virtual int64_t communicated_bytes() const = 0;
+  // Of communicated_bytes, those of replica_group(); 0 without one.
+  virtual int64_t replica_communicated_bytes() const { return 0; }
+
+  // The group a ZeRO-3 model shards over: this one, or with hybrid sharding
+  // this rank's shard group (owned by this; its rank() is the rank in the
+  // group). Its collectives count in this one's communicated_bytes.
+  virtual Collectives& shard_group() { return *this; }
+  // With hybrid sharding, the ranks holding this rank's shard in every
+  // replica (owned by this; rank() is the replica's number); else null.
+  virtual Collectives* replica_group() { return nullptr; }
 
   // Called before each write that outlives the attempt (a commit, a report):
   // ends the process when this rank has been silent for longer than its

@@ -119,13 +119,61 @@ class ChunksInFlight : public InFlight {
   at::Tensor chunks_;
 };
 
+// The collectives of one c10d group: the world's, or a hybrid job's shard or
+// replica group. Waits go through the world's ProcessGroupCollectives, whose
+// heartbeat watches every rank whichever group it waits in, and whose
+// failures name the lost ranks by their world rank.
+class GroupCollectives : public Collectives {
+ public:
+  GroupCollectives(ProcessGroupCollectives* world, c10::intrusive_ptr<c10d::Backend> group,
+                   int rank, int size, c10::Device device)
+      : world_(world), group_(std::move(group)), rank_(rank), size_(size), device_(device) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  void SumInPlace(at::Tensor& values) override;
+  int64_t Max(int64_t value) override;
+  std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override;
+  std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override;
+  void Barrier() override;
+  int64_t communicated_bytes() const override { return sent_; }
+  void FenceIfStalled() override;
+
+ private:
+  // Bytes this rank sends in a ring algorithm that passes `passes` times over
+  // `t`: (N - 1) / N of it per pass. The reduce-scatter's all-to-all sends
+  // the same as a ring's one pass.
+  int64_t RingBytes(const at::Tensor& t, int passes) const {
+    return passes * static_cast<int64_t>(t.nbytes()) * (size_ - 1) / size_;
+  }
+
+  ProcessGroupCollectives* const world_;
+  const c10::intrusive_ptr<c10d::Backend> group_;
+  const int rank_;
+  const int size_;
+  const c10::Device device_;
+  int64_t sent_ = 0;
+};
+
 class ProcessGroupCollectives : public Collectives {
  public:
+  // `shards` and `replicas`: a hybrid job's groups (Rendezvous::shard_group),
+  // or null.
   ProcessGroupCollectives(Rendezvous rendezvous, c10::intrusive_ptr<c10d::Store> store,
-                          c10::intrusive_ptr<c10d::Backend> group)
+                          c10::intrusive_ptr<c10d::Backend> group,
+                          c10::intrusive_ptr<c10d::Backend> shards,
+                          c10::intrusive_ptr<c10d::Backend> replicas)
       : r_(std::move(rendezvous)),
         store_(std::move(store)),
-        group_(std::move(group)),
+        all_(this, std::move(group), r_.rank, r_.world_size, r_.device),
+        shards_(shards ? std::make_unique<GroupCollectives>(this, std::move(shards),
+                                                            r_.rank % r_.shard_group,
+                                                            r_.shard_group, r_.device)
+                       : nullptr),
+        replicas_(replicas ? std::make_unique<GroupCollectives>(
+                                 this, std::move(replicas), r_.rank / r_.shard_group,
+                                 r_.world_size / r_.shard_group, r_.device)
+                           : nullptr),
         last_beat_(Clock::now().time_since_epoch().count()),
         heartbeat_([this] { Heartbeat(); }),
         watchdog_([this] { Watch(); }) {}
@@ -148,57 +196,32 @@ class ProcessGroupCollectives : public Collectives {
 
   int rank() const override { return r_.rank; }
   int world_size() const override { return r_.world_size; }
-
-  void SumInPlace(at::Tensor& values) override {
-    std::vector<at::Tensor> tensors = {values};
-    Wait("all_reduce", ++issued_, group_->allreduce(tensors));
-    sent_ += RingBytes(values, 2);
-  }
-
-  int64_t Max(int64_t value) override {
-    std::vector<at::Tensor> tensors = {
-        at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(r_.device))};
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::MAX;
-    Wait("all_reduce", ++issued_, group_->allreduce(tensors, options));
-    sent_ += RingBytes(tensors[0], 2);
-    return tensors[0].item<int64_t>();
-  }
-
+  void SumInPlace(at::Tensor& values) override { all_.SumInPlace(values); }
+  int64_t Max(int64_t value) override { return all_.Max(value); }
   std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override {
-    sent_ += RingBytes(full, 1);
-    return std::make_unique<WorkInFlight>(this, "all_gather", ++issued_,
-                                          group_->_allgather_base(full, shard));
+    return all_.AllGather(std::move(full), std::move(shard));
   }
-
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
-    sent_ += RingBytes(full, 1);
-    if (r_.device.is_cuda()) {
-      c10d::ReduceScatterOptions options;
-      options.reduceOp = c10d::ReduceOp::SUM;
-      return std::make_unique<WorkInFlight>(this, "reduce_scatter", ++issued_,
-                                            group_->_reduce_scatter_base(shard, full, options));
-    }
-    // Gloo reduce-scatters as an allreduce of `full` and a slice
-    // (pytorch/pytorch#118911), twice the traffic. Its all-to-all instead
-    // sends each peer that peer's chunk of `full` and nothing else: the
-    // (N - 1) / N of a ring reduce-scatter, on c10d's own threads. The
-    // chunks are added on Wait().
-    at::Tensor chunks = at::empty_like(full);
-    std::vector<int64_t> equal_split;
-    return std::make_unique<ChunksInFlight>(
-        this, ++issued_, group_->alltoall_base(chunks, full, equal_split, equal_split),
-        std::move(shard), std::move(chunks));
+    return all_.ReduceScatter(std::move(shard), std::move(full));
   }
+  void Barrier() override { all_.Barrier(); }
 
-  void Barrier() override {
-    c10d::BarrierOptions options;
-    // NCCL's barrier is an allreduce on a device, which it would otherwise guess.
-    if (r_.device.is_cuda()) options.device_ids = {r_.device.index()};
-    Wait("barrier", ++issued_, group_->barrier(options));
+  int64_t communicated_bytes() const override {
+    return all_.communicated_bytes() + (shards_ ? shards_->communicated_bytes() : 0) +
+           replica_communicated_bytes();
   }
+  int64_t replica_communicated_bytes() const override {
+    return replicas_ ? replicas_->communicated_bytes() : 0;
+  }
+  Collectives& shard_group() override {
+    if (shards_) return *shards_;
+    return *this;
+  }
+  Collectives* replica_group() override { return replicas_.get(); }
 
-  int64_t communicated_bytes() const override { return sent_; }
+  // The number of the next collective issued in any group, for the rank's
+  // StepPhase.
+  int64_t NextSeq() { return ++issued_; }
 
   // Once rank 0 has ended (its store is gone) nobody waits for this rank:
   // its last writes, if any, are its own business.
@@ -233,13 +256,6 @@ class ProcessGroupCollectives : public Collectives {
   }
 
  private:
-  // Bytes this rank sends in a ring algorithm that passes `passes` times over
-  // `t`: (N - 1) / N of it per pass. The reduce-scatter's all-to-all sends
-  // the same as a ring's one pass.
-  int64_t RingBytes(const at::Tensor& t, int passes) const {
-    return passes * static_cast<int64_t>(t.nbytes()) * (r_.world_size - 1) / r_.world_size;
-  }
-
   std::string Diagnosis(const std::string& what) {
     return absl::StrCat("rank ", r_.rank, " of ", r_.world_size, ": a collective failed; ",
                         LostRanks(), " (", what, ")");
@@ -401,8 +417,9 @@ class ProcessGroupCollectives : public Collectives {
 
   const Rendezvous r_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::Backend> group_;
-  int64_t sent_ = 0;
+  GroupCollectives all_;
+  std::unique_ptr<GroupCollectives> shards_;    // hybrid sharding only
+  std::unique_ptr<GroupCollectives> replicas_;  // hybrid sharding only
   // Collectives issued, numbering each for the rank's StepPhase.
   int64_t issued_ = 0;
   std::mutex mu_;
@@ -423,6 +440,57 @@ class ProcessGroupCollectives : public Collectives {
 
 void WorkInFlight::Wait() { owner_->Wait(name_, seq_, work_); }
 
+void GroupCollectives::SumInPlace(at::Tensor& values) {
+  std::vector<at::Tensor> tensors = {values};
+  world_->Wait("all_reduce", world_->NextSeq(), group_->allreduce(tensors));
+  sent_ += RingBytes(values, 2);
+}
+
+int64_t GroupCollectives::Max(int64_t value) {
+  std::vector<at::Tensor> tensors = {
+      at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device_))};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  world_->Wait("all_reduce", world_->NextSeq(), group_->allreduce(tensors, options));
+  sent_ += RingBytes(tensors[0], 2);
+  return tensors[0].item<int64_t>();
+}
+
+std::unique_ptr<InFlight> GroupCollectives::AllGather(at::Tensor full, at::Tensor shard) {
+  sent_ += RingBytes(full, 1);
+  return std::make_unique<WorkInFlight>(world_, "all_gather", world_->NextSeq(),
+                                        group_->_allgather_base(full, shard));
+}
+
+std::unique_ptr<InFlight> GroupCollectives::ReduceScatter(at::Tensor shard, at::Tensor full) {
+  sent_ += RingBytes(full, 1);
+  if (device_.is_cuda()) {
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    return std::make_unique<WorkInFlight>(world_, "reduce_scatter", world_->NextSeq(),
+                                          group_->_reduce_scatter_base(shard, full, options));
+  }
+  // Gloo reduce-scatters as an allreduce of `full` and a slice
+  // (pytorch/pytorch#118911), twice the traffic. Its all-to-all instead
+  // sends each peer that peer's chunk of `full` and nothing else: the
+  // (N - 1) / N of a ring reduce-scatter, on c10d's own threads. The
+  // chunks are added on Wait().
+  at::Tensor chunks = at::empty_like(full);
+  std::vector<int64_t> equal_split;
+  return std::make_unique<ChunksInFlight>(
+      world_, world_->NextSeq(), group_->alltoall_base(chunks, full, equal_split, equal_split),
+      std::move(shard), std::move(chunks));
+}
+
+void GroupCollectives::Barrier() {
+  c10d::BarrierOptions options;
+  // NCCL's barrier is an allreduce on a device, which it would otherwise guess.
+  if (device_.is_cuda()) options.device_ids = {device_.index()};
+  world_->Wait("barrier", world_->NextSeq(), group_->barrier(options));
+}
+
+void GroupCollectives::FenceIfStalled() { world_->FenceIfStalled(); }
+
 }  // namespace
 
 std::unique_ptr<InFlight> SingleRank::AllGather(at::Tensor full, at::Tensor shard) {
@@ -435,8 +503,41 @@ std::unique_ptr<InFlight> SingleRank::ReduceScatter(at::Tensor shard, at::Tensor
   return nullptr;
 }
 
+namespace {
+
+// A c10d group of `size` ranks over `store`, this rank being `rank` of it:
+// NCCL on a GPU, Gloo (listening on `local`) on the CPU. Throws when the
+// peers do not all arrive within r.timeout.
+c10::intrusive_ptr<c10d::Backend> ConnectGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int size, const Rendezvous& r,
+                                               const std::string& local) {
+#ifdef BALLAST_WITH_CUDA
+  if (r.device.is_cuda()) {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = r.timeout;
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+    // NCCL connects lazily, on the first collective; one now makes a
+    // missing or broken peer fail the rendezvous, as Gloo's mesh does.
+    std::vector<at::Tensor> probe = {
+        at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(r.device))};
+    group->allreduce(probe)->wait();
+    return group;
+  }
+#endif
+  auto options = c10d::ProcessGroupGloo::Options::create(r.timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvous& r) {
   const std::string who = absl::StrCat("rank ", r.rank, " of ", r.world_size);
+  if (r.shard_group < 0 || (r.shard_group > 0 && r.world_size % r.shard_group != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": sharding.shard_group ", r.shard_group,
+                     " does not divide the world size; allowed: a divisor of ", r.world_size));
+  }
   const std::string seconds = Seconds(r.timeout);
   absl::StatusOr<std::string> local = LocalAddressTowards(r.master_addr, r.master_port);
   if (!local.ok()) {
@@ -491,29 +592,30 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvou
                                                     WhatOf(e), ")"));
   }
 
-  try {
-    c10::intrusive_ptr<c10d::Backend> group;
-    if (r.device.is_cuda()) {
-#ifdef BALLAST_WITH_CUDA
-      auto options = c10d::ProcessGroupNCCL::Options::create();
-      options->timeout = r.timeout;
-      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, r.rank, r.world_size, options);
-      // NCCL connects lazily, on the first collective; one now makes a
-      // missing or broken peer fail the rendezvous, as Gloo's mesh does.
-      std::vector<at::Tensor> probe = {
-          at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(r.device))};
-      group->allreduce(probe)->wait();
-#else
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": device cuda needs NCCL, and this build has no CUDA"));
+#ifndef BALLAST_WITH_CUDA
+  if (r.device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": device cuda needs NCCL, and this build has no CUDA"));
+  }
 #endif
-    } else {
-      auto options = c10d::ProcessGroupGloo::Options::create(r.timeout);
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r.rank, r.world_size, options);
+  try {
+    c10::intrusive_ptr<c10d::Backend> group = ConnectGroup(store, r.rank, r.world_size, r, *local);
+    // Hybrid sharding: this rank's shard group (the G consecutive ranks of
+    // its replica), then its replica group (the ranks with its shard rank in
+    // every replica), each over keys of its own. Every rank connects them in
+    // this order, so no group waits on a rank still connecting another.
+    c10::intrusive_ptr<c10d::Backend> shards, replicas;
+    if (r.shard_group > 0 && r.shard_group < r.world_size) {
+      const int g = r.shard_group;
+      shards = ConnectGroup(
+          c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("shard-", r.rank / g, "/"), store),
+          r.rank % g, g, r, *local);
+      replicas = ConnectGroup(
+          c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("replica-", r.rank % g, "/"), store),
+          r.rank / g, r.world_size / g, r, *local);
     }
-    return std::unique_ptr<Collectives>(
-        new ProcessGroupCollectives(r, std::move(store), std::move(group)));
+    return std::unique_ptr<Collectives>(new ProcessGroupCollectives(
+        r, std::move(store), std::move(group), std::move(shards), std::move(replicas)));
   } catch (const std::exception& e) {
     int64_t arrived = -1;
     try {

@@ -8,6 +8,10 @@
 // new attempt never reads a half-dead attempt's keys. Each wait is bounded by
 // the rendezvous timeout, and a failure names the rank and the address.
 //
+// With hybrid sharding (shard_group) the shard and replica groups connect
+// after the world, in that order on every rank; the heartbeat below watches
+// the world's ranks whichever group they wait in.
+//
 // A lost peer: Gloo throws from the next collective ("Connection closed by
 // peer"), which names an address, not a rank. The error this class throws
 // instead names the lost ranks: each rank beats a heartbeat key on the store
@@ -66,11 +70,17 @@ struct Rendezvous {
   // The device the step's tensors live on: the CPU (Gloo) or this rank's
   // GPU (NCCL).
   c10::Device device = c10::kCPU;
+  // Hybrid sharding (collectives.h): ranks per shard group, dividing
+  // world_size; 0 (or world_size): no shard or replica groups. Each group is
+  // a c10d group of its own (Gloo or NCCL, as the world's) over the same
+  // store, under the keys "shard-K/" and "replica-K/".
+  int shard_group = 0;
 };
 
 // DEADLINE_EXCEEDED when the store cannot be reached or the peers do not all
 // arrive within the timeout; FAILED_PRECONDITION when this rank's world size
-// disagrees with the store's. Each message names the rank and the address.
+// disagrees with the store's; INVALID_ARGUMENT for a shard_group that does
+// not divide world_size. Each message names the rank and the address.
 absl::StatusOr<std::unique_ptr<Collectives>> ConnectProcessGroup(const Rendezvous& rendezvous);
 
 }  // namespace ballast::train

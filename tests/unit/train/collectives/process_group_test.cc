@@ -2,7 +2,8 @@
 // loopback issue several reduce-scatters before waiting for any, and each
 // rank's shard must be the float64 sum of every rank's chunk to fp32's
 // rounding, added in rank order (for two ranks, the bits of Gloo's
-// allreduce), with (N - 1) chunks counted as sent.
+// allreduce), with (N - 1) chunks counted as sent. Hybrid sharding's shard
+// and replica groups each reduce over their own ranks and count their bytes.
 #include "worker/train/collectives/process_group.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -59,15 +61,23 @@ at::Tensor Full(uint64_t seed, size_t op, int from, int world_size) {
          std::pow(10.0, from % 3 - 1);
 }
 
-// One rank's part; the problems it found, or "".
-std::string CheckRank(int rank, int world_size, int port, uint64_t seed) {
+// Rank `rank` of a job of `world_size` on loopback, with shard groups of
+// `shard_group` (0: none), on one torch thread.
+absl::StatusOr<std::unique_ptr<Collectives>> Connect(int rank, int world_size, int port,
+                                                     int shard_group = 0) {
   at::set_num_threads(1);
   Rendezvous r;
   r.rank = rank;
   r.world_size = world_size;
   r.master_port = port;
   r.timeout = std::chrono::seconds(60);
-  absl::StatusOr<std::unique_ptr<Collectives>> group = ConnectProcessGroup(r);
+  r.shard_group = shard_group;
+  return ConnectProcessGroup(r);
+}
+
+// One rank's part; the problems it found, or "".
+std::string CheckRank(int rank, int world_size, int port, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<Collectives>> group = Connect(rank, world_size, port);
   if (!group.ok()) return group.status().ToString();
   Collectives& c = **group;
 
@@ -120,12 +130,10 @@ std::string CheckRank(int rank, int world_size, int port, uint64_t seed) {
   return problems;
 }
 
-class GlooReduceScatterTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) {
-  const int world_size = GetParam();
-  const int port = FreePort();
-  const uint64_t seed = std::random_device{}();
+// Runs check(rank) in `world_size` forked processes and expects each to
+// report no problems within 120 s (generous for a loaded machine).
+void ExpectEveryRankPasses(int world_size, uint64_t seed,
+                           const std::function<std::string(int rank)>& check) {
   std::vector<pid_t> ranks;
   std::vector<int> reports;
   for (int rank = 0; rank < world_size; ++rank) {
@@ -137,7 +145,7 @@ TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) 
       close(fds[0]);
       std::string problems;
       try {
-        problems = CheckRank(rank, world_size, port, seed);
+        problems = check(rank);
       } catch (const std::exception& e) {
         problems = e.what();
       }
@@ -148,7 +156,6 @@ TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) 
     ranks.push_back(pid);
     reports.push_back(fds[0]);
   }
-  // Generous for a loaded machine: each rank moves about 1 MiB.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   for (int rank = 0; rank < world_size; ++rank) {
     int status = 0;
@@ -169,6 +176,105 @@ TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) 
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "rank " << rank << " of " << world_size << " (seed " << seed << "): " << problems;
   }
+}
+
+class GlooReduceScatterTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) {
+  const int world_size = GetParam();
+  const int port = FreePort();
+  const uint64_t seed = std::random_device{}();
+  ExpectEveryRankPasses(world_size, seed,
+                        [&](int rank) { return CheckRank(rank, world_size, port, seed); });
+}
+
+// Hybrid sharding's groups: 6 ranks as 3 replicas x 2, or 2 x 3. Each group
+// sums over its own ranks only (values that tell every rank apart), its
+// ranks are numbered as collectives.h says, and the bytes are counted per
+// group: the total is the world's plus both groups', of which the replica
+// group's are reported apart.
+std::string CheckHybridRank(int rank, int world_size, int shard_group, int port) {
+  absl::StatusOr<std::unique_ptr<Collectives>> world = Connect(rank, world_size, port, shard_group);
+  if (!world.ok()) return world.status().ToString();
+  Collectives& shards = (*world)->shard_group();
+  Collectives* replicas = (*world)->replica_group();
+  const int replica_count = world_size / shard_group;
+  std::string problems;
+  if (replicas == nullptr) return "no replica group";
+  if (shards.rank() != rank % shard_group || shards.world_size() != shard_group ||
+      replicas->rank() != rank / shard_group || replicas->world_size() != replica_count) {
+    absl::StrAppend(&problems, "shard rank ", shards.rank(), " of ", shards.world_size(),
+                    ", replica ", replicas->rank(), " of ", replicas->world_size(), "; ");
+  }
+  auto one_hot = [&] {
+    at::Tensor t = at::zeros({world_size}, at::kFloat);
+    t[rank] = 1;
+    return t;
+  };
+  auto members = [&](auto in_group) {
+    at::Tensor t = at::zeros({world_size}, at::kFloat);
+    for (int k = 0; k < world_size; ++k) t[k] = in_group(k) ? 1 : 0;
+    return t;
+  };
+  const int64_t world_before = (*world)->communicated_bytes();
+  at::Tensor in_shard_group = one_hot();
+  shards.SumInPlace(in_shard_group);
+  at::Tensor in_replica_group = one_hot();
+  replicas->SumInPlace(in_replica_group);
+  const int64_t nbytes = world_size * 4;
+  const int64_t shard_bytes = 2 * nbytes * (shard_group - 1) / shard_group;
+  const int64_t replica_bytes = 2 * nbytes * (replica_count - 1) / replica_count;
+  if (!torch::equal(in_shard_group,
+                    members([&](int k) { return k / shard_group == rank / shard_group; }))) {
+    absl::StrAppend(&problems, "the shard group summed other ranks; ");
+  }
+  if (!torch::equal(in_replica_group,
+                    members([&](int k) { return k % shard_group == rank % shard_group; }))) {
+    absl::StrAppend(&problems, "the replica group summed other ranks; ");
+  }
+  if (replicas->communicated_bytes() != replica_bytes ||
+      (*world)->replica_communicated_bytes() != replica_bytes ||
+      shards.communicated_bytes() != shard_bytes ||
+      (*world)->communicated_bytes() - world_before != shard_bytes + replica_bytes) {
+    absl::StrAppend(&problems, "counted ", (*world)->communicated_bytes() - world_before,
+                    " bytes (replicas ", (*world)->replica_communicated_bytes(), "), expected ",
+                    shard_bytes + replica_bytes, " (replicas ", replica_bytes, "); ");
+  }
+  // A reduce-scatter inside the shard group: shard k of the group's sum.
+  at::Tensor full = at::arange(shard_group * 3, at::kFloat) * (rank + 1);
+  at::Tensor shard = at::empty({3}, at::kFloat);
+  std::unique_ptr<InFlight> in_flight = shards.ReduceScatter(shard, full);
+  if (in_flight) in_flight->Wait();
+  double factor = 0;
+  for (int k = 0; k < world_size; ++k) factor += k / shard_group == rank / shard_group ? k + 1 : 0;
+  if (!torch::equal(shard,
+                    at::arange(shards.rank() * 3, shards.rank() * 3 + 3, at::kFloat) * factor)) {
+    absl::StrAppend(&problems, "the shard group's reduce-scatter is wrong; ");
+  }
+  (*world)->Barrier();
+  return problems;
+}
+
+class HybridGroupsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HybridGroupsTest, EachGroupSumsItsOwnRanksAndCountsItsOwnBytes) {
+  const int port = FreePort();
+  const int shard_group = GetParam();
+  ExpectEveryRankPasses(6, 0,
+                        [&](int rank) { return CheckHybridRank(rank, 6, shard_group, port); });
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardGroups, HybridGroupsTest, ::testing::Values(2, 3));
+
+TEST(HybridShardGroupTest, OneThatDoesNotDivideTheWorldIsRefused) {
+  Rendezvous r;
+  r.world_size = 4;
+  r.shard_group = 3;
+  absl::StatusOr<std::unique_ptr<Collectives>> group = ConnectProcessGroup(r);
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(group.status().message().find("sharding.shard_group 3"), std::string::npos)
+      << group.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooReduceScatterTest, ::testing::Values(2, 3, 4));
