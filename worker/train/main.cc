@@ -126,8 +126,10 @@ struct RankFlags {
 
 // A job of several ranks meets at rank 0's store before anything is loaded,
 // so that a missing peer fails the job in seconds, not after the model loads.
+// `shard_group`: hybrid sharding's ranks per shard group, 0 without it.
 absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const RankFlags& flags,
-                                                                          c10::Device device) {
+                                                                          c10::Device device,
+                                                                          int shard_group) {
   if (flags.world_size == 1) return std::make_unique<ballast::train::SingleRank>();
   if (flags.master_port <= 0) {
     return absl::InvalidArgumentError(
@@ -146,6 +148,7 @@ absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> ConnectRanks(const 
       std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
   r.on_stalled = ExitFenced;
   r.device = device;
+  r.shard_group = shard_group;
   return ballast::train::ConnectProcessGroup(r);
 }
 
@@ -212,8 +215,8 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
     if (!connected.ok()) return absl::UnavailableError(connected.status().message());
     channel = *std::move(connected);
   }
-  absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> collectives =
-      ConnectRanks(flags, *device);
+  absl::StatusOr<std::unique_ptr<ballast::train::Collectives>> collectives = ConnectRanks(
+      flags, *device, spec.sharding().strategy() == "hybrid" ? spec.sharding().shard_group() : 0);
   if (!collectives.ok()) return collectives.status();
   // Under a coordinator the trainer writes into its attempt's own folder and
   // every report is committed to out_dir before it goes up. Rank 0 claims

@@ -111,8 +111,7 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) 
     reader.saved_ = *std::move(saved);
     reader.world_size_ = reader.saved_.world_size;
     for (int r = 0; r < reader.world_size_; ++r) {
-      absl::StatusOr<std::shared_ptr<SafetensorsFile>> f =
-          OpenFile(root / absl::StrCat("rank-", r, ".safetensors"));
+      absl::StatusOr<std::shared_ptr<SafetensorsFile>> f = OpenFile(root / ShardFileName(r));
       if (!f.ok()) return f.status();
       reader.files_.push_back(*std::move(f));
     }
@@ -186,7 +185,17 @@ absl::StatusOr<at::Tensor> CheckpointReader::Range(const FlatBucket& bucket, Par
 
 absl::StatusOr<std::map<std::string, at::Tensor>> CheckpointReader::GeneratorStates(
     int rank) const {
-  const SafetensorsFile& file = sharded() ? *files_[std::min(rank, world_size_ - 1)] : *files_[2];
+  std::shared_ptr<SafetensorsFile> own;
+  std::error_code ec;
+  if (sharded() && fs::exists(fs::path(dir_) / GeneratorFileName(rank), ec)) {
+    absl::StatusOr<std::shared_ptr<SafetensorsFile>> f =
+        OpenFile(fs::path(dir_) / GeneratorFileName(rank));
+    if (!f.ok()) return f.status();
+    own = *std::move(f);
+  }
+  const SafetensorsFile& file = own         ? *own
+                                : sharded() ? *files_[std::min(rank, world_size_ - 1)]
+                                            : *files_[2];
   std::map<std::string, at::Tensor> states;
   for (const std::string key : {"cpu", "cuda"}) {
     absl::StatusOr<at::Tensor> t = file.tensor(sharded() ? ShardedGeneratorKey(key) : key);

@@ -43,14 +43,21 @@ class CheckpointReader {
                                    int64_t hi) const;
   // AdamW's step counter.
   int64_t optimizer_steps() const { return optimizer_steps_; }
-  // The generator states rank `rank` saved (the last saved rank's when the
-  // checkpoint had fewer ranks), keyed as GeneratorStates() keys them
+  // The generator states rank `rank` saved (in its rng-R file when a hybrid
+  // job's replica saved no shards; the last saved rank's when the checkpoint
+  // had fewer ranks), keyed as GeneratorStates() keys them
   // (model/rng_state.h). DATA_LOSS without the CPU's.
   absl::StatusOr<std::map<std::string, at::Tensor>> GeneratorStates(int rank) const;
   // The name a rank's shard file keeps generator `key` under, among its
   // optimizer and parameter shards.
   static std::string ShardedGeneratorKey(const std::string& key) {
     return key == "cpu" ? "__rng__" : "__rng_" + key + "__";
+  }
+  // The files of a sharded checkpoint: shard `r`'s (its generator too), and
+  // a hybrid job's rank `r` that saved no shard (sharded_checkpoint.h).
+  static std::string ShardFileName(int r) { return "rank-" + std::to_string(r) + ".safetensors"; }
+  static std::string GeneratorFileName(int r) {
+    return "rng-" + std::to_string(r) + ".safetensors";
   }
   const TrainPosition& position() const { return position_; }
 

@@ -46,6 +46,12 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(
     const AdamW& optimizer, Collectives* collectives, CheckpointHealth health,
     const std::map<std::string, at::Tensor>& buffers) {
   const int rank = collectives->rank();
+  // With hybrid sharding every replica holds the same shards: the first
+  // replica's ranks write them, as rank-<shard rank>, and the others their
+  // generators only, as rng-<rank>.
+  const int shard_rank = collectives->shard_group().rank();
+  const bool writes_shards =
+      collectives->replica_group() == nullptr || collectives->replica_group()->rank() == 0;
   std::map<std::string, at::Tensor> tensors = optimizer.StateDict();
   for (const std::string& key : model.masters().names()) {
     tensors[key] = model.masters().get(key).detach();
@@ -58,6 +64,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(
                                                         position.step, ": ", *bad, " on rank ",
                                                         rank, " is not finite"));
   }
+  if (!writes_shards) tensors.clear();
   for (auto& [key, state] : GeneratorStates(model.device())) {
     tensors[CheckpointReader::ShardedGeneratorKey(key)] = state;
   }
@@ -70,7 +77,10 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(
   }
   const fs::path tmp(folder.tmp_dir);
   absl::Status written =
-      WriteSafetensors((tmp / absl::StrCat("rank-", rank, ".safetensors")).string(), tensors);
+      WriteSafetensors((tmp / (writes_shards ? CheckpointReader::ShardFileName(shard_rank)
+                                             : CheckpointReader::GeneratorFileName(rank)))
+                           .string(),
+                       tensors);
   if (absl::Status s = Agree(written, collectives, "writing a checkpoint shard"); !s.ok()) {
     // Every rank has stopped writing: rank 0 clears the half-written folder.
     if (rank == 0) AbandonCheckpoint(folder);
@@ -99,14 +109,16 @@ absl::StatusOr<TrainPosition> LoadShards(const std::string& dir, ShardedModel* m
   torch::NoGradGuard no_grad;
   absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
   if (!reader.ok()) return reader.status();
-  const int n = collectives->world_size();
-  const int rank = collectives->rank();
+  // The shard group's ranks (all of them without hybrid sharding) split the
+  // buckets; the generator is the rank's own.
+  const int n = collectives->shard_group().world_size();
+  const int shard_rank = collectives->shard_group().rank();
   std::map<std::string, at::Tensor> state;
   for (const FlatBucket& bucket : model->layout().buckets) {
     if (!bucket.trainable) continue;
     // This rank's elements; the padding past numel stays zero.
     const int64_t s = bucket.shard_numel(n);
-    const int64_t lo = std::min(bucket.numel, rank * s);
+    const int64_t lo = std::min(bucket.numel, shard_rank * s);
     const int64_t hi = std::min(bucket.numel, lo + s);
     for (auto part : {CheckpointReader::Part::kParams, CheckpointReader::Part::kExpAvg,
                       CheckpointReader::Part::kExpAvgSq}) {
@@ -125,7 +137,8 @@ absl::StatusOr<TrainPosition> LoadShards(const std::string& dir, ShardedModel* m
   if (absl::Status s = optimizer->LoadStateDict(state); !s.ok()) {
     return absl::DataLossError(absl::StrCat(dir, ": ", s.message()));
   }
-  absl::StatusOr<std::map<std::string, at::Tensor>> rng = reader->GeneratorStates(rank);
+  absl::StatusOr<std::map<std::string, at::Tensor>> rng =
+      reader->GeneratorStates(collectives->rank());
   if (!rng.ok()) return rng.status();
   SetGeneratorStates(*rng, model->device());
   return reader->position();

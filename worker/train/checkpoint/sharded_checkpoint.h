@@ -10,6 +10,13 @@
 //   state.json           {"step", "data_cursor"}, as for one rank
 // Frozen weights are not saved: they are the base model's.
 //
+// Hybrid sharding (collectives.h) writes the same folder at N = the shard
+// group's size G: the first replica's ranks write rank-0 .. rank-(G-1)
+// (the shards, the same in every replica), and each rank R of the other
+// replicas rng-R.safetensors with its generator alone. So a hybrid
+// checkpoint loads into ZeRO-3 at any N, or into another hybrid shape, and
+// back, by the same ranges as any other.
+//
 // Saving: rank 0 prepares the hidden temporary folder; after a barrier every
 // rank writes its file there; after a second barrier rank 0 writes
 // layout.json and state.json and renames the folder into place; a third

@@ -83,6 +83,8 @@ class ShardedState : public TrainedState {
   void BeginForward() override { model_.GatherRoots(); }
   void FinishBackward() override { model_.FinishBackward(); }
   void EndForward() override { model_.ReleaseRoots(); }
+  void FinishGradients() override { model_.ReduceAcrossReplicas(); }
+  double grad_norm_share() const override { return model_.counts_in_grad_norm() ? 1 : 0; }
 
   TensorNorms GradNormsByTensor(const std::vector<double>&) override {
     // The reduced sums are per bucket here: each tensor's are measured again.

@@ -7,9 +7,10 @@
 //   one rank    the whole model in a ParamStore: the decoder reads it, the
 //               optimizer updates its trainable tensors, checkpoint.h saves
 //               it, and the calls around a micro-batch do nothing.
-//   N ranks     ShardedModel (shard/sharded_model.h, ZeRO-3): the decoder
-//               reads gathered units, the optimizer updates this rank's fp32
-//               shards, sharded_checkpoint.h saves them.
+//   N ranks     ShardedModel (shard/sharded_model.h, ZeRO-3, or hybrid
+//               sharding over the collectives' shard and replica groups):
+//               the decoder reads gathered units, the optimizer updates this
+//               rank's fp32 shards, sharded_checkpoint.h saves them.
 // Why not ShardedModel with a world of one: its fp32 masters are gathered
 // into the compute dtype, and its checkpoints have the sharded layout, so a
 // single-rank job would neither compute the numbers it computes today (the
@@ -81,6 +82,13 @@ class TrainedState {
   virtual void BeginForward() = 0;
   virtual void FinishBackward() = 0;
   virtual void EndForward() = 0;
+  // After the step's last FinishBackward: with hybrid sharding, sums the
+  // gradients over the replicas (ShardedModel::ReduceAcrossReplicas).
+  virtual void FinishGradients() {}
+  // The factor of this rank's gradient sums of squares in the world's sum
+  // that makes grad_norm: 1, or 0 on a hybrid job's replicas but the first,
+  // whose gradients are the first's (times 0 keeps a NaN a NaN).
+  virtual double grad_norm_share() const { return 1; }
 
   // Where a bad step's gradient went wrong, from `reduced`, the step's sums
   // of squares per tensor of trained() summed over the ranks. Every rank

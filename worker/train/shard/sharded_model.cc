@@ -167,10 +167,11 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
 
 ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
                            c10::Device device)
-    : collectives_(collectives),
+    : collectives_(&collectives->shard_group()),
+      replicas_(collectives->replica_group()),
       compute_dtype_(compute_dtype),
       device_(device),
-      layout_(FlatLayout::Plan(full, collectives->world_size())) {
+      layout_(FlatLayout::Plan(full, collectives_->world_size())) {
   torch::NoGradGuard no_grad;
   const int n = collectives_->world_size();
   const int rank = collectives_->rank();
@@ -377,6 +378,31 @@ void ShardedModel::FinishBackward() {
   for (size_t u : root_units_) Release(u);
 }
 
+void ShardedModel::ReduceAcrossReplicas() {
+  if (replicas_ == nullptr) return;
+  torch::NoGradGuard no_grad;
+  // One flat buffer: a collective per bucket would pay its latency as many
+  // times, for shards of a few KiB under LoRA.
+  std::vector<at::Tensor> shards;
+  for (const std::string& key : masters_.names()) {
+    at::Tensor master = masters_.get(key);
+    if (!master.grad().defined()) master.mutable_grad() = torch::zeros_like(master);
+    shards.push_back(master.grad());
+  }
+  if (shards.empty()) return;
+  at::Tensor flat = torch::cat(shards);
+  replicas_->SumInPlace(flat);
+  int64_t offset = 0;
+  for (at::Tensor& shard : shards) {
+    shard.copy_(flat.narrow(0, offset, shard.numel()));
+    offset += shard.numel();
+  }
+}
+
+bool ShardedModel::counts_in_grad_norm() const {
+  return replicas_ == nullptr || replicas_->rank() == 0;
+}
+
 at::Tensor ShardedModel::RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
                                   const at::Tensor& cos, const at::Tensor& sin,
                                   const kernels::AttentionMask& mask, bool training) {
@@ -439,7 +465,9 @@ std::pair<std::vector<std::string>, at::Tensor> ShardedModel::GradSumSquaresByTe
       sums.push_back(grad.narrow(0, from - lo, to - from).to(torch::kDouble).square().sum());
     }
   }
-  return {names, torch::stack(sums)};
+  at::Tensor stacked = torch::stack(sums);
+  if (!counts_in_grad_norm()) stacked.mul_(0);
+  return {names, stacked};
 }
 
 int64_t ShardedModel::parameter_bytes() const {

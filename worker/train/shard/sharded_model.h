@@ -4,6 +4,12 @@
 // ones as fp32 masters with fp32 gradient shards, and AdamW (the trainer's)
 // keeps moments for the trainable shards only.
 //
+// With hybrid sharding (HSDP, collectives.h) N is the shard group's size G
+// and rank r of a shard group holds the same 1/G in every replica: gathers
+// and reduce-scatters stay inside the shard group, and once per step
+// ReduceAcrossReplicas() sums the gradient shards over the replica group, so
+// that every replica's AdamW steps on the same whole-step gradient.
+//
 // A step, per micro-batch:
 //   GatherRoots()          all-gathers the embeddings, final norm and lm_head;
 //                          they stay gathered until the micro-batch's backward
@@ -16,6 +22,7 @@
 //                          shards, frees it.
 //   FinishBackward()       reduce-scatters the roots' gradients, waits for
 //                          every reduction, frees the roots.
+// and after the step's last micro-batch, ReduceAcrossReplicas() (hybrid).
 // Without activation checkpointing a layer's autograd graph is kept from
 // forward to backward and the layer is gathered back into the same storage
 // (its saved tensors are views of it); with it, the layer is recomputed in
@@ -46,8 +53,9 @@ namespace ballast::train {
 class ShardedModel : public LayerRunner {
  public:
   // Keeps this rank's elements of every tensor in `full` (on any device) and
-  // drops the rest. Shards, gathered units and gradients live on `device`,
-  // which must be the collectives' own. `collectives` must outlive the model.
+  // drops the rest, sharding over collectives->shard_group(). Shards,
+  // gathered units and gradients live on `device`, which must be the
+  // collectives' own. `collectives` must outlive the model.
   ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
                c10::Device device);
   ~ShardedModel() override;
@@ -64,6 +72,15 @@ class ShardedModel : public LayerRunner {
 
   void GatherRoots();
   void FinishBackward();
+  // Hybrid sharding: replaces every gradient shard by its sum over the
+  // replica group, in one fp32 allreduce of them all (an undefined gradient
+  // counts as zeros and becomes their sum). Once per step, after the last
+  // micro-batch's FinishBackward; nothing without replicas.
+  void ReduceAcrossReplicas();
+  // Whether this rank's gradient shards count in the step's gradient norm
+  // summed over the world: false on every replica but the first, which hold
+  // the same shards once ReduceAcrossReplicas() has run.
+  bool counts_in_grad_norm() const;
   // Frees the roots after a forward without backward (an evaluation).
   void ReleaseRoots();
 
@@ -78,9 +95,9 @@ class ShardedModel : public LayerRunner {
 
   // The trainable tensors' names in layout order, and this rank's part of
   // each one's gradient sum of squares (fp64, on the device; 0 for a tensor
-  // this rank holds none of): summed over the ranks, each tensor's squared
-  // gradient norm. The guard's view of where a bad step went wrong; it
-  // costs a pass over the gradient shards.
+  // this rank holds none of, or times 0 where !counts_in_grad_norm(), which
+  // keeps a NaN): summed over the world, each tensor's squared gradient norm. The guard's view of
+  // where a bad step went wrong; it costs a pass over the gradient shards.
   std::pair<std::vector<std::string>, at::Tensor> GradSumSquaresByTensor() const;
 
   // This rank's resident bytes: frozen shards plus fp32 masters, and the
@@ -110,7 +127,8 @@ class ShardedModel : public LayerRunner {
   void Gather(size_t unit);
   void FinishReductions();
 
-  Collectives* collectives_;
+  Collectives* collectives_;  // the shard group
+  Collectives* replicas_;     // hybrid sharding's replica group, or null
   at::ScalarType compute_dtype_;
   c10::Device device_;
   FlatLayout layout_;

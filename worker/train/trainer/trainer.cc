@@ -186,9 +186,16 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
   decoder_.set_routing_bias(routing_bias_.get());
   // AdamW keeps two fp32 moments per trainable element.
   const ResidentBytes bytes = state_->resident_bytes();
+  // With hybrid sharding, where this rank sits in the mesh of replicas.
+  std::string mesh;
+  if (Collectives* replicas = collectives_->replica_group(); replicas != nullptr) {
+    const Collectives& shards = collectives_->shard_group();
+    mesh = absl::StrCat("as rank ", shards.rank(), " of shard group ", replicas->rank(), " (",
+                        replicas->world_size(), " replicas of ", shards.world_size(), " ranks) ");
+  }
   reports_.Log("info", absl::StrCat("rank ", collectives_->rank(), " of ",
                                     collectives_->world_size(), " on ", device_.str(), " (",
-                                    spec_.precision(), ") holds ", bytes.parameters,
+                                    spec_.precision(), ") ", mesh, "holds ", bytes.parameters,
                                     " parameter bytes, ", bytes.gradients, " gradient bytes, ",
                                     2 * bytes.gradients, " optimizer bytes, and gathers up to ",
                                     bytes.gathered, " bytes of whole units"));
@@ -389,6 +396,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
 
   // Batch: this rank's micro-batches of the step, packed during the last one.
   const int64_t communicated_before = collectives_->communicated_bytes();
+  const int64_t replica_before = collectives_->replica_communicated_bytes();
   StepPhase::OfThisRank().BeginStep(m.step());
   delays_.InStep(m.step());
   std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
@@ -471,7 +479,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
     if (anomaly_.kind() != v1::GuardEvent::KIND_RECOVERED) anomaly_.set_message(verdict->reason);
   }
   ClearGradients();
-  FinishMetrics(start, communicated_before, &m);
+  FinishMetrics(start, communicated_before, replica_before, &m);
   return m;
 }
 
@@ -592,14 +600,17 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
     decoder_.set_routing(nullptr);
   }
 
-  // Reduce: the loss sum and the gradient's per-tensor sums of squares over
-  // ranks, in one call.
+  // Reduce: with hybrid sharding the gradients across the replicas first;
+  // then the loss sum and the gradient's per-tensor sums of squares over
+  // ranks, in one call (a replica's copies of the first's gradients add 0).
+  state_->FinishGradients();
   ParamStore& trained = state_->trained();
   std::vector<at::Tensor> grads;
   for (const std::string& name : trained.TrainableNames())
     grads.push_back(trained.get(name).grad());
   injection_.PoisonGradient(step, rerun, grads);
   kernels::GradNormResult gn = kernels::grad_norm(grads, /*locate_nonfinite=*/false);
+  if (state_->grad_norm_share() != 1) gn.sum_squares.mul_(state_->grad_norm_share());
   at::Tensor sums =
       torch::cat({loss_sum.reshape({1}), aux_loss_sum.reshape({1}),
                   routing ? routing->Flat().to(device_) : torch::empty({0}, loss_sum.options()),
@@ -721,10 +732,12 @@ bool Trainer::AgreeAfterStep(int64_t step, double own_s) {
 }
 
 void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
-                            int64_t communicated_before, v1::StepMetrics* m) const {
+                            int64_t communicated_before, int64_t replica_before,
+                            v1::StepMetrics* m) const {
   m->set_step_time_s(SecondsSince(start));
   m->set_tokens_per_s(m->step_time_s() > 0 ? m->tokens() / m->step_time_s() : 0);
   m->set_communicated_bytes(collectives_->communicated_bytes() - communicated_before);
+  m->set_replica_communicated_bytes(collectives_->replica_communicated_bytes() - replica_before);
   // On a GPU, the device memory the caching allocator has handed out at
   // most: what decides whether the job fits.
   m->set_peak_memory_bytes(

@@ -178,9 +178,10 @@ class Trainer {
   // The guard's verdict on the step, agreed by every rank.
   GuardVerdict Judge(const StepHealth& health);
   void ClearGradients();
-  // The step's time, throughput, traffic and peak memory.
+  // The step's time, throughput, traffic (all, and to the replicas) and peak
+  // memory.
   void FinishMetrics(std::chrono::steady_clock::time_point start, int64_t communicated_before,
-                     v1::StepMetrics* metrics) const;
+                     int64_t replica_before, v1::StepMetrics* metrics) const;
   // Writes and reports the checkpoint of `position` (Recovery::SaveCheckpoint
   // for `last` and the errors; a refusal is reported as a guard event).
   absl::Status Checkpoint(const TrainPosition& position, bool last);

@@ -1,0 +1,97 @@
+"""Hybrid sharding (sharding.strategy hybrid, HSDP) across real ballast-train
+processes over c10d Gloo: 4 ranks as 2 replicas x shard groups of 2 give the
+single process's curve, send across the replica dimension nothing but the
+allreduce of their gradient shards, and write checkpoints that load into
+ZeRO-3 at another world size and back."""
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_sharded_training import (TOLERANCE, assert_same_curves, inputs, job,  # noqa: E402,F401
+                                   load_safetensors, read_metrics, train)
+
+HYBRID = ("--set", "sharding.strategy=hybrid", "--set", "sharding.shard_group=2")
+
+
+def replica_allreduce_bytes(layout, replicas):
+    """What a ring allreduce of one rank's fp32 gradient shards sends: 2
+    passes of (M - 1) / M of them, each bucket's shard its numel over the
+    shard group's size, rounded up (the padding)."""
+    group = layout["world_size"]
+    shard_bytes = sum(4 * -(-b["numel"] // group) for b in layout["buckets"])
+    return 2 * shard_bytes * (replicas - 1) // replicas
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_two_replicas_of_two_ranks_reproduce_one_process(inputs, tmp_path, method):
+    spec = job(inputs, tmp_path, "qwen3", method, checkpoint_every=20)
+    train(spec, tmp_path / "n1", 1)
+    logs = train(spec, tmp_path / "hybrid", 4, *HYBRID)
+    for rank, log in enumerate(logs):
+        assert (f"rank {rank} of 4 on cpu (fp32) as rank {rank % 2} of shard group {rank // 2} "
+                "(2 replicas of 2 ranks) holds") in log, log
+    reference = read_metrics(str(tmp_path / "n1"))
+    hybrid = read_metrics(str(tmp_path / "hybrid"))
+    # fp32 sums in another grouping (per rank, in the shard group, across
+    # the replicas): rounding only.
+    assert_same_curves(reference, hybrid, TOLERANCE)
+
+    # Across the replicas, per step: the gradient shards' allreduce, to the
+    # byte, by the counters every collective goes through; the gathers and
+    # reduce-scatters stay inside the shard group.
+    layout = json.loads(
+        (tmp_path / "hybrid" / "checkpoints" / "step-00000020" / "layout.json").read_text())
+    assert layout["world_size"] == 2
+    expected = replica_allreduce_bytes(layout, replicas=2)
+    assert expected > 0
+    for m in hybrid:
+        assert m["replica_communicated_bytes"] == expected, m
+        assert m["communicated_bytes"] > 2 * expected, m
+    # ZeRO-3 over the same 4 ranks has no replicas.
+    train(spec, tmp_path / "zero3", 4)
+    assert all(m["replica_communicated_bytes"] == 0
+               for m in read_metrics(str(tmp_path / "zero3")))
+
+
+def resume(spec, checkpoint, metrics, out, world_size, *extra):
+    """Trains `spec` into `out` from `checkpoint` (a step folder), with the
+    metrics of the run that wrote it."""
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(checkpoint, out / "checkpoints" / checkpoint.name)
+    shutil.copy(metrics, out / "metrics.jsonl")
+    train(spec, out, world_size, *extra)
+    return read_metrics(str(out))
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_a_hybrid_checkpoint_reshards_to_zero3_at_three_ranks_and_back(inputs, tmp_path, method):
+    # Twelve micro-batches a step: 4 and 3 ranks both take an equal share.
+    spec = job(inputs, tmp_path, "llama", method, max_steps=6, checkpoint_every=2,
+               data={"grad_accum_steps": 12, "micro_batch_size": 1})
+    train(spec, tmp_path / "hybrid", 4, *HYBRID)
+    uninterrupted = read_metrics(str(tmp_path / "hybrid"))
+    step2 = tmp_path / "hybrid" / "checkpoints" / "step-00000002"
+    # The first replica writes the shards; the second its generators only.
+    assert sorted(f for f in os.listdir(step2) if f.endswith(".safetensors")) == [
+        "rank-0.safetensors", "rank-1.safetensors", "rng-2.safetensors", "rng-3.safetensors"]
+    assert json.loads((step2 / "layout.json").read_text())["world_size"] == 2
+    assert set(load_safetensors(str(step2 / "rng-3.safetensors"))) == {"__rng__"}
+
+    zero3 = resume(spec, step2, tmp_path / "hybrid" / "metrics.jsonl", tmp_path / "zero3-n3", 3)
+    assert_same_curves(uninterrupted, zero3, TOLERANCE)
+    step4 = tmp_path / "zero3-n3" / "checkpoints" / "step-00000004"
+    assert json.loads((step4 / "layout.json").read_text())["world_size"] == 3
+    back = resume(spec, step4, tmp_path / "zero3-n3" / "metrics.jsonl", tmp_path / "back", 4,
+                  *HYBRID)
+    assert_same_curves(uninterrupted, back, TOLERANCE)
+
+    export = "adapter/adapter_model.safetensors" if method == "lora" else "model/model.safetensors"
+    want = load_safetensors(str(tmp_path / "hybrid" / export))
+    got = load_safetensors(str(tmp_path / "back" / export))
+    assert got.keys() == want.keys()
+    for name, t in want.items():
+        assert (got[name] - t).abs().max().item() <= 1e-4 * max(1.0, t.abs().max().item()), name
