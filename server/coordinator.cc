@@ -58,6 +58,11 @@ std::string DeviceKindOf(const v1::JobSpec& spec) {
   return spec.device() == "auto" ? "" : spec.device();
 }
 
+// The ranks that must share a worker: a hybrid job's shard group, else 1.
+int32_t ShardGroupOf(const v1::JobSpec& spec) {
+  return spec.sharding().strategy() == "hybrid" ? std::max(spec.sharding().shard_group(), 1) : 1;
+}
+
 // What a new attempt, placed as `ranks`, did with the devices of the job's
 // stragglers in earlier attempts, each after "; ". The scheduler takes them
 // last, so one is used only when its worker had no other free device.
@@ -183,7 +188,7 @@ absl::Status Coordinator::Load() {
       const v1::Job& j = job.record.job;
       if (j.state() == v1::JOB_STATE_QUEUED) {
         scheduler_.Enqueue(id, j.spec().scheduling().priority(), job.record.order,
-                           j.spec().devices(), DeviceKindOf(j.spec()));
+                           j.spec().devices(), DeviceKindOf(j.spec()), {}, ShardGroupOf(j.spec()));
       }
       for (const v1::RankPlacement& p : j.placement()) {
         // A rank that exited before the restart stays exited.
@@ -485,7 +490,8 @@ void Coordinator::EnqueueIfIdle(JobEntry* job) {
   std::set<Device> avoid;
   for (const auto& [device, sighting] : job->straggler_devices) avoid.insert(avoid.end(), device);
   scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
-                     j.spec().devices(), DeviceKindOf(j.spec()), std::move(avoid));
+                     j.spec().devices(), DeviceKindOf(j.spec()), std::move(avoid),
+                     ShardGroupOf(j.spec()));
 }
 
 void Coordinator::Requeue(JobEntry* job, const std::string& reason) {
@@ -678,7 +684,7 @@ void Coordinator::SubmitJob(v1::JobSpec spec, const std::string& request_id,
       known = true;
       submitted = earlier->record.job;
     } else {
-      refused = workers_.CheckGangFits(spec.devices(), DeviceKindOf(spec));
+      refused = workers_.CheckGangFits(spec.devices(), DeviceKindOf(spec), ShardGroupOf(spec));
       if (refused.ok()) refused = CheckQuota(tenant, spec.devices());
     }
     if (!known && refused.ok()) {
@@ -820,7 +826,8 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
                      .steps = steps.sample_count,
                      .step_seconds = steps.sample_sum,
                      .peak_memory_bytes = series.peak_memory_bytes,
-                     .communicated_bytes = series.communicated_bytes});
+                     .communicated_bytes = series.communicated_bytes,
+                     .replica_communicated_bytes = series.replica_communicated_bytes});
   }
   return stats;
 }

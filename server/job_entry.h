@@ -38,6 +38,8 @@ struct RankSeries {
   // The newest report; 0 when the rank does not measure it.
   int64_t peak_memory_bytes = 0;
   double communicated_bytes = 0;
+  // Of communicated_bytes, those a hybrid job's rank sent its replicas.
+  double replica_communicated_bytes = 0;
 };
 
 // Who was a straggler on a device (the progress watchdog's): the rank, in

@@ -57,6 +57,7 @@ JobMetrics::Snapshot JobMetrics::Read() const {
           .step_seconds = series.step_seconds.Collect(),
           .peak_memory_bytes = series.peak_memory_bytes,
           .communicated_bytes = series.communicated_bytes,
+          .replica_communicated_bytes = series.replica_communicated_bytes,
           .straggler = std::find(j.straggler_ranks().begin(), j.straggler_ranks().end(), rank) !=
                        j.straggler_ranks().end()};
     }
@@ -226,6 +227,13 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
                             "started.",
                             MetricType::Counter,
                             {}};
+  MetricFamily replica_communicated{
+      "ballast_rank_replica_communicated_bytes_total",
+      "Of ballast_rank_communicated_bytes_total, the bytes a hybrid-sharded job's rank sent "
+      "across replicas (its gradient shards' allreduce); the rest stayed in its shard group. "
+      "0 for other jobs.",
+      MetricType::Counter,
+      {}};
   MetricFamily straggler{"ballast_rank_straggler",
                          "1 while the progress watchdog counts the rank a straggler: its own "
                          "step time (outside collectives) above watchdog.straggler_factor times "
@@ -242,12 +250,14 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
         sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
       }
       sample(communicated, labels, series.communicated_bytes);
+      sample(replica_communicated, labels, series.replica_communicated_bytes);
       sample(straggler, labels, series.straggler ? 1 : 0);
     }
   }
   families.push_back(std::move(step_seconds));
   families.push_back(std::move(peak_memory));
   families.push_back(std::move(communicated));
+  families.push_back(std::move(replica_communicated));
   families.push_back(std::move(straggler));
   return families;
 }

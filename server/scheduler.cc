@@ -5,10 +5,10 @@
 namespace ballast::server {
 
 void Scheduler::Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
-                        const std::string& kind, std::set<Device> avoid) {
+                        const std::string& kind, std::set<Device> avoid, int32_t group) {
   Dequeue(job_id);
   QueueKey key{priority, order, job_id};
-  Need need{devices, kind};
+  Need need{devices, kind, std::max(group, 1)};
   by_need_[need].insert(key);
   queue_.emplace(key, Queued{std::move(need), std::move(avoid)});
   queued_keys_.emplace(job_id, std::move(key));
@@ -102,13 +102,25 @@ int64_t Scheduler::free_devices() const {
   return free;
 }
 
+int64_t Scheduler::FreeInGroups(const Pool& pool, int32_t group) {
+  if (group <= 1) return pool.free;
+  int64_t free = 0;
+  for (auto w = pool.index.lower_bound({group, std::string_view()}); w != pool.index.end(); ++w) {
+    free += w->first / group * group;
+  }
+  return free;
+}
+
 bool Scheduler::Fits(const Need& need) const {
+  auto fits = [&](const Pool& pool) {
+    return pool.free >= need.devices && FreeInGroups(pool, need.group) >= need.devices;
+  };
   if (!need.kind.empty()) {
     auto pool = pools_.find(need.kind);
-    return pool != pools_.end() && pool->second.free >= need.devices;
+    return pool != pools_.end() && fits(pool->second);
   }
   return std::any_of(pools_.begin(), pools_.end(),
-                     [&](const auto& pool) { return pool.second.free >= need.devices; });
+                     [&](const auto& pool) { return fits(pool.second); });
 }
 
 Scheduler::Queue::iterator Scheduler::NextFitting(const QueueKey& after) {
@@ -159,15 +171,19 @@ void Scheduler::Place(const Queued& job, Decision* decision) {
     // The empty id sorts before every worker with the same free count.
     auto one = pool.index.lower_bound({need.devices, std::string_view()});
     if (one != pool.index.end() && (fit == nullptr || *one < *fit)) fit = &*one;
+    if (FreeInGroups(pool, need.group) < need.devices) continue;
     if (spread == nullptr || pool.free > spread->free) spread = &pool;
   }
   if (fit != nullptr) {
     Take(fit->second, need.devices, job.avoid, decision);
     return;
   }
+  // Whole groups from the worker with the most free (each Take moves it
+  // down the index); Fits() made sure they add up.
   for (int32_t left = need.devices; left > 0;) {
     const auto [free, worker_id] = *spread->index.rbegin();
-    const int32_t count = std::min(left, free);
+    const int32_t count = std::min(left, free / need.group * need.group);
+    if (count == 0) break;
     Take(worker_id, count, job.avoid, decision);
     left -= count;
   }
@@ -206,8 +222,10 @@ std::vector<Decision> Scheduler::Schedule(
 Scheduler::Reservation Scheduler::Reserve(const Need& job) {
   const int32_t need = job.devices;
   auto may_use = [&](const std::string& kind) { return job.kind.empty() || kind == job.kind; };
+  // What a worker can ever give the job: whole groups of it.
   auto capacity = [&](std::string_view worker_id) {
-    return static_cast<int32_t>(workers_.find(worker_id)->second.busy.size());
+    const auto size = static_cast<int32_t>(workers_.find(worker_id)->second.busy.size());
+    return size / job.group * job.group;
   };
   // The head's reservation, within one kind: one worker big enough, the one
   // nearest to free (most free now) over every kind; else, in the first kind
@@ -233,6 +251,7 @@ Scheduler::Reservation Scheduler::Reserve(const Need& job) {
     int64_t total = 0;
     pick.clear();
     for (auto w = pool.index.rbegin(); w != pool.index.rend() && total < need; ++w) {
+      if (capacity(w->second) == 0) continue;  // smaller than one of its groups
       pick.push_back(std::next(w).base());
       total += capacity(w->second);
     }

@@ -12,6 +12,11 @@
 //    first.
 //  - A job may name its device kind ("cuda", "cpu"); it then runs on workers
 //    of that kind only. A job with none takes any kind.
+//  - A hybrid-sharded job (sharding.shard_group G) takes its devices in
+//    groups of G consecutive ranks, each group on one worker: it fits where
+//    the workers' free devices, each rounded down to a multiple of G, add up
+//    to N, and spreads over them in whole groups. Its ranks are numbered
+//    group by group, so rank r's shard group r / G is on one worker.
 //  - Higher priority first, then submission order.
 //  - Backfill: when the first job in order does not fit, it reserves the
 //    workers it would take as they free up; later jobs may use only devices
@@ -25,10 +30,11 @@
 //    and a job held back for a device that was merely slow would not train
 //    at all.
 //
-// Cost: a pass costs O(log) per decision, per distinct need (devices, kind)
-// in the queue, and per job `admit` refuses; never a walk of the whole queue
-// or of every worker. Workers are kept indexed by free devices, and the
-// queue by need as well as by order, so "the next job in order that fits
+// Cost: a pass costs O(log) per decision, per distinct need (devices, kind,
+// group) in the queue, and per job `admit` refuses; never a walk of the
+// whole queue or of every worker, except that a need of groups larger than
+// one walks the workers with at least a group free to see whether it fits. Workers are kept indexed
+// by free devices, and the queue by need as well as by order, so "the next job in order that fits
 // in what is free" is one lookup per need. Placing a job walks the devices
 // of the workers it gets (twice at most when it avoids some); its avoided
 // devices, per job and few (its stragglers'), add O(log) each.
@@ -65,10 +71,11 @@ class Scheduler {
  public:
   // Adds a job to the queue. `order` is its submission order (smaller first
   // among equal priorities); `kind` the device kind it must run on, empty
-  // for any; `avoid` the devices it takes last on the workers it gets.
-  // Replaces an entry with the same id.
+  // for any; `avoid` the devices it takes last on the workers it gets;
+  // `group` the ranks that must share a worker (a hybrid job's shard group,
+  // dividing `devices`; 1: any). Replaces an entry with the same id.
   void Enqueue(const std::string& job_id, int32_t priority, int64_t order, int32_t devices,
-               const std::string& kind = "", std::set<Device> avoid = {});
+               const std::string& kind = "", std::set<Device> avoid = {}, int32_t group = 1);
   // Removes a queued job; false when it was not queued.
   bool Dequeue(const std::string& job_id);
   size_t queued() const { return queue_.size(); }
@@ -109,7 +116,8 @@ class Scheduler {
   };
   struct Need {
     int32_t devices;
-    std::string kind;  // empty: any
+    std::string kind;   // empty: any
+    int32_t group = 1;  // ranks per worker-bound group
     auto operator<=>(const Need&) const = default;
   };
   struct Worker {
@@ -135,8 +143,11 @@ class Scheduler {
   // pass ends.
   using Reservation = std::vector<std::pair<Pool*, Index::value_type>>;
 
-  // Whether some pool the need may use has that many free devices.
+  // Whether some pool the need may use has that many free devices (in whole
+  // groups).
   bool Fits(const Need& need) const;
+  // The free devices of `pool` in whole groups of `group` per worker.
+  static int64_t FreeInGroups(const Pool& pool, int32_t group);
   // The first queued job after `after` (in order) that fits now.
   Queue::iterator NextFitting(const QueueKey& after);
   // Takes out of pools_ the workers the head job, which needs `need` and

@@ -102,16 +102,18 @@ std::vector<WorkerTable::Lapse> WorkerTable::Lapsed(int64_t now_ms, int64_t fenc
   return lapsed;
 }
 
-absl::Status WorkerTable::CheckGangFits(int32_t devices, const std::string& kind) const {
+absl::Status WorkerTable::CheckGangFits(int32_t devices, const std::string& kind,
+                                        int32_t group) const {
   // Capacity of the live workers, per device kind: a gang is of one kind,
-  // the job's own when it names one.
+  // the job's own when it names one, and a shard group is on one worker.
+  group = std::max(group, 1);
   std::map<std::string, int64_t> by_kind;
   std::vector<std::string> listed;
   for (const auto& [id, w] : workers_) {
     const v1::Worker& worker = w.record.worker;
     if (!worker.alive()) continue;
     if (kind.empty() || worker.device_kind() == kind) {
-      by_kind[worker.device_kind()] += worker.capacity();
+      by_kind[worker.device_kind()] += worker.capacity() / group * group;
     }
     listed.push_back(absl::StrCat(id, " ", worker.capacity(), " ", worker.device_kind()));
   }
@@ -128,8 +130,12 @@ absl::Status WorkerTable::CheckGangFits(int32_t devices, const std::string& kind
     listed.resize(kListed);
     listed.push_back(absl::StrCat("and ", workers - kListed, " more"));
   }
-  const std::string what = kind.empty() ? absl::StrCat("devices ", devices)
-                                        : absl::StrCat("devices ", devices, " with device ", kind);
+  std::string what = kind.empty() ? absl::StrCat("devices ", devices)
+                                  : absl::StrCat("devices ", devices, " with device ", kind);
+  if (group > 1) {
+    absl::StrAppend(&what, " in shard groups of sharding.shard_group ", group,
+                    ", each on one worker");
+  }
   const std::string of_kind = !kind.empty()        ? absl::StrCat(" of ", kind, " devices")
                               : by_kind.size() > 1 ? ", all of one device kind"
                                                    : "";

@@ -81,9 +81,10 @@ class WorkerTable {
                             const std::set<std::string>& with_ranks) const;
 
   // INVALID_ARGUMENT when `devices` is more than the live workers of any one
-  // device kind (of `kind` alone when not empty) hold together, naming the
+  // device kind (of `kind` alone when not empty) hold together, in whole
+  // groups of `group` per worker (a hybrid job's shard groups), naming the
   // largest gang and the workers; OK when none is live.
-  absl::Status CheckGangFits(int32_t devices, const std::string& kind) const;
+  absl::Status CheckGangFits(int32_t devices, const std::string& kind, int32_t group = 1) const;
 
   // Ends every worker's stream (shutdown).
   void CloseAll();

@@ -70,6 +70,58 @@ TEST(Scheduler, GangSpreadsOverFewestWorkersWithMostFree) {
   EXPECT_EQ(s.free_devices(), 2);
 }
 
+TEST(Scheduler, AHybridJobSpreadsInWholeShardGroups) {
+  Scheduler s;
+  s.AddWorker("a", 3);
+  s.AddWorker("b", 3);
+  // Without groups it would go b, b, b, a, splitting ranks 2 and 3.
+  s.Enqueue("job", 0, 1, 4, "", {}, /*group=*/2);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"b", "b", "a", "a"}));
+  EXPECT_EQ(s.free_devices(), 2);
+}
+
+TEST(Scheduler, AHybridJobWaitsForWholeGroupsEvenWithEnoughDevicesFree) {
+  Scheduler s;
+  s.AddWorker("a", 4);
+  s.AddWorker("b", 4);
+  s.AddWorker("c", 4);
+  for (const char* w : {"a", "b", "c"}) ASSERT_TRUE(s.Occupy(w, 0));
+  // Nine devices free, three on each worker: no group of 4 fits anywhere.
+  s.Enqueue("hybrid", 0, 1, 8, "", {}, /*group=*/4);
+  EXPECT_TRUE(s.Schedule().empty());
+  s.Release("b", 0);
+  EXPECT_TRUE(s.Schedule().empty()) << "one worker with a group of 4 free, two needed";
+  s.Release("c", 0);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(d.size(), 1u);
+  const std::vector<std::string> workers = Workers(d[0]);
+  for (size_t rank = 0; rank < workers.size(); rank += 4) {
+    for (size_t k = rank; k < rank + 4; ++k) EXPECT_EQ(workers[k], workers[rank]) << k;
+  }
+  EXPECT_NE(workers[0], workers[4]);
+}
+
+TEST(Scheduler, AHybridHeadJobReservesWorkersThatCanHoldItsGroups) {
+  Scheduler s;
+  s.AddWorker("a", 3);
+  s.AddWorker("b", 3);
+  s.AddWorker("c", 2);
+  ASSERT_TRUE(s.Occupy("a", 0));
+  ASSERT_TRUE(s.Occupy("b", 0));
+  // Needs a and b whole (groups of 3); c cannot hold a group of 3.
+  s.Enqueue("head", 0, 1, 6, "", {}, /*group=*/3);
+  s.Enqueue("small", 0, 2, 2);
+  // The head does not fit; the small job may not take from a or b.
+  EXPECT_EQ(Started(s.Schedule()), (std::vector<std::string>{"small"}));
+  s.Release("a", 0);
+  s.Release("b", 0);
+  const std::vector<Decision> d = s.Schedule();
+  ASSERT_EQ(Started(d), (std::vector<std::string>{"head"}));
+  EXPECT_EQ(Workers(d[0]), (std::vector<std::string>{"b", "b", "b", "a", "a", "a"}));
+}
+
 TEST(Scheduler, GangWaitsUntilEveryDeviceIsFree) {
   Scheduler s;
   s.AddWorker("a", 4);

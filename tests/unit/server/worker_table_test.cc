@@ -115,6 +115,21 @@ TEST(WorkerTableTest, TheLargestGangIsTheLiveCapacityOfOneDeviceKind) {
               HasSubstr("the largest gang this cluster can place is 2 of cuda devices"));
 }
 
+TEST(WorkerTableTest, AHybridGangCountsWholeShardGroupsPerWorker) {
+  WorkerTable table(kLeaseMs);
+  table.Register("a", Registration(3, "cpu"), 0);
+  table.Register("b", Registration(3, "cpu"), 0);
+  // Six devices, but only one group of 2 (or 3) on each worker.
+  EXPECT_TRUE(table.CheckGangFits(6, "cpu", 3).ok());
+  EXPECT_TRUE(table.CheckGangFits(4, "cpu", 2).ok());
+  const absl::Status split = table.CheckGangFits(6, "cpu", 2);
+  EXPECT_EQ(split.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(split.message(), HasSubstr("devices 6 with device cpu in shard groups of "
+                                         "sharding.shard_group 2, each on one worker: the "
+                                         "largest gang this cluster can place is 4"));
+  EXPECT_FALSE(table.CheckGangFits(4, "", 4).ok()) << "no worker holds a group of 4";
+}
+
 TEST(WorkerTableTest, RegistrationNamesTheBadField) {
   v1::RegisterWorkerRequest r = Registration(1);
   EXPECT_TRUE(WorkerTable::CheckRegistration(r).ok());
