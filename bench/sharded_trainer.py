@@ -14,6 +14,9 @@ The ranks share this machine's cores (torch threads per rank = cores / N, at
 least 1), so tokens/s shows the cost of sharding here, not the speed-up of
 N machines.
 
+--hybrid G also runs the largest N as hybrid sharding (N / G replicas of
+shard groups of G ranks, sharding.strategy hybrid) against ZeRO-3 at that N.
+
 Rows:
 - peak RSS of the largest rank, and tokens/s of the job, against N = 1;
 - bytes one rank sends in collectives per micro-batch, against the ZeRO-3
@@ -22,6 +25,11 @@ Rows:
   all-to-all, which sends as much). For LoRA the figure would be 2 x all
   parameter bytes + 1 x the adapter's: frozen weights are gathered but never
   reduced.
+- with --hybrid: peak RSS and tokens/s against ZeRO-3 at the same N; the
+  bytes a rank sends across the replicas per step against the allreduce of
+  its fp32 gradient shards, 2 (M - 1) / M x 4 x parameters / G (the
+  scale model's comm_step); and its bytes inside the shard group per
+  micro-batch against ZeRO-3's figure at N = G.
 """
 import argparse
 import json
@@ -85,15 +93,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(binary, root, n):
-    out = os.path.join(root, f"out-{n}")
+def run(binary, root, n, shard_group=0):
+    out = os.path.join(root, f"out-{n}-{shard_group}")
+    hybrid = ["--set", "sharding.strategy=hybrid", "--set",
+              f"sharding.shard_group={shard_group}"] if shard_group else []
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs = [subprocess.Popen([binary, "--spec", os.path.join(root, "job.json"), "--out", out,
                                "--set", f"devices={n}", "--rank", str(r), "--world-size", str(n),
-                               "--master-port", str(port)], stderr=logs[r], env=env)
+                               "--master-port", str(port), *hybrid], stderr=logs[r], env=env)
              for r in range(n)]
     peak = [0] * n
     while any(p.poll() is None for p in procs):
@@ -112,7 +122,10 @@ def run(binary, root, n):
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][WARMUP:]
     tokens_per_s = statistics.median(r["tokens"] / r["step_time_s"] for r in rows)
     per_micro_batch = int(sent.group(1)) / (GAS // n) if sent else 0
-    return max(peak), tokens_per_s, per_micro_batch
+    # Per step, from rank 0's metrics: (across the replicas, the rest).
+    replica = statistics.median(r["replica_communicated_bytes"] for r in rows)
+    in_group = statistics.median(r["communicated_bytes"] for r in rows) - replica
+    return max(peak), tokens_per_s, per_micro_batch, (replica, in_group / (GAS // n))
 
 
 def main():
@@ -121,6 +134,9 @@ def main():
     parser.add_argument("--model", choices=["qwen3", "qwen3_moe"], default="qwen3")
     parser.add_argument("--seq", type=int, default=128, help="tokens per micro-batch")
     parser.add_argument("--ranks", default="2,4", help="the world sizes to compare with 1")
+    parser.add_argument("--hybrid", type=int, default=0,
+                        help="also run the largest world size as hybrid sharding with shard "
+                             "groups of this many ranks")
     args = parser.parse_args()
     name = {"qwen3": "qwen3-8L", "qwen3_moe": "qwen3-moe-8L-8x2"}[args.model]
     if args.seq != 128:
@@ -131,9 +147,9 @@ def main():
     try:
         numel = make_inputs(root, args.model, args.seq)
         results = {n: run(binary, root, n) for n in [1] + sizes}
-        rss1, tps1, _ = results[1]
+        rss1, tps1 = results[1][:2]
         for n in sizes:
-            rss, tps, sent = results[n]
+            rss, tps, sent = results[n][:3]
             print(f"zero3_cpu/{name} full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
                   f"({rss / 2**20:.0f} vs {rss1 / 2**20:.0f} MiB), {tps / tps1:.2f}x tokens/s "
                   f"({tps:.0f} vs {tps1:.0f}, {os.cpu_count()} cores shared)")
@@ -143,6 +159,23 @@ def main():
             print(f"zero3_cpu/{name} full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
                   f"3x params x (N-1)/N: {sent / zero3:.2f}x ({sent / 2**20:.1f} vs "
                   f"{zero3 / 2**20:.1f} MiB)")
+        if args.hybrid:
+            n, g = max(sizes), args.hybrid
+            m = n // g
+            rss, tps, _, (replica, in_group) = run(binary, root, n, g)
+            rss_z, tps_z = results[n][:2]
+            shape = f"{m}x{g}"
+            print(f"hsdp_cpu/{name} full {shape} vs ZeRO-3 N={n}: {rss / rss_z:.2f}x peak RSS per "
+                  f"rank ({rss / 2**20:.0f} vs {rss_z / 2**20:.0f} MiB), {tps / tps_z:.2f}x "
+                  f"tokens/s ({tps:.0f} vs {tps_z:.0f}, {os.cpu_count()} cores shared)")
+            step = 2 * (m - 1) / m * 4 * numel / g
+            print(f"hsdp_cpu/{name} full {shape} bytes across the replicas per rank per step vs "
+                  f"2(M-1)/M x 4 x params / G: {replica / step:.3f}x ({replica / 2**20:.1f} vs "
+                  f"{step / 2**20:.1f} MiB)")
+            zero3 = 3 * 4 * numel * (g - 1) / g
+            print(f"hsdp_cpu/{name} full {shape} bytes inside the shard group per rank per "
+                  f"micro-batch vs ZeRO-3 3x params x (G-1)/G: {in_group / zero3:.2f}x "
+                  f"({in_group / 2**20:.1f} vs {zero3 / 2**20:.1f} MiB)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
