@@ -95,3 +95,22 @@ def test_a_hybrid_checkpoint_reshards_to_zero3_at_three_ranks_and_back(inputs, t
     assert got.keys() == want.keys()
     for name, t in want.items():
         assert (got[name] - t).abs().max().item() <= 1e-4 * max(1.0, t.abs().max().item()), name
+
+
+def test_a_nan_on_either_replica_skips_the_step_on_every_rank(inputs, tmp_path):
+    """After the replicas' allreduce every replica holds the same gradients,
+    and grad_norm counts the first's: a NaN written into the second replica's
+    own copy must still reach the guard (it adds 0 x NaN = NaN), or that
+    replica alone would step on it and the replicas would part."""
+    curves = {}
+    for rank in (1, 3):  # the first replica's, the second's
+        spec = job(inputs, tmp_path, "llama", "lora", max_steps=4,
+                   guard={"inject": {"nan_grad_at_step": [2], "on_rank": rank}})
+        out = tmp_path / f"nan-on-{rank}"
+        train(spec, out, 4, *HYBRID)
+        rows = read_metrics(str(out))
+        assert [r["skipped"] for r in rows] == [False, True, False, False], rows
+        assert f"on rank {rank};" in rows[1]["skip_reason"], rows[1]["skip_reason"]
+        curves[rank] = rows
+    # The same step skipped the same way: the replicas stayed equal after it.
+    assert_same_curves(curves[1], curves[3], TOLERANCE, steps={1, 3, 4})
