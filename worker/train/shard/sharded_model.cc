@@ -382,12 +382,14 @@ void ShardedModel::ReduceAcrossReplicas() {
   if (replicas_ == nullptr) return;
   torch::NoGradGuard no_grad;
   // One flat buffer: a collective per bucket would pay its latency as many
-  // times, for shards of a few KiB under LoRA.
+  // times, for shards of a few KiB under LoRA. A shard without a gradient
+  // has none on any rank (ReduceGradients' reduce-scatters, which every rank
+  // of a shard group issues alike, rely on the same) and stays without one,
+  // as on one rank.
   std::vector<at::Tensor> shards;
   for (const std::string& key : masters_.names()) {
-    at::Tensor master = masters_.get(key);
-    if (!master.grad().defined()) master.mutable_grad() = torch::zeros_like(master);
-    shards.push_back(master.grad());
+    const at::Tensor& grad = masters_.get(key).grad();
+    if (grad.defined()) shards.push_back(grad);
   }
   if (shards.empty()) return;
   at::Tensor flat = torch::cat(shards);

@@ -73,9 +73,9 @@ class ShardedModel : public LayerRunner {
   void GatherRoots();
   void FinishBackward();
   // Hybrid sharding: replaces every gradient shard by its sum over the
-  // replica group, in one fp32 allreduce of them all (an undefined gradient
-  // counts as zeros and becomes their sum). Once per step, after the last
-  // micro-batch's FinishBackward; nothing without replicas.
+  // replica group, in one fp32 allreduce of them all (a shard without a
+  // gradient, which then has none on any rank, stays so). Once per step,
+  // after the last micro-batch's FinishBackward; nothing without replicas.
   void ReduceAcrossReplicas();
   // Whether this rank's gradient shards count in the step's gradient norm
   // summed over the world: false on every replica but the first, which hold
