@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/store_rows.h"
 
 namespace ballast::server {
@@ -61,6 +63,9 @@ constexpr char kPutJob[] =
     "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
     "events_deleted = excluded.events_deleted, job = excluded.job, tenant = excluded.tenant, "
     "evicted = excluded.evicted";
+
+// The name a store's connections have in pg_stat_activity.
+constexpr char kApplicationName[] = "ballastd";
 
 // PostgreSQL's SQLSTATE for a unique constraint's violation.
 constexpr std::string_view kUniqueViolation = "23505";
@@ -149,11 +154,14 @@ absl::StatusOr<std::vector<JobRecord>> Records(const PGresult* r) {
 class PostgresStore::Connection {
  public:
   // UNAVAILABLE naming `url` without its password when it does not connect.
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& url) {
+  // The server lists the connection under `application_name`
+  // (pg_stat_activity), which CheckNotInUse looks for.
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(
+      const std::string& url, const char* application_name = kApplicationName) {
     // The URL's own settings come after ours (expand_dbname), so it may
     // change the timeout.
     const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
-    const char* values[] = {"10", "ballastd", url.c_str(), nullptr};
+    const char* values[] = {"10", application_name, url.c_str(), nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
     auto connection = std::unique_ptr<Connection>(new Connection(conn));
     if (PQstatus(conn) != CONNECTION_OK) {
@@ -478,6 +486,36 @@ absl::StatusOr<std::vector<TokenRecord>> PostgresStore::LoadTokens() {
     }
   }
   return tokens;
+}
+
+absl::Status PostgresStore::CheckNotInUse(const std::string& url) {
+  absl::StatusOr<std::unique_ptr<Connection>> connection =
+      Connection::Open(url, "ballastd migrate-store");
+  if (!connection.ok()) return connection.status();
+  // A server process outlives its client's goodbye for a moment: a ballastd
+  // that has just stopped may still be listed, for a second at the most.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  absl::StatusOr<Result> r;
+  int64_t connections = 0;
+  do {
+    if (connections > 0) absl::SleepFor(absl::Milliseconds(100));
+    r = (*connection)
+            ->Run(
+                "connections of ballastd",
+                // client_addr is NULL for a unix socket, and for another role's
+                // connection (application_name is visible to every role).
+                "SELECT COUNT(*)::BIGINT, COALESCE(STRING_AGG(DISTINCT COALESCE(HOST(client_addr), "
+                "'local'), ', '), '') FROM pg_stat_activity WHERE datname = current_database() AND "
+                "application_name = $1",
+                Params().Text(kApplicationName));
+    if (!r.ok()) return r.status();
+    connections = Int(r->get(), 0, 0);
+  } while (connections > 0 && absl::Now() < deadline);
+  if (connections == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("store ", RedactStoreUrl(url), " is open in ", connections,
+                   " connection(s) of ballastd (from ", std::string(Bytes(r->get(), 0, 1)),
+                   "): a running ballastd? stop it first"));
 }
 
 }  // namespace ballast::server

@@ -43,6 +43,10 @@ class PostgresStore : public Store {
   // the server cannot be reached or refuses; FAILED_PRECONDITION when the
   // database holds a schema of another version.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& url);
+  // OK when no connection to `url`'s database is a PostgresStore's (named
+  // ballastd in pg_stat_activity); FAILED_PRECONDITION counting them and
+  // naming their hosts otherwise, UNAVAILABLE as Open.
+  static absl::Status CheckNotInUse(const std::string& url);
   ~PostgresStore() override;
   PostgresStore(const PostgresStore&) = delete;
   PostgresStore& operator=(const PostgresStore&) = delete;
