@@ -85,9 +85,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-dir", state_dir, "Holds the default store and job outputs")
       ->capture_default_str();
+  // From the environment too, so that a URL from a Secret never shows on the
+  // command line (deploy/helm, deploy/compose).
   app.add_option("--store", options.store_url,
                  "Job store URL: sqlite:PATH or postgresql://... (default "
-                 "sqlite:STATE_DIR/ballastd.db)");
+                 "sqlite:STATE_DIR/ballastd.db)")
+      ->envname("BALLAST_STORE");
   app.add_option("--output-root", options.output_root,
                  "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
   app.add_option("--path-root", options.path_roots,
