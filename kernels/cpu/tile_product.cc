@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "kernels/cpu/fortran_blas.h"
@@ -226,8 +225,8 @@ const char* TileKernelName(TileKernel kernel) {
 
 bool BrgemmTakes(int64_t rows, int64_t cols, int64_t depth, float alpha, int64_t a_depth) {
   constexpr int64_t kQuantum = 16;
-  return alpha == 1.0f && a_depth == 1 && rows % kQuantum == 0 && cols % kQuantum == 0 &&
-         depth % kQuantum == 0;
+  return alpha == 1.0f && a_depth == 1 && rows > 0 && cols > 0 && depth > 0 &&
+         rows % kQuantum == 0 && cols % kQuantum == 0 && depth % kQuantum == 0;
 }
 
 TileKernel FloatTileKernel() {

@@ -17,8 +17,8 @@
 //    alpha is 1 and whose sides are multiples of 16 (BrgemmTakes): it has no
 //    alpha and no transposed A, and it JIT-compiles and caches one kernel per
 //    shape and thread, so the odd-sized edge tiles of packed documents, which
-//    would fill that cache with one kernel per length, go to the next kernel
-//    instead, as do the others.
+//    would fill that cache with one kernel per length, are left out too. What
+//    brgemm does not take goes to the next kernel.
 //  - a register-tiled kernel that broadcasts A and streams rows of B
 //    (tile_product.cc states the tile), on a CPU with AVX-512F. It copies no
 //    operand: these products are small (tens to hundreds on a side) and BLAS
@@ -55,7 +55,7 @@ TileKernel FloatTileKernel();
 const char* TileKernelName(TileKernel kernel);
 
 // Whether a product of these sides, alpha and A stride goes to brgemm when it
-// is the kernel: alpha 1, A row-major, every side a multiple of 16.
+// is the kernel: alpha 1, A row-major, every side a positive multiple of 16.
 bool BrgemmTakes(int64_t rows, int64_t cols, int64_t depth, float alpha, int64_t a_depth);
 
 // Whether this process can run each kernel, whatever the environment asks.
