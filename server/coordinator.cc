@@ -827,7 +827,8 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
                      .step_seconds = steps.sample_sum,
                      .peak_memory_bytes = series.peak_memory_bytes,
                      .communicated_bytes = series.communicated_bytes,
-                     .replica_communicated_bytes = series.replica_communicated_bytes});
+                     .replica_communicated_bytes = series.replica_communicated_bytes,
+                     .collective_wait_seconds = series.collective_wait_seconds});
   }
   return stats;
 }

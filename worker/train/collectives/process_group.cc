@@ -464,7 +464,7 @@ std::unique_ptr<InFlight> GroupCollectives::AllGather(at::Tensor full, at::Tenso
 
 std::unique_ptr<InFlight> GroupCollectives::ReduceScatter(at::Tensor shard, at::Tensor full) {
   sent_ += RingBytes(full, 1);
-  if (device_.is_cuda()) {
+  if (device_.is_cuda() && full.scalar_type() == shard.scalar_type()) {
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
     return std::make_unique<WorkInFlight>(world_, "reduce_scatter", world_->NextSeq(),
@@ -474,7 +474,8 @@ std::unique_ptr<InFlight> GroupCollectives::ReduceScatter(at::Tensor shard, at::
   // (pytorch/pytorch#118911), twice the traffic. Its all-to-all instead
   // sends each peer that peer's chunk of `full` and nothing else: the
   // (N - 1) / N of a ring reduce-scatter, on c10d's own threads. The
-  // chunks are added on Wait().
+  // chunks are added on Wait(), in fp32 whatever they were sent in, which
+  // is also how bf16 chunks are summed in fp32 on NCCL.
   at::Tensor chunks = at::empty_like(full);
   std::vector<int64_t> equal_split;
   return std::make_unique<ChunksInFlight>(
