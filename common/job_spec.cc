@@ -716,9 +716,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     const int32_t devices = std::max(spec.devices(), 1);
     if (sharding.shard_group() < 1 || sharding.shard_group() > devices ||
         devices % sharding.shard_group() != 0) {
-      checks.push_back(OutOfRange("sharding.shard_group", absl::StrCat(sharding.shard_group()),
-                                  absl::StrCat(AllowedText("sharding.shard_group"),
-                                               "; devices is ", devices)));
+      checks.push_back(
+          OutOfRange("sharding.shard_group", absl::StrCat(sharding.shard_group()),
+                     absl::StrCat(AllowedText("sharding.shard_group"), "; devices is ", devices)));
     }
   } else if (sharding.shard_group() != 0) {
     checks.push_back(absl::InvalidArgumentError(
@@ -727,10 +727,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                      "; shard groups are for strategy hybrid")));
   }
   if (spec.zero3().reduce_dtype() == "bf16" && spec.precision() != "bf16") {
-    checks.push_back(absl::InvalidArgumentError(absl::StrCat(
-        "zero3.reduce_dtype = bf16 needs precision bf16; precision is ",
-        spec.precision().empty() ? "unset (fp32)" : spec.precision(),
-        ", whose gradients bf16 would round")));
+    checks.push_back(absl::InvalidArgumentError(
+        absl::StrCat("zero3.reduce_dtype = bf16 needs precision bf16; precision is ",
+                     spec.precision().empty() ? "unset (fp32)" : spec.precision(),
+                     ", whose gradients bf16 would round")));
   }
 
   const v1::LoraSpec& lora = spec.lora();
