@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS workers (
   id TEXT PRIMARY KEY,
   last_report_id BIGINT NOT NULL,
   worker BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS ballast_leader (
+  singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+  epoch BIGINT NOT NULL,
+  holder TEXT NOT NULL,
+  address TEXT NOT NULL,
+  expires_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (
   id TEXT PRIMARY KEY,
   created_ms BIGINT NOT NULL,
@@ -61,6 +67,18 @@ constexpr char kPutJob[] =
     "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
     "events_deleted = excluded.events_deleted, job = excluded.job, tenant = excluded.tenant, "
     "evicted = excluded.evicted";
+
+// The lease: taken when there is none or it has expired (epoch + 1), renewed
+// by its holder at its epoch ($4), else left alone (no row returned).
+// Parameters: holder, address, lease in ms, the caller's epoch (0: none).
+constexpr char kClaimLease[] =
+    "INSERT INTO ballast_leader AS l (epoch, holder, address, expires_at) "
+    "VALUES (1, $1, $2, now() + $3 * interval '1 millisecond') "
+    "ON CONFLICT (singleton) DO UPDATE SET "
+    "epoch = CASE WHEN l.holder = $1 AND l.epoch = $4 THEN l.epoch ELSE l.epoch + 1 END, "
+    "holder = $1, address = $2, expires_at = excluded.expires_at "
+    "WHERE (l.holder = $1 AND l.epoch = $4) OR l.expires_at < now() "
+    "RETURNING epoch";
 
 // PostgreSQL's SQLSTATE for a unique constraint's violation.
 constexpr std::string_view kUniqueViolation = "23505";
@@ -254,11 +272,75 @@ absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& ur
   }
   absl::StatusOr<std::unique_ptr<Connection>> reader = Connection::Open(url);
   if (!reader.ok()) return reader.status();
-  return std::unique_ptr<Store>(new PostgresStore(*std::move(writer), *std::move(reader)));
+  return std::unique_ptr<Store>(new PostgresStore(url, *std::move(writer), *std::move(reader)));
 }
 
-PostgresStore::PostgresStore(std::unique_ptr<Connection> writer, std::unique_ptr<Connection> reader)
-    : writer_(std::move(writer)), reader_(std::move(reader)) {}
+PostgresStore::PostgresStore(std::string url, std::unique_ptr<Connection> writer,
+                             std::unique_ptr<Connection> reader)
+    : writer_(std::move(writer)), reader_(std::move(reader)), url_(std::move(url)) {}
+
+absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
+                                                const std::string& address, int64_t lease_ms) {
+  absl::MutexLock lock(&lead_mu_);
+  if (leader_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(url_);
+    if (!opened.ok()) return opened.status();
+    leader_ = *std::move(opened);
+  }
+  lease_ms_ = lease_ms;
+  fenced_ = true;
+  LeaderLease lease;
+  absl::Status s = leader_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lead_mu_) {
+    // A takeover waits for the writes under way (they hold the row FOR
+    // SHARE), but not for ever: the next round tries again.
+    absl::StatusOr<Result> r =
+        leader_->Run("lease lock timeout", "SELECT set_config('lock_timeout', $1, true)",
+                     Params().Text(absl::StrCat(lease_ms, "ms")));
+    if (!r.ok()) return r.status();
+    r = leader_->Run("claim the lease", kClaimLease,
+                     Params().Text(holder).Text(address).Int(lease_ms).Int(epoch_));
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) == 1) {
+      lease = LeaderLease{Int(r->get(), 0, 0), holder, address, /*mine=*/true};
+      return absl::OkStatus();
+    }
+    r = leader_->Run("read the lease", "SELECT epoch, holder, address FROM ballast_leader");
+    if (!r.ok()) return r.status();
+    lease = LeaderLease{Int(r->get(), 0, 0), std::string(Bytes(r->get(), 0, 1)),
+                        std::string(Bytes(r->get(), 0, 2)), /*mine=*/false};
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  // A store that lost the lease stays fenced at its old epoch until it
+  // takes the lease again.
+  if (lease.mine) epoch_ = lease.epoch;
+  return lease;
+}
+
+absl::Status PostgresStore::FenceWrites() {
+  if (!fenced_) return absl::OkStatus();
+  // The transaction may idle no longer than a lease: were this process
+  // frozen mid-write, its row lock would hold a takeover back until then.
+  absl::StatusOr<Result> r = writer_->Run(
+      "check the epoch",
+      "SELECT epoch, address, set_config('idle_in_transaction_session_timeout', $1, true) "
+      "FROM ballast_leader FOR SHARE",
+      Params().Text(absl::StrCat(lease_ms_.load(), "ms")));
+  if (!r.ok()) return r.status();
+  const int64_t mine = epoch_;
+  if (PQntuples(r->get()) == 1 && Int(r->get(), 0, 0) == mine) return absl::OkStatus();
+  if (PQntuples(r->get()) == 0) {
+    return absl::AbortedError("deposed: no coordinator holds the lease; this one never led");
+  }
+  const std::string leader =
+      absl::StrCat(std::string(Bytes(r->get(), 0, 1)), " at epoch ", Int(r->get(), 0, 0));
+  if (mine == 0) {
+    return absl::AbortedError(
+        absl::StrCat("standby: the leader is ", leader, "; the write is refused"));
+  }
+  return absl::AbortedError(absl::StrCat("deposed: this coordinator led at epoch ", mine,
+                                         "; the leader is now ", leader, "; the write is refused"));
+}
 
 PostgresStore::~PostgresStore() = default;
 
@@ -306,6 +388,7 @@ absl::Status PostgresStore::WriteJob(const StoreBatch::JobChange& change, int64_
 absl::Status PostgresStore::Write(absl::Span<const StoreBatch* const> batches, int64_t retention) {
   absl::MutexLock lock(&mu_);
   return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (absl::Status s = FenceWrites(); !s.ok()) return s;
     for (const StoreBatch* batch : batches) {
       for (const StoreBatch::JobChange& change : batch->jobs) {
         if (absl::Status s = WriteJob(change, retention); !s.ok()) return s;
@@ -355,20 +438,26 @@ absl::StatusOr<std::map<int, int64_t>> PostgresStore::CountEvictedJobs() {
 absl::StatusOr<std::map<int, int64_t>> PostgresStore::PruneEvictedJobs(int64_t keep,
                                                                        int64_t limit) {
   absl::MutexLock lock(&mu_);
-  // One statement, so one transaction: the oldest `limit` evicted jobs older
-  // than the newest `keep` ones, their events, then the jobs.
-  absl::StatusOr<Result> r =
-      writer_->Run("prune jobs",
-                   "WITH victims AS (SELECT id FROM jobs WHERE evicted AND ord <= "
-                   "(SELECT ord FROM jobs WHERE evicted ORDER BY ord DESC LIMIT 1 OFFSET $1) "
-                   "ORDER BY ord LIMIT $2), "
-                   "gone_events AS (DELETE FROM events WHERE job_id IN (SELECT id FROM victims)) "
-                   "DELETE FROM jobs WHERE id IN (SELECT id FROM victims) RETURNING state",
-                   Params().Int(keep).Int(limit));
-  if (!r.ok()) return r.status();
+  // The oldest `limit` evicted jobs older than the newest `keep` ones, their
+  // events, then the jobs, in one statement after the fence.
   std::map<int, int64_t> pruned;
-  for (int row = 0; row < PQntuples(r->get()); ++row)
-    ++pruned[static_cast<int>(Int(r->get(), row, 0))];
+  absl::Status done =
+      writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+        if (absl::Status s = FenceWrites(); !s.ok()) return s;
+        absl::StatusOr<Result> r = writer_->Run(
+            "prune jobs",
+            "WITH victims AS (SELECT id FROM jobs WHERE evicted AND ord <= "
+            "(SELECT ord FROM jobs WHERE evicted ORDER BY ord DESC LIMIT 1 OFFSET $1) "
+            "ORDER BY ord LIMIT $2), "
+            "gone_events AS (DELETE FROM events WHERE job_id IN (SELECT id FROM victims)) "
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM victims) RETURNING state",
+            Params().Int(keep).Int(limit));
+        if (!r.ok()) return r.status();
+        for (int row = 0; row < PQntuples(r->get()); ++row)
+          ++pruned[static_cast<int>(Int(r->get(), row, 0))];
+        return absl::OkStatus();
+      });
+  if (!done.ok()) return done;
   return pruned;
 }
 
@@ -451,17 +540,20 @@ absl::StatusOr<std::vector<WorkerRecord>> PostgresStore::LoadWorkers() {
 
 absl::Status PostgresStore::PutToken(const TokenRecord& record) {
   absl::MutexLock lock(&mu_);
-  return writer_
-      ->Run("put token",
-            "INSERT INTO tokens (id, created_ms, secret_sha256, token) VALUES ($1, $2, $3, $4) "
-            "ON CONFLICT (id) DO UPDATE SET created_ms = excluded.created_ms, "
-            "secret_sha256 = excluded.secret_sha256, token = excluded.token",
-            Params()
-                .Text(record.token.id())
-                .Int(record.token.created_ms())
-                .Bytes(record.secret_sha256)
-                .Bytes(record.token.SerializeAsString()))
-      .status();
+  return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (absl::Status s = FenceWrites(); !s.ok()) return s;
+    return writer_
+        ->Run("put token",
+              "INSERT INTO tokens (id, created_ms, secret_sha256, token) VALUES ($1, $2, $3, $4) "
+              "ON CONFLICT (id) DO UPDATE SET created_ms = excluded.created_ms, "
+              "secret_sha256 = excluded.secret_sha256, token = excluded.token",
+              Params()
+                  .Text(record.token.id())
+                  .Int(record.token.created_ms())
+                  .Bytes(record.secret_sha256)
+                  .Bytes(record.token.SerializeAsString()))
+        .status();
+  });
 }
 
 absl::StatusOr<std::vector<TokenRecord>> PostgresStore::LoadTokens() {

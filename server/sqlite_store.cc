@@ -1,6 +1,9 @@
 #include "server/sqlite_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <optional>
@@ -223,6 +226,10 @@ void SqliteStore::CheckpointLoop(const std::string& path) {
 }
 
 SqliteStore::~SqliteStore() {
+  {
+    absl::MutexLock lock(&lead_mu_);
+    if (lead_fd_ >= 0) ::close(lead_fd_);
+  }
   {
     absl::MutexLock lock(&checkpoint_mu_);
     closing_ = true;
@@ -633,6 +640,29 @@ absl::StatusOr<std::vector<TokenRecord>> SqliteStore::LoadTokens() {
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) return Error("load tokens");
   return tokens;
+}
+
+absl::StatusOr<LeaderLease> SqliteStore::Lead(const std::string& holder, const std::string& address,
+                                              int64_t /*lease_ms*/) {
+  absl::MutexLock lock(&lead_mu_);
+  if (lead_fd_ < 0) {
+    std::string path;
+    {
+      absl::MutexLock db_lock(&mu_);
+      path = sqlite3_db_filename(db_, "main");
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::UnavailableError(absl::StrCat("store ", path, ": cannot open"));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store sqlite:", path,
+          " is in use by another ballastd: SQLite serves one coordinator; run a second one on "
+          "PostgreSQL (docs/control-plane.md, \"Two coordinators\")"));
+    }
+    lead_fd_ = fd;
+  }
+  return LeaderLease{1, holder, address, /*mine=*/true};
 }
 
 }  // namespace ballast::server
