@@ -95,8 +95,10 @@ void ElectedBallastd::Shutdown() {
   }
   if (lease_thread_.joinable()) lease_thread_.join();
   absl::MutexLock lock(&mu_);
-  serve_until_ns_ = 0;
+  // Its calls end as a Ballastd's do at shutdown ("shutting down"), not
+  // as a lapsed lease's.
   if (ballastd_ != nullptr) ballastd_->Shutdown();
+  serve_until_ns_ = 0;
   ballastd_.reset();
   standby_.reset();
 }
