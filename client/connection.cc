@@ -78,13 +78,15 @@ Connection::Target* Connection::TargetFor(const std::string& address) {
   return target.get();
 }
 
+std::string LeaderOf(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kLeaderMetadata);
+  return it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
 bool Connection::Failed(const grpc::ClientContext& context, const grpc::Status& status) {
   if (!NotServedHere(status)) return false;
-  std::string leader;
-  const auto& trailers = context.GetServerTrailingMetadata();
-  if (auto it = trailers.find(kLeaderMetadata); it != trailers.end()) {
-    leader.assign(it->second.data(), it->second.size());
-  }
+  const std::string leader = LeaderOf(context);
   if (!list_.Next(leader, absl::Now())) return false;
   if (options_.verbose) {
     std::cerr << "ballast: coordinator " << current_->address << " did not serve ("
@@ -150,13 +152,25 @@ absl::StatusOr<v1::Job> Connection::GetJob(const std::string& job_id) {
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse> Connection::CheckHealth() {
-  std::unique_ptr<grpc::ClientContext> context = UnaryContext();
-  Interrupt::Scope scope(interrupt_, context.get());
-  grpc::health::v1::HealthCheckResponse response;
-  grpc::Status status = current_->health_stub->Check(
-      context.get(), grpc::health::v1::HealthCheckRequest(), &response);
-  if (!status.ok()) return ToAbsl(status);
-  return response;
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> answer;
+  // With several coordinators, the first that is SERVING (the leader);
+  // else what the last one said.
+  for (size_t tried = 0; tried < std::max<size_t>(1, list_.size()); ++tried) {
+    std::unique_ptr<grpc::ClientContext> context = UnaryContext();
+    Interrupt::Scope scope(interrupt_, context.get());
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::Status status = current_->health_stub->Check(
+        context.get(), grpc::health::v1::HealthCheckRequest(), &response);
+    answer = status.ok() ? absl::StatusOr<grpc::health::v1::HealthCheckResponse>(response)
+                         : absl::StatusOr<grpc::health::v1::HealthCheckResponse>(ToAbsl(status));
+    if (answer.ok() && response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      Answered();
+      break;
+    }
+    if (!several() || interrupt_->triggered() || !list_.Next("", absl::Now())) break;
+    current_ = TargetFor(list_.current());
+  }
+  return answer;
 }
 
 }  // namespace ballast::client

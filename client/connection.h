@@ -68,6 +68,10 @@ struct ConnectionOptions {
 // request id, so a cut one retried is still one job.
 bool NotServedHere(const grpc::Status& status);
 
+// The leader a standby's refusal named (its ballast-leader trailer); empty
+// when there is none.
+std::string LeaderOf(const grpc::ClientContext& context);
+
 // A channel to each coordinator, calls going to one at a time: the leader,
 // once a refusal named it. Thread-compatible; the stubs are thread-safe.
 class Connection {
@@ -122,7 +126,10 @@ class Connection {
       }
       // With several coordinators, one that does not serve passes the call
       // on: to the leader it names, or to the next (a failover under way).
-      if (!several() || !NotServedHere(status) || !Retry(*context, status, give_up)) {
+      // One coordinator alone is retried while it stands by (a restart on
+      // PostgreSQL waits for its predecessor's lease).
+      if (!NotServedHere(status) || !(several() || !LeaderOf(*context).empty()) ||
+          !Retry(*context, status, give_up)) {
         return ToAbsl(status);
       }
     }
@@ -137,7 +144,8 @@ class Connection {
   // GetJob for `job_id`.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
 
-  // grpc.health.v1.Health/Check for the whole server (service "").
+  // grpc.health.v1.Health/Check for the whole server (service ""); with
+  // several coordinators, of the first that is SERVING, else of the last.
   absl::StatusOr<grpc::health::v1::HealthCheckResponse> CheckHealth();
 
  private:

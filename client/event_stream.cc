@@ -98,6 +98,7 @@ absl::StatusOr<v1::JobState> FollowEvents(
       status = job.ok() ? absl::UnavailableError("the event stream closed early") : job.status();
     }
     if (!Reconnectable(status.code())) return status;
+    const std::string lost_from = connection.address();
     // A standby's refusal names the leader: the watch resumes there, after
     // the last event it saw.
     connection.Failed(*context, finished);
@@ -106,7 +107,7 @@ absl::StatusOr<v1::JobState> FollowEvents(
     if (!outage_since || got_event || now - opened >= kHealthyStream) {
       outage_since = now;
       backoff = kMinBackoff;
-      on_notice(absl::StrCat("lost the event stream from ", connection.address(), " (",
+      on_notice(absl::StrCat("lost the event stream from ", lost_from, " (",
                              Printable(status.message()), "); reconnecting for up to ",
                              absl::FormatDuration(options.reconnect_window)));
     }

@@ -6,6 +6,7 @@
 #ifndef BALLAST_COMMON_COORDINATOR_LIST_H_
 #define BALLAST_COMMON_COORDINATOR_LIST_H_
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ class CoordinatorList {
 
   const std::string& current() const { return current_; }
   bool several() const { return addresses_.size() > 1; }
+  size_t size() const { return addresses_.size(); }
 
   // The call to current() was not served: `leader` is the address the
   // refusal named, empty when the coordinator did not answer (or named

@@ -97,7 +97,18 @@ void ElectedBallastd::Shutdown() {
   absl::MutexLock lock(&mu_);
   // Its calls end as a Ballastd's do at shutdown ("shutting down"), not
   // as a lapsed lease's.
-  if (ballastd_ != nullptr) ballastd_->Shutdown();
+  if (ballastd_ != nullptr) {
+    ballastd_->Shutdown();
+    // Stopped on purpose: a standby, or this ballastd started again, takes
+    // over at once rather than after the lease.
+    if (store_->Shared()) {
+      absl::Status s = store_->Resign(holder_);
+      std::cerr << "ballastd: "
+                << (s.ok() ? "lease released"
+                           : absl::StrCat("cannot release the lease: ", s.message()))
+                << std::endl;
+    }
+  }
   serve_until_ns_ = 0;
   ballastd_.reset();
   standby_.reset();

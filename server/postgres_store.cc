@@ -317,6 +317,18 @@ absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
   return lease;
 }
 
+absl::Status PostgresStore::Resign(const std::string& holder) {
+  absl::MutexLock lock(&lead_mu_);
+  const int64_t mine = epoch_.exchange(0);
+  if (leader_ == nullptr || mine == 0) return absl::OkStatus();
+  return leader_
+      ->Run("resign the lease",
+            "UPDATE ballast_leader SET expires_at = now() - interval '1 millisecond' "
+            "WHERE holder = $1 AND epoch = $2",
+            Params().Text(holder).Int(mine))
+      .status();
+}
+
 absl::Status PostgresStore::FenceWrites() {
   if (!fenced_) return absl::OkStatus();
   // The transaction may idle no longer than a lease: were this process

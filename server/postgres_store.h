@@ -77,6 +77,7 @@ class PostgresStore : public Store {
   bool Shared() const override { return true; }
   absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
                                    int64_t lease_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
   // One libpq connection (server/postgres_store.cc).
   class Connection;

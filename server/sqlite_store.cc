@@ -665,4 +665,7 @@ absl::StatusOr<LeaderLease> SqliteStore::Lead(const std::string& holder, const s
   return LeaderLease{1, holder, address, /*mine=*/true};
 }
 
+// The flock is the lease: it goes with the store.
+absl::Status SqliteStore::Resign(const std::string& /*holder*/) { return absl::OkStatus(); }
+
 }  // namespace ballast::server

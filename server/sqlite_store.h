@@ -62,6 +62,7 @@ class SqliteStore : public Store {
   bool Shared() const override { return false; }
   absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
                                    int64_t lease_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
  private:
   explicit SqliteStore(sqlite3* db) : db_(db) {}

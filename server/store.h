@@ -177,6 +177,10 @@ class Store {
   // that is not Shared when another process leads it.
   virtual absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
                                            int64_t lease_ms) = 0;
+  // Ends the lease of `holder` at once, if it holds it, so that a standby
+  // (or this ballastd restarted) need not wait for it to expire; this store
+  // writes nothing more. Called once a leader has stopped serving.
+  virtual absl::Status Resign(const std::string& holder) = 0;
 };
 
 }  // namespace ballast::server

@@ -131,8 +131,9 @@ TEST_F(ElectedBallastdTest, AStandbyRefusesEveryCallNamingTheLeaderAndTakesOverW
   EXPECT_EQ(HealthzCode(first->http_address()), 200);
   EXPECT_EQ(HealthzCode(second->http_address()), 503);
 
-  // The leader goes away without a word; the standby takes the lease once
-  // it expires, on the same addresses, with the job.
+  // The leader shuts down and releases its lease (expiry is
+  // PostgresStoreTest's and integration.failover's): the standby takes it
+  // at its next poll, on the same addresses, with the job.
   const std::string second_address = second->grpc_address();
   first->Shutdown();
   ASSERT_TRUE(LeadsWithin(*second, 10)) << "the standby did not take over";

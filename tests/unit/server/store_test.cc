@@ -526,6 +526,26 @@ TEST_F(PostgresStoreTest, AnExpiredLeaseIsTakenOverAndTheDeposedLeadersWritesAre
   EXPECT_TRUE(Put(second->get(), MakeJob("job-b", 2)).ok());
 }
 
+// A leader that stops on purpose ends its lease: a standby takes it at once,
+// and the resigned store writes nothing more.
+TEST_F(PostgresStoreTest, AResignedLeaseIsTakenAtOnceAndTheResignedStoreWritesNothing) {
+  auto first = Store::Open(url_);
+  auto second = Store::Open(url_);
+  ASSERT_TRUE(first.ok() && second.ok());
+  constexpr int64_t kLongLeaseMs = 600000;
+  ASSERT_TRUE((*first)->Lead("first", "a:1", kLongLeaseMs)->mine);
+  ASSERT_FALSE((*second)->Lead("second", "b:1", kLongLeaseMs)->mine);
+  ASSERT_TRUE((*second)->Resign("second").ok()) << "a standby's resignation changes nothing";
+  ASSERT_FALSE((*second)->Lead("second", "b:1", kLongLeaseMs)->mine);
+  ASSERT_TRUE((*first)->Resign("first").ok());
+  auto taken = (*second)->Lead("second", "b:1", kLongLeaseMs);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_TRUE(taken->mine);
+  EXPECT_EQ(taken->epoch, 2);
+  EXPECT_EQ(Put(first->get(), MakeJob("job-a", 1)).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Put(second->get(), MakeJob("job-a", 1)).ok());
+}
+
 // SQLite serves one coordinator: a second one's Lead is refused while the
 // first store is open.
 TEST(Store, ASecondCoordinatorOnOneSqliteFileIsRefused) {
