@@ -40,9 +40,11 @@ absl::Status ToAbsl(const grpc::Status& status) {
 
 bool NotServedHere(const grpc::Status& status) {
   // CANCELLED that the CLI did not ask for (Connection::Retry looks): the
-  // coordinator died with the call under way.
+  // coordinator died with the call under way. DEADLINE_EXCEEDED: it did not
+  // answer in time (frozen, or cut off).
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::CANCELLED) {
+      status.error_code() == grpc::StatusCode::CANCELLED ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return true;
   }
   // A leader deposed between a call's arrival and its commit.

@@ -63,8 +63,8 @@ struct ConnectionOptions {
 
 // Whether a call that failed with `status` was not served because that
 // coordinator does not lead (a standby's UNAVAILABLE, a deposed leader's
-// ABORTED) or could not be reached, or was cut (CANCELLED, when not by
-// Ctrl-C): another coordinator may serve it. A SubmitJob carries its
+// ABORTED) or could not be reached, did not answer in time, or was cut
+// (CANCELLED, when not by Ctrl-C): another coordinator may serve it. A SubmitJob carries its
 // request id, so a cut one retried is still one job.
 bool NotServedHere(const grpc::Status& status);
 

@@ -167,11 +167,15 @@ absl::StatusOr<std::vector<JobRecord>> Records(const PGresult* r) {
 class PostgresStore::Connection {
  public:
   // UNAVAILABLE naming `url` without its password when it does not connect.
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& url) {
+  // `options`, when not empty, is libpq's `options`: the session's settings
+  // (kept across a reconnect).
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& url,
+                                                          const std::string& options = "") {
     // The URL's own settings come after ours (expand_dbname), so it may
     // change the timeout.
-    const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
-    const char* values[] = {"10", "ballastd", url.c_str(), nullptr};
+    const char* keys[] = {"connect_timeout", "application_name", "dbname",
+                          options.empty() ? nullptr : "options", nullptr};
+    const char* values[] = {"10", "ballastd", url.c_str(), options.c_str(), nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
     auto connection = std::unique_ptr<Connection>(new Connection(conn));
     if (PQstatus(conn) != CONNECTION_OK) {
@@ -283,34 +287,31 @@ absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
                                                 const std::string& address, int64_t lease_ms) {
   absl::MutexLock lock(&lead_mu_);
   if (leader_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(url_);
+    // Each statement here is a transaction of its own, and none may wait or
+    // idle for longer than a lease: a takeover's waits for the writes under
+    // way (they hold the row FOR SHARE) but not for ever, and a leader frozen
+    // within a statement holds no takeover back.
+    absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(
+        url_, absl::StrCat("-c lock_timeout=", lease_ms, " -c statement_timeout=", lease_ms,
+                           " -c idle_in_transaction_session_timeout=", lease_ms));
     if (!opened.ok()) return opened.status();
     leader_ = *std::move(opened);
   }
   lease_ms_ = lease_ms;
   fenced_ = true;
   LeaderLease lease;
-  absl::Status s = leader_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lead_mu_) {
-    // A takeover waits for the writes under way (they hold the row FOR
-    // SHARE), but not for ever: the next round tries again.
-    absl::StatusOr<Result> r =
-        leader_->Run("lease lock timeout", "SELECT set_config('lock_timeout', $1, true)",
-                     Params().Text(absl::StrCat(lease_ms, "ms")));
-    if (!r.ok()) return r.status();
-    r = leader_->Run("claim the lease", kClaimLease,
-                     Params().Text(holder).Text(address).Int(lease_ms).Int(epoch_));
-    if (!r.ok()) return r.status();
-    if (PQntuples(r->get()) == 1) {
-      lease = LeaderLease{Int(r->get(), 0, 0), holder, address, /*mine=*/true};
-      return absl::OkStatus();
-    }
+  absl::StatusOr<Result> r =
+      leader_->Run("claim the lease", kClaimLease,
+                   Params().Text(holder).Text(address).Int(lease_ms).Int(epoch_));
+  if (!r.ok()) return r.status();
+  if (PQntuples(r->get()) == 1) {
+    lease = LeaderLease{Int(r->get(), 0, 0), holder, address, /*mine=*/true};
+  } else {
     r = leader_->Run("read the lease", "SELECT epoch, holder, address FROM ballast_leader");
     if (!r.ok()) return r.status();
     lease = LeaderLease{Int(r->get(), 0, 0), std::string(Bytes(r->get(), 0, 1)),
                         std::string(Bytes(r->get(), 0, 2)), /*mine=*/false};
-    return absl::OkStatus();
-  });
-  if (!s.ok()) return s;
+  }
   // A store that lost the lease stays fenced at its old epoch until it
   // takes the lease again.
   if (lease.mine) epoch_ = lease.epoch;

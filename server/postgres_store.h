@@ -17,7 +17,8 @@
 // Leadership: the one row of ballast_leader holds the lease of the leading
 // coordinator (holder, address, epoch, expires_at on the database's clock,
 // so the hosts' clocks do not matter). Lead renews or takes it on a
-// connection of its own, so a renewal never waits behind a long write. Once
+// connection of its own, so a renewal never waits behind a long write, in
+// one statement that may wait no longer than a lease (lock_timeout). Once
 // this store has led, each write transaction begins by reading that row
 // FOR SHARE (FenceWrites): a takeover's UPDATE waits for the writes under
 // way, and a write after it sees the new epoch and is refused, ABORTED.

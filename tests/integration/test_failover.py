@@ -164,7 +164,13 @@ def test_kill9_of_the_leader_mid_burst_and_mid_job_loses_nothing(postgres_url, m
         burst_spec.CopyFrom(client.call("GetJob", pb.GetJobRequest(job_id=job_id))[0].spec)
         burst_spec.devices = 1
 
+        # The first half is sent at once, and the kill comes among their
+        # answers; the second half only after the kill, during the failover.
+        killed = threading.Event()
+
         def submit(i):
+            if i >= SUBMITS // 2:
+                killed.wait()
             request = pb.SubmitJobRequest(spec=burst_spec, request_id=f"burst-{i}")
             job, address = client.call("SubmitJob", request)
             return i, job.id, address, time.monotonic()
@@ -174,6 +180,7 @@ def test_kill9_of_the_leader_mid_burst_and_mid_job_loses_nothing(postgres_url, m
             wait_for(lambda: sum(f.done() for f in futures) >= 20, 60, "the first acks")
             first.kill9()
             killed_at = time.monotonic()
+            killed.set()
             wait_for(lambda: serves(stubs, second_grpc), 30, "the standby to take over")
             took_over = time.monotonic() - killed_at
             step_at_takeover = int(cluster.job(job_id).get("step", 0))
