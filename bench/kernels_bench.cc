@@ -25,10 +25,15 @@
 // and ours alternate, the first side swapping every repetition, and each side
 // reports the median over repetitions, because the machine is shared.
 //
-// Usage: ballast_kernel_bench [--filter SUBSTRING] [--reps N]
+// Usage: ballast_kernel_bench [--filter SUBSTRING] [--reps N] [--clock wall|cpu]
 //   --reps overrides every case's repetition count (default: per case, more
 //   for the small cases, one for the 32k attention and the cross-entropy).
+//   --clock cpu times each phase by the process's CPU time (all its threads,
+//   user and system) instead of the wall clock: on a machine whose cores other
+//   jobs share, wall time measures the other jobs as much as the op. Run it
+//   with OMP_NUM_THREADS=1, or idle threads spinning at a barrier count too.
 #include <ATen/ATen.h>
+#include <time.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -109,9 +114,21 @@ void ResetPeakRss() {
   clear << "5";
 }
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
+// Wall and CPU seconds since a start.
+struct Clocks {
+  std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+  double cpu = ProcessCpuSeconds();
+
+  static double ProcessCpuSeconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  double WallSince() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
+  }
+  double CpuSince() const { return ProcessCpuSeconds() - cpu; }
+};
 
 // The op under test, split so that the forward and the backward are timed apart.
 struct Op {
@@ -184,7 +201,8 @@ Op MakeOp(const Case& c, bool ours, int64_t tokens) {
                                              : AttentionOp(c, ours, tokens);
 }
 
-// Prints "fwd_s bwd_s rss_kib fwd_hwm_kib end_hwm_kib" (bwd_s = 0 without backward).
+// Prints "fwd_s bwd_s fwd_cpu_s bwd_cpu_s rss_kib fwd_hwm_kib end_hwm_kib"
+// (the bwd fields 0 without backward).
 int RunChild(const Case& c, bool ours) {
   torch::manual_seed(0);
   {
@@ -196,19 +214,21 @@ int RunChild(const Case& c, bool ours) {
   Op op = MakeOp(c, ours, c.tokens);
   ResetPeakRss();
   const int64_t rss = StatusKiB("VmRSS");
-  auto start = std::chrono::steady_clock::now();
+  Clocks start;
   at::Tensor out = op.forward();
-  const double fwd = Seconds(start);
+  const double fwd = start.WallSince(), fwd_cpu = start.CpuSince();
   const int64_t fwd_hwm = StatusKiB("VmHWM");
-  double bwd = 0;
+  double bwd = 0, bwd_cpu = 0;
   if (c.backward) {
-    start = std::chrono::steady_clock::now();
+    start = Clocks();
     op.backward(out);
-    bwd = Seconds(start);
+    bwd = start.WallSince();
+    bwd_cpu = start.CpuSince();
   }
   const int64_t end_hwm = StatusKiB("VmHWM");
-  std::printf("%.6f %.6f %lld %lld %lld\n", fwd, bwd, static_cast<long long>(rss),
-              static_cast<long long>(fwd_hwm), static_cast<long long>(end_hwm));
+  std::printf("%.6f %.6f %.6f %.6f %lld %lld %lld\n", fwd, bwd, fwd_cpu, bwd_cpu,
+              static_cast<long long>(rss), static_cast<long long>(fwd_hwm),
+              static_cast<long long>(end_hwm));
   return 0;
 }
 
@@ -221,7 +241,7 @@ struct Sample {
   double fwd_mib = 0, total_mib = 0;  // peak growth over the forward, and over both phases
 };
 
-std::optional<Sample> Measure(const std::string& exe, size_t index, bool ours) {
+std::optional<Sample> Measure(const std::string& exe, size_t index, bool ours, bool cpu_clock) {
   const std::string cmd =
       "'" + exe + "' --child " + std::to_string(index) + (ours ? " ours" : " baseline");
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -230,12 +250,14 @@ std::optional<Sample> Measure(const std::string& exe, size_t index, bool ours) {
   const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
   const int status = pclose(pipe);
   if (!got || status != 0) return std::nullopt;
-  double fwd, bwd;
+  double fwd, bwd, fwd_cpu, bwd_cpu;
   long long rss, fwd_hwm, end_hwm;
-  if (std::sscanf(line, "%lf %lf %lld %lld %lld", &fwd, &bwd, &rss, &fwd_hwm, &end_hwm) != 5) {
+  if (std::sscanf(line, "%lf %lf %lf %lf %lld %lld %lld", &fwd, &bwd, &fwd_cpu, &bwd_cpu, &rss,
+                  &fwd_hwm, &end_hwm) != 7) {
     return std::nullopt;
   }
-  return Sample{fwd, bwd, (fwd_hwm - rss) / 1024.0, (end_hwm - rss) / 1024.0};
+  return Sample{cpu_clock ? fwd_cpu : fwd, cpu_clock ? bwd_cpu : bwd, (fwd_hwm - rss) / 1024.0,
+                (end_hwm - rss) / 1024.0};
 }
 
 double Median(std::vector<double> x) {
@@ -261,7 +283,8 @@ std::string Ratios(double ours_s, double base_s, double ours_mib, double base_mi
          Fixed(base_mib, 0) + " MiB)";
 }
 
-int RunDriver(const std::string& exe, const std::string& filter, int reps_override) {
+int RunDriver(const std::string& exe, const std::string& filter, int reps_override,
+              bool cpu_clock) {
   const std::vector<Case> cases = Cases();
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
@@ -275,7 +298,7 @@ int RunDriver(const std::string& exe, const std::string& filter, int reps_overri
     for (int r = 0; r < reps && failed.empty(); ++r) {
       for (int side = 0; side < 2; ++side) {
         const bool is_ours = (side + r) % 2 == 1;
-        std::optional<Sample> s = Measure(exe, i, is_ours);
+        std::optional<Sample> s = Measure(exe, i, is_ours, cpu_clock);
         if (!s) {
           failed = is_ours ? "ours" : baseline;
           break;
@@ -284,6 +307,7 @@ int RunDriver(const std::string& exe, const std::string& filter, int reps_overri
       }
     }
     const std::string suffix = " (" + std::to_string(reps) + (reps == 1 ? " run" : " runs") +
+                               (cpu_clock ? ", CPU time" : "") +
                                (c.note.empty() ? ")" : "; " + c.note + ")");
     if (!failed.empty()) {
       std::cout << c.name << " vs " << baseline << ": not measured, " << failed
@@ -327,22 +351,28 @@ int main(int argc, char** argv) {
     if (index >= cases.size()) return 2;
     return RunChild(cases[index], args[2] == "ours");
   }
+  const char* usage =
+      "usage: ballast_kernel_bench [--filter SUBSTRING] [--reps N] [--clock wall|cpu]\n";
   std::string filter;
   int reps = 0;
+  bool cpu_clock = false;
   for (size_t i = 0; i + 1 < args.size(); i += 2) {
     if (args[i] == "--filter") {
       filter = args[i + 1];
     } else if (args[i] == "--reps") {
       reps = std::stoi(args[i + 1]);
+    } else if (args[i] == "--clock" && (args[i + 1] == "wall" || args[i + 1] == "cpu")) {
+      cpu_clock = args[i + 1] == "cpu";
     } else {
-      std::cerr << "usage: ballast_kernel_bench [--filter SUBSTRING] [--reps N]\n";
+      std::cerr << usage;
       return 2;
     }
   }
   if (args.size() % 2 != 0) {
-    std::cerr << "usage: ballast_kernel_bench [--filter SUBSTRING] [--reps N]\n";
+    std::cerr << usage;
     return 2;
   }
   // The children are this very binary, whatever its path.
-  return RunDriver(std::filesystem::read_symlink("/proc/self/exe").string(), filter, reps);
+  return RunDriver(std::filesystem::read_symlink("/proc/self/exe").string(), filter, reps,
+                   cpu_clock);
 }

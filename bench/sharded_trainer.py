@@ -16,6 +16,9 @@ N machines.
 
 Rows:
 - peak RSS of the largest rank, and tokens/s of the job, against N = 1;
+- the step's timeline on rank 0: the share of a step it spent blocked on
+  collectives (StepMetrics.collective_wait_s: communication that compute did
+  not hide), at the --prefetch depth asked for (zero3.prefetch);
 - bytes one rank sends in collectives per micro-batch, against the ZeRO-3
   figure 3 x parameter bytes x (N - 1) / N (a ring all-gather in forward and
   in backward, a ring reduce-scatter; on Gloo the reduce-scatter is an
@@ -85,7 +88,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(binary, root, n):
+def run(binary, root, n, settings):
     out = os.path.join(root, f"out-{n}")
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
@@ -93,7 +96,7 @@ def run(binary, root, n):
     logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs = [subprocess.Popen([binary, "--spec", os.path.join(root, "job.json"), "--out", out,
                                "--set", f"devices={n}", "--rank", str(r), "--world-size", str(n),
-                               "--master-port", str(port)], stderr=logs[r], env=env)
+                               "--master-port", str(port), *settings], stderr=logs[r], env=env)
              for r in range(n)]
     peak = [0] * n
     while any(p.poll() is None for p in procs):
@@ -112,7 +115,9 @@ def run(binary, root, n):
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][WARMUP:]
     tokens_per_s = statistics.median(r["tokens"] / r["step_time_s"] for r in rows)
     per_micro_batch = int(sent.group(1)) / (GAS // n) if sent else 0
-    return max(peak), tokens_per_s, per_micro_batch
+    step_s = statistics.median(r["step_time_s"] for r in rows)
+    wait_s = statistics.median(r["collective_wait_s"] for r in rows)
+    return max(peak), tokens_per_s, per_micro_batch, step_s, wait_s
 
 
 def main():
@@ -121,19 +126,26 @@ def main():
     parser.add_argument("--model", choices=["qwen3", "qwen3_moe"], default="qwen3")
     parser.add_argument("--seq", type=int, default=128, help="tokens per micro-batch")
     parser.add_argument("--ranks", default="2,4", help="the world sizes to compare with 1")
+    parser.add_argument("--prefetch", type=int, default=1,
+                        help="zero3.prefetch: layers gathered ahead of the one computing")
     args = parser.parse_args()
+    if args.prefetch < 1:
+        parser.error(f"--prefetch {args.prefetch}: at least 1")
     name = {"qwen3": "qwen3-8L", "qwen3_moe": "qwen3-moe-8L-8x2"}[args.model]
     if args.seq != 128:
         name += f" seq{args.seq}"
+    if args.prefetch != 1:
+        name += f" prefetch{args.prefetch}"
+    settings = ["--set", f"zero3.prefetch={args.prefetch}"]
     sizes = [int(n) for n in args.ranks.split(",")]
     binary = os.path.abspath(os.path.join(args.bin, "ballast-train"))
     root = tempfile.mkdtemp(prefix="ballast-sharded-bench-")
     try:
         numel = make_inputs(root, args.model, args.seq)
-        results = {n: run(binary, root, n) for n in [1] + sizes}
-        rss1, tps1, _ = results[1]
+        results = {n: run(binary, root, n, settings) for n in [1] + sizes}
+        rss1, tps1 = results[1][:2]
         for n in sizes:
-            rss, tps, sent = results[n]
+            rss, tps = results[n][:2]
             print(f"zero3_cpu/{name} full N={n} vs N=1: {rss / rss1:.2f}x peak RSS per rank "
                   f"({rss / 2**20:.0f} vs {rss1 / 2**20:.0f} MiB), {tps / tps1:.2f}x tokens/s "
                   f"({tps:.0f} vs {tps1:.0f}, {os.cpu_count()} cores shared)")
@@ -143,6 +155,10 @@ def main():
             print(f"zero3_cpu/{name} full N={n} bytes sent per rank per micro-batch vs ZeRO-3 "
                   f"3x params x (N-1)/N: {sent / zero3:.2f}x ({sent / 2**20:.1f} vs "
                   f"{zero3 / 2**20:.1f} MiB)")
+        for n in sizes:
+            step_s, wait_s = results[n][3:]
+            print(f"zero3_cpu/{name} full N={n} rank 0 blocked on collectives: "
+                  f"{wait_s / step_s:.2f} of a step ({wait_s:.2f} of {step_s:.2f} s, medians)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -2,7 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "client/migrate_store.h"
 #include "common/tls.h"
 #include "common/version.h"
 
@@ -10,6 +14,11 @@ namespace ballast::client {
 
 int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt,
            const Tuning& tuning) {
+  // Everything after `migrate-store`, --help included, is ballastd's
+  // (client/migrate_store.h), which CLI11 would check against ballast's flags.
+  if (argc >= 2 && std::string_view(argv[1]) == "migrate-store") {
+    return MigrateStore(io, std::vector<std::string>(argv + 2, argv + argc));
+  }
   CLI::App app{"ballast: submit and watch finetuning jobs", "ballast"};
   app.set_version_flag("--version", VersionLine("ballast"));
   std::string coordinator = "localhost:50051";
@@ -93,6 +102,12 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   std::string token_id;
   CLI::App* token_revoke = token->add_subcommand("revoke", "Revoke a token at once");
   token_revoke->add_option("id", token_id, "Token id (tok-...)")->required();
+
+  // Listed for --help; run above, before parsing.
+  app.add_subcommand("migrate-store",
+                     "Copy a coordinator's store, SQLite to PostgreSQL or back, and check the "
+                     "copy: `ballast migrate-store FROM TO` runs `ballastd migrate-store` (see "
+                     "its --help)");
 
   try {
     app.parse(argc, argv);

@@ -820,7 +820,9 @@ absl::StatusOr<std::vector<Coordinator::RankStats>> Coordinator::JobRankStats(
                      .steps = steps.sample_count,
                      .step_seconds = steps.sample_sum,
                      .peak_memory_bytes = series.peak_memory_bytes,
-                     .communicated_bytes = series.communicated_bytes});
+                     .communicated_bytes = series.communicated_bytes,
+                     .replica_communicated_bytes = series.replica_communicated_bytes,
+                     .collective_wait_seconds = series.collective_wait_seconds});
   }
   return stats;
 }

@@ -175,6 +175,8 @@ class Coordinator {
     double step_seconds = 0;
     int64_t peak_memory_bytes = 0;
     double communicated_bytes = 0;
+    double replica_communicated_bytes = 0;
+    double collective_wait_seconds = 0;
   };
   // By rank; NOT_FOUND for an unknown id.
   absl::StatusOr<std::vector<RankStats>> JobRankStats(const std::string& job_id,

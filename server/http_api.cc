@@ -168,7 +168,9 @@ void AddHttpApi(HttpRoutes* server, Coordinator* coordinator, const Authenticato
                      {"steps", r.steps},
                      {"step_seconds_mean", r.steps > 0 ? r.step_seconds / r.steps : 0},
                      {"peak_memory_bytes", r.peak_memory_bytes},
-                     {"communicated_bytes", r.communicated_bytes}});
+                     {"communicated_bytes", r.communicated_bytes},
+                     {"replica_communicated_bytes", r.replica_communicated_bytes},
+                     {"collective_wait_seconds", r.collective_wait_seconds}});
     }
     response.set_content(nlohmann::json({{"ranks", out}}).dump(), kJson);
   });

@@ -30,6 +30,8 @@ bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e)
       series.step_seconds.Observe(m.step_time_s());
       series.peak_memory_bytes = m.peak_memory_bytes();
       series.communicated_bytes += static_cast<double>(m.communicated_bytes());
+      series.replica_communicated_bytes += static_cast<double>(m.replica_communicated_bytes());
+      series.collective_wait_seconds += m.collective_wait_s();
       // Every rank reports the same global step; rank 0 speaks for the job,
       // so N ranks neither count a step N times nor move it back and forth.
       if (rank != 0) return false;

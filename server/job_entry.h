@@ -38,6 +38,10 @@ struct RankSeries {
   // The newest report; 0 when the rank does not measure it.
   int64_t peak_memory_bytes = 0;
   double communicated_bytes = 0;
+  // Of communicated_bytes, those sent to replicas (hybrid sharding).
+  double replica_communicated_bytes = 0;
+  // Seconds blocked on collectives, summed over steps.
+  double collective_wait_seconds = 0;
 };
 
 // Who was a straggler on a device (the progress watchdog's): the rank, in

@@ -57,6 +57,8 @@ JobMetrics::Snapshot JobMetrics::Read() const {
           .step_seconds = series.step_seconds.Collect(),
           .peak_memory_bytes = series.peak_memory_bytes,
           .communicated_bytes = series.communicated_bytes,
+          .replica_communicated_bytes = series.replica_communicated_bytes,
+          .collective_wait_seconds = series.collective_wait_seconds,
           .straggler = std::find(j.straggler_ranks().begin(), j.straggler_ranks().end(), rank) !=
                        j.straggler_ranks().end()};
     }
@@ -226,6 +228,19 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
                             "started.",
                             MetricType::Counter,
                             {}};
+  MetricFamily replica_communicated{"ballast_rank_replica_communicated_bytes_total",
+                                    "Of ballast_rank_communicated_bytes_total, the bytes sent to "
+                                    "the rank's replicas under hybrid sharding (the gradient "
+                                    "shards' allreduce across shard groups).",
+                                    MetricType::Counter,
+                                    {}};
+  MetricFamily collective_wait{"ballast_rank_collective_wait_seconds_total",
+                               "Seconds the rank spent blocked on collectives (communication "
+                               "not hidden behind compute) since ballastd started; its rate "
+                               "over ballast_rank_step_seconds' is the share of a step spent "
+                               "waiting.",
+                               MetricType::Counter,
+                               {}};
   MetricFamily straggler{"ballast_rank_straggler",
                          "1 while the progress watchdog counts the rank a straggler: its own "
                          "step time (outside collectives) above watchdog.straggler_factor times "
@@ -242,12 +257,16 @@ std::vector<prometheus::MetricFamily> JobMetrics::Collect() const {
         sample(peak_memory, labels, static_cast<double>(series.peak_memory_bytes));
       }
       sample(communicated, labels, series.communicated_bytes);
+      sample(replica_communicated, labels, series.replica_communicated_bytes);
+      sample(collective_wait, labels, series.collective_wait_seconds);
       sample(straggler, labels, series.straggler ? 1 : 0);
     }
   }
   families.push_back(std::move(step_seconds));
   families.push_back(std::move(peak_memory));
   families.push_back(std::move(communicated));
+  families.push_back(std::move(replica_communicated));
+  families.push_back(std::move(collective_wait));
   families.push_back(std::move(straggler));
   return families;
 }

@@ -52,6 +52,8 @@ class JobMetrics : public prometheus::Collectable {
     prometheus::ClientMetric step_seconds;
     int64_t peak_memory_bytes = 0;
     double communicated_bytes = 0;
+    double replica_communicated_bytes = 0;
+    double collective_wait_seconds = 0;
     // In the job's straggler_ranks (the progress watchdog's).
     bool straggler = false;
   };

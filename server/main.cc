@@ -7,6 +7,9 @@
 // to stderr and, with --ready-file, writes {"grpc": "HOST:PORT", "http":
 // "HOST:PORT"} there atomically. SIGINT or SIGTERM shut it down cleanly
 // (streams ended, store closed) with exit code 0.
+//
+// `ballastd migrate-store FROM TO` copies a store instead of serving
+// (server/store_migration.h); `ballast migrate-store` runs it.
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@
 
 #include "common/version.h"
 #include "server/elected_ballastd.h"
+#include "server/store_migration.h"
 #include "server/store_rows.h"
 
 namespace {
@@ -50,6 +54,27 @@ bool WriteReadyFile(const std::string& path, const std::string& grpc, const std:
   return !ec;
 }
 
+// `ballastd migrate-store FROM TO`: 0 when the copy checks out, 1 when it
+// fails or does not, 2 for a bad URL.
+int RunMigrateStore(const std::string& from, const std::string& to,
+                    const ballast::server::MigrateOptions& options) {
+  absl::StatusOr<ballast::server::MigrationReport> report =
+      ballast::server::MigrateStore(from, to, options);
+  if (!report.ok()) {
+    std::cerr << "ballastd migrate-store: " << report.status().message() << "\n";
+    return report.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::cout << "copied " << ballast::server::RedactStoreUrl(from) << " to "
+            << ballast::server::RedactStoreUrl(to) << "\n"
+            << ballast::server::FormatMigrationReport(*report);
+  if (!report->verified()) {
+    std::cerr << "ballastd migrate-store: the target does not read back as the source: a table's "
+                 "rows or checksum differ (above)\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,9 +90,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-dir", state_dir, "Holds the default store and job outputs")
       ->capture_default_str();
+  // From the environment too, so that a URL from a Secret never shows on the
+  // command line (deploy/helm, deploy/compose).
   app.add_option("--store", options.store_url,
                  "Job store URL: sqlite:PATH or postgresql://... (default "
-                 "sqlite:STATE_DIR/ballastd.db)");
+                 "sqlite:STATE_DIR/ballastd.db)")
+      ->envname("BALLAST_STORE");
   app.add_option("--output-root", options.output_root,
                  "A job's output_dir is OUTPUT_ROOT/JOB_ID (default STATE_DIR/jobs)");
   app.add_option("--path-root", options.path_roots,
@@ -121,7 +149,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ready-file", ready_file,
                  "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
+
+  std::string migrate_from;
+  std::string migrate_to;
+  ballast::server::MigrateOptions migrate_options;
+  CLI::App* migrate = app.add_subcommand(
+      "migrate-store",
+      "Copy a store (every job, its events, workers, tokens) into an empty one, SQLite to "
+      "PostgreSQL or back, then check rows and checksums per table (docs/control-plane.md)");
+  migrate->add_option("from", migrate_from, "The source: sqlite:PATH or postgresql://...")
+      ->required();
+  migrate->add_option("to", migrate_to, "The target: sqlite:PATH or postgresql://...")->required();
+  migrate->add_flag("--allow-non-empty", migrate_options.allow_non_empty,
+                    "Copy into a target that holds rows (a rerun after a copy that stopped); rows "
+                    "with the same key are replaced");
   CLI11_PARSE(app, argc, argv);
+  if (*migrate) return RunMigrateStore(migrate_from, migrate_to, migrate_options);
 
   std::error_code ec;
   fs::create_directories(state_dir, ec);

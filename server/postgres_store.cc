@@ -2,12 +2,17 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/store_rows.h"
 
 namespace ballast::server {
@@ -79,6 +84,9 @@ constexpr char kClaimLease[] =
     "holder = $1, address = $2, expires_at = excluded.expires_at "
     "WHERE (l.holder = $1 AND l.epoch = $4) OR l.expires_at < now() "
     "RETURNING epoch";
+
+// The name a store's connections have in pg_stat_activity.
+constexpr char kApplicationName[] = "ballastd";
 
 // PostgreSQL's SQLSTATE for a unique constraint's violation.
 constexpr std::string_view kUniqueViolation = "23505";
@@ -167,15 +175,18 @@ absl::StatusOr<std::vector<JobRecord>> Records(const PGresult* r) {
 class PostgresStore::Connection {
  public:
   // UNAVAILABLE naming `url` without its password when it does not connect.
-  // `options`, when not empty, is libpq's `options`: the session's settings
-  // (kept across a reconnect).
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& url,
-                                                          const std::string& options = "") {
+  // The server lists the connection under `application_name`
+  // (pg_stat_activity), which CheckNotInUse looks for. `options`, when not
+  // empty, is libpq's `options`: the session's settings (kept across a
+  // reconnect).
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(
+      const std::string& url, const char* application_name = kApplicationName,
+      const std::string& options = "") {
     // The URL's own settings come after ours (expand_dbname), so it may
     // change the timeout.
     const char* keys[] = {"connect_timeout", "application_name", "dbname",
                           options.empty() ? nullptr : "options", nullptr};
-    const char* values[] = {"10", "ballastd", url.c_str(), options.c_str(), nullptr};
+    const char* values[] = {"10", application_name, url.c_str(), options.c_str(), nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
     auto connection = std::unique_ptr<Connection>(new Connection(conn));
     if (PQstatus(conn) != CONNECTION_OK) {
@@ -198,14 +209,33 @@ class PostgresStore::Connection {
                           params.formats(), /*resultFormat=*/1),
              &PQclear);
     const ExecStatusType status = PQresultStatus(r.get());
-    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-      std::string message =
-          absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r.get())));
-      const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
-      if (state != nullptr && state == kUniqueViolation) return absl::AlreadyExistsError(message);
-      return absl::UnavailableError(message);
-    }
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) return ResultError(what, r.get());
     return r;
+  }
+
+  // One statement of RunPipelined; `what` names it in errors.
+  struct Statement {
+    const char* what;
+    const char* sql;
+    Params params;
+  };
+
+  // Runs `statements` in order, sending kPipelineDepth of them at a time
+  // before reading their results (libpq's pipeline mode), so a batch of rows
+  // costs a round trip per kPipelineDepth statements instead of one each.
+  // Within a transaction: the first that fails aborts those after it, and
+  // its error, as Run gives it, is returned with its index in `*failed`.
+  absl::Status RunPipelined(absl::Span<const Statement> statements, size_t* failed) {
+    for (size_t start = 0; start < statements.size(); start += kPipelineDepth) {
+      const size_t n = std::min(kPipelineDepth, statements.size() - start);
+      size_t index = 0;
+      absl::Status s = RunPipeline(statements.subspan(start, n), &index);
+      if (!s.ok()) {
+        *failed = start + index;
+        return s;
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Runs `sql`, statements without parameters, in one go.
@@ -233,6 +263,69 @@ class PostgresStore::Connection {
 
  private:
   explicit Connection(PGconn* conn) : conn_(conn) {}
+
+  // Statements sent before their results are read. Their results (a few
+  // bytes each) never fill the server's socket buffer, which would stall
+  // it while this side still sends.
+  static constexpr size_t kPipelineDepth = 256;
+
+  // The error of a statement's result, as Run gives it.
+  static absl::Status ResultError(const char* what, const PGresult* r) {
+    std::string message = absl::StrCat("store: ", what, ": ", Message(PQresultErrorMessage(r)));
+    const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    if (state != nullptr && state == kUniqueViolation) return absl::AlreadyExistsError(message);
+    return absl::UnavailableError(message);
+  }
+
+  // One pipeline: every statement sent, a sync, then every result read up
+  // to the sync's, so the connection leaves pipeline mode idle whatever
+  // failed. The first error, with its statement's index in `*failed`.
+  absl::Status RunPipeline(absl::Span<const Statement> statements, size_t* failed) {
+    if (absl::Status s = Reconnect(statements.front().what); !s.ok()) return s;
+    auto lost = [&](const char* what) {
+      return absl::UnavailableError(
+          absl::StrCat("store: ", what, ": ", Message(PQerrorMessage(conn_))));
+    };
+    if (PQenterPipelineMode(conn_) != 1) return lost("enter pipeline mode");
+    absl::Status first = absl::OkStatus();
+    size_t sent = 0;
+    for (const Statement& st : statements) {
+      const std::vector<const char*> values = st.params.values();
+      const std::vector<int> lengths = st.params.lengths();
+      if (PQsendQueryParams(conn_, st.sql, st.params.size(), nullptr, values.data(), lengths.data(),
+                            st.params.formats(), /*resultFormat=*/1) != 1) {
+        first = lost(st.what);
+        *failed = sent;
+        break;
+      }
+      ++sent;
+    }
+    if (PQpipelineSync(conn_) != 1) {
+      if (first.ok()) *failed = sent;
+      first.Update(lost("pipeline sync"));
+    }
+    // Each statement's results end with a NULL; the sync's result ends it
+    // all. A broken connection ends it too (PQgetResult gives NULLs).
+    size_t index = 0;
+    int nulls_in_a_row = 0;
+    while (nulls_in_a_row < 2) {
+      Result r(PQgetResult(conn_), &PQclear);
+      if (r == nullptr) {
+        ++index;
+        ++nulls_in_a_row;
+        continue;
+      }
+      nulls_in_a_row = 0;
+      const ExecStatusType status = PQresultStatus(r.get());
+      if (status == PGRES_PIPELINE_SYNC) break;
+      if (status == PGRES_FATAL_ERROR && first.ok()) {
+        first = ResultError(index < sent ? statements[index].what : "pipeline", r.get());
+        *failed = index;
+      }
+    }
+    if (PQexitPipelineMode(conn_) != 1 && first.ok()) first = lost("leave pipeline mode");
+    return first;
+  }
 
   // A connection the server closed (it restarted) is opened again; the call
   // that found it closed has already failed. Not within a transaction:
@@ -292,7 +385,8 @@ absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
     // way (they hold the row FOR SHARE) but not for ever, and a leader frozen
     // within a statement holds no takeover back.
     absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(
-        url_, absl::StrCat("-c lock_timeout=", lease_ms, " -c statement_timeout=", lease_ms,
+        url_, kApplicationName,
+        absl::StrCat("-c lock_timeout=", lease_ms, " -c statement_timeout=", lease_ms,
                            " -c idle_in_transaction_session_timeout=", lease_ms));
     if (!opened.ok()) return opened.status();
     leader_ = *std::move(opened);
@@ -362,21 +456,22 @@ absl::Status PostgresStore::Ping() {
   return writer_->Run("ping", "SELECT 1").status();
 }
 
-absl::Status PostgresStore::WriteJob(const StoreBatch::JobChange& change, int64_t retention) {
+namespace {
+
+// The statements that write `change` onto `out`, in order: its new events,
+// its trim, and last its row.
+void AppendJob(const StoreBatch::JobChange& change, int64_t retention,
+               std::vector<PostgresStore::Connection::Statement>* out) {
   const JobRow row = EncodeJobRow(change, retention);
   for (const v1::JobEvent& e : change.events) {
-    absl::StatusOr<Result> r =
-        writer_->Run("insert event",
-                     "INSERT INTO events (job_id, seq, event) VALUES ($1, $2, $3) "
-                     "ON CONFLICT (job_id, seq) DO UPDATE SET event = excluded.event",
-                     Params().Text(e.job_id()).Int(e.seq()).Bytes(e.SerializeAsString()));
-    if (!r.ok()) return r.status();
+    out->push_back({"insert event",
+                    "INSERT INTO events (job_id, seq, event) VALUES ($1, $2, $3) "
+                    "ON CONFLICT (job_id, seq) DO UPDATE SET event = excluded.event",
+                    Params().Text(e.job_id()).Int(e.seq()).Bytes(e.SerializeAsString())});
   }
   if (row.trim_events_through > 0) {
-    absl::StatusOr<Result> r =
-        writer_->Run("trim events", "DELETE FROM events WHERE job_id = $1 AND seq <= $2",
-                     Params().Text(row.id).Int(row.trim_events_through));
-    if (!r.ok()) return r.status();
+    out->push_back({"trim events", "DELETE FROM events WHERE job_id = $1 AND seq <= $2",
+                    Params().Text(row.id).Int(row.trim_events_through)});
   }
   Params params;
   params.Int(row.order).Text(row.id);
@@ -393,29 +488,46 @@ absl::Status PostgresStore::WriteJob(const StoreBatch::JobChange& change, int64_
       .Bytes(row.job)
       .Text(row.tenant)
       .Bool(row.evicted);
-  absl::Status s = writer_->Run("write job", kPutJob, params).status();
-  if (s.code() == absl::StatusCode::kAlreadyExists) return RequestIdTaken(change.record.job);
-  return s;
+  out->push_back({"write job", kPutJob, std::move(params)});
 }
+
+}  // namespace
 
 absl::Status PostgresStore::Write(absl::Span<const StoreBatch* const> batches, int64_t retention) {
   absl::MutexLock lock(&mu_);
   return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (absl::Status s = FenceWrites(); !s.ok()) return s;
+    // Every row of every batch, sent in one pipeline: a round trip per
+    // Connection::kPipelineDepth rows rather than per row. `jobs[i]` is the
+    // job whose row statement i writes, for the error of a taken request_id.
+    std::vector<Connection::Statement> statements;
+    std::vector<const v1::Job*> jobs;
     for (const StoreBatch* batch : batches) {
       for (const StoreBatch::JobChange& change : batch->jobs) {
-        if (absl::Status s = WriteJob(change, retention); !s.ok()) return s;
+        AppendJob(change, retention, &statements);
+        jobs.resize(statements.size(), nullptr);
+        jobs.back() = &change.record.job;
       }
       for (const WorkerRecord& w : batch->workers) {
-        absl::StatusOr<Result> r = writer_->Run(
-            "put worker",
-            "INSERT INTO workers (id, last_report_id, worker) VALUES ($1, $2, $3) ON CONFLICT "
-            "(id) DO UPDATE SET last_report_id = excluded.last_report_id, worker = excluded.worker",
-            Params().Text(w.worker.id()).Int(w.last_report_id).Bytes(w.worker.SerializeAsString()));
-        if (!r.ok()) return r.status();
+        statements.push_back(
+            {"put worker",
+             "INSERT INTO workers (id, last_report_id, worker) VALUES ($1, $2, $3) ON CONFLICT "
+             "(id) DO UPDATE SET last_report_id = excluded.last_report_id, worker = "
+             "excluded.worker",
+             Params()
+                 .Text(w.worker.id())
+                 .Int(w.last_report_id)
+                 .Bytes(w.worker.SerializeAsString())});
       }
     }
-    return absl::OkStatus();
+    if (statements.empty()) return absl::OkStatus();
+    jobs.resize(statements.size(), nullptr);
+    size_t failed = 0;
+    absl::Status s = writer_->RunPipelined(statements, &failed);
+    if (s.code() == absl::StatusCode::kAlreadyExists && jobs[failed] != nullptr) {
+      return RequestIdTaken(*jobs[failed]);
+    }
+    return s;
   });
 }
 
@@ -583,6 +695,36 @@ absl::StatusOr<std::vector<TokenRecord>> PostgresStore::LoadTokens() {
     }
   }
   return tokens;
+}
+
+absl::Status PostgresStore::CheckNotInUse(const std::string& url) {
+  absl::StatusOr<std::unique_ptr<Connection>> connection =
+      Connection::Open(url, "ballastd migrate-store");
+  if (!connection.ok()) return connection.status();
+  // A server process outlives its client's goodbye for a moment: a ballastd
+  // that has just stopped may still be listed, for a second at the most.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  absl::StatusOr<Result> r;
+  int64_t connections = 0;
+  do {
+    if (connections > 0) absl::SleepFor(absl::Milliseconds(100));
+    r = (*connection)
+            ->Run(
+                "connections of ballastd",
+                // client_addr is NULL for a unix socket, and for another role's
+                // connection (application_name is visible to every role).
+                "SELECT COUNT(*)::BIGINT, COALESCE(STRING_AGG(DISTINCT COALESCE(HOST(client_addr), "
+                "'local'), ', '), '') FROM pg_stat_activity WHERE datname = current_database() AND "
+                "application_name = $1",
+                Params().Text(kApplicationName));
+    if (!r.ok()) return r.status();
+    connections = Int(r->get(), 0, 0);
+  } while (connections > 0 && absl::Now() < deadline);
+  if (connections == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("store ", RedactStoreUrl(url), " is open in ", connections,
+                   " connection(s) of ballastd (from ", std::string(Bytes(r->get(), 0, 1)),
+                   "): a running ballastd? stop it first"));
 }
 
 }  // namespace ballast::server

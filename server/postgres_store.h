@@ -3,7 +3,9 @@
 // ?host=DIR, port, database, sslmode, ...). Several ballastd hosts can reach
 // it, which SQLite's file cannot offer; same semantics as SqliteStore.
 //
-// One connection for writes behind a mutex, each Write one transaction, and
+// One connection for writes behind a mutex, each Write one transaction whose
+// rows go in libpq's pipeline mode (BEGIN, then a round trip per 256
+// statements rather than per row, then COMMIT), and
 // one for reads of what is committed behind another, so a watch's replay
 // never waits for a group commit. A connection that broke (the server
 // restarted) is reopened at its next use; the call that found it broken
@@ -53,6 +55,10 @@ class PostgresStore : public Store {
   // the server cannot be reached or refuses; FAILED_PRECONDITION when the
   // database holds a schema of another version.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& url);
+  // OK when no connection to `url`'s database is a PostgresStore's (named
+  // ballastd in pg_stat_activity); FAILED_PRECONDITION counting them and
+  // naming their hosts otherwise, UNAVAILABLE as Open.
+  static absl::Status CheckNotInUse(const std::string& url);
   ~PostgresStore() override;
   PostgresStore(const PostgresStore&) = delete;
   PostgresStore& operator=(const PostgresStore&) = delete;
@@ -90,8 +96,6 @@ class PostgresStore : public Store {
   // never led, or its epoch is still the lease's; ABORTED naming the
   // leader else. Holds the lease row FOR SHARE until the transaction ends.
   absl::Status FenceWrites() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteJob(const StoreBatch::JobChange& change, int64_t retention)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   std::unique_ptr<Connection> writer_ ABSL_GUARDED_BY(mu_);

@@ -5,7 +5,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -175,6 +177,7 @@ absl::StatusOr<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path
     const std::string set = absl::StrCat("PRAGMA user_version = ", kSchemaVersion);
     if (absl::Status s = store->Exec(set.c_str()); !s.ok()) return s;
   }
+  if (absl::Status s = store->HoldSharedLock(path); !s.ok()) return s;
   if (absl::Status s = store->Prepare(); !s.ok()) return s;
   if (absl::Status s = store->OpenReader(path); !s.ok()) return s;
   // Replaces SQLite's checkpoint at commit, which made every thousandth
@@ -182,6 +185,36 @@ absl::StatusOr<std::unique_ptr<Store>> SqliteStore::Open(const std::string& path
   sqlite3_wal_hook(db, &SqliteStore::AfterCommit, store.get());
   store->checkpointer_ = std::thread([raw = store.get(), path] { raw->CheckpointLoop(path); });
   return store;
+}
+
+// flock, not SQLite's own POSIX locks: a ballastd between transactions holds
+// none of those, and flock's locks are apart from them on Linux, so SQLite's
+// locking is untouched.
+absl::Status SqliteStore::HoldSharedLock(const std::string& path) {
+  lock_fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (lock_fd_ < 0) {
+    return absl::UnavailableError(absl::StrCat("store ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(lock_fd_, LOCK_SH | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store ", path, " is locked by a copy of the store (ballastd migrate-store)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::CheckNotInUse(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("store ", path, ": ", std::strerror(errno)));
+  }
+  const bool unused = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  close(fd);
+  if (unused) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("store sqlite:", path,
+                   " is open in another process (a running ballastd?): its file is locked; stop "
+                   "that process first"));
 }
 
 int SqliteStore::AfterCommit(void* store, sqlite3*, const char*, int wal_pages) {
@@ -245,6 +278,7 @@ SqliteStore::~SqliteStore() {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
+  if (lock_fd_ >= 0) close(lock_fd_);
 }
 
 absl::Status SqliteStore::Error(const char* what) { return DbError(db_, what); }

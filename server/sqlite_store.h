@@ -32,7 +32,12 @@ class SqliteStore : public Store {
  public:
   // Opens (creating if needed) the database file `path`; its folder must
   // exist. UNAVAILABLE when it cannot be opened, DATA_LOSS when it is damaged.
+  // Holds a shared flock on the file while open (several SqliteStores may
+  // share it), so CheckNotInUse can tell that one is.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  // OK when no SqliteStore of any process has `path` open (or there is no
+  // such file); FAILED_PRECONDITION naming it when one has.
+  static absl::Status CheckNotInUse(const std::string& path);
   ~SqliteStore() override;
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
@@ -71,6 +76,8 @@ class SqliteStore : public Store {
   void CheckpointLoop(const std::string& path);
   // SQLite's hook after each commit, with the WAL's length in pages.
   static int AfterCommit(void* store, sqlite3* db, const char* name, int wal_pages);
+  // Takes the shared flock on `path` that CheckNotInUse looks for.
+  absl::Status HoldSharedLock(const std::string& path);
   absl::Status Prepare() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the read connection and prepares its statements.
   absl::Status OpenReader(const std::string& path) ABSL_LOCKS_EXCLUDED(read_mu_);
@@ -112,6 +119,8 @@ class SqliteStore : public Store {
   bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   bool closing_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   std::thread checkpointer_;
+  // The file's descriptor that holds Open's shared flock; -1 before.
+  int lock_fd_ = -1;
 };
 
 }  // namespace ballast::server

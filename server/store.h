@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "ballast/v1/job.pb.h"
 #include "ballast/v1/job_service.pb.h"
@@ -103,6 +104,18 @@ class Store {
   // UNAVAILABLE when the database cannot be opened; errors name the URL
   // without its password.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& url);
+
+  // OK when `url` has one of the schemes above; INVALID_ARGUMENT naming it,
+  // without its password, after `key` (the flag or argument that gave it).
+  static absl::Status CheckUrl(const std::string& url, absl::string_view key);
+
+  // OK when no other process has the store at `url` open: a SQLite file no
+  // SqliteStore holds (each holds a shared flock on it while open), a
+  // PostgreSQL database without a connection named ballastd. FAILED_PRECONDITION
+  // saying what holds it otherwise; INVALID_ARGUMENT and UNAVAILABLE as Open.
+  // For a copy of the whole store (server/store_migration.h), which a running
+  // ballastd would change under it.
+  static absl::Status CheckNotInUse(const std::string& url);
   virtual ~Store() = default;
 
   // OK when the database answers a query.

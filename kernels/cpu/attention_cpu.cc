@@ -37,8 +37,13 @@
 // tile are transposed once per query tile (and reused for every key tile it
 // sees), and K, V, Q and dO rows are read in place. The softmax statistics
 // then run down the columns, vectorised across queries. The products go to
-// kernels/cpu/tile_product.h: a register kernel that copies no operand where
-// the CPU has AVX-512, BLAS elsewhere.
+// kernels/cpu/tile_product.h: oneDNN's brgemm where LibTorch has it, a
+// register kernel that copies no operand where the CPU has AVX-512, BLAS
+// elsewhere. brgemm has no alpha and no transposed A, so the scale is folded
+// into Q^T (for S) and into dS (for dK and dQ): S, dV, dP and dK then have
+// alpha 1 and a row-major A, and brgemm takes them; O += P V and dQ += dS K
+// read P and dS transposed, which the register kernel does at no cost, so
+// they go there.
 //
 // Precision. bf16 and fp16 inputs are converted to fp32 once; every product,
 // sum and exp runs in fp32 (fp64 for fp64 inputs, so that finite differences
@@ -180,22 +185,23 @@ void ExpColumns(double* t, int64_t n, int64_t width, const double* shift, double
   }
 }
 
-// dp[j][i] = p[j][i] * (dp[j][i] - delta[i]): dP^T becomes dS^T in place.
+// dp[j][i] = scale * p[j][i] * (dp[j][i] - delta[i]): dP^T becomes scale dS^T
+// in place, the scale that both dK and dQ carry.
 BALLAST_ROW_KERNEL void SoftmaxGradColumns(float* dp, const float* p, int64_t n, int64_t width,
-                                           const float* delta) {
+                                           const float* delta, float scale) {
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < width; i += kVec) {
       const int64_t at = j * kLdT + i;
-      Store8(dp + at, Load8(p + at) * (Load8(dp + at) - Load8(delta + i)));
+      Store8(dp + at, (Load8(p + at) * scale) * (Load8(dp + at) - Load8(delta + i)));
     }
   }
 }
 
-void SoftmaxGradColumns(double* dp, const double* p, int64_t n, int64_t width,
-                        const double* delta) {
+void SoftmaxGradColumns(double* dp, const double* p, int64_t n, int64_t width, const double* delta,
+                        double scale) {
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < width; ++i) {
-      dp[j * kLdT + i] = p[j * kLdT + i] * (dp[j * kLdT + i] - delta[i]);
+      dp[j * kLdT + i] = scale * p[j * kLdT + i] * (dp[j * kLdT + i] - delta[i]);
     }
   }
 }
@@ -232,13 +238,13 @@ void ScaleRow(double* x, double a, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= a;
 }
 
-// dst (D, kLdT) = the transpose of src (m, D) with row stride ld, and zero in
-// the padding columns [m, width).
+// dst (D, kLdT) = a times the transpose of src (m, D) with row stride ld, and
+// zero in the padding columns [m, width).
 template <typename T>
-void TransposeTile(const T* src, int64_t m, int64_t d, int64_t ld, int64_t width, T* dst) {
+void TransposeTile(const T* src, int64_t m, int64_t d, int64_t ld, int64_t width, T a, T* dst) {
   for (int64_t c = 0; c < d; ++c) {
     T* column = dst + c * kLdT;
-    for (int64_t i = 0; i < m; ++i) column[i] = src[i * ld + c];
+    for (int64_t i = 0; i < m; ++i) column[i] = a * src[i * ld + c];
     std::fill(column + m, column + width, T(0));
   }
 }
@@ -481,12 +487,13 @@ void HideUnseen(const int64_t* key_ranges, Span rows, Span cols, int64_t width, 
 }
 
 // st (n, kLdT) = scale * K Q^T for the tile, key-major, over the padded query
-// columns, with the queries a key is hidden from set to -inf. Needs ws.qt.
+// columns, with the queries a key is hidden from set to -inf. Needs ws.qt,
+// which holds scale * Q^T.
 template <typename T>
 void ScoreTile(const Problem<T>& p, const T* k_tile, Span rows, Span cols, Coverage coverage,
                const T* qt, T* seen, T* st) {
   const int64_t n = cols.size();
-  TileProduct(n, PaddedWidth(rows.size()), p.head_dim, p.scale, k_tile, p.ldk(), 1, qt, kLdT, false,
+  TileProduct(n, PaddedWidth(rows.size()), p.head_dim, T(1), k_tile, p.ldk(), 1, qt, kLdT, false,
               st, kLdT);
   if (coverage != Coverage::kFull)
     HideUnseen(p.key_ranges, rows, cols, PaddedWidth(rows.size()), seen, st);
@@ -511,7 +518,7 @@ void ForwardTile(const Problem<T>& p, const QueryTile& tile, int64_t h, T* out, 
   T* running_sum = ws.running_sum.data();
   T* shift = ws.shift.data();
   T* tile_sum = ws.tile_sum.data();
-  TransposeTile(p.q + rows.begin * p.ldq() + h * d, m, d, p.ldq(), width, ws.qt.data());
+  TransposeTile(p.q + rows.begin * p.ldq() + h * d, m, d, p.ldq(), width, p.scale, ws.qt.data());
   std::fill(o, o + m * d, T(0));
   std::fill(running_max, running_max + width, kNegInf);
   std::fill(running_sum, running_sum + width, T(0));
@@ -602,8 +609,8 @@ void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile,
   T* shift = ws.shift.data();
   T* delta = ws.delta.data();
   const int64_t ld_kv = kv.ld(p);
-  TransposeTile(q_tile, m, d, p.ldq(), width, ws.qt.data());
-  TransposeTile(do_tile, m, d, p.ldq(), width, ws.dot.data());
+  TransposeTile(q_tile, m, d, p.ldq(), width, p.scale, ws.qt.data());
+  TransposeTile(do_tile, m, d, p.ldq(), width, T(1), ws.dot.data());
   std::fill(dq, dq + m * d, T(0));
   // P = exp(S - lse). A query with lse = -inf saw no key in the forward;
   // shifting it by +inf instead gives P = 0 rather than exp(-inf - -inf) = NaN.
@@ -633,11 +640,11 @@ void GradTile(const Problem<T>& p, const Upstream<T>& up, const QueryTile& tile,
       TileProduct(n, d, m, T(1), st, kLdT, 1, do_tile, p.ldq(), true, dv, ld_kv);
       // dpt (n, width) = V dO^T
       TileProduct(n, width, d, T(1), v_tile, p.ldk(), 1, ws.dot.data(), kLdT, false, dpt, kLdT);
-      SoftmaxGradColumns(dpt, st, n, width, delta);
+      SoftmaxGradColumns(dpt, st, n, width, delta, p.scale);
       // dk (n, D) += scale dS^T Q
-      TileProduct(n, d, m, p.scale, dpt, kLdT, 1, q_tile, p.ldq(), true, dk, ld_kv);
+      TileProduct(n, d, m, T(1), dpt, kLdT, 1, q_tile, p.ldq(), true, dk, ld_kv);
       // dq (m, D) += scale dS K, with dS (i, j) = dpt[j][i]
-      TileProduct(m, d, n, p.scale, dpt, 1, kLdT, k_tile, p.ldk(), true, dq, d);
+      TileProduct(m, d, n, T(1), dpt, 1, kLdT, k_tile, p.ldk(), true, dq, d);
     }
   }
   for (int64_t i = 0; i < m; ++i) {

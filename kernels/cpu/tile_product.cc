@@ -7,16 +7,23 @@
 // are walked in 64-wide panels, and each panel's rows of B stay in L1 while
 // every row group of C passes over them.
 //
+// brgemm path: at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_C, A,
+// B, C) computes C (M, N) (+)= A (M, K) B (K, N), all row-major, which is
+// this product with alpha 1 and a_depth 1.
+//
 // BLAS path: C row-major (rows, cols) is column-major (cols, rows), which is
 // B' (cols, depth) times A' (depth, rows) in BLAS's terms, with B' = B as
 // stored and A' either A as stored (a_depth == 1) or its transpose.
 #include "kernels/cpu/tile_product.h"
 
+#include <ATen/Context.h>
+#include <ATen/native/CPUBlas.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "kernels/cpu/fortran_blas.h"
 
@@ -124,34 +131,128 @@ void RegisterProduct(int64_t rows, int64_t cols, int64_t depth, float alpha, con
 
 #endif  // BALLAST_HAS_AVX512_KERNEL
 
-bool DetectRegisterKernel() {
-  const char* choice = std::getenv("BALLAST_CPU_TILE_PRODUCT");
-  TORCH_CHECK(choice == nullptr || std::strcmp(choice, "blas") == 0,
-              "BALLAST_CPU_TILE_PRODUCT must be unset or 'blas', got '", choice, "'");
-  if (choice != nullptr) return false;
+#if defined(CPUBLAS_BRGEMM_F32F32F32) && (defined(__x86_64__) || defined(_M_X64))
+#define BALLAST_HAS_BRGEMM 1
+#endif
+
+// The products brgemm cannot take (see tile_product.h) run here.
+void FallbackProduct(int64_t rows, int64_t cols, int64_t depth, float alpha, const float* a,
+                     int64_t a_row, int64_t a_depth, const float* b, int64_t ldb, bool accumulate,
+                     float* c, int64_t ldc) {
 #ifdef BALLAST_HAS_AVX512_KERNEL
-  return __builtin_cpu_supports("avx512f");
+  if (RegisterKernelAvailable()) {
+    RegisterProduct(rows, cols, depth, alpha, a, a_row, a_depth, b, ldb, accumulate, c, ldc);
+    return;
+  }
+#endif
+  BlasProduct(sgemm_, rows, cols, depth, alpha, a, a_row, a_depth, b, ldb, accumulate, c, ldc);
+}
+
+bool Available(TileKernel kernel) {
+  switch (kernel) {
+    case TileKernel::kBrgemm:
+      return BrgemmAvailable();
+    case TileKernel::kRegister:
+      return RegisterKernelAvailable();
+    case TileKernel::kBlas:
+      return true;
+  }
+  return false;
+}
+
+TileKernel ChooseFloatTileKernel() {
+  const char* env = std::getenv("BALLAST_CPU_TILE_PRODUCT");
+  const std::string choice = env == nullptr ? "" : env;
+  TileKernel first = TileKernel::kBrgemm;
+  if (choice == "register") {
+    first = TileKernel::kRegister;
+  } else if (choice == "blas") {
+    first = TileKernel::kBlas;
+  } else {
+    TORCH_CHECK(choice.empty() || choice == "brgemm",
+                "BALLAST_CPU_TILE_PRODUCT must be unset, 'brgemm', 'register' or 'blas', got '",
+                choice, "'");
+  }
+  // The order of preference from the first choice on: brgemm, register, blas.
+  TileKernel kernel = first;
+  while (!Available(kernel)) kernel = static_cast<TileKernel>(static_cast<int>(kernel) + 1);
+  std::string why = choice.empty() ? "" : "; BALLAST_CPU_TILE_PRODUCT=" + choice;
+  if (kernel != first) {
+    why += std::string("; ") + TileKernelName(first) + " unavailable (" +
+           (first == TileKernel::kBrgemm ? "no oneDNN in LibTorch, or no AVX2" : "no AVX-512F") +
+           ")";
+  }
+  std::fprintf(stderr, "tile_product: fp32 tile products on %s%s\n", TileKernelName(kernel),
+               why.c_str());
+  return kernel;
+}
+
+}  // namespace
+
+bool BrgemmAvailable() {
+#ifdef BALLAST_HAS_BRGEMM
+  // LibTorch runs brgemm on oneDNN where it was built with it and the CPU has
+  // AVX2 (and the user has not turned oneDNN off); otherwise the same call
+  // silently becomes a BLAS gemm, which BALLAST_CPU_TILE_PRODUCT=blas covers.
+  static const bool available = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() &&
+                                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return available;
 #else
   return false;
 #endif
 }
 
-}  // namespace
+bool RegisterKernelAvailable() {
+#ifdef BALLAST_HAS_AVX512_KERNEL
+  static const bool available = __builtin_cpu_supports("avx512f");
+  return available;
+#else
+  return false;
+#endif
+}
 
-bool TileProductUsesRegisterKernel() {
-  static const bool enabled = DetectRegisterKernel();
-  return enabled;
+const char* TileKernelName(TileKernel kernel) {
+  switch (kernel) {
+    case TileKernel::kBrgemm:
+      return "brgemm";
+    case TileKernel::kRegister:
+      return "register";
+    case TileKernel::kBlas:
+      return "blas";
+  }
+  return "unknown";
+}
+
+bool BrgemmTakes(int64_t rows, int64_t cols, int64_t depth, float alpha, int64_t a_depth) {
+  constexpr int64_t kQuantum = 16;
+  return alpha == 1.0f && a_depth == 1 && rows > 0 && cols > 0 && depth > 0 &&
+         rows % kQuantum == 0 && cols % kQuantum == 0 && depth % kQuantum == 0;
+}
+
+TileKernel FloatTileKernel() {
+  static const TileKernel kernel = ChooseFloatTileKernel();
+  return kernel;
 }
 
 void TileProduct(int64_t rows, int64_t cols, int64_t depth, float alpha, const float* a,
                  int64_t a_row, int64_t a_depth, const float* b, int64_t ldb, bool accumulate,
                  float* c, int64_t ldc) {
-#ifdef BALLAST_HAS_AVX512_KERNEL
-  if (TileProductUsesRegisterKernel()) {
-    RegisterProduct(rows, cols, depth, alpha, a, a_row, a_depth, b, ldb, accumulate, c, ldc);
-    return;
-  }
+  switch (FloatTileKernel()) {
+    case TileKernel::kBrgemm:
+#ifdef BALLAST_HAS_BRGEMM
+      if (BrgemmTakes(rows, cols, depth, alpha, a_depth)) {
+        at::native::cpublas::brgemm(rows, cols, depth, a_row, ldb, ldc, accumulate, a, b, c,
+                                    /*is_vnni=*/false);
+        return;
+      }
 #endif
+      [[fallthrough]];
+    case TileKernel::kRegister:
+      FallbackProduct(rows, cols, depth, alpha, a, a_row, a_depth, b, ldb, accumulate, c, ldc);
+      return;
+    case TileKernel::kBlas:
+      break;
+  }
   BlasProduct(sgemm_, rows, cols, depth, alpha, a, a_row, a_depth, b, ldb, accumulate, c, ldc);
 }
 

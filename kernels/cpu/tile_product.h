@@ -8,13 +8,24 @@
 // so a transposed operand is just a different pair of strides; one of the two
 // must be 1. No operand is packed or copied.
 //
-// fp32 on a CPU with AVX-512 runs a register-tiled kernel that broadcasts A
-// and streams rows of B (tile_product.cc states the tile); anything else goes
-// to the BLAS that LibTorch links (MKL in the PyPI wheel). The register kernel
-// exists because these products are small (tens to hundreds on a side) and
-// BLAS packs both operands of each one: in the attention loops that packing
-// was a fifth of the time, and MKL ran at 0.75-0.85x of this kernel's rate on
-// the same tiles.
+// fp32 products run on one of three kernels, chosen once per process
+// (FloatTileKernel below):
+//  - oneDNN's brgemm micro-kernel, through LibTorch's
+//    at::native::cpublas::brgemm (the one ATen's own CPU flash attention calls
+//    for bf16 and fp16), where LibTorch was built with oneDNN and the CPU has
+//    AVX2. It takes the products whose A is row-major (a_depth == 1), whose
+//    alpha is 1 and whose sides are multiples of 16 (BrgemmTakes): it has no
+//    alpha and no transposed A, and it JIT-compiles and caches one kernel per
+//    shape and thread, so the odd-sized edge tiles of packed documents, which
+//    would fill that cache with one kernel per length, are left out too. What
+//    brgemm does not take goes to the next kernel.
+//  - a register-tiled kernel that broadcasts A and streams rows of B
+//    (tile_product.cc states the tile), on a CPU with AVX-512F. It copies no
+//    operand: these products are small (tens to hundreds on a side) and BLAS
+//    packs both operands of each one; in the attention loops that packing was
+//    a fifth of the time.
+//  - the BLAS that LibTorch links (MKL in the PyPI wheel), for anything else.
+// bench/results/attention_brgemm.md compares them inside the attention kernel.
 #ifndef BALLAST_KERNELS_CPU_TILE_PRODUCT_H_
 #define BALLAST_KERNELS_CPU_TILE_PRODUCT_H_
 
@@ -30,11 +41,26 @@ void TileProduct(int64_t rows, int64_t cols, int64_t depth, double alpha, const 
                  int64_t a_row, int64_t a_depth, const double* b, int64_t ldb, bool accumulate,
                  double* c, int64_t ldc);
 
-// Whether fp32 products run the register kernel. False when the CPU lacks
-// AVX-512F, or when the environment sets BALLAST_CPU_TILE_PRODUCT=blas (tests
-// use it to cover the BLAS path on any machine); any other value of that
-// variable throws a c10::Error that names it. Read once, at the first call.
-bool TileProductUsesRegisterKernel();
+enum class TileKernel { kBrgemm, kRegister, kBlas };
+
+// The kernel fp32 products run on, decided at the first call and logged once
+// to stderr. The environment variable BALLAST_CPU_TILE_PRODUCT picks one:
+// "brgemm", "register" or "blas" (tests cover each path this way); a choice the
+// build or CPU cannot run falls back to the next kernel in that order, and the
+// log says why. Unset, the first available of brgemm, register, blas. Any
+// other value throws a c10::Error that names the variable.
+TileKernel FloatTileKernel();
+
+// "brgemm", "register" or "blas".
+const char* TileKernelName(TileKernel kernel);
+
+// Whether a product of these sides, alpha and A stride goes to brgemm when it
+// is the kernel: alpha 1, A row-major, every side a positive multiple of 16.
+bool BrgemmTakes(int64_t rows, int64_t cols, int64_t depth, float alpha, int64_t a_depth);
+
+// Whether this process can run each kernel, whatever the environment asks.
+bool BrgemmAvailable();
+bool RegisterKernelAvailable();
 
 }  // namespace ballast::kernels
 

@@ -393,10 +393,12 @@ async function jobView(jobId, current) {
     const { ranks: stats = [] } = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}/ranks`);
     const slowest = Math.max(...stats.map((r) => r.step_seconds_mean), 1e-9);
     ranks.replaceChildren(
-      el("tr", {}, ...["Rank", "Mean step", "", "Peak memory", "Sent"].map((h) => el("th", {}, h))),
+      el("tr", {}, ...["Rank", "Mean step", "", "Waiting", "Peak memory", "Sent"].map((h) => el("th", {}, h))),
       ...stats.map((r) => el("tr", { "data-rank": r.rank },
         el("td", {}, r.rank), el("td", {}, `${fmt(r.step_seconds_mean, 3)} s`),
         el("td", {}, bar(r.step_seconds_mean / slowest)),
+        // The share of its steps the rank spent blocked on collectives.
+        el("td", {}, r.steps > 0 ? `${(100 * r.collective_wait_seconds / (r.step_seconds_mean * r.steps)).toFixed(0)}%` : "—"),
         el("td", {}, bytes(r.peak_memory_bytes)), el("td", {}, bytes(r.communicated_bytes)))));
     status.textContent = `${state} · updated ${new Date().toLocaleTimeString()}`;
   };

@@ -4,7 +4,9 @@ selectors match their pod templates; probes and Services point at ports the
 containers open, and those ports and every flag in the containers' args are
 the binaries' own (parsed from --help); hadolint passes on the Dockerfiles,
 yamllint on the YAML, and the compose file follows the compose spec."""
+import base64
 import glob
+import json
 import os
 import re
 import subprocess
@@ -16,8 +18,9 @@ ROOT = os.environ.get("BALLAST_SOURCE_DIR", os.path.join(os.path.dirname(__file_
 BIN = os.environ.get("BALLAST_BIN_DIR", os.path.join(ROOT, "build", "bin"))
 DEPLOY = os.path.join(ROOT, "deploy")
 CHART = os.path.join(DEPLOY, "helm", "ballast")
-# What each container runs: its args go to this binary.
-ENTRYPOINTS = {"ballastd": "ballastd", "ballast-worker": "ballast-worker"}
+# What each container runs: its args go to this binary (None: not ours, the
+# bundled PostgreSQL's).
+ENTRYPOINTS = {"ballastd": "ballastd", "ballast-worker": "ballast-worker", "postgres": None}
 
 
 def run(*args, **kwargs):
@@ -45,6 +48,9 @@ RENDERINGS = {
     "helm existing claim + servicemonitor": lambda: helm(
         "sharedStorage.type=existing", "sharedStorage.claimName=nfs-models",
         "serviceMonitor.enabled=true", "existingSecret=my-token"),
+    "helm bundled postgresql + migration": lambda: helm(
+        "postgresql.enabled=true", "store.migrateFromSqlite=true"),
+    "helm external postgresql": lambda: helm("store.url=postgresql://ballast@db:5432/ballast"),
 }
 
 
@@ -109,6 +115,8 @@ def test_args_probes_and_ports_agree_with_the_binaries(rendered):
     for workload, spec, _ in pods(docs):
         for c in spec["containers"]:
             binary = ENTRYPOINTS[c["name"]]
+            if binary is None:
+                continue
             args = c.get("args", [])
             unknown = {a for a in args if a.startswith("--")} - flags_of(binary)
             assert not unknown, f"{c['name']}: flags {unknown} are not in {binary} --help"
@@ -186,6 +194,86 @@ def test_helm_keeps_a_generated_token_and_refuses_a_bad_storage_type():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "sharedStorage.type must be pvc, existing or hostPath" in r.stderr
     run("helm", "lint", "--strict", CHART)
+
+
+def ballastd_env(docs):
+    """The env of the ballastd container, by name."""
+    (coordinator,) = [d for d in docs if d["kind"] == "StatefulSet" and
+                      d["metadata"]["name"] == "ballast-coordinator"]
+    (container,) = coordinator["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e for e in container["env"]}, coordinator["spec"]["template"]["spec"]
+
+
+def test_helm_gives_ballastd_a_postgresql_url_from_a_secret_never_its_args():
+    # ballastd reads BALLAST_STORE as --store.
+    assert "BALLAST_STORE" in run(os.path.join(BIN, "ballastd"), "--help")
+    env, pod = ballastd_env([d for d in yaml.safe_load_all(helm()) if d])
+    assert "BALLAST_STORE" not in env and "initContainers" not in pod
+
+    url = "postgresql://ballast:hunter2@db:5432/ballast"
+    text = helm(f"store.url={url}")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    env, pod = ballastd_env(docs)
+    ref = env["BALLAST_STORE"]["valueFrom"]["secretKeyRef"]
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+    assert base64.b64decode(secret["data"][ref["key"]]).decode() == url
+    assert "hunter2" not in json.dumps(pod)
+
+    env, _ = ballastd_env([d for d in yaml.safe_load_all(
+        helm("store.existingSecret=my-db", "store.existingSecretKey=uri")) if d])
+    assert env["BALLAST_STORE"]["valueFrom"]["secretKeyRef"] == {"name": "my-db", "key": "uri"}
+
+
+def test_helm_bundles_a_postgresql_that_ballastd_reaches_and_migrates_into():
+    docs = [d for d in yaml.safe_load_all(RENDERINGS["helm bundled postgresql + migration"]()) if d]
+    env, pod = ballastd_env(docs)
+    (server,) = [d for d in docs if d["kind"] == "StatefulSet" and
+                 d["metadata"]["name"] == "ballast-postgresql"]
+    (service,) = [d for d in docs if d["kind"] == "Service" and
+                  d["metadata"]["name"] == "ballast-postgresql"]
+    assert matches(service["spec"]["selector"], server["spec"]["template"]["metadata"]["labels"])
+    assert service["spec"]["ports"][0]["port"] == 5432
+    url = env["BALLAST_STORE"]["value"]
+    assert url.startswith("postgresql://ballast@ballast-postgresql:5432/ballast"), url
+    # ballastd's password is the one the server was made with.
+    (postgres,) = server["spec"]["template"]["spec"]["containers"]
+    server_env = {e["name"]: e for e in postgres["env"]}
+    assert (env["PGPASSWORD"]["valueFrom"] ==
+            server_env["POSTGRES_PASSWORD"]["valueFrom"])
+    assert server_env["POSTGRES_USER"]["value"] == "ballast"
+    assert server_env["POSTGRES_DB"]["value"] == "ballast"
+    # The copy from SQLite runs first, on the store's volume, into that URL.
+    (init,) = pod["initContainers"]
+    script = init["command"][-1]
+    assert "ballast migrate-store sqlite:/var/lib/ballast/ballastd.db \"$BALLAST_STORE\"" in script
+    assert "mv ballastd.db ballastd.db.migrated" in script
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {"store": "/var/lib/ballast"}
+    assert {e["name"] for e in init["env"]} == {"BALLAST_STORE", "PGPASSWORD"}
+
+    for values, message in [
+            (["postgresql.enabled=true", "store.url=postgresql://db/x"], "pick one"),
+            (["store.migrateFromSqlite=true"], "store.migrateFromSqlite copies into PostgreSQL")]:
+        args = ["helm", "template", "b", CHART]
+        for v in values:
+            args += ["--set", v]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+def test_the_compose_postgres_profile_adds_a_server_the_coordinator_can_use():
+    compose = ["podman-compose", "-f", os.path.join(DEPLOY, "compose", "compose.yaml")]
+    plain = yaml.safe_load(run(*compose, "config"))
+    assert "postgres" not in plain["services"]
+    env = {"BALLAST_STORE": "postgresql://ballast@127.0.0.1:5433/ballast",
+           "BALLAST_PG_PASSWORD": "pw", "BALLAST_PG_PORT": "5433"}
+    profiled = yaml.safe_load(run(*compose, "--profile", "postgres", "config",
+                                  env={**os.environ, **env}))
+    server = profiled["services"]["postgres"]
+    assert server["environment"]["POSTGRES_PASSWORD"] == "pw"
+    assert "5433" in server["command"]
+    coordinator = profiled["services"]["coordinator"]["environment"]
+    assert coordinator["BALLAST_STORE"] == env["BALLAST_STORE"]
+    assert coordinator["PGPASSWORD"] == "pw"
 
 
 def test_hadolint_passes_on_the_dockerfiles():

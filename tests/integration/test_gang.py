@@ -97,6 +97,10 @@ def test_a_four_rank_job_on_two_workers_succeeds_and_its_events_carry_every_rank
         sent = re.search(rf"ballast_rank_communicated_bytes_total{re.escape(labels)} (\S+)", metrics)
         memory = re.search(rf"ballast_rank_peak_memory_bytes{re.escape(labels)} (\S+)", metrics)
         assert sent and float(sent.group(1)) > 0 and memory and float(memory.group(1)) > 0
+        # Four ranks wait on each other in every step's gathers and sums.
+        waited = re.search(rf"ballast_rank_collective_wait_seconds_total{re.escape(labels)} (\S+)",
+                           metrics)
+        assert waited and float(waited.group(1)) > 0, metrics
     # Rank 0 alone wrote the job's outputs.
     out = job["output_dir"]
     assert steps_in(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]

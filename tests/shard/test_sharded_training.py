@@ -136,6 +136,51 @@ def test_activation_checkpointing_and_bf16_keep_working_sharded(inputs, tmp_path
         assert_same_curves(reference, read_metrics(str(tmp_path / f"{precision}-n2")), tolerance)
 
 
+def test_deeper_prefetch_changes_no_bit_and_bf16_reductions_halve_their_bytes(inputs, tmp_path):
+    # Six layers, so that three gathers can run ahead of the layer computing.
+    model = tmp_path / "llama-6"
+    make_model("llama", str(model), seed=1, num_hidden_layers=6)
+
+    def run(name, world_size, **overrides):
+        spec = base_spec(str(model), str(inputs / "data.jsonl"), method="full",
+                         data={"grad_accum_steps": 4}, optimizer={"lr": 1e-4},
+                         **{"max_steps": 4, **overrides})
+        spec.pop("lora")
+        path = tmp_path / f"{name}.yaml"
+        write_spec(path, **spec)
+        errs = train(path, tmp_path / name, world_size)
+        return read_metrics(str(tmp_path / name)), held_bytes(errs[0])
+
+    one, _ = run("n2-prefetch1", 2, zero3={"prefetch": 1})
+    three, _ = run("n2-prefetch3", 2, zero3={"prefetch": 3})
+    _, alone = run("n1", 1)
+    # Every sum adds the same terms in the same order however far the
+    # gathers and reductions run ahead: the same bits.
+    assert [(m["loss"], m["grad_norm"]) for m in three] == [(m["loss"], m["grad_norm"]) for m in one]
+    for m in one + three:
+        # Time blocked on the peer, within the step's time.
+        assert 0 < m["collective_wait_s"] < m["step_time_s"], m
+        assert m["replica_communicated_bytes"] == 0
+    # Two more layers' slabs: the bound that prefetch buys latency with.
+    _, held_one = run("n2-prefetch1-held", 2, zero3={"prefetch": 1}, max_steps=1,
+                       schedule={"warmup_steps": 0})
+    _, held_three = run("n2-prefetch3-held", 2, zero3={"prefetch": 3}, max_steps=1,
+                         schedule={"warmup_steps": 0})
+    assert held_three[3] > held_one[3]
+
+    fp32, _ = run("bf16-reduce-fp32", 2, precision="bf16")
+    bf16, _ = run("bf16-reduce-bf16", 2, precision="bf16", zero3={"reduce_dtype": "bf16"})
+    # The gradients are rounded to bf16 once before the fp32 sum.
+    assert_same_curves(fp32, bf16, 2e-2)
+    # Per step each rank reduce-scatters the gradients of every parameter
+    # (4 bytes each at N = 1: `alone`) for its 2 micro-batches, sending half
+    # of each (N = 2): 2 x 4 / 2 bytes a parameter in fp32, 2 x 2 / 2 in bf16.
+    params = alone[1] / 4
+    for a, b in zip(fp32, bf16):
+        saved = a["communicated_bytes"] - b["communicated_bytes"]
+        assert abs(saved - 2 * params) <= 0.01 * params, (saved, params)
+
+
 def load_safetensors(path):
     from safetensors.torch import load_file
     return load_file(path)

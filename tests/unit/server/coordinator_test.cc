@@ -1160,6 +1160,8 @@ TEST_F(CoordinatorTest, OnlyRank0MovesTheJobWhileEveryRankHasItsOwnSeries) {
     m->set_step_time_s(0.2);
     m->set_peak_memory_bytes(memory);
     m->set_communicated_bytes(bytes);
+    m->set_replica_communicated_bytes(bytes / 4);
+    m->set_collective_wait_s(0.05);
     return e;
   };
   ASSERT_TRUE(Report(w1, {Started(r0), Started(r1)}).ok());
@@ -1182,6 +1184,10 @@ TEST_F(CoordinatorTest, OnlyRank0MovesTheJobWhileEveryRankHasItsOwnSeries) {
   EXPECT_THAT(text, HasSubstr("ballast_rank_peak_memory_bytes" + r1_labels + "} 3000\n"));
   EXPECT_THAT(text, HasSubstr("ballast_rank_communicated_bytes_total" + r0_labels + "} 64\n"));
   EXPECT_THAT(text, HasSubstr("ballast_rank_communicated_bytes_total" + r1_labels + "} 128\n"));
+  EXPECT_THAT(text,
+              HasSubstr("ballast_rank_replica_communicated_bytes_total" + r1_labels + "} 32\n"));
+  EXPECT_THAT(text,
+              HasSubstr("ballast_rank_collective_wait_seconds_total" + r0_labels + "} 0.1\n"));
   EXPECT_THAT(text, HasSubstr("ballast_rank_step_seconds_count" + r1_labels + "} 2\n"));
   EXPECT_THAT(text,
               HasSubstr("ballast_rank_step_seconds_bucket" + r0_labels + ",le=\"0.25\"} 2\n"));

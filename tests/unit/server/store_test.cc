@@ -147,6 +147,56 @@ TEST_P(StoreTest, AWriteOfManyBatchesIsAllOrNothing) {
   EXPECT_TRUE(events->empty());
 }
 
+// A group commit of many rows (PostgreSQL sends them in pipelines of 256
+// statements): one taken request_id in its last row undoes every row before
+// it, names its job, and the same store then takes the rest, applying each
+// job's changes in order.
+TEST_P(StoreTest, AWriteOfManyRowsIsAllOrNothingAndNamesTheJobWhoseRequestIdIsTaken) {
+  auto store = Store::Open(url_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
+  StoreBatch batch;
+  for (int i = 0; i < 40; ++i) {
+    const std::string id = absl::StrCat("job-", i + 10);
+    JobRecord job = MakeJob(id, i + 10);
+    job.job.set_last_seq(20);
+    std::vector<v1::JobEvent> events;
+    for (int64_t seq = 1; seq <= 20; ++seq) events.push_back(MakeEvent(id, seq));
+    batch.jobs.push_back({job, std::move(events)});
+  }
+  // job-10 again, 20 events on: keeping 30, its first 10 go.
+  JobRecord later = batch.jobs.front().record;
+  later.job.set_last_seq(40);
+  later.attempt = 2;
+  std::vector<v1::JobEvent> more;
+  for (int64_t seq = 21; seq <= 40; ++seq) more.push_back(MakeEvent("job-10", seq));
+  batch.jobs.push_back({later, std::move(more)});
+  StoreBatch bad;
+  bad.jobs.push_back({MakeJob("job-z", 99, "req-1"), {MakeEvent("job-z", 1)}});
+  const StoreBatch* both[] = {&batch, &bad};
+  absl::Status taken = (*store)->Write(both, 30);
+  EXPECT_EQ(taken.code(), absl::StatusCode::kAlreadyExists) << taken;
+  EXPECT_THAT(taken.message(), ::testing::HasSubstr("job job-z: request_id 'req-1'"));
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 1u);
+  EXPECT_TRUE((*store)->ReadEvents("job-10", 0, 100)->empty());
+  EXPECT_TRUE((*store)->ReadEvents("job-49", 0, 100)->empty());
+
+  const StoreBatch* good[] = {&batch};
+  ASSERT_TRUE((*store)->Write(good, 30).ok());
+  jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 41u);
+  EXPECT_EQ((*jobs)[1].job.id(), "job-10");
+  EXPECT_EQ((*jobs)[1].attempt, 2);
+  auto events = (*store)->ReadEvents("job-10", 0, 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 30u);
+  EXPECT_EQ(events->front().seq(), 11);
+  EXPECT_EQ((*store)->ReadEvents("job-49", 0, 100)->size(), 20u);
+}
+
 TEST_P(StoreTest, KeepsTheNewestEventsPerJob) {
   auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());

@@ -45,7 +45,9 @@ class Collectives {
   // 1-D tensors of one dtype; `full` must stay alive until Wait().
   virtual std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) = 0;
   // shard (n) = the sum over ranks of their full[rank * n, (rank + 1) * n).
-  // Contiguous 1-D fp32 tensors (sums in fp32: Gloo would add bf16 in bf16).
+  // Contiguous 1-D tensors: `shard` fp32, `full` fp32 or bf16 (what is
+  // sent); the sum is in fp32 either way (Gloo and NCCL would add bf16 in
+  // bf16).
   virtual std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) = 0;
   // Returns when every rank has called it.
   virtual void Barrier() = 0;

@@ -173,7 +173,7 @@ class ProcessGroupCollectives : public Collectives {
 
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
     sent_ += RingBytes(full, 1);
-    if (r_.device.is_cuda()) {
+    if (r_.device.is_cuda() && full.scalar_type() == shard.scalar_type()) {
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
       return std::make_unique<WorkInFlight>(this, "reduce_scatter", ++issued_,
@@ -183,7 +183,8 @@ class ProcessGroupCollectives : public Collectives {
     // (pytorch/pytorch#118911), twice the traffic. Its all-to-all instead
     // sends each peer that peer's chunk of `full` and nothing else: the
     // (N - 1) / N of a ring reduce-scatter, on c10d's own threads. The
-    // chunks are added on Wait().
+    // chunks are added on Wait(), in fp32 whatever they were sent in, which
+    // is also how bf16 chunks are summed in fp32 on NCCL.
     at::Tensor chunks = at::empty_like(full);
     std::vector<int64_t> equal_split;
     return std::make_unique<ChunksInFlight>(

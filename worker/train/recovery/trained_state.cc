@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/spec_rules.h"
 #include "worker/train/checkpoint/sharded_checkpoint.h"
 #include "worker/train/model/finite_weights.h"
 #include "worker/train/model/pretrained.h"
@@ -74,8 +75,9 @@ class WholeState : public TrainedState {
 class ShardedState : public TrainedState {
  public:
   ShardedState(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
-               c10::Device device)
-      : collectives_(collectives), model_(std::move(full), collectives, compute_dtype, device) {}
+               c10::Device device, Zero3Options options)
+      : collectives_(collectives),
+        model_(std::move(full), collectives, compute_dtype, device, options) {}
 
   const ParamStore& weights() const override { return model_.gathered(); }
   LayerRunner* layer_runner() override { return &model_; }
@@ -167,8 +169,14 @@ absl::StatusOr<std::unique_ptr<TrainedState>> LoadTrainedState(
   }
   // Every rank built the same whole model from the same seed; each keeps its
   // shard of it, and draws its own dropout masks from here on.
+  // ValidateJobSpec allows bf16 reductions only under precision bf16.
+  const Zero3Options zero3 = {
+      .prefetch = spec.zero3().prefetch() > 0
+                      ? spec.zero3().prefetch()
+                      : static_cast<int>(SpecDefaultNumber("zero3.prefetch")),
+      .reduce_dtype = spec.zero3().reduce_dtype() == "bf16" ? torch::kBFloat16 : torch::kFloat};
   std::unique_ptr<TrainedState> state =
-      std::make_unique<ShardedState>(*std::move(params), collectives, compute, device);
+      std::make_unique<ShardedState>(*std::move(params), collectives, compute, device, zero3);
   torch::manual_seed(spec.seed() + collectives->rank());
   return state;
 }

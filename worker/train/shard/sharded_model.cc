@@ -81,7 +81,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     const size_t unit = model->LayerUnit(layer);
     StepPhase::OfThisRank().Enter(StepPhase::Kind::kForward, static_cast<int32_t>(layer));
     model->WaitGathered(unit);
-    if (unit + 1 < model->num_units() && model->IsLayer(unit + 1)) model->Prefetch(unit + 1);
+    model->PrefetchFrom(unit, +1);
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["decoder"] = reinterpret_cast<int64_t>(decoder);
     ctx->saved_data["layer"] = layer;
@@ -119,7 +119,7 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
     const size_t unit = model->LayerUnit(layer);
     StepPhase::OfThisRank().Enter(StepPhase::Kind::kBackward, static_cast<int32_t>(layer));
     model->WaitGathered(unit);
-    if (unit > 0 && model->IsLayer(unit - 1)) model->Prefetch(unit - 1);
+    model->PrefetchFrom(unit, -1);
 
     at::Tensor h_leaf, graph_out;
     if (decoder->gradient_checkpointing()) {
@@ -166,11 +166,13 @@ struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunct
 }  // namespace
 
 ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
-                           c10::Device device)
+                           c10::Device device, Zero3Options options)
     : collectives_(collectives),
       compute_dtype_(compute_dtype),
+      options_(options),
       device_(device),
       layout_(FlatLayout::Plan(full, collectives->world_size())) {
+  TORCH_CHECK(options_.prefetch >= 1, "ShardedModel: prefetch ", options_.prefetch, " is below 1");
   torch::NoGradGuard no_grad;
   const int n = collectives_->world_size();
   const int rank = collectives_->rank();
@@ -218,8 +220,8 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     units_[it->second].buckets.push_back(buckets_.size());
     buckets_.push_back(std::move(bucket));
   }
-  // Slabs: the roots' one, and two a layer can take (the one computing and
-  // the one prefetched). Reusing them keeps the gathered buffers, the
+  // Slabs: the roots' one, and 1 + prefetch a layer can take (the one
+  // computing and those prefetched). Reusing them keeps the gathered buffers, the
   // step's largest allocations, out of the heap, where allocating and
   // freeing them per layer fragments it until peak memory exceeds one rank's.
   int64_t roots = 0, largest_layer = 0;
@@ -237,7 +239,9 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
   }
   const auto bytes = torch::TensorOptions().dtype(torch::kByte).device(device_);
   slabs_.push_back(torch::empty({roots}, bytes));
-  for (int i = 0; i < 2; ++i) slabs_.push_back(torch::empty({largest_layer}, bytes));
+  for (int i = 0; i <= options_.prefetch; ++i) {
+    slabs_.push_back(torch::empty({largest_layer}, bytes));
+  }
   slab_taken_.assign(slabs_.size(), false);
   // `full` goes out of scope here: only the shards stay.
 }
@@ -266,7 +270,8 @@ void ShardedModel::Gather(size_t unit) {
       for (size_t s = 1; s < slabs_.size() && u.slab < 0; ++s) {
         if (!slab_taken_[s]) u.slab = static_cast<int>(s);
       }
-      TORCH_CHECK(u.slab > 0, "ShardedModel: more than two layers gathered at once");
+      TORCH_CHECK(u.slab > 0, "ShardedModel: more than 1 + prefetch = ", slabs_.size() - 1,
+                  " layers gathered at once");
       slab_taken_[u.slab] = true;
     }
   }
@@ -289,7 +294,13 @@ void ShardedModel::Gather(size_t unit) {
   }
 }
 
-void ShardedModel::Prefetch(size_t unit) { Gather(unit); }
+void ShardedModel::PrefetchFrom(size_t unit, int step) {
+  for (int k = 1; k <= options_.prefetch; ++k) {
+    const int64_t next = static_cast<int64_t>(unit) + k * step;
+    if (next < 0 || next >= static_cast<int64_t>(units_.size()) || !IsLayer(next)) return;
+    Gather(next);
+  }
+}
 
 void ShardedModel::WaitGathered(size_t unit) {
   Gather(unit);
@@ -322,10 +333,11 @@ void ShardedModel::Release(size_t unit) {
 }
 
 void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& flat_grads) {
-  // One reduction in flight at a time: it overlaps the next layer's backward,
-  // and the full-size gradients never pile up.
-  FinishReductions();
+  // At most `prefetch` units' reductions in flight: they overlap the next
+  // layers' backward, and the full-size gradients never pile up.
+  while (pending_.size() >= static_cast<size_t>(options_.prefetch)) FinishOldestReductions();
   torch::NoGradGuard no_grad;
+  std::vector<PendingReduction>& reductions = pending_.emplace_back();
   size_t next = 0;
   for (size_t b : units_[unit].buckets) {
     if (!buckets_[b]->plan->trainable) continue;
@@ -333,17 +345,17 @@ void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& f
     if (!grad.defined()) continue;
     PendingReduction p;
     p.bucket = b;
-    p.full = grad.to(torch::kFloat).contiguous();
+    p.full = grad.to(options_.reduce_dtype).contiguous();
     p.shard = torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())},
                            torch::TensorOptions().dtype(torch::kFloat).device(device_));
     p.in_flight = collectives_->ReduceScatter(p.shard, p.full);
-    pending_.push_back(std::move(p));
+    reductions.push_back(std::move(p));
   }
 }
 
-void ShardedModel::FinishReductions() {
+void ShardedModel::FinishOldestReductions() {
   torch::NoGradGuard no_grad;
-  for (PendingReduction& p : pending_) {
+  for (PendingReduction& p : pending_.front()) {
     WaitFor(p.in_flight);
     at::Tensor master = masters_.get(buckets_[p.bucket]->plan->key());
     if (master.grad().defined()) {
@@ -352,7 +364,7 @@ void ShardedModel::FinishReductions() {
       master.mutable_grad() = p.shard;
     }
   }
-  pending_.clear();
+  pending_.pop_front();
 }
 
 void ShardedModel::GatherRoots() {
@@ -373,7 +385,7 @@ void ShardedModel::FinishBackward() {
     }
     ReduceGradients(u, grads);
   }
-  FinishReductions();
+  while (!pending_.empty()) FinishOldestReductions();
   for (size_t u : root_units_) Release(u);
 }
 
@@ -388,7 +400,7 @@ at::Tensor ShardedModel::RunLayer(const Decoder& decoder, int64_t layer, const a
                                        mask.block_size);
   }
   WaitGathered(unit);
-  if (unit + 1 < units_.size() && IsLayer(unit + 1)) Prefetch(unit + 1);
+  PrefetchFrom(unit, +1);
   at::Tensor out = decoder.LayerForward(layer, h, cos, sin, mask, training);
   Release(unit);
   return out;

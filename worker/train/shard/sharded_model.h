@@ -9,19 +9,26 @@
 //                          they stay gathered until the micro-batch's backward
 //                          is done (the loss reads lm_head in backward too).
 //   forward, per layer     RunLayer(): waits for the layer's gather, issues the
-//                          next layer's, runs the layer, frees the layer.
+//                          next `prefetch` layers', runs the layer, frees it.
 //   backward, per layer    gathers the layer again (issuing the previous
-//                          layer's), backpropagates through it, reduce-
-//                          scatters its gradient in fp32 into the gradient
-//                          shards, frees it.
+//                          `prefetch` layers'), backpropagates through it,
+//                          issues the reduce-scatter of its gradient into the
+//                          gradient shards (summed in fp32; sent in
+//                          reduce_dtype), and frees it. The reduce-scatters
+//                          run behind the backward, `prefetch` layers at most.
 //   FinishBackward()       reduce-scatters the roots' gradients, waits for
 //                          every reduction, frees the roots.
 // Without activation checkpointing a layer's autograd graph is kept from
 // forward to backward and the layer is gathered back into the same storage
 // (its saved tensors are views of it); with it, the layer is recomputed in
-// backward under the forward's RNG state. Either way at most two layers are
-// gathered at once, each in one of two slabs of memory allocated once (the
-// roots have a third), so the per-layer gathers never churn the heap.
+// backward under the forward's RNG state. Either way at most 1 + prefetch
+// layers are gathered at once, each in a slab of memory allocated once (the
+// roots have one more), so the per-layer gathers never churn the heap.
+//
+// Deeper prefetch hides more latency (a slow link, a layer faster than its
+// gather) for a layer's parameters of memory per unit, plus its gradient
+// twice over (fp32 and the received chunks) per reduction in flight; it
+// changes no bit of the result: every sum is made in the same order.
 //
 // Not thread-safe; every rank must make the same calls in the same order.
 #ifndef BALLAST_WORKER_TRAIN_SHARD_SHARDED_MODEL_H_
@@ -31,6 +38,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,13 +51,24 @@
 
 namespace ballast::train {
 
+// How far communication runs ahead of compute (JobSpec.zero3).
+struct Zero3Options {
+  // Layer units whose all-gather may be in flight ahead of the one
+  // computing; also the units whose reduce-scatters may be in flight behind
+  // the backward. At least 1.
+  int prefetch = 1;
+  // What gradients are sent in for reduce-scatter: fp32, or bf16 (half the
+  // bytes, rounded once); the shards are summed in fp32 either way.
+  at::ScalarType reduce_dtype = at::kFloat;
+};
+
 class ShardedModel : public LayerRunner {
  public:
   // Keeps this rank's elements of every tensor in `full` (on any device) and
   // drops the rest. Shards, gathered units and gradients live on `device`,
   // which must be the collectives' own. `collectives` must outlive the model.
   ShardedModel(ParamStore full, Collectives* collectives, at::ScalarType compute_dtype,
-               c10::Device device);
+               c10::Device device, Zero3Options options = {});
   ~ShardedModel() override;
 
   const FlatLayout& layout() const { return layout_; }
@@ -87,15 +106,17 @@ class ShardedModel : public LayerRunner {
   // gradient shards (the size of the masters).
   int64_t parameter_bytes() const;
   int64_t gradient_bytes() const;
-  // The slabs the gathered units live in: two of the largest layer and one
-  // for the roots, in the compute dtype. Allocated once.
+  // The slabs the gathered units live in: 1 + prefetch of the largest layer
+  // and one for the roots, in the compute dtype. Allocated once.
   int64_t gathered_buffer_bytes() const;
 
   // Internal, for the layer's autograd function (sharded_model.cc).
   struct Bucket;
   struct Unit;
   void WaitGathered(size_t unit);
-  void Prefetch(size_t unit);
+  // Issues the gathers of the `prefetch` layer units after `unit` in the
+  // direction `step` (+1 in forward, -1 in backward).
+  void PrefetchFrom(size_t unit, int step);
   void Release(size_t unit);
   // Reduce-scatters each trainable bucket's flat gradient (same order as
   // TrainableFlats; undefined: none) into its gradient shard.
@@ -108,10 +129,13 @@ class ShardedModel : public LayerRunner {
 
  private:
   void Gather(size_t unit);
-  void FinishReductions();
+  // Waits for the oldest unit's reductions and adds them to the gradient
+  // shards.
+  void FinishOldestReductions();
 
   Collectives* collectives_;
   at::ScalarType compute_dtype_;
+  Zero3Options options_;
   c10::Device device_;
   FlatLayout layout_;
   ParamStore gathered_;
@@ -120,12 +144,13 @@ class ShardedModel : public LayerRunner {
   std::vector<Unit> units_;
   std::vector<size_t> layer_units_;  // layer -> unit
   std::vector<size_t> root_units_;
-  // Memory the gathered units live in: [0] the roots', [1] and [2] one
-  // layer's each (see the constructor).
+  // Memory the gathered units live in: [0] the roots', [1..1 + prefetch]
+  // one layer's each (see the constructor).
   std::vector<at::Tensor> slabs_;
   std::vector<bool> slab_taken_;
   struct PendingReduction;
-  std::vector<PendingReduction> pending_;
+  // Reductions in flight, a unit's a row, oldest first.
+  std::deque<std::vector<PendingReduction>> pending_;
 };
 
 }  // namespace ballast::train

@@ -4,8 +4,8 @@
 // StepMetrics reaches the file too:
 //   {"step", "max_steps", "loss", "grad_norm", "lr", "tokens",
 //    "supervised_tokens", "tokens_per_s", "step_time_s", "skipped",
-//    "peak_memory_bytes", "communicated_bytes", "aux_loss"[, "moe"]
-//    [, "skip_reason"]}
+//    "peak_memory_bytes", "communicated_bytes", "aux_loss"[, "moe"],
+//    "collective_wait_s", "replica_communicated_bytes"[, "skip_reason"]}
 // "aux_loss" is null and "moe" absent for a dense model; "moe" is a Mixture-
 // of-Experts model's routing: {"expert_load_max_ratio", "layers": [{"layer",
 // "expert_load_max_ratio", "idle_expert_fraction", "router_entropy",

@@ -270,14 +270,10 @@ absl::Status Trainer::RunSteps() {
       reported_epoch = epoch;
     }
     GuardVerdict verdict;
-    StepPhase& phase = StepPhase::OfThisRank();
-    const double collective_ms_before = phase.collective_ms();
-    const auto step_start = std::chrono::steady_clock::now();
     const v1::StepMetrics metrics = Step(&pos, &verdict);
     // The rank's own time in the step: its compute, without what it waited
     // for its peers (and without rank 0's reports, which are not the step).
-    const double own_s =
-        SecondsSince(step_start) - (phase.collective_ms() - collective_ms_before) / 1000;
+    const double own_s = metrics.step_time_s() - metrics.collective_wait_s();
     // Here, before Checkpoint and before Export's write: a rank stopped past
     // the collective timeout, whose peers gave up on it, writes nothing.
     collectives_->FenceIfStalled();
@@ -377,7 +373,7 @@ absl::Status Trainer::FailRun(GuardTrigger trigger, int64_t step, const std::str
 // The step.
 
 v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
-  const auto start = std::chrono::steady_clock::now();
+  const StepStart start = MarkStepStart();
   v1::StepMetrics m;
   m.set_step(pos->step + 1);
   m.set_max_steps(spec_.max_steps());
@@ -388,7 +384,6 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
   anomaly_ = v1::GuardEvent();
 
   // Batch: this rank's micro-batches of the step, packed during the last one.
-  const int64_t communicated_before = collectives_->communicated_bytes();
   StepPhase::OfThisRank().BeginStep(m.step());
   delays_.InStep(m.step());
   std::vector<PackedBatch> micro_batches = batches_.Take(pos->data_cursor);
@@ -471,7 +466,7 @@ v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
     if (anomaly_.kind() != v1::GuardEvent::KIND_RECOVERED) anomaly_.set_message(verdict->reason);
   }
   ClearGradients();
-  FinishMetrics(start, communicated_before, &m);
+  FinishMetrics(start, &m);
   return m;
 }
 
@@ -720,11 +715,22 @@ bool Trainer::AgreeAfterStep(int64_t step, double own_s) {
   return a[0] > 0;
 }
 
-void Trainer::FinishMetrics(std::chrono::steady_clock::time_point start,
-                            int64_t communicated_before, v1::StepMetrics* m) const {
-  m->set_step_time_s(SecondsSince(start));
+Trainer::StepStart Trainer::MarkStepStart() const {
+  return {.time = std::chrono::steady_clock::now(),
+          .communicated_bytes = collectives_->communicated_bytes(),
+          .collective_ms = StepPhase::OfThisRank().collective_ms()};
+}
+
+void Trainer::FinishMetrics(const StepStart& start, v1::StepMetrics* m) const {
+  m->set_step_time_s(SecondsSince(start.time));
   m->set_tokens_per_s(m->step_time_s() > 0 ? m->tokens() / m->step_time_s() : 0);
-  m->set_communicated_bytes(collectives_->communicated_bytes() - communicated_before);
+  m->set_communicated_bytes(collectives_->communicated_bytes() - start.communicated_bytes);
+  // StepPhase times each collective's Wait() alone: for one issued ahead (a
+  // prefetched gather, a reduce-scatter behind the backward) that is the
+  // communication compute did not hide. On a GPU a wait only orders the
+  // compute stream after NCCL's, so the host barely waits and this stays
+  // near 0; the device's own stalls are a profiler's to show.
+  m->set_collective_wait_s((StepPhase::OfThisRank().collective_ms() - start.collective_ms) / 1000);
   // On a GPU, the device memory the caching allocator has handed out at
   // most: what decides whether the job fits.
   m->set_peak_memory_bytes(

@@ -178,9 +178,17 @@ class Trainer {
   // The guard's verdict on the step, agreed by every rank.
   GuardVerdict Judge(const StepHealth& health);
   void ClearGradients();
-  // The step's time, throughput, traffic and peak memory.
-  void FinishMetrics(std::chrono::steady_clock::time_point start, int64_t communicated_before,
-                     v1::StepMetrics* metrics) const;
+  // What a step's metrics are measured from: the clock, and the rank's
+  // counters of traffic and of time in collectives, read as it begins.
+  struct StepStart {
+    std::chrono::steady_clock::time_point time;
+    int64_t communicated_bytes = 0;
+    double collective_ms = 0;
+  };
+  StepStart MarkStepStart() const;
+  // The step's time, throughput, traffic, time waiting on collectives and
+  // peak memory.
+  void FinishMetrics(const StepStart& start, v1::StepMetrics* metrics) const;
   // Writes and reports the checkpoint of `position` (Recovery::SaveCheckpoint
   // for `last` and the errors; a refusal is reported as a guard event).
   absl::Status Checkpoint(const TrainPosition& position, bool last);

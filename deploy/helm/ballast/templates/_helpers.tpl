@@ -47,3 +47,33 @@ seccompProfile:
       name: {{ include "ballast.tokenSecret" . }}
       key: BALLAST_TOKEN
 {{- end -}}
+
+{{/* The store is PostgreSQL: an external URL, or the bundled server. */}}
+{{- define "ballast.postgresStore" -}}
+{{- if and .Values.postgresql.enabled (or .Values.store.url .Values.store.existingSecret) -}}
+{{- fail "postgresql.enabled and store.url/store.existingSecret both name a store: pick one" -}}
+{{- end -}}
+{{- if or .Values.postgresql.enabled .Values.store.url .Values.store.existingSecret -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* BALLAST_STORE (and the bundled server's PGPASSWORD) for ballastd; nothing with SQLite. */}}
+{{- define "ballast.storeEnv" -}}
+{{- $postgres := include "ballast.postgresStore" . -}}
+{{- if .Values.postgresql.enabled }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Release.Name }}-postgresql
+      key: password
+- name: BALLAST_STORE
+  value: {{ printf "postgresql://ballast@%s-postgresql:5432/ballast?sslmode=disable" .Release.Name | quote }}
+{{- else if $postgres }}
+- name: BALLAST_STORE
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (printf "%s-store" .Release.Name) .Values.store.existingSecret }}
+      key: {{ if .Values.store.existingSecret }}{{ .Values.store.existingSecretKey }}{{ else }}url{{ end }}
+{{- end }}
+{{- end -}}

@@ -52,6 +52,8 @@ v1::StepMetrics Applied(int64_t step) {
   // Past 2^32: proto3's JSON mapping would print it as a string.
   m.set_peak_memory_bytes(int64_t{5} << 40);
   m.set_communicated_bytes(123456789012);
+  m.set_replica_communicated_bytes(int64_t{1} << 33);
+  m.set_collective_wait_s(0.125);
   return m;
 }
 
@@ -63,13 +65,15 @@ TEST_F(MetricsLogTest, ALineHasEveryFieldWithIntegersAsNumbers) {
   ASSERT_EQ(lines.size(), 1u);
   const nlohmann::json line = nlohmann::json::parse(lines[0]);
   for (const char* name : {"step", "max_steps", "tokens", "supervised_tokens", "peak_memory_bytes",
-                           "communicated_bytes"}) {
+                           "communicated_bytes", "replica_communicated_bytes"}) {
     ASSERT_TRUE(line.contains(name)) << name;
     EXPECT_TRUE(line[name].is_number_integer()) << name << " is " << line[name];
   }
   EXPECT_EQ(line["step"].get<int64_t>(), 1);
   EXPECT_EQ(line["peak_memory_bytes"].get<int64_t>(), int64_t{5} << 40);
   EXPECT_EQ(line["communicated_bytes"].get<int64_t>(), 123456789012);
+  EXPECT_EQ(line["replica_communicated_bytes"].get<int64_t>(), int64_t{1} << 33);
+  EXPECT_EQ(line["collective_wait_s"].get<double>(), 0.125);
   EXPECT_EQ(line["tokens"].get<int64_t>(), 4096);
   EXPECT_EQ(line["supervised_tokens"].get<int64_t>(), 3000);
   // Doubles print as nlohmann prints them (the shortest form that reads back
