@@ -685,8 +685,14 @@ absl::StatusOr<LeaderLease> SqliteStore::Lead(const std::string& holder, const s
       absl::MutexLock db_lock(&mu_);
       path = sqlite3_db_filename(db_, "main");
     }
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::UnavailableError(absl::StrCat("store ", path, ": cannot open"));
+    // A file of its own: every SqliteStore holds a shared flock on the
+    // database file itself (HoldSharedLock).
+    const std::string lock_path = path + ".coordinator-lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("store ", path, ": ", lock_path, ": ", std::strerror(errno)));
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       ::close(fd);
       return absl::FailedPreconditionError(absl::StrCat(

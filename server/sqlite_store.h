@@ -60,10 +60,10 @@ class SqliteStore : public Store {
   absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers() override;
   absl::Status PutToken(const TokenRecord& record) override;
   absl::StatusOr<std::vector<TokenRecord>> LoadTokens() override;
-  // One coordinator per file: Lead takes an exclusive flock(2) on the
-  // database file (SQLite's own locks are fcntl's, which it does not touch)
-  // for the store's life, and FAILED_PRECONDITION while another process
-  // holds it. The lease is then always this store's, at epoch 1.
+  // One coordinator per file: Lead takes an exclusive flock(2) on
+  // PATH.coordinator-lock beside the database (made if missing) for the
+  // store's life, and FAILED_PRECONDITION while another holds it. The lease
+  // is then always this store's, at epoch 1.
   bool Shared() const override { return false; }
   absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
                                    int64_t lease_ms) override;
@@ -111,7 +111,7 @@ class SqliteStore : public Store {
   sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(read_mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(read_mu_) = nullptr;
 
-  // The database file, flock'ed by the first Lead; -1 before.
+  // PATH.coordinator-lock, flock'ed by the first Lead; -1 before.
   absl::Mutex lead_mu_;
   int lead_fd_ ABSL_GUARDED_BY(lead_mu_) = -1;
 
