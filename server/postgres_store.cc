@@ -387,7 +387,7 @@ absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
     absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(
         url_, kApplicationName,
         absl::StrCat("-c lock_timeout=", lease_ms, " -c statement_timeout=", lease_ms,
-                           " -c idle_in_transaction_session_timeout=", lease_ms));
+                     " -c idle_in_transaction_session_timeout=", lease_ms));
     if (!opened.ok()) return opened.status();
     leader_ = *std::move(opened);
   }
