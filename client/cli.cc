@@ -24,9 +24,13 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
   std::string coordinator = "localhost:50051";
   std::string output = "table";
   double timeout_s = 10;
-  app.add_option("--coordinator", coordinator, "Coordinator address, HOST:PORT")
+  bool verbose = false;
+  app.add_option("--coordinator", coordinator,
+                 "Coordinator address, HOST:PORT, or several separated by commas (a leader and "
+                 "its standbys: calls follow the leader through a failover)")
       ->envname("BALLAST_COORDINATOR")
       ->capture_default_str();
+  app.add_flag("-v,--verbose", verbose, "Say on stderr which coordinator answered");
   app.add_option("-o,--output", output, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
@@ -115,6 +119,7 @@ int RunCli(int argc, const char* const* argv, const Io& io, Interrupt* interrupt
 
   ConnectionOptions options;
   options.address = coordinator;
+  options.verbose = verbose;
   if (const char* token = std::getenv("BALLAST_TOKEN")) options.token = token;
   options.unary_timeout = absl::Seconds(timeout_s);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =

@@ -61,6 +61,7 @@ absl::StatusOr<v1::JobState> FollowEvents(
           // A coordinator may resend what it already sent; each event counts once.
           if (event.seq() <= last_seq) continue;
           last_seq = event.seq();
+          if (!got_event) connection.Answered();
           got_event = true;
           on_event(event);
           if (event.has_state_change() && IsTerminal(event.state_change().to())) {
@@ -97,12 +98,16 @@ absl::StatusOr<v1::JobState> FollowEvents(
       status = job.ok() ? absl::UnavailableError("the event stream closed early") : job.status();
     }
     if (!Reconnectable(status.code())) return status;
+    const std::string lost_from = connection.address();
+    // A standby's refusal names the leader: the watch resumes there, after
+    // the last event it saw.
+    connection.Failed(*context, finished);
 
     const absl::Time now = absl::Now();
     if (!outage_since || got_event || now - opened >= kHealthyStream) {
       outage_since = now;
       backoff = kMinBackoff;
-      on_notice(absl::StrCat("lost the event stream from ", connection.options().address, " (",
+      on_notice(absl::StrCat("lost the event stream from ", lost_from, " (",
                              Printable(status.message()), "); reconnecting for up to ",
                              absl::FormatDuration(options.reconnect_window)));
     }

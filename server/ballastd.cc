@@ -66,7 +66,23 @@ absl::Status ParseOpenAiModelFlag(absl::string_view flag,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions options) {
+void AddProcessGauges(MetricsRegistry* metrics, bool leader) {
+  prometheus::BuildGauge()
+      .Name("ballast_build_info")
+      .Help("Build of this ballastd; the value is 1.")
+      .Register(metrics->registry())
+      .Add({{"version", kVersion}, {"commit", kGitCommit}})
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("ballast_leader")
+      .Help("1 on the coordinator that leads, 0 on a standby.")
+      .Register(metrics->registry())
+      .Add({})
+      .Set(leader ? 1 : 0);
+}
+
+absl::Status CheckBallastdOptions(BallastdOptions* options_in) {
+  BallastdOptions& options = *options_in;
   std::string grpc_host, http_host;
   int grpc_port = 0, http_port = 0;
   if (absl::Status s = SplitHostPort(options.listen, "--listen", &grpc_host, &grpc_port); !s.ok()) {
@@ -110,22 +126,30 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
     return absl::InvalidArgumentError(absl::StrCat("--agent-silence-ms: ", options.agent_silence_ms,
                                                    "; allowed 100..600000 (0: half the lease)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions options) {
+  if (absl::Status s = CheckBallastdOptions(&options); !s.ok()) return s;
+  std::string http_host;
+  int http_port = 0;
+  (void)SplitHostPort(options.http, "--http", &http_host, &http_port);  // checked above
 
   // abseil's deadlock detector (on in this abseil build) walks a global graph
   // on every lock; the lock order here is simple and annotated, so turn it
   // off and keep the hot event path cheap.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::unique_ptr<Ballastd> d(new Ballastd());
-  prometheus::BuildGauge()
-      .Name("ballast_build_info")
-      .Help("Build of this ballastd; the value is 1.")
-      .Register(d->metrics_.registry())
-      .Add({{"version", kVersion}, {"commit", kGitCommit}})
-      .Set(1);
+  AddProcessGauges(&d->metrics_, /*leader=*/true);
 
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.store_url);
-  if (!store.ok()) return store.status();
-  d->store_ = std::move(*store);
+  if (options.store != nullptr) {
+    d->store_ = options.store;
+  } else {
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options.store_url);
+    if (!store.ok()) return store.status();
+    d->owned_store_ = std::move(*store);
+    d->store_ = d->owned_store_.get();
+  }
   CoordinatorOptions co;
   co.output_root = options.output_root;
   co.path_roots = options.path_roots;
@@ -146,17 +170,18 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
     }
   }
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
-      Coordinator::Create(d->store_.get(), &d->metrics_, std::move(co));
+      Coordinator::Create(d->store_, &d->metrics_, std::move(co));
   if (!coordinator.ok()) return coordinator.status();
   d->coordinator_ = std::move(*coordinator);
 
   absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(
-      d->store_.get(), options.token,
+      d->store_, options.token,
       options.now_ms ? options.now_ms : [] { return absl::ToUnixMillis(absl::Now()); });
   if (!auth.ok()) return auth.status();
   d->auth_ = std::move(*auth);
-  d->gate_ = std::make_unique<RpcGate>(d->auth_.get(), &d->metrics_,
-                                       /*worker_certificates=*/!options.tls.ca.empty());
+  d->gate_ =
+      std::make_unique<RpcGate>(d->auth_.get(), &d->metrics_,
+                                /*worker_certificates=*/!options.tls.ca.empty(), options.leading);
   d->token_service_ = std::make_unique<TokenServiceImpl>(d->auth_.get(), d->gate_.get());
   d->job_service_ = std::make_unique<JobServiceImpl>(d->coordinator_.get(), d->gate_.get());
   d->worker_service_ = std::make_unique<WorkerServiceImpl>(d->coordinator_.get(), d->gate_.get());
@@ -190,7 +215,11 @@ absl::StatusOr<std::unique_ptr<Ballastd>> Ballastd::Start(BallastdOptions option
       options.output_root.empty() ? "" : std::filesystem::absolute(options.output_root).string();
   d->uploads_ = std::make_unique<UploadStore>(output_root);
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http = HttpEndpoint::Start(
-      http_host, http_port, &d->metrics_, [c = d->coordinator_.get()] { return c->Healthy(); },
+      http_host, http_port, &d->metrics_,
+      [c = d->coordinator_.get(), gate = d->gate_.get()] {
+        if (!gate->Leading()) return gate->NotLeading();
+        return c->Healthy();
+      },
       [auth = d->auth_.get()](const std::string& authorization) -> absl::Status {
         // Every tenant's jobs are on /metrics: admins only.
         absl::StatusOr<Principal> who = auth->Authenticate(authorization);
@@ -229,7 +258,8 @@ void Ballastd::Shutdown() {
   }
   http_.reset();
   coordinator_.reset();
-  store_.reset();
+  owned_store_.reset();
+  store_ = nullptr;
 }
 
 }  // namespace ballast::server

@@ -38,8 +38,21 @@ struct BallastdOptions {
   // gRPC and HTTP addresses, HOST:PORT; port 0 picks a free one.
   std::string listen = "127.0.0.1:50051";
   std::string http = "127.0.0.1:9090";
-  // "sqlite:PATH"; the folder must exist.
+  // "sqlite:PATH" (the folder must exist) or "postgresql://...".
   std::string store_url;
+  // A store already open, used instead of opening store_url; it must
+  // outlive the Ballastd. ElectedBallastd passes the one it leads by.
+  Store* store = nullptr;
+  // While this returns false every RPC is refused UNAVAILABLE, assignment
+  // streams end before their next assignment, and /healthz says 503: a
+  // leader whose lease lapsed (ElectedBallastd). Empty: always serving.
+  std::function<bool()> leading;
+  // Two coordinators on PostgreSQL (server/elected_ballastd.h): the address
+  // a standby names to clients as the leader's (--advertise; empty: the
+  // bound gRPC address), and the lease a leader renews every fifth of it
+  // (--leader-lease-ms).
+  std::string advertise;
+  int64_t leader_lease_ms = 5000;
   std::string output_root;
   // --path-root: folders a spec's paths must lie in; empty allows any path.
   std::vector<std::string> path_roots;
@@ -80,6 +93,15 @@ absl::Status ParseOpenAiModelFlag(absl::string_view flag,
 // INVALID_ARGUMENT naming what is wrong.
 absl::Status ParseQuotaFlag(absl::string_view flag, std::map<std::string, TenantQuota>* quotas);
 
+// Checks the options Ballastd::Start takes, and fills in agent_silence_ms
+// when 0: INVALID_ARGUMENT naming the flag. ElectedBallastd checks them
+// before it stands by, so that a standby never takes a lease it cannot serve.
+absl::Status CheckBallastdOptions(BallastdOptions* options);
+
+// ballast_build_info, and ballast_leader: 1 on a leader (or the one
+// coordinator of a store), 0 on a standby (server/standby_server.h).
+void AddProcessGauges(MetricsRegistry* metrics, bool leader);
+
 class Ballastd {
  public:
   // Opens the store, loads the jobs, and starts serving. INVALID_ARGUMENT for
@@ -102,7 +124,9 @@ class Ballastd {
  private:
   Ballastd() = default;
   MetricsRegistry metrics_;
-  std::unique_ptr<Store> store_;
+  // The store it opened, if it did; store_ is that one or options.store.
+  std::unique_ptr<Store> owned_store_;
+  Store* store_ = nullptr;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RpcGate> gate_;

@@ -2,13 +2,17 @@
 //
 // Flags are the table in docs/control-plane.md. Once serving it prints
 //   ballastd: serving gRPC on HOST:PORT, HTTP on HOST:PORT, store URL
-// (the store's URL without its password)
+// (the store's URL without its password; "; standing by" when another
+// coordinator leads the same PostgreSQL store)
 // to stderr and, with --ready-file, writes {"grpc": "HOST:PORT", "http":
 // "HOST:PORT"} there atomically. SIGINT or SIGTERM shut it down cleanly
 // (streams ended, store closed) with exit code 0.
 //
 // `ballastd migrate-store FROM TO` copies a store instead of serving
 // (server/store_migration.h); `ballast migrate-store` runs it.
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdlib>
@@ -17,10 +21,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/version.h"
-#include "server/ballastd.h"
+#include "server/elected_ballastd.h"
 #include "server/store_migration.h"
 #include "server/store_rows.h"
 
@@ -135,6 +140,13 @@ int main(int argc, char** argv) {
                  "The largest file POST /v1/files takes, in bytes")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
       ->capture_default_str();
+  app.add_option("--advertise", options.advertise,
+                 "With a PostgreSQL store: the gRPC address, HOST:PORT, that a standby names to "
+                 "clients when this ballastd leads (default: the bound --listen address)");
+  app.add_option("--leader-lease-ms", options.leader_lease_ms,
+                 "With a PostgreSQL store: the leader renews its lease every fifth of this; a "
+                 "standby takes over once it has expired")
+      ->capture_default_str();
   app.add_option("--ready-file", ready_file,
                  "Once serving, write {\"grpc\": \"HOST:PORT\", \"http\": \"HOST:PORT\"} here");
 
@@ -192,15 +204,16 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  absl::StatusOr<std::unique_ptr<ballast::server::Ballastd>> server =
-      ballast::server::Ballastd::Start(options);
+  absl::StatusOr<std::unique_ptr<ballast::server::ElectedBallastd>> server =
+      ballast::server::ElectedBallastd::Start(options);
   if (!server.ok()) {
     std::cerr << "ballastd: " << server.status().message() << "\n";
     return 1;
   }
   std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
             << (*server)->http_address() << ", store "
-            << ballast::server::RedactStoreUrl(options.store_url) << std::endl;
+            << ballast::server::RedactStoreUrl(options.store_url)
+            << ((*server)->leading() ? "" : "; standing by") << std::endl;
   if (options.token.empty()) {
     std::cerr << "ballastd: no BALLAST_TOKEN: no auth (every caller is an admin), so on "
                  "loopback only; set it to listen on other addresses and to make tokens"
@@ -212,10 +225,20 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // A term that cannot start (its ports taken meanwhile) ends the process,
+  // through the same path as a signal.
+  std::thread watcher([&server] {
+    (*server)->WaitForFailure();
+    if (!(*server)->failure().ok()) kill(getpid(), SIGTERM);
+  });
   int signal = 0;
   sigwait(&signals, &signal);
-  std::cerr << "ballastd: " << strsignal(signal) << ", shutting down" << std::endl;
+  const absl::Status failure = (*server)->failure();
+  std::cerr << "ballastd: "
+            << (failure.ok() ? std::string(strsignal(signal)) : std::string(failure.message()))
+            << ", shutting down" << std::endl;
   (*server)->Shutdown();
+  watcher.join();
   std::cerr << "ballastd: stopped" << std::endl;
-  return 0;
+  return failure.ok() ? 0 : 1;
 }

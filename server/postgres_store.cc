@@ -50,6 +50,12 @@ CREATE TABLE IF NOT EXISTS workers (
   id TEXT PRIMARY KEY,
   last_report_id BIGINT NOT NULL,
   worker BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS ballast_leader (
+  singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+  epoch BIGINT NOT NULL,
+  holder TEXT NOT NULL,
+  address TEXT NOT NULL,
+  expires_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (
   id TEXT PRIMARY KEY,
   created_ms BIGINT NOT NULL,
@@ -66,6 +72,18 @@ constexpr char kPutJob[] =
     "attempt = excluded.attempt, resume_at_or_before = excluded.resume_at_or_before, "
     "events_deleted = excluded.events_deleted, job = excluded.job, tenant = excluded.tenant, "
     "evicted = excluded.evicted";
+
+// The lease: taken when there is none or it has expired (epoch + 1), renewed
+// by its holder at its epoch ($4), else left alone (no row returned).
+// Parameters: holder, address, lease in ms, the caller's epoch (0: none).
+constexpr char kClaimLease[] =
+    "INSERT INTO ballast_leader AS l (epoch, holder, address, expires_at) "
+    "VALUES (1, $1, $2, now() + $3 * interval '1 millisecond') "
+    "ON CONFLICT (singleton) DO UPDATE SET "
+    "epoch = CASE WHEN l.holder = $1 AND l.epoch = $4 THEN l.epoch ELSE l.epoch + 1 END, "
+    "holder = $1, address = $2, expires_at = excluded.expires_at "
+    "WHERE (l.holder = $1 AND l.epoch = $4) OR l.expires_at < now() "
+    "RETURNING epoch";
 
 // The name a store's connections have in pg_stat_activity.
 constexpr char kApplicationName[] = "ballastd";
@@ -158,13 +176,17 @@ class PostgresStore::Connection {
  public:
   // UNAVAILABLE naming `url` without its password when it does not connect.
   // The server lists the connection under `application_name`
-  // (pg_stat_activity), which CheckNotInUse looks for.
+  // (pg_stat_activity), which CheckNotInUse looks for. `options`, when not
+  // empty, is libpq's `options`: the session's settings (kept across a
+  // reconnect).
   static absl::StatusOr<std::unique_ptr<Connection>> Open(
-      const std::string& url, const char* application_name = kApplicationName) {
+      const std::string& url, const char* application_name = kApplicationName,
+      const std::string& options = "") {
     // The URL's own settings come after ours (expand_dbname), so it may
     // change the timeout.
-    const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
-    const char* values[] = {"10", application_name, url.c_str(), nullptr};
+    const char* keys[] = {"connect_timeout", "application_name", "dbname",
+                          options.empty() ? nullptr : "options", nullptr};
+    const char* values[] = {"10", application_name, url.c_str(), options.c_str(), nullptr};
     PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
     auto connection = std::unique_ptr<Connection>(new Connection(conn));
     if (PQstatus(conn) != CONNECTION_OK) {
@@ -347,11 +369,85 @@ absl::StatusOr<std::unique_ptr<Store>> PostgresStore::Open(const std::string& ur
   }
   absl::StatusOr<std::unique_ptr<Connection>> reader = Connection::Open(url);
   if (!reader.ok()) return reader.status();
-  return std::unique_ptr<Store>(new PostgresStore(*std::move(writer), *std::move(reader)));
+  return std::unique_ptr<Store>(new PostgresStore(url, *std::move(writer), *std::move(reader)));
 }
 
-PostgresStore::PostgresStore(std::unique_ptr<Connection> writer, std::unique_ptr<Connection> reader)
-    : writer_(std::move(writer)), reader_(std::move(reader)) {}
+PostgresStore::PostgresStore(std::string url, std::unique_ptr<Connection> writer,
+                             std::unique_ptr<Connection> reader)
+    : writer_(std::move(writer)), reader_(std::move(reader)), url_(std::move(url)) {}
+
+absl::StatusOr<LeaderLease> PostgresStore::Lead(const std::string& holder,
+                                                const std::string& address, int64_t lease_ms) {
+  absl::MutexLock lock(&lead_mu_);
+  if (leader_ == nullptr) {
+    // Each statement here is a transaction of its own, and none may wait or
+    // idle for longer than a lease: a takeover's waits for the writes under
+    // way (they hold the row FOR SHARE) but not for ever, and a leader frozen
+    // within a statement holds no takeover back.
+    absl::StatusOr<std::unique_ptr<Connection>> opened = Connection::Open(
+        url_, kApplicationName,
+        absl::StrCat("-c lock_timeout=", lease_ms, " -c statement_timeout=", lease_ms,
+                     " -c idle_in_transaction_session_timeout=", lease_ms));
+    if (!opened.ok()) return opened.status();
+    leader_ = *std::move(opened);
+  }
+  lease_ms_ = lease_ms;
+  fenced_ = true;
+  LeaderLease lease;
+  absl::StatusOr<Result> r =
+      leader_->Run("claim the lease", kClaimLease,
+                   Params().Text(holder).Text(address).Int(lease_ms).Int(epoch_));
+  if (!r.ok()) return r.status();
+  if (PQntuples(r->get()) == 1) {
+    lease = LeaderLease{Int(r->get(), 0, 0), holder, address, /*mine=*/true};
+  } else {
+    r = leader_->Run("read the lease", "SELECT epoch, holder, address FROM ballast_leader");
+    if (!r.ok()) return r.status();
+    lease = LeaderLease{Int(r->get(), 0, 0), std::string(Bytes(r->get(), 0, 1)),
+                        std::string(Bytes(r->get(), 0, 2)), /*mine=*/false};
+  }
+  // A store that lost the lease stays fenced at its old epoch until it
+  // takes the lease again.
+  if (lease.mine) epoch_ = lease.epoch;
+  return lease;
+}
+
+absl::Status PostgresStore::Resign(const std::string& holder) {
+  absl::MutexLock lock(&lead_mu_);
+  const int64_t mine = epoch_.exchange(0);
+  if (leader_ == nullptr || mine == 0) return absl::OkStatus();
+  return leader_
+      ->Run("resign the lease",
+            "UPDATE ballast_leader SET expires_at = now() - interval '1 millisecond' "
+            "WHERE holder = $1 AND epoch = $2",
+            Params().Text(holder).Int(mine))
+      .status();
+}
+
+absl::Status PostgresStore::FenceWrites() {
+  if (!fenced_) return absl::OkStatus();
+  // The transaction may idle no longer than a lease: were this process
+  // frozen mid-write, its row lock would hold a takeover back until then.
+  absl::StatusOr<Result> r = writer_->Run(
+      "check the epoch",
+      "SELECT epoch, address, set_config('idle_in_transaction_session_timeout', $1, true) "
+      "FROM ballast_leader FOR SHARE",
+      Params().Text(absl::StrCat(lease_ms_.load(), "ms")));
+  if (!r.ok()) return r.status();
+  const int64_t mine = epoch_;
+  if (PQntuples(r->get()) == 1 && Int(r->get(), 0, 0) == mine) return absl::OkStatus();
+  if (PQntuples(r->get()) == 0) {
+    return absl::AbortedError("deposed: no coordinator holds the lease; this one never led");
+  }
+  const std::string leader =
+      absl::StrCat(std::string(Bytes(r->get(), 0, 1)), " at epoch ", Int(r->get(), 0, 0));
+  if (mine == 0) {
+    return absl::AbortedError(
+        absl::StrCat("standby: the leader is ", leader, "; the write is refused"));
+  }
+  return absl::AbortedError(absl::StrCat("deposed: this coordinator led at epoch ", mine,
+                                         "; the leader is now ", leader, "; the write is refused"));
+}
 
 PostgresStore::~PostgresStore() = default;
 
@@ -400,6 +496,7 @@ void AppendJob(const StoreBatch::JobChange& change, int64_t retention,
 absl::Status PostgresStore::Write(absl::Span<const StoreBatch* const> batches, int64_t retention) {
   absl::MutexLock lock(&mu_);
   return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (absl::Status s = FenceWrites(); !s.ok()) return s;
     // Every row of every batch, sent in one pipeline: a round trip per
     // Connection::kPipelineDepth rows rather than per row. `jobs[i]` is the
     // job whose row statement i writes, for the error of a taken request_id.
@@ -466,20 +563,26 @@ absl::StatusOr<std::map<int, int64_t>> PostgresStore::CountEvictedJobs() {
 absl::StatusOr<std::map<int, int64_t>> PostgresStore::PruneEvictedJobs(int64_t keep,
                                                                        int64_t limit) {
   absl::MutexLock lock(&mu_);
-  // One statement, so one transaction: the oldest `limit` evicted jobs older
-  // than the newest `keep` ones, their events, then the jobs.
-  absl::StatusOr<Result> r =
-      writer_->Run("prune jobs",
-                   "WITH victims AS (SELECT id FROM jobs WHERE evicted AND ord <= "
-                   "(SELECT ord FROM jobs WHERE evicted ORDER BY ord DESC LIMIT 1 OFFSET $1) "
-                   "ORDER BY ord LIMIT $2), "
-                   "gone_events AS (DELETE FROM events WHERE job_id IN (SELECT id FROM victims)) "
-                   "DELETE FROM jobs WHERE id IN (SELECT id FROM victims) RETURNING state",
-                   Params().Int(keep).Int(limit));
-  if (!r.ok()) return r.status();
+  // The oldest `limit` evicted jobs older than the newest `keep` ones, their
+  // events, then the jobs, in one statement after the fence.
   std::map<int, int64_t> pruned;
-  for (int row = 0; row < PQntuples(r->get()); ++row)
-    ++pruned[static_cast<int>(Int(r->get(), row, 0))];
+  absl::Status done =
+      writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+        if (absl::Status s = FenceWrites(); !s.ok()) return s;
+        absl::StatusOr<Result> r = writer_->Run(
+            "prune jobs",
+            "WITH victims AS (SELECT id FROM jobs WHERE evicted AND ord <= "
+            "(SELECT ord FROM jobs WHERE evicted ORDER BY ord DESC LIMIT 1 OFFSET $1) "
+            "ORDER BY ord LIMIT $2), "
+            "gone_events AS (DELETE FROM events WHERE job_id IN (SELECT id FROM victims)) "
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM victims) RETURNING state",
+            Params().Int(keep).Int(limit));
+        if (!r.ok()) return r.status();
+        for (int row = 0; row < PQntuples(r->get()); ++row)
+          ++pruned[static_cast<int>(Int(r->get(), row, 0))];
+        return absl::OkStatus();
+      });
+  if (!done.ok()) return done;
   return pruned;
 }
 
@@ -562,17 +665,20 @@ absl::StatusOr<std::vector<WorkerRecord>> PostgresStore::LoadWorkers() {
 
 absl::Status PostgresStore::PutToken(const TokenRecord& record) {
   absl::MutexLock lock(&mu_);
-  return writer_
-      ->Run("put token",
-            "INSERT INTO tokens (id, created_ms, secret_sha256, token) VALUES ($1, $2, $3, $4) "
-            "ON CONFLICT (id) DO UPDATE SET created_ms = excluded.created_ms, "
-            "secret_sha256 = excluded.secret_sha256, token = excluded.token",
-            Params()
-                .Text(record.token.id())
-                .Int(record.token.created_ms())
-                .Bytes(record.secret_sha256)
-                .Bytes(record.token.SerializeAsString()))
-      .status();
+  return writer_->Transaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (absl::Status s = FenceWrites(); !s.ok()) return s;
+    return writer_
+        ->Run("put token",
+              "INSERT INTO tokens (id, created_ms, secret_sha256, token) VALUES ($1, $2, $3, $4) "
+              "ON CONFLICT (id) DO UPDATE SET created_ms = excluded.created_ms, "
+              "secret_sha256 = excluded.secret_sha256, token = excluded.token",
+              Params()
+                  .Text(record.token.id())
+                  .Int(record.token.created_ms())
+                  .Bytes(record.secret_sha256)
+                  .Bytes(record.token.SerializeAsString()))
+        .status();
+  });
 }
 
 absl::StatusOr<std::vector<TokenRecord>> PostgresStore::LoadTokens() {

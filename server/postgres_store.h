@@ -14,13 +14,23 @@
 // The schema is made at the first open, under an advisory lock so two
 // ballastd starting at once do not race, with its version in the row of
 // ballast_schema; a store of another version is refused, so a later
-// migration finds what it starts from. Leader election (a second
-// coordinator on standby) will fence writes by an epoch kept beside that
-// version: every change goes through Write's one transaction, which is where
-// a deposed coordinator's epoch would be checked and its write refused.
+// migration finds what it starts from.
+//
+// Leadership: the one row of ballast_leader holds the lease of the leading
+// coordinator (holder, address, epoch, expires_at on the database's clock,
+// so the hosts' clocks do not matter). Lead renews or takes it on a
+// connection of its own, so a renewal never waits behind a long write, in
+// one statement that may wait no longer than a lease (lock_timeout). Once
+// this store has led, each write transaction begins by reading that row
+// FOR SHARE (FenceWrites): a takeover's UPDATE waits for the writes under
+// way, and a write after it sees the new epoch and is refused, ABORTED.
+// A transaction may not idle longer than the lease
+// (idle_in_transaction_session_timeout), so a frozen leader's open
+// transaction cannot hold a takeover back.
 #ifndef BALLAST_SERVER_POSTGRES_STORE_H_
 #define BALLAST_SERVER_POSTGRES_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -71,17 +81,36 @@ class PostgresStore : public Store {
   absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers() override;
   absl::Status PutToken(const TokenRecord& record) override;
   absl::StatusOr<std::vector<TokenRecord>> LoadTokens() override;
+  bool Shared() const override { return true; }
+  absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
+                                   int64_t lease_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
   // One libpq connection (server/postgres_store.cc).
   class Connection;
 
  private:
-  PostgresStore(std::unique_ptr<Connection> writer, std::unique_ptr<Connection> reader);
+  PostgresStore(std::string url, std::unique_ptr<Connection> writer,
+                std::unique_ptr<Connection> reader);
+  // Within a write transaction, before its first change: OK when this store
+  // never led, or its epoch is still the lease's; ABORTED naming the
+  // leader else. Holds the lease row FOR SHARE until the transaction ends.
+  absl::Status FenceWrites() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   std::unique_ptr<Connection> writer_ ABSL_GUARDED_BY(mu_);
   absl::Mutex read_mu_;
   std::unique_ptr<Connection> reader_ ABSL_GUARDED_BY(read_mu_);
+  const std::string url_;
+  // Lead's connection, opened at its first call.
+  absl::Mutex lead_mu_;
+  std::unique_ptr<Connection> leader_ ABSL_GUARDED_BY(lead_mu_);
+  // Set by Lead: whether writes are fenced, the epoch they carry (0 while
+  // this store does not lead) and the lease, which bounds how long a
+  // transaction may idle.
+  std::atomic<bool> fenced_{false};
+  std::atomic<int64_t> epoch_{0};
+  std::atomic<int64_t> lease_ms_{0};
 };
 
 }  // namespace ballast::server

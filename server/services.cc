@@ -80,9 +80,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates)
+RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates,
+                 std::function<bool()> leading)
     : auth_(auth),
       worker_certificates_(worker_certificates),
+      leading_(std::move(leading)),
       requests_(prometheus::BuildCounter()
                     .Name("ballast_grpc_requests_total")
                     .Help("gRPC calls handled, by method and code.")
@@ -94,8 +96,15 @@ RpcGate::RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worke
                     "streams (WatchJob, StreamAssignments) the stream's whole life.")
               .Register(metrics->registry())) {}
 
+absl::Status RpcGate::NotLeading() {
+  return absl::UnavailableError(
+      "this ballastd's leader lease lapsed (it could not renew it in time) and another "
+      "coordinator may lead now: ask the others");
+}
+
 grpc::Status RpcGate::Authorize(grpc::ServerContextBase* context, Audience audience,
                                 Principal* principal) const {
+  if (!Leading()) return ToGrpcStatus(NotLeading());
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
   absl::StatusOr<Principal> who = auth_->Authenticate(
@@ -297,6 +306,12 @@ grpc::Status WorkerServiceImpl::StreamAssignments(grpc::ServerContext* context,
     while (!context->IsCancelled()) {
       batch.clear();
       const bool current = (*feed)->Next(&batch, kStreamPoll);
+      // A coordinator whose lease lapsed sends nothing more: another may be
+      // scheduling these jobs now.
+      if (!gate_->Leading()) {
+        (*feed)->Return(std::move(batch));
+        return ToGrpcStatus(RpcGate::NotLeading());
+      }
       size_t written = 0;
       if (!WriteAll(writer, batch, &written)) {
         (*feed)->Return(std::vector<v1::Assignment>(batch.begin() + written, batch.end()));

@@ -49,7 +49,14 @@ class RpcGate {
   // `auth` and `metrics` must outlive the gate. With `worker_certificates`
   // (mTLS), a worker token's calls must come with a verified client
   // certificate whose common name is the token's worker id.
-  RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates);
+  // With `leading`, every call is refused UNAVAILABLE while it returns false
+  // (a coordinator whose leader lease lapsed: BallastdOptions::leading).
+  RpcGate(const Authenticator* auth, MetricsRegistry* metrics, bool worker_certificates,
+          std::function<bool()> leading = nullptr);
+  // Whether this coordinator may serve: true without `leading`.
+  bool Leading() const { return !leading_ || leading_(); }
+  // The UNAVAILABLE a call gets while not Leading.
+  static absl::Status NotLeading();
   // UNAUTHENTICATED or PERMISSION_DENIED, or the status of body(principal);
   // counted either way. `method` is a string literal (the gate keeps it).
   template <typename Body>
@@ -90,6 +97,7 @@ class RpcGate {
       ABSL_LOCKS_EXCLUDED(mu_);
   const Authenticator* const auth_;
   const bool worker_certificates_;
+  const std::function<bool()> leading_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_seconds_;
   // The series of one method and code, found once: a call then updates them

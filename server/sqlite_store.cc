@@ -260,6 +260,10 @@ void SqliteStore::CheckpointLoop(const std::string& path) {
 
 SqliteStore::~SqliteStore() {
   {
+    absl::MutexLock lock(&lead_mu_);
+    if (lead_fd_ >= 0) ::close(lead_fd_);
+  }
+  {
     absl::MutexLock lock(&checkpoint_mu_);
     closing_ = true;
   }
@@ -671,5 +675,37 @@ absl::StatusOr<std::vector<TokenRecord>> SqliteStore::LoadTokens() {
   if (rc != SQLITE_DONE) return Error("load tokens");
   return tokens;
 }
+
+absl::StatusOr<LeaderLease> SqliteStore::Lead(const std::string& holder, const std::string& address,
+                                              int64_t /*lease_ms*/) {
+  absl::MutexLock lock(&lead_mu_);
+  if (lead_fd_ < 0) {
+    std::string path;
+    {
+      absl::MutexLock db_lock(&mu_);
+      path = sqlite3_db_filename(db_, "main");
+    }
+    // A file of its own: every SqliteStore holds a shared flock on the
+    // database file itself (HoldSharedLock).
+    const std::string lock_path = path + ".coordinator-lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("store ", path, ": ", lock_path, ": ", std::strerror(errno)));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store sqlite:", path,
+          " is in use by another ballastd: SQLite serves one coordinator; run a second one on "
+          "PostgreSQL (docs/control-plane.md, \"Two coordinators\")"));
+    }
+    lead_fd_ = fd;
+  }
+  return LeaderLease{1, holder, address, /*mine=*/true};
+}
+
+// The flock is the lease: it goes with the store.
+absl::Status SqliteStore::Resign(const std::string& /*holder*/) { return absl::OkStatus(); }
 
 }  // namespace ballast::server

@@ -60,6 +60,14 @@ class SqliteStore : public Store {
   absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers() override;
   absl::Status PutToken(const TokenRecord& record) override;
   absl::StatusOr<std::vector<TokenRecord>> LoadTokens() override;
+  // One coordinator per file: Lead takes an exclusive flock(2) on
+  // PATH.coordinator-lock beside the database (made if missing) for the
+  // store's life, and FAILED_PRECONDITION while another holds it. The lease
+  // is then always this store's, at epoch 1.
+  bool Shared() const override { return false; }
+  absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
+                                   int64_t lease_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
  private:
   explicit SqliteStore(sqlite3* db) : db_(db) {}
@@ -102,6 +110,10 @@ class SqliteStore : public Store {
   sqlite3_stmt* read_job_ ABSL_GUARDED_BY(read_mu_) = nullptr;
   sqlite3_stmt* job_of_request_ ABSL_GUARDED_BY(read_mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+
+  // PATH.coordinator-lock, flock'ed by the first Lead; -1 before.
+  absl::Mutex lead_mu_;
+  int lead_fd_ ABSL_GUARDED_BY(lead_mu_) = -1;
 
   absl::Mutex checkpoint_mu_;
   bool checkpoint_due_ ABSL_GUARDED_BY(checkpoint_mu_) = false;

@@ -76,6 +76,18 @@ struct TokenRecord {
   std::string secret_sha256;
 };
 
+// Who leads the coordinators that share a store: the holder of its lease,
+// at an epoch that each takeover raises by one.
+struct LeaderLease {
+  // 1, 2, ...: the takeovers so far, plus one.
+  int64_t epoch = 0;
+  // The leader's holder id and its gRPC address, as it gave them to Lead.
+  std::string holder;
+  std::string address;
+  // The caller holds the lease (it led already, or has just taken it).
+  bool mine = false;
+};
+
 // The coordinator's durable store. Two implementations with the same
 // semantics: SqliteStore (server/sqlite_store.h, the default) and
 // PostgresStore (server/postgres_store.h). What a row holds, and the
@@ -158,6 +170,30 @@ class Store {
 
   // Every token, oldest first.
   virtual absl::StatusOr<std::vector<TokenRecord>> LoadTokens() = 0;
+
+  // --- Leadership (docs/control-plane.md, "Two coordinators") ---
+
+  // Whether several coordinators may share this store, one leading and the
+  // others on standby (PostgreSQL); false for one coordinator alone (SQLite).
+  virtual bool Shared() const = 0;
+
+  // Renews the lease of `holder` (a ballastd's id, unique per process) for
+  // `lease_ms` on the database's clock, or takes it when no one holds it or
+  // its holder let it expire (epoch + 1); else returns who holds it, with
+  // mine false. From the first call on, every write of this store (Write,
+  // PutToken, PruneEvictedJobs) first checks within its transaction that its
+  // epoch is still the current one, and fails ABORTED, "deposed: epoch N,
+  // the leader is now ADDRESS", once another holder took the lease: a
+  // deposed coordinator's late write is refused by the database. A store
+  // never led (tests, benchmarks, one ballastd) is not fenced.
+  // UNAVAILABLE when the database fails; FAILED_PRECONDITION from a store
+  // that is not Shared when another process leads it.
+  virtual absl::StatusOr<LeaderLease> Lead(const std::string& holder, const std::string& address,
+                                           int64_t lease_ms) = 0;
+  // Ends the lease of `holder` at once, if it holds it, so that a standby
+  // (or this ballastd restarted) need not wait for it to expire; this store
+  // writes nothing more. Called once a leader has stopped serving.
+  virtual absl::Status Resign(const std::string& holder) = 0;
 };
 
 }  // namespace ballast::server

@@ -188,16 +188,19 @@ absl::Status Agent::RegisterOnce() {
   v1::RegisterWorkerResponse response;
   grpc::Status status;
   const auto sent = std::chrono::steady_clock::now();
+  const std::string coordinator = coordinator_->address();
   {
     TrackedCall call(this, &context, options_.rpc_timeout);
     // Waits (within the deadline) for a coordinator that is coming back,
-    // rather than failing at once while the channel reconnects.
-    context.set_wait_for_ready(true);
+    // rather than failing at once while the channel reconnects; with
+    // several, the next one is tried instead.
+    context.set_wait_for_ready(!coordinator_->several());
     status = coordinator_->stub()->RegisterWorker(&context, request, &response);
   }
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("RegisterWorker at ", options_.coordinator,
-                                               " failed (", Describe(status), ")"));
+    coordinator_->Failed(context, status);
+    return absl::UnavailableError(
+        absl::StrCat("RegisterWorker at ", coordinator, " failed (", Describe(status), ")"));
   }
   if (response.worker_id().empty()) {
     return absl::UnavailableError("RegisterWorker answered without a worker_id");
@@ -216,10 +219,10 @@ absl::Status Agent::RegisterOnce() {
     heartbeat_interval_ = interval;
     epoch = ++epoch_;
   }
-  std::cout << "ballast-worker: registered as " << response.worker_id() << " with "
-            << options_.coordinator << " (" << options_.devices.names.size() << " "
-            << options_.devices.kind << " devices: " << absl::StrJoin(options_.devices.names, ", ")
-            << "; " << request.running_size() << " running ranks"
+  std::cout << "ballast-worker: registered as " << response.worker_id() << " with " << coordinator
+            << " (" << options_.devices.names.size() << " " << options_.devices.kind
+            << " devices: " << absl::StrJoin(options_.devices.names, ", ") << "; "
+            << request.running_size() << " running ranks"
             << (previous.empty() ? "" : absl::StrCat("; previous id ", previous))
             << (epoch > 1 ? "; re-registration" : "") << ")" << std::endl;
   return absl::OkStatus();
@@ -309,6 +312,7 @@ void Agent::SessionLoop() {
       absl::MutexLock lock(&mu_);
       stream_ = nullptr;
     }
+    if (!status.ok()) coordinator_->Failed(context, status);
     if (delivered || absl::Now() - opened >= kHealthyStream) backoff = kMinBackoff;
     if (!SleepFor(backoff)) return;
     backoff = std::min(backoff * 2, kMaxBackoff);
@@ -359,7 +363,9 @@ void Agent::HeartbeatLoop() {
       Reregister(epoch);
     } else if (!status.ok()) {
       // The stream may be stuck on a dead connection; cutting it makes the
-      // session loop reconnect and register again.
+      // session loop reconnect and register again (with the leader, when
+      // this coordinator is not it).
+      coordinator_->Failed(context, status);
       absl::MutexLock lock(&mu_);
       if (stream_ != nullptr) stream_->TryCancel();
     }
@@ -458,7 +464,7 @@ absl::Status Agent::Health() const {
   absl::MutexLock lock(&mu_);
   if (worker_id_.empty()) {
     return absl::UnavailableError(
-        absl::StrCat("not registered with the coordinator at ", options_.coordinator, " yet"));
+        absl::StrCat("not registered with the coordinator at ", coordinator_->address(), " yet"));
   }
   return absl::OkStatus();
 }

@@ -42,7 +42,7 @@
 namespace ballast::agent {
 
 struct AgentOptions {
-  std::string coordinator;  // HOST:PORT
+  std::string coordinator;  // HOST:PORT, or several comma-separated (CoordinatorConnection)
   std::string token;        // BALLAST_TOKEN; empty sends none
   // TLS to the coordinator (--tls-ca/--tls-cert/--tls-key); empty is plain.
   TlsFiles tls;

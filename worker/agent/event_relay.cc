@@ -13,7 +13,7 @@ constexpr size_t kMaxBatchBytes = 1 << 20;
 
 }  // namespace
 
-EventRelay::EventRelay(const CoordinatorConnection* coordinator, EventRelayOptions options)
+EventRelay::EventRelay(CoordinatorConnection* coordinator, EventRelayOptions options)
     : coordinator_(coordinator),
       options_(options),
       next_report_id_(absl::ToUnixMicros(absl::Now())) {
@@ -110,9 +110,10 @@ void EventRelay::SendLoop() {
       active_call_ = &context;
     }
     coordinator_->Prepare(&context, options_.rpc_timeout);
-    context.set_wait_for_ready(true);
+    context.set_wait_for_ready(!coordinator_->several());
     v1::ReportEventsResponse response;
     const grpc::Status status = coordinator_->stub()->ReportEvents(&context, request, &response);
+    if (!status.ok()) coordinator_->Failed(context, status);
 
     absl::MutexLock lock(&mu_);
     active_call_ = nullptr;

@@ -44,7 +44,7 @@ class EventRelay {
  public:
   // Starts the sender thread. Nothing is sent before SetWorkerId.
   // `coordinator` must outlive the relay.
-  EventRelay(const CoordinatorConnection* coordinator, EventRelayOptions options = {});
+  EventRelay(CoordinatorConnection* coordinator, EventRelayOptions options = {});
 
   // Cancels a call in flight and joins the sender; unsent events are lost
   // (call Flush first to deliver them).
@@ -80,7 +80,7 @@ class EventRelay {
   bool ReadyToSend() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const CoordinatorConnection* const coordinator_;
+  CoordinatorConnection* const coordinator_;
   const EventRelayOptions options_;
 
   mutable absl::Mutex mu_;

@@ -1,7 +1,7 @@
 // ballast-worker: the per-node agent that runs ballast-train ranks for the
 // coordinator (docs/control-plane.md, "Workers"). It does not link LibTorch.
 //
-//   ballast-worker [--coordinator HOST:PORT] [--cpu-slots N] [--work-dir DIR]
+//   ballast-worker [--coordinator HOST:PORT[,HOST:PORT...]] [--cpu-slots N] [--work-dir DIR]
 //                  [--train-binary PATH] [--host NAME] [--shared-dir DIR]...
 //                  [--http HOST:PORT]
 //
@@ -63,8 +63,9 @@ int main(int argc, char** argv) {
   int cpu_slots = 0;
   app.set_version_flag("--version", ballast::VersionLine("ballast-worker"));
   app.add_option("--coordinator", options.coordinator,
-                 "Coordinator address, HOST:PORT (default $BALLAST_COORDINATOR or "
-                 "localhost:50051)")
+                 "Coordinator address, HOST:PORT, or several separated by commas (a leader "
+                 "and its standbys: the worker follows the leader) (default "
+                 "$BALLAST_COORDINATOR or localhost:50051)")
       ->capture_default_str();
   app.add_option("--cpu-slots", cpu_slots, "Offer N CPU slots instead of CUDA devices")
       ->check(CLI::Range(0, 4096));

@@ -3,7 +3,6 @@
 
 #include <gmock/gmock.h>
 #include <google/protobuf/util/message_differencer.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -18,6 +17,7 @@
 #include "ballast/v1/job_service.grpc.pb.h"
 #include "ballast/v1/token_service.grpc.pb.h"
 #include "ballast/v1/worker_service.grpc.pb.h"
+#include "tests/unit/server/grpc_health.h"
 #include "tests/unit/server/postgres_server.h"
 #include "tests/unit/server/test_util.h"
 
@@ -328,30 +328,8 @@ TEST_F(BallastdTest, HealthzAndMetricsOverHttp) {
 
 TEST_F(BallastdTest, HealthServiceAnswersServing) {
   Start();
-  grpc::GenericStub stub(
-      grpc::CreateChannel(server_->grpc_address(), grpc::InsecureChannelCredentials()));
-  grpc::CompletionQueue cq;
-  auto context = Context();
-  grpc::Slice empty_request(std::string{});  // HealthCheckRequest{service: ""}
-  auto call = stub.PrepareUnaryCall(context.get(), "/grpc.health.v1.Health/Check",
-                                    grpc::ByteBuffer(&empty_request, 1), &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  call->Finish(&response, &status, nullptr);
-  void* tag = nullptr;
-  bool ok = false;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "HealthCheckResponse{status: SERVING}";
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
+  EXPECT_EQ(testing::HealthStatus(server_->grpc_address()), 1)
+      << "HealthCheckResponse{status: SERVING}";
 }
 
 TEST_F(BallastdTest, WorkerRunsAJobWhileAWatcherSeesItToTheEnd) {

@@ -515,5 +515,103 @@ TEST_F(PostgresStoreTest, TwoOpensOfAnEmptyDatabaseAtOnceBothSucceed) {
   EXPECT_TRUE(second.ok()) << second;
 }
 
+// Two coordinators on one database: the first leads, the second waits for
+// the lease to expire on the database's clock, takes it at the next epoch,
+// and from then on the database refuses every write of the first.
+TEST_F(PostgresStoreTest, AnExpiredLeaseIsTakenOverAndTheDeposedLeadersWritesAreRefused) {
+  auto first = Store::Open(url_);
+  auto second = Store::Open(url_);
+  ASSERT_TRUE(first.ok() && second.ok());
+  constexpr int64_t kLeaseMs = 1000;
+  auto lease = (*first)->Lead("first", "10.0.0.1:50051", kLeaseMs);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_TRUE(lease->mine);
+  EXPECT_EQ(lease->epoch, 1);
+  lease = (*second)->Lead("second", "10.0.0.2:50051", kLeaseMs);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_FALSE(lease->mine);
+  EXPECT_EQ(lease->holder, "first");
+  EXPECT_EQ(lease->address, "10.0.0.1:50051");
+  EXPECT_TRUE(Put(first->get(), MakeJob("job-a", 1)).ok());
+  // A standby's store writes nothing either.
+  absl::Status standby = Put(second->get(), MakeJob("job-b", 2));
+  EXPECT_EQ(standby.code(), absl::StatusCode::kAborted) << standby;
+  EXPECT_THAT(standby.message(), ::testing::HasSubstr("the leader is 10.0.0.1:50051 at epoch 1"));
+
+  // Renewed within the lease, it stays the first's; once the first stops
+  // renewing, the second takes it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseMs / 2));
+  ASSERT_TRUE((*first)->Lead("first", "10.0.0.1:50051", kLeaseMs)->mine);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseMs / 2));
+  EXPECT_FALSE((*second)->Lead("second", "10.0.0.2:50051", kLeaseMs)->mine);
+  absl::StatusOr<LeaderLease> taken;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    taken = (*second)->Lead("second", "10.0.0.2:50051", kLeaseMs);
+    ASSERT_TRUE(taken.ok()) << taken.status();
+  } while (!taken->mine && std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(taken->mine);
+  EXPECT_EQ(taken->epoch, 2);
+
+  const std::string now_leads = "the leader is now 10.0.0.2:50051 at epoch 2";
+  absl::Status late = Put(first->get(), MakeJob("job-a", 1, "late"));
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
+  EXPECT_THAT(late.message(), ::testing::HasSubstr("deposed: this coordinator led at epoch 1"));
+  EXPECT_THAT(late.message(), ::testing::HasSubstr(now_leads));
+  TokenRecord token;
+  token.token.set_id("tok");
+  EXPECT_EQ((*first)->PutToken(token).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*first)->PruneEvictedJobs(0, 10).status().code(), absl::StatusCode::kAborted);
+  auto jobs = (*second)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_TRUE((*jobs)[0].job.request_id().empty()) << "the refused write changed the job";
+
+  // The deposed one learns it at its next renewal; the new leader writes.
+  lease = (*first)->Lead("first", "10.0.0.1:50051", kLeaseMs);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_FALSE(lease->mine);
+  EXPECT_EQ(lease->holder, "second");
+  EXPECT_TRUE(Put(second->get(), MakeJob("job-b", 2)).ok());
+}
+
+// A leader that stops on purpose ends its lease: a standby takes it at once,
+// and the resigned store writes nothing more.
+TEST_F(PostgresStoreTest, AResignedLeaseIsTakenAtOnceAndTheResignedStoreWritesNothing) {
+  auto first = Store::Open(url_);
+  auto second = Store::Open(url_);
+  ASSERT_TRUE(first.ok() && second.ok());
+  constexpr int64_t kLongLeaseMs = 600000;
+  ASSERT_TRUE((*first)->Lead("first", "a:1", kLongLeaseMs)->mine);
+  ASSERT_FALSE((*second)->Lead("second", "b:1", kLongLeaseMs)->mine);
+  ASSERT_TRUE((*second)->Resign("second").ok()) << "a standby's resignation changes nothing";
+  ASSERT_FALSE((*second)->Lead("second", "b:1", kLongLeaseMs)->mine);
+  ASSERT_TRUE((*first)->Resign("first").ok());
+  auto taken = (*second)->Lead("second", "b:1", kLongLeaseMs);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_TRUE(taken->mine);
+  EXPECT_EQ(taken->epoch, 2);
+  EXPECT_EQ(Put(first->get(), MakeJob("job-a", 1)).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Put(second->get(), MakeJob("job-a", 1)).ok());
+}
+
+// SQLite serves one coordinator: a second one's Lead is refused while the
+// first store is open.
+TEST(Store, ASecondCoordinatorOnOneSqliteFileIsRefused) {
+  TempDir dir;
+  const std::string url = "sqlite:" + (dir.path() / "b.db").string();
+  auto first = Store::Open(url);
+  auto second = Store::Open(url);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_FALSE((*first)->Shared());
+  ASSERT_TRUE((*first)->Lead("first", "a:1", 5000).ok());
+  absl::Status refused = (*second)->Lead("second", "b:1", 5000).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("is in use by another ballastd"));
+  first->reset();
+  EXPECT_TRUE((*second)->Lead("second", "b:1", 5000).ok());
+}
+
 }  // namespace
 }  // namespace ballast::server
