@@ -24,6 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::HealthStatus;
+using testing::PostgresDatabaseTest;
 using testing::PostgresServer;
 using testing::TempDir;
 using testing::ValidSpec;
@@ -42,15 +43,8 @@ int HealthzCode(const std::string& http_address) {
   return r ? r->status : -1;
 }
 
-class ElectedBallastdTest : public ::testing::Test {
+class ElectedBallastdTest : public PostgresDatabaseTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
-    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
-    ASSERT_TRUE(url.ok()) << url.status();
-    url_ = *url;
-  }
-
   BallastdOptions Options() {
     BallastdOptions o;
     o.listen = "127.0.0.1:0";
@@ -96,7 +90,6 @@ class ElectedBallastdTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::string url_;
 };
 
 TEST_F(ElectedBallastdTest, AStandbyRefusesEveryCallNamingTheLeaderAndTakesOverWhenItStops) {

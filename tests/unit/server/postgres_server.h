@@ -13,6 +13,7 @@
 #ifndef BALLAST_TESTS_UNIT_SERVER_POSTGRES_SERVER_H_
 #define BALLAST_TESTS_UNIT_SERVER_POSTGRES_SERVER_H_
 
+#include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -126,6 +127,20 @@ class PostgresServer {
   // Started by this process, which stops it.
   const bool own_ = false;
   int databases_ = 0;
+};
+
+// A fixture whose every case gets a new, empty database on the shared
+// server (url_), and skips where PostgreSQL's binaries are missing.
+class PostgresDatabaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
+    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
+    ASSERT_TRUE(url.ok()) << url.status();
+    url_ = *url;
+  }
+
+  std::string url_;
 };
 
 }  // namespace ballast::server::testing

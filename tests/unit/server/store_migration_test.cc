@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::PostgresDatabaseTest;
 using testing::PostgresServer;
 using testing::TempDir;
 
@@ -82,15 +83,8 @@ void Fill(Store& store, const std::string& last_log_line = "line 9") {
 }
 
 // Copies need a PostgreSQL database: each case takes new ones.
-class StoreMigrationTest : public ::testing::Test {
+class StoreMigrationTest : public PostgresDatabaseTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
-    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
-    ASSERT_TRUE(url.ok()) << url.status();
-    postgres_ = *url;
-  }
-
   std::string Sqlite(const std::string& name) const {
     return "sqlite:" + (dir_.path() / name).string();
   }
@@ -105,14 +99,13 @@ class StoreMigrationTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  std::string postgres_;
 };
 
 TEST_F(StoreMigrationTest, CopiesSqliteToPostgresqlAndBackWithEqualRowsAndChecksums) {
   const std::string source = FilledSqlite("source.db");
   // Three rows a transaction: job-b's nine events span writes.
   absl::StatusOr<MigrationReport> there =
-      MigrateStore(source, postgres_, {.allow_non_empty = false, .rows_per_write = 3});
+      MigrateStore(source, url_, {.allow_non_empty = false, .rows_per_write = 3});
   ASSERT_TRUE(there.ok()) << there.status();
   EXPECT_TRUE(there->verified()) << FormatMigrationReport(*there);
   ASSERT_EQ(there->source.size(), 4u);
@@ -121,7 +114,7 @@ TEST_F(StoreMigrationTest, CopiesSqliteToPostgresqlAndBackWithEqualRowsAndChecks
     EXPECT_EQ(there->target[i].rows, rows[i]) << there->target[i].table;
 
   {
-    auto pg = Store::Open(postgres_);
+    auto pg = Store::Open(url_);
     ASSERT_TRUE(pg.ok()) << pg.status();
     auto jobs = (*pg)->LoadJobs();
     ASSERT_TRUE(jobs.ok());
@@ -147,7 +140,7 @@ TEST_F(StoreMigrationTest, CopiesSqliteToPostgresqlAndBackWithEqualRowsAndChecks
 
   // And back: the checksums of a SQLite store copied through PostgreSQL are
   // those of the original.
-  absl::StatusOr<MigrationReport> back = MigrateStore(postgres_, Sqlite("back.db"));
+  absl::StatusOr<MigrationReport> back = MigrateStore(url_, Sqlite("back.db"));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->verified()) << FormatMigrationReport(*back);
   for (size_t i = 0; i < 4; ++i) {
@@ -187,7 +180,7 @@ TEST_F(StoreMigrationTest, ChecksumsTellStoresThatDifferInOneEventApart) {
 TEST_F(StoreMigrationTest, ANonEmptyTargetIsRefusedNamingWhatItHolds) {
   const std::string source = FilledSqlite("source.db");
   {
-    auto target = Store::Open(postgres_);
+    auto target = Store::Open(url_);
     ASSERT_TRUE(target.ok());
     StoreBatch batch;
     // After the source's orders: a store whose orders collide with the
@@ -197,13 +190,13 @@ TEST_F(StoreMigrationTest, ANonEmptyTargetIsRefusedNamingWhatItHolds) {
     ASSERT_TRUE((*target)->Write(batches, 100).ok());
     ASSERT_TRUE((*target)->PutToken(MakeToken("tok-z", 5)).ok());
   }
-  absl::StatusOr<MigrationReport> refused = MigrateStore(source, postgres_);
+  absl::StatusOr<MigrationReport> refused = MigrateStore(source, url_);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("is not empty: it holds 1 job, 1 token"));
   EXPECT_THAT(refused.status().message(), HasSubstr("--allow-non-empty"));
 
   // Allowed, the copy lands beside job-z, and the check says the tables differ.
-  absl::StatusOr<MigrationReport> over = MigrateStore(source, postgres_, {.allow_non_empty = true});
+  absl::StatusOr<MigrationReport> over = MigrateStore(source, url_, {.allow_non_empty = true});
   ASSERT_TRUE(over.ok()) << over.status();
   EXPECT_FALSE(over->verified());
   EXPECT_EQ(over->target[0].rows, 4);
@@ -214,21 +207,21 @@ TEST_F(StoreMigrationTest, AStoreThatABallastdHasOpenIsRefused) {
   {
     auto open = Store::Open(source);
     ASSERT_TRUE(open.ok());
-    absl::StatusOr<MigrationReport> r = MigrateStore(source, postgres_);
+    absl::StatusOr<MigrationReport> r = MigrateStore(source, url_);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr("source store sqlite:"));
     EXPECT_THAT(r.status().message(), HasSubstr("a running ballastd?"));
   }
   {
-    auto open = Store::Open(postgres_);
+    auto open = Store::Open(url_);
     ASSERT_TRUE(open.ok());
-    absl::StatusOr<MigrationReport> r = MigrateStore(source, postgres_);
+    absl::StatusOr<MigrationReport> r = MigrateStore(source, url_);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr("target store postgresql://"));
     EXPECT_THAT(r.status().message(), HasSubstr("2 connection(s) of ballastd"));
   }
   // Closed, both are free.
-  absl::StatusOr<MigrationReport> r = MigrateStore(source, postgres_);
+  absl::StatusOr<MigrationReport> r = MigrateStore(source, url_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->verified());
 }
@@ -239,7 +232,7 @@ TEST_F(StoreMigrationTest, BadUrlsAreRefusedByName) {
   EXPECT_EQ(scheme.code(), absl::StatusCode::kInvalidArgument) << scheme;
   EXPECT_THAT(scheme.message(), HasSubstr("target store: 'mysql://root:***@db/ballast'"));
   EXPECT_EQ(MigrateStore(source, source).status().code(), absl::StatusCode::kInvalidArgument);
-  absl::Status missing = MigrateStore(Sqlite("nothing.db"), postgres_).status();
+  absl::Status missing = MigrateStore(Sqlite("nothing.db"), url_).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   EXPECT_FALSE(std::filesystem::exists(dir_.path() / "nothing.db"));
   // No server listens on this socket folder.

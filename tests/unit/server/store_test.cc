@@ -19,6 +19,7 @@
 namespace ballast::server {
 namespace {
 
+using testing::PostgresDatabaseTest;
 using testing::PostgresServer;
 using testing::TempDir;
 
@@ -443,16 +444,7 @@ TEST(Store, ADamagedPageIsDataLossAtOpen) {
 }
 
 // The PostgreSQL store's own behaviour: what SQLite has no counterpart of.
-class PostgresStoreTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<std::string> url = PostgresServer::NewSharedDatabase();
-    if (absl::IsNotFound(url.status())) GTEST_SKIP() << url.status().message();
-    ASSERT_TRUE(url.ok()) << url.status();
-    url_ = *url;
-  }
-  std::string url_;
-};
+class PostgresStoreTest : public PostgresDatabaseTest {};
 
 // A later ballastd will migrate; this one must not run on what it cannot read.
 TEST_P(StoreTest, AStoreOfAnotherSchemaVersionIsRefused) {
