@@ -23,18 +23,14 @@ import grpc
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "..")
 SERVER = os.path.join(SOURCE, "tests", "unit", "server", "postgres_server.sh")
+sys.path.insert(0, os.path.join(SOURCE, "tests", "integration"))
+import proto_stubs  # noqa: E402
 
 
 def stubs(folder):
     """job_service_pb2 and its gRPC stubs, generated from proto/ into `folder`."""
     os.makedirs(folder)
-    proto_root = os.path.join(SOURCE, "proto")
-    protos = sorted(os.path.join("ballast", "v1", name)
-                    for name in os.listdir(os.path.join(proto_root, "ballast", "v1"))
-                    if name.endswith(".proto"))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", proto_root,
-                    f"--python_out={folder}", f"--grpc_python_out={folder}", *protos], check=True)
-    sys.path.insert(0, folder)
+    proto_stubs.generate(folder)
     from ballast.v1 import job_service_pb2, job_service_pb2_grpc, job_spec_pb2
     return job_service_pb2, job_service_pb2_grpc, job_spec_pb2
 

@@ -1,9 +1,6 @@
 """A client written outside our C++ code: Python stubs generated from
 proto/ballast/v1 with grpcio-tools at test time submit and watch a job, and
 the standard health and reflection services answer."""
-import os
-import subprocess
-import sys
 import uuid
 
 import grpc
@@ -11,22 +8,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import proto_stubs
 from cluster import base_spec, make_dataset, make_model
-
-SOURCE = os.environ.get("BALLAST_SOURCE_DIR",
-                        os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("stubs")
-    proto_root = os.path.join(SOURCE, "proto")
-    protos = sorted(os.path.join("ballast", "v1", name)
-                    for name in os.listdir(os.path.join(proto_root, "ballast", "v1"))
-                    if name.endswith(".proto"))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", proto_root,
-                    f"--python_out={out}", f"--grpc_python_out={out}", *protos], check=True)
-    sys.path.insert(0, str(out))
+    proto_stubs.generate(tmp_path_factory.mktemp("stubs"))
     from ballast.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc, job_spec_pb2
     return job_pb2, job_service_pb2, job_service_pb2_grpc, job_spec_pb2
 
