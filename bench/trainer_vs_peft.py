@@ -37,7 +37,7 @@ HF5_PYTHON = os.path.join(HERE, "..", "build", "hf5", "bin", "python")
 SEQ, MBS, STEPS, WARMUP, ROUNDS = 512, 4, 12, 2, 3
 
 
-def make_inputs(root, model):
+def make_inputs(root, model="qwen3"):
     import torch
 
     MODELS[model](os.path.join(root, "model"))
@@ -84,6 +84,17 @@ def run_reference(root, model_name):
     print(json.dumps({"step_time_s": times}))
 
 
+def write_job(root, model, steps):
+    """The job ballast-train runs on the inputs in root: the reference's LoRA,
+    batch and optimizer, in fp32; returns its path."""
+    targets = target_modules(model)
+    return write_lora_job(root, "job", os.path.join(root, "model"),
+                          {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
+                           "micro_batch_size": MBS, "shuffle": False}, steps,
+                          target_modules=([targets] if isinstance(targets, str) else targets),
+                          precision="fp32")
+
+
 def tokens_per_s(step_times):
     """Tokens per second over the steps after warm-up."""
     return MBS * SEQ / (sum(step_times[WARMUP:]) / (STEPS - WARMUP))
@@ -118,12 +129,7 @@ def main():
                            check=True)
         else:
             make_inputs(root, args.model)
-        targets = target_modules(args.model)
-        job = write_lora_job(root, "job", os.path.join(root, "model"),
-                             {"path": os.path.join(root, "data.jsonl"), "seq_len": SEQ,
-                              "micro_batch_size": MBS, "shuffle": False}, STEPS,
-                             target_modules=([targets] if isinstance(targets, str) else targets),
-                             precision="fp32")
+        job = write_job(root, args.model, STEPS)
         ours_tps, ours_rss, ref_tps, ref_rss = [], [], [], []
         for _ in range(ROUNDS):
             out_dir = os.path.join(root, "out")
