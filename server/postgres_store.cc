@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -524,7 +525,11 @@ absl::Status PostgresStore::Write(absl::Span<const StoreBatch* const> batches, i
     jobs.resize(statements.size(), nullptr);
     size_t failed = 0;
     absl::Status s = writer_->RunPipelined(statements, &failed);
-    if (s.code() == absl::StatusCode::kAlreadyExists && jobs[failed] != nullptr) {
+    // Only request_id's constraint (PostgreSQL names a column's UNIQUE
+    // TABLE_COLUMN_key) is the client's doing; a clash of ord, the store's
+    // own key, is a fault of ballastd and keeps PostgreSQL's message.
+    if (s.code() == absl::StatusCode::kAlreadyExists && jobs[failed] != nullptr &&
+        absl::StrContains(s.message(), "jobs_request_id_key")) {
       return RequestIdTaken(*jobs[failed]);
     }
     return s;

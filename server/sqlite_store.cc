@@ -432,7 +432,11 @@ absl::Status SqliteStore::WriteJob(const StoreBatch::JobChange& change, int64_t 
   BindText(put_job_, 10, row.tenant);
   sqlite3_bind_int(put_job_, 11, row.evicted ? 1 : 0);
   const int rc = sqlite3_step(put_job_);
-  if (rc == SQLITE_CONSTRAINT) return RequestIdTaken(change.record.job);
+  // Only request_id's constraint is the client's doing; a clash of ord, the
+  // store's own key, is a fault of ballastd and keeps SQLite's message.
+  if (rc == SQLITE_CONSTRAINT && absl::StrContains(sqlite3_errmsg(db_), "jobs.request_id")) {
+    return RequestIdTaken(change.record.job);
+  }
   if (rc != SQLITE_DONE) return Error("write job");
   return absl::OkStatus();
 }

@@ -130,6 +130,17 @@ TEST_P(StoreTest, SecondJobWithSameRequestIdIsAlreadyExists) {
   EXPECT_TRUE(Put(store->get(), MakeJob("job-d", 4)).ok());
 }
 
+TEST_P(StoreTest, AClashOfTheStoresOwnOrderIsNotBlamedOnARequestId) {
+  auto store = Store::Open(url_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(Put(store->get(), MakeJob("job-a", 1, "req-1")).ok());
+  // Another job at the same position: ballastd's bug, not the client's key.
+  absl::Status clash = Put(store->get(), MakeJob("job-b", 1, "req-2"));
+  EXPECT_FALSE(clash.ok());
+  EXPECT_THAT(clash.message(), ::testing::Not(::testing::HasSubstr("request_id")));
+  EXPECT_THAT(clash.message(), ::testing::HasSubstr("write job"));
+}
+
 TEST_P(StoreTest, AWriteOfManyBatchesIsAllOrNothing) {
   auto store = Store::Open(url_);
   ASSERT_TRUE(store.ok());
