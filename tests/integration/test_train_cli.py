@@ -83,6 +83,29 @@ def test_device_cuda_without_a_gpu_fails_at_start_saying_what_was_found(tmp_path
     assert not os.path.exists(tmp_path / "out" / "tensorboard")
 
 
+def test_profile_writes_a_chrome_trace_of_each_steps_ops(tmp_path, model_and_data):
+    # --profile: torch's profiler over the run (worker/train/trainer/op_profile.h),
+    # which bench/op_profile.py sums by op.
+    trace = tmp_path / "trace.json"
+    r = run(tmp_path, base_spec(*model_and_data, max_steps=3), "--profile", str(trace))
+    assert r.returncode == 0, r.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert len([e for e in events if e.get("name") == "ballast::step"]) == 3
+    products = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"]
+    assert products and all(e["args"]["Input Dims"] for e in products)
+    # Our kernels' backward nodes are ops of the trace too.
+    assert any("AttentionFunction" in e.get("name", "") for e in events)
+    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_profile_into_a_missing_folder_is_refused_before_any_step(tmp_path, model_and_data):
+    trace = tmp_path / "no-such-folder" / "trace.json"
+    r = run(tmp_path, base_spec(*model_and_data, max_steps=3), "--profile", str(trace))
+    assert r.returncode == 2, r.stderr
+    assert f"--profile {trace}: cannot write it: No such file or directory" in r.stderr
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+
+
 def test_missing_model_names_the_file(tmp_path, model_and_data):
     r = run(tmp_path, base_spec(str(tmp_path / "nowhere"), model_and_data[1]))
     assert r.returncode == 2

@@ -2,7 +2,7 @@
 //
 //   ballast-train --spec JOB.yaml|JOB.json --out DIR [--set key=value]...
 //       [--agent-socket PATH [--agent-silence-ms N]] [--attempt N]
-//       [--resume-at-or-before N]
+//       [--resume-at-or-before N] [--profile FILE.json]
 //       [--rank R --world-size W --master-addr A --master-port P]
 //       [--rendezvous-timeout SECONDS] [--collective-timeout SECONDS]
 //   ballast-train --spec JOB.yaml --out DIR [--nproc N] [--set key=value]...
@@ -48,6 +48,7 @@
 #include "worker/train/rank/device_info.h"
 #include "worker/train/rank/local_ranks.h"
 #include "worker/train/rank/rank_observer.h"
+#include "worker/train/trainer/op_profile.h"
 #include "worker/train/trainer/trainer.h"
 
 namespace {
@@ -122,6 +123,8 @@ struct RankFlags {
   double collective_timeout_s = 60;
   // ballastd's --path-root folders, which the spec's paths must lie in.
   std::vector<std::string> path_roots;
+  // --profile: torch's profiler over the run, into this Chrome trace.
+  std::string profile_path;
 };
 
 // A job of several ranks meets at rank 0's store before anything is loaded,
@@ -178,6 +181,20 @@ std::optional<std::pair<uint64_t, ballast::v1::RankPhase>> ReadStepPhase() {
   phase.set_collective_seq(now.collective_seq);
   phase.set_since_ms(now.since_ms);
   return std::make_pair(now.version, std::move(phase));
+}
+
+// The trainer's run, under torch's profiler with --profile.
+absl::Status RunProfiled(ballast::train::Trainer& trainer, const RankFlags& flags,
+                         c10::Device device) {
+  if (flags.profile_path.empty()) return trainer.Run();
+  absl::StatusOr<std::unique_ptr<ballast::train::OpProfile>> profile =
+      ballast::train::OpProfile::Start(
+          ballast::train::RankProfilePath(flags.profile_path, flags.rank, flags.world_size),
+          device);
+  if (!profile.ok()) return profile.status();
+  absl::Status status = trainer.Run();
+  absl::Status written = (*profile)->Finish();
+  return status.ok() ? written : status;
 }
 
 absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
@@ -256,7 +273,7 @@ absl::Status RunSpec(ballast::v1::JobSpec spec, const std::string& out_dir,
   options.delays = *delays;
   absl::StatusOr<std::unique_ptr<ballast::train::Trainer>> trainer =
       ballast::train::Trainer::Create(spec, trainer_dir, options);
-  absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
+  absl::Status status = trainer.ok() ? RunProfiled(**trainer, flags, *device) : trainer.status();
   // A refused commit ended the run, whatever the trainer made of the stop.
   if (!observer.commit_status().ok()) status = observer.commit_status();
   if (output == nullptr) return status;
@@ -495,6 +512,11 @@ void AddTrainFlags(CLI::App& app, TrainArgs* args) {
   app.add_option("--path-root", flags.path_roots,
                  "A folder the spec's model, adapter, tokenizer and data paths must lie in, "
                  "after symlinks (repeatable; ballast-worker passes ballastd's --path-root)");
+  app.add_option("--profile", flags.profile_path,
+                 "Write a Chrome trace of the run's ops (torch's profiler: each op with its "
+                 "input shapes and time) to FILE.json; a job of several ranks writes "
+                 "FILE.rankR.json per rank. Slows the run: profile a few steps")
+      ->type_name("FILE.json");
   app.add_option("--nproc", args->nproc,
                  "Run the job's N ranks on this machine (standalone), N the spec's devices: each "
                  "is this command with --rank R --world-size N and a free port of 127.0.0.1")

@@ -1,6 +1,7 @@
 #include "worker/train/trainer/trainer.h"
 
 #include <ATen/DeviceAccelerator.h>
+#include <ATen/record_function.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -18,6 +19,7 @@
 #include "worker/train/model/rng_state.h"
 #include "worker/train/optim/lr_schedule.h"
 #include "worker/train/trainer/held_out.h"
+#include "worker/train/trainer/op_profile.h"
 #include "worker/train/trainer/torch_status.h"
 
 namespace ballast::train {
@@ -380,6 +382,7 @@ absl::Status Trainer::FailRun(GuardTrigger trigger, int64_t step, const std::str
 // The step.
 
 v1::StepMetrics Trainer::Step(TrainPosition* pos, GuardVerdict* verdict) {
+  RECORD_USER_SCOPE(kStepScope);  // for --profile (op_profile.h); free without it
   const StepStart start = MarkStepStart();
   v1::StepMetrics m;
   m.set_step(pos->step + 1);
