@@ -58,19 +58,30 @@ TEST_F(CommitQueueTest, BatchesQueuedTogetherAreOneTransactionAndThenRunsInQueue
   auto record = [&](const StoreBatch& written, const absl::Status&) {
     then.push_back(written.jobs[0].record.job.id());
   };
-  const CommitQueue::Ticket a = queue_->Queue(NewJob("job-a", 1), record);
-  const CommitQueue::Ticket b = queue_->Queue(NewJob("job-b", 2), record);
-  const CommitQueue::Ticket c = queue_->Queue(NewJob("job-c", 3), record);
+  // The writer is held in job-0's callback (it runs on the writer, outside
+  // the queue's lock) while a, b and c are queued, so that they wait
+  // together however soon the writer would otherwise take job-a alone (the
+  // full suite under load failed that way once).
+  absl::Notification holding, queued;
+  queue_->Queue(NewJob("job-0", 1), [&](const StoreBatch&, const absl::Status&) {
+    holding.Notify();
+    queued.WaitForNotification();
+  });
+  holding.WaitForNotification();
+  const CommitQueue::Ticket a = queue_->Queue(NewJob("job-a", 2), record);
+  const CommitQueue::Ticket b = queue_->Queue(NewJob("job-b", 3), record);
+  const CommitQueue::Ticket c = queue_->Queue(NewJob("job-c", 4), record);
+  queued.Notify();
   ASSERT_TRUE(queue_->Wait(c).ok());
   EXPECT_EQ(then, (std::vector<std::string>{"job-a", "job-b", "job-c"}));
-  EXPECT_EQ(Commits(), "1");
+  EXPECT_EQ(Commits(), "2");  // job-0's, then a, b and c's
   // Already written: the earlier tickets return at once.
   EXPECT_TRUE(queue_->Wait(a).ok());
   EXPECT_TRUE(queue_->Wait(b).ok());
-  EXPECT_EQ(Commits(), "1");
+  EXPECT_EQ(Commits(), "2");
   auto jobs = store_->LoadJobs();
   ASSERT_TRUE(jobs.ok());
-  EXPECT_EQ(jobs->size(), 3u);
+  EXPECT_EQ(jobs->size(), 4u);
 }
 
 TEST_F(CommitQueueTest, ABadBatchFailsAloneAndTheOthersOfItsTransactionAreStored) {
