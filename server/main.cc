@@ -208,7 +208,10 @@ int main(int argc, char** argv) {
       ballast::server::ElectedBallastd::Start(options);
   if (!server.ok()) {
     std::cerr << "ballastd: " << server.status().message() << "\n";
-    return 1;
+    // A flag's value that can never start (a store URL of no known scheme)
+    // is a usage error, exit 2, as a flag's parse error is; a start that may
+    // work later (a store not reachable yet, a port taken) exits 1.
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   std::cerr << "ballastd: serving gRPC on " << (*server)->grpc_address() << ", HTTP on "
             << (*server)->http_address() << ", store "

@@ -42,3 +42,9 @@ def test_unknown_flag_is_usage_error():
     r = run(os.path.join(BIN, "ballastd"), "--no-such-flag")
     assert r.returncode != 0
     assert "no-such-flag" in (r.stderr + r.stdout)
+
+
+def test_a_store_url_of_no_known_scheme_is_a_usage_error(tmp_path):
+    r = run(os.path.join(BIN, "ballastd"), "--state-dir", str(tmp_path), "--store", "mysql://db/x")
+    assert r.returncode == 2, r.stderr
+    assert "--store: 'mysql://db/x' is not supported; expected sqlite:PATH or postgresql://" in r.stderr
