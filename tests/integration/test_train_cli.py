@@ -98,6 +98,17 @@ def test_profile_writes_a_chrome_trace_of_each_steps_ops(tmp_path, model_and_dat
     assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_profile_of_a_job_of_two_ranks_writes_a_trace_per_rank(tmp_path, model_and_data):
+    trace = tmp_path / "trace.json"
+    r = run(tmp_path, base_spec(*model_and_data, max_steps=3, devices=2), "--nproc", "2",
+            "--profile", str(trace))
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())["traceEvents"]
+        assert len([e for e in events if e.get("name") == "ballast::step"]) == 3
+    assert not trace.exists()
+
+
 def test_profile_into_a_missing_folder_is_refused_before_any_step(tmp_path, model_and_data):
     trace = tmp_path / "no-such-folder" / "trace.json"
     r = run(tmp_path, base_spec(*model_and_data, max_steps=3), "--profile", str(trace))
