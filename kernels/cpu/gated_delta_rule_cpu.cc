@@ -22,7 +22,7 @@
 //   1. (chunk, head) in parallel: T, W_v, W_k.          O(C^2 (Dk + Dv)) each
 //   2. (document, head) in parallel, chunks in order:   O(C Dk Dv) each
 //      keep S0 per chunk, U = W_v - W_k S0, S_L.
-//   3. (chunk, head) in parallel: O = Q~ S0 + P U.
+//   3. (chunk, head) in parallel: O = Q~ S0 + P U (E again, not T).
 // Memory: W_v (overwritten by U) and W_k, O(T Hv (Dk + Dv)), during the
 // forward; the per-chunk states O(chunks Hv Dk Dv) are kept for the backward.
 //
@@ -60,7 +60,11 @@
 //
 // Determinism: each work item writes only its own rows, and every sum runs in
 // a fixed order, so the result does not depend on the thread count.
-// Products of the chunk tiles go to kernels/cpu/tile_product.h.
+// Products of the chunk tiles go to kernels/cpu/tile_product.h; the loops
+// between them are row kernels (kernels/cpu/vec8.h), built for AVX2 + FMA and
+// for the baseline: built for the baseline alone, the exps of E, the forward
+// substitution for T and the masked sums of the backward took half of the
+// fwd+bwd time at the tiny trainer's shape (Dk = Dv = 32).
 #include "kernels/cpu/gated_delta_rule_cpu.h"
 
 #include <ATen/ATen.h>
@@ -84,8 +88,7 @@ BALLAST_VEC_INLINE float Dot(const float* a, const float* b, int64_t n) {
   Vec8f acc{};
   int64_t i = 0;
   for (; i + kVec <= n; i += kVec) acc += Load8(a + i) * Load8(b + i);
-  float total = 0.0f;
-  for (int64_t t = 0; t < kVec; ++t) total += acc[t];
+  float total = HorizontalSum(acc);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }
@@ -194,6 +197,7 @@ class ChunkWork {
         decay_(kC * kC),
         gram_(kC * kC),
         tinv_(kC * kC),
+        arow_(kC),
         kt_(p.dk * kC),
         rk_(kC * p.dk),
         rv_(kC * p.dv),
@@ -201,7 +205,7 @@ class ChunkWork {
 
   // Chunk c for value head h: q and k of its key head normalised (read again
   // only when the chunk or the key head changes), v, the decays and beta.
-  void Load(const GdrChunk& c, int64_t h) {
+  BALLAST_ROW_KERNEL void Load(const GdrChunk& c, int64_t h) {
     const int64_t kh = h / p_.group, dk = p_.dk;
     if (c.begin != begin_ || kh != kh_ || c.length != len_) {
       for (int64_t i = 0; i < c.length; ++i) {
@@ -235,32 +239,59 @@ class ChunkWork {
       Scale(ktilde_.data() + i * p_.dk, k_ + i * p_.dk, tail_[i], p_.dk, false);
   }
 
-  // E, K^T (Dk, C), k . k (C, C), T = (I + A)^-1, and W_v, W_k where asked
-  // for (W_v (L, Dv) at wv with row stride ld_wv; W_k likewise).
-  void Factor(float* wv, int64_t ld_wv, float* wk, int64_t ld_wk) {
-    const int64_t dk = p_.dk, dv = p_.dv, n = len_;
-    // E_ij = exp(G_i - G_j) on j <= i, else 0 (the lanes past i are masked
-    // after the exp; their exponents are positive but finite).
+  // E_ij = exp(G_i - G_j) on j <= i, else 0, in every row's first n columns
+  // rounded up to whole vectors, and K^T (Dk, C).
+  BALLAST_ROW_KERNEL void Decay() {
+    const int64_t n = len_;
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < n; j += kVec) {
+      float* row = decay_.data() + i * kC;
+      int64_t j = 0;
+      for (; j + kVec <= i + 1; j += kVec) Store8(row + j, Exp8(cum_[i] - Load8(cum_.data() + j)));
+      if (j <= i) {  // the vector holding the diagonal: the lanes past i are 0
         Vec8f e = Exp8(cum_[i] - Load8(cum_.data() + j));
-        for (int64_t t = 0; t < kVec; ++t) e[t] = j + t <= i ? e[t] : 0.0f;
-        Store8(decay_.data() + i * kC + j, e);
+        for (int64_t t = i + 1 - j; t < kVec; ++t) e[t] = 0.0f;
+        Store8(row + j, e);
+        j += kVec;
       }
+      for (; j < n; j += kVec) Store8(row + j, Vec8f{});
     }
-    Transpose(k_, dk, n, dk, kt_.data(), kC);
-    TileProduct(n, n, dk, 1.0f, k_, dk, 1, kt_.data(), kC, false, gram_.data(), kC);
+    Transpose(k_, p_.dk, n, p_.dk, kt_.data(), kC);
+  }
+
+  // k . k (C, C) and T = (I + A)^-1, after Decay.
+  BALLAST_ROW_KERNEL void Invert() {
+    const int64_t n = len_;
+    TileProduct(n, n, p_.dk, 1.0f, k_, p_.dk, 1, kt_.data(), kC, false, gram_.data(), kC);
     // T row by row: T_i = e_i - sum_{m < i} A_im T_m (forward substitution).
+    // Row m of T is 0 past m, so a vector of T_i's columns [j, j + 8) takes
+    // only the rows m >= j; two sums halve the chain of dependent FMAs.
+    float* a = arow_.data();
     for (int64_t i = 0; i < n; ++i) {
-      float* ti = tinv_.data() + i * kC;
-      std::fill(ti, ti + n, 0.0f);
-      ti[i] = 1.0f;
-      for (int64_t m = 0; m < i; ++m) {
-        const float a = b_[i] * decay_[i * kC + m] * gram_[i * kC + m];
-        const float* tm = tinv_.data() + m * kC;
-        for (int64_t j = 0; j <= m; ++j) ti[j] -= a * tm[j];
+      for (int64_t m = 0; m < i; m += kVec) {
+        const int64_t at = i * kC + m;
+        Store8(a + m, b_[i] * Load8(decay_.data() + at) * Load8(gram_.data() + at));
       }
+      float* ti = tinv_.data() + i * kC;
+      int64_t j = 0;
+      for (; j <= i; j += kVec) {
+        Vec8f even{}, odd{};
+        if (i < j + kVec) even[i - j] = 1.0f;
+        int64_t m = j;
+        for (; m + 1 < i; m += 2) {
+          even -= a[m] * Load8(tinv_.data() + m * kC + j);
+          odd -= a[m + 1] * Load8(tinv_.data() + (m + 1) * kC + j);
+        }
+        if (m < i) even -= a[m] * Load8(tinv_.data() + m * kC + j);
+        Store8(ti + j, even + odd);
+      }
+      for (; j < n; j += kVec) Store8(ti + j, Vec8f{});
     }
+  }
+
+  // W_v = T (beta v) and W_k = T (beta exp(G) k) where asked for (W_v (L, Dv)
+  // at wv with row stride ld_wv; W_k likewise), after Invert.
+  BALLAST_ROW_KERNEL void Wy(float* wv, int64_t ld_wv, float* wk, int64_t ld_wk) {
+    const int64_t dk = p_.dk, dv = p_.dv, n = len_;
     if (wv != nullptr) {
       for (int64_t i = 0; i < n; ++i) Scale(rv_.data() + i * dv, v_ + i * dv, b_[i], dv, false);
       TileProduct(n, dv, n, 1.0f, tinv_.data(), kC, 1, rv_.data(), dv, false, wv, ld_wv);
@@ -272,8 +303,15 @@ class ChunkWork {
     }
   }
 
-  // P = E * (Q K^T) into p (C, C), after Factor (which made K^T); qk keeps Q K^T.
-  void Attention(float* qk, float* p) const {
+  // E, K^T, k . k, T, and W_v, W_k where asked for.
+  void Factor(float* wv, int64_t ld_wv, float* wk, int64_t ld_wk) {
+    Decay();
+    Invert();
+    Wy(wv, ld_wv, wk, ld_wk);
+  }
+
+  // P = E * (Q K^T) into p (C, C), after Decay (which made K^T); qk keeps Q K^T.
+  BALLAST_ROW_KERNEL void Attention(float* qk, float* p) const {
     const int64_t n = len_;
     TileProduct(n, n, p_.dk, 1.0f, q_, p_.dk, 1, kt_.data(), kC, false, qk, kC);
     for (int64_t i = 0; i < n; ++i)
@@ -281,7 +319,7 @@ class ChunkWork {
   }
 
   // Q~ = exp(G) q into out (L, Dk).
-  void DecayedQueries(float* out) const {
+  BALLAST_ROW_KERNEL void DecayedQueries(float* out) const {
     for (int64_t i = 0; i < len_; ++i) Scale(out + i * p_.dk, q_ + i * p_.dk, eg_[i], p_.dk, false);
   }
 
@@ -296,6 +334,7 @@ class ChunkWork {
   const float* v_ = vs_.data();
   std::vector<float> cum_, eg_, tail_, b_;
   std::vector<float> decay_, gram_, tinv_;  // (C, C)
+  std::vector<float> arow_;                 // (C) a row of A
   std::vector<float> kt_;                   // (Dk, C)
   std::vector<float> rk_, rv_;              // (C, Dk), (C, Dv)
   std::vector<float> ktilde_;               // (C, Dk)
@@ -336,13 +375,203 @@ void ForEachChunkAttention(const Problem& p, float* wk, const Body& body) {
       const int64_t c = item / p.hv, h = item % p.hv;
       w.Load(p.chunks[c], h);
       const int64_t row = p.chunks[c].begin * p.hv + h;
-      w.Factor(nullptr, 0, wk == nullptr ? nullptr : wk + row * p.dk, p.ldw());
+      w.Decay();
+      if (wk != nullptr) {
+        w.Invert();
+        w.Wy(nullptr, 0, wk + row * p.dk, p.ldw());
+      }
       w.Attention(qk.data(), pm.data());
       w.DecayedQueries(qtilde.data());
       body(w, c, h, row, pm.data(), qtilde.data());
     }
   });
 }
+
+// Backward phase 3 for one (chunk, key head): every gradient of the group's
+// value heads, one after the other (in order, so that the sums do not depend
+// on the threads), their q and k gradients summed in the chunk, then the L2
+// norms' backward, dx = r (dy - y (y . dy)) with y = x r (dy times scale for q).
+// One per thread, with its tiles.
+class ChunkGrads {
+ public:
+  struct Io {
+    const float* states;    // (chunks, Hv, Dk, Dv) S0
+    const float* d_states;  // (chunks, Hv, Dk, Dv) dS_L
+    const float* d_out;     // (T, Hv, Dv)
+    const float* du;        // (T, Hv, Dv)
+    float *dq, *dk, *dv, *dg, *dbeta;
+  };
+
+  ChunkGrads(const Problem& p, const Io& io)
+      : p_(p),
+        io_(io),
+        qk_(kC * kC),
+        pm_(kC * kC),
+        dp_(kC * kC),
+        da_(kC * kC),
+        wv_(kC * p.dv),
+        wk_(kC * p.dk),
+        u_(kC * p.dv),
+        ut_(p.dv * kC),
+        wvt_(p.dv * kC),
+        wkt_(p.dk * kC),
+        s0t_(p.dv * p.dk),
+        dst_(p.dv * p.dk),
+        raw_(kC * p.dk),
+        dktilde_(kC * p.dk),
+        dwk_(kC * p.dk),
+        drv_(kC * p.dv),
+        drk_(kC * p.dk),
+        dq_(kC * p.dk),
+        dkk_(kC * p.dk),
+        dG_(kC),
+        db_(kC),
+        columns_(kC) {}
+
+  BALLAST_ROW_KERNEL void Run(ChunkWork& w, int64_t c, int64_t kh) {
+    const GdrChunk& chunk = p_.chunks[c];
+    const int64_t n = chunk.length, dk = p_.dk;
+    std::fill(dq_.begin(), dq_.end(), 0.0f);
+    std::fill(dkk_.begin(), dkk_.end(), 0.0f);
+    for (int64_t h = kh * p_.group; h < (kh + 1) * p_.group; ++h) ValueHead(w, c, h);
+    // The L2 norms: y = x r is the normalised row (q_ also carries scale).
+    for (int64_t i = 0; i < n; ++i) {
+      for (int pass = 0; pass < 2; ++pass) {
+        const float* x = (pass == 0 ? w.xq_ : w.xk_).data() + i * dk;
+        const float r = (pass == 0 ? w.rq_ : w.rk_norm_)[i];
+        float* dy = (pass == 0 ? dq_ : dkk_).data() + i * dk;
+        if (pass == 0) Scale(dy, dy, p_.scale, dk, false);
+        const float c_dot = r * Dot(x, dy, dk);  // y . dy
+        float* dx = (pass == 0 ? io_.dq : io_.dk) + ((chunk.begin + i) * p_.hk + kh) * dk;
+        for (int64_t d = 0; d < dk; ++d) dx[d] = r * (dy[d] - x[d] * r * c_dot);
+      }
+    }
+  }
+
+ private:
+  BALLAST_VEC_INLINE void ValueHead(ChunkWork& w, int64_t c, int64_t h) {
+    const GdrChunk& chunk = p_.chunks[c];
+    const int64_t n = chunk.length, last = n - 1, dk = p_.dk, dv = p_.dv, hv = p_.hv,
+                  ss = p_.state_size();
+    w.Load(chunk, h);
+    const int64_t row = chunk.begin * hv + h, ldv = p_.ldv();
+    const float* s0 = io_.states + (c * hv + h) * ss;
+    const float* ds = io_.d_states + (c * hv + h) * ss;  // dS_L
+    const float* d_o_rows = io_.d_out + row * dv;
+    const float* du_rows = io_.du + row * dv;
+    w.Factor(wv_.data(), dv, wk_.data(), dk);
+    w.Attention(qk_.data(), pm_.data());
+    // U = W_v - W_k S0.
+    std::memcpy(u_.data(), wv_.data(), sizeof(float) * n * dv);
+    TileProduct(n, dv, dk, -1.0f, wk_.data(), dk, 1, s0, dv, true, u_.data(), dv);
+    Transpose(u_.data(), dv, n, dv, ut_.data(), kC);
+    Transpose(wv_.data(), dv, n, dv, wvt_.data(), kC);
+    Transpose(wk_.data(), dk, n, dk, wkt_.data(), kC);
+    Transpose(s0, dv, dk, dv, s0t_.data(), dk);
+    Transpose(ds, dv, dk, dv, dst_.data(), dk);
+    float* dG = dG_.data();
+    float* db = db_.data();
+    std::fill(dG, dG + n, 0.0f);
+    std::fill(db, db + n, 0.0f);
+    // Each exp(G_i - G_j) factor x with gradient dx puts +x dx on dG_i and
+    // -x dx on dG_j: the second kind is summed by column, then subtracted.
+    std::fill(columns_.begin(), columns_.end(), 0.0f);
+    float* columns = columns_.data();
+
+    // dP = dO U^T on j <= i, times E; dQ += (E dP) K, dK += (E dP)^T Q.
+    TileProduct(n, n, dv, 1.0f, d_o_rows, ldv, 1, ut_.data(), kC, false, dp_.data(), kC);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dpi = dp_.data() + i * kC;
+      const float* ei = w.decay_.data() + i * kC;
+      const float* qki = qk_.data() + i * kC;
+      Vec8f row_sum{};
+      for (int64_t j = 0; j < n; j += kVec) {
+        const Vec8f e = Load8(dpi + j) * Load8(ei + j);
+        Store8(dpi + j, e);
+        if (j >= i) continue;  // only j < i carries a decay factor
+        Vec8f t = e * Load8(qki + j);
+        for (int64_t l = i - j; l < kVec; ++l) t[l] = 0.0f;
+        row_sum += t;
+        Store8(columns + j, Load8(columns + j) + t);
+      }
+      dG[i] += HorizontalSum(row_sum);
+    }
+    TileProduct(n, dk, n, 1.0f, dp_.data(), kC, 1, w.k_, dk, true, dq_.data(), dk);
+    TileProduct(n, dk, n, 1.0f, dp_.data(), 1, kC, w.q_, dk, true, dkk_.data(), dk);
+    // Inter-chunk read: dQ_i += exp(G_i) S0 dO_i.
+    TileProduct(n, dk, dv, 1.0f, d_o_rows, ldv, 1, s0t_.data(), dk, false, raw_.data(), dk);
+    for (int64_t i = 0; i < n; ++i) {
+      dG[i] += w.eg_[i] * Dot(w.q_ + i * dk, raw_.data() + i * dk, dk);
+      Scale(dq_.data() + i * dk, raw_.data() + i * dk, w.eg_[i], dk, true);
+    }
+    // The state written: dK~ = U dS_L^T; dK_j += exp(G_L - G_j) dK~_j.
+    TileProduct(n, dk, dv, 1.0f, u_.data(), dv, 1, dst_.data(), dk, false, dktilde_.data(), dk);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* x = dktilde_.data() + j * dk;
+      const float t = w.tail_[j] * Dot(w.k_ + j * dk, x, dk);
+      Scale(dkk_.data() + j * dk, x, w.tail_[j], dk, true);
+      dG[last] += t;
+      dG[j] -= t;
+    }
+    dG[last] += w.eg_[last] * Dot(s0, ds, ss);
+    // dW_k = -dU S0^T; dR = T^T dW.
+    TileProduct(n, dk, dv, -1.0f, du_rows, ldv, 1, s0t_.data(), dk, false, dwk_.data(), dk);
+    TileProduct(n, dv, n, 1.0f, w.tinv_.data(), 1, kC, du_rows, ldv, false, drv_.data(), dv);
+    TileProduct(n, dk, n, 1.0f, w.tinv_.data(), 1, kC, dwk_.data(), dk, false, drk_.data(), dk);
+    for (int64_t i = 0; i < n; ++i) {
+      Scale(io_.dv + (row + i * hv) * dv, drv_.data() + i * dv, w.b_[i], dv, false);
+      db[i] += Dot(w.v_ + i * dv, drv_.data() + i * dv, dv);
+      Scale(dkk_.data() + i * dk, drk_.data() + i * dk, w.b_[i] * w.eg_[i], dk, true);
+      const float t = w.eg_[i] * Dot(w.k_ + i * dk, drk_.data() + i * dk, dk);
+      db[i] += t;
+      dG[i] += w.b_[i] * t;
+    }
+    // dA = -(dR_v W_v^T + dR_k W_k^T) on j < i (0 elsewhere); D = dA beta_i E.
+    TileProduct(n, n, dv, -1.0f, drv_.data(), dv, 1, wvt_.data(), kC, false, da_.data(), kC);
+    TileProduct(n, n, dk, -1.0f, drk_.data(), dk, 1, wkt_.data(), kC, true, da_.data(), kC);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dai = da_.data() + i * kC;
+      const float* ei = w.decay_.data() + i * kC;
+      const float* gi = w.gram_.data() + i * kC;
+      Vec8f gram_sum{}, row_sum{};
+      for (int64_t j = 0; j < n; j += kVec) {
+        if (j >= i) {
+          Store8(dai + j, Vec8f{});
+          continue;
+        }
+        Vec8f x = Load8(dai + j) * Load8(ei + j);
+        for (int64_t l = i - j; l < kVec; ++l) x[l] = 0.0f;
+        const Vec8f xg = x * Load8(gi + j);
+        gram_sum += xg;
+        Store8(dai + j, x * w.b_[i]);
+        const Vec8f t = xg * w.b_[i];
+        row_sum += t;
+        Store8(columns + j, Load8(columns + j) + t);
+      }
+      db[i] += HorizontalSum(gram_sum);
+      dG[i] += HorizontalSum(row_sum);
+    }
+    TileProduct(n, dk, n, 1.0f, da_.data(), kC, 1, w.k_, dk, true, dkk_.data(), dk);
+    TileProduct(n, dk, n, 1.0f, da_.data(), 1, kC, w.k_, dk, true, dkk_.data(), dk);
+    // dg_j = sum_{i >= j} dG_i.
+    float suffix = 0.0f;
+    for (int64_t i = n - 1; i >= 0; --i) {
+      suffix += dG[i] - columns[i];
+      io_.dg[(chunk.begin + i) * hv + h] = suffix;
+      io_.dbeta[(chunk.begin + i) * hv + h] = db[i];
+    }
+  }
+
+  const Problem& p_;
+  const Io io_;
+  std::vector<float> qk_, pm_, dp_, da_;                // (C, C)
+  std::vector<float> wv_, wk_, u_;                      // (C, Dv), (C, Dk), (C, Dv)
+  std::vector<float> ut_, wvt_, wkt_;                   // transposed: (Dv or Dk, C)
+  std::vector<float> s0t_, dst_;                        // S0^T, dS_L^T (Dv, Dk)
+  std::vector<float> raw_, dktilde_, dwk_, drv_, drk_;  // (C, Dk or Dv)
+  std::vector<float> dq_, dkk_;                         // (C, Dk) the group's sums
+  std::vector<float> dG_, db_, columns_;                // (C)
+};
 
 }  // namespace
 
@@ -478,131 +707,19 @@ GdrGrads gated_delta_rule_cpu_backward(const at::Tensor& q, const at::Tensor& k,
   at::Tensor dvv = at::empty({p.tokens, hv, dv}, f32);
   at::Tensor dgv = at::empty({p.tokens, hv}, f32);
   at::Tensor dbv = at::empty({p.tokens, hv}, f32);
-  float* dqp = dq_out.mutable_data_ptr<float>();
-  float* dkp = dk_out.mutable_data_ptr<float>();
-  float* dvp = dvv.mutable_data_ptr<float>();
-  float* dgp = dgv.mutable_data_ptr<float>();
-  float* dbp = dbv.mutable_data_ptr<float>();
+  const ChunkGrads::Io io{states,
+                          dsp,
+                          dop,
+                          dup,
+                          dq_out.mutable_data_ptr<float>(),
+                          dk_out.mutable_data_ptr<float>(),
+                          dvv.mutable_data_ptr<float>(),
+                          dgv.mutable_data_ptr<float>(),
+                          dbv.mutable_data_ptr<float>()};
   at::parallel_for(0, chunks * p.hk, 1, [&](int64_t begin, int64_t end) {
     ChunkWork w(p);
-    std::vector<float> qk(kC * kC), pm(kC * kC), dp(kC * kC), da(kC * kC);
-    std::vector<float> wv(kC * dv), wkc(kC * dk), u(kC * dv), ut(dv * kC), wvt(dv * kC),
-        wkt(dk * kC), s0t(dv * dk), raw(kC * dk), dkt(dk * kC), dwk(kC * dk), drv(kC * dv),
-        drk(kC * dk), dq(kC * dk), dkk(kC * dk);
-    std::vector<float> dG(kC), db(kC);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / p.hk, kh = item % p.hk;
-      const GdrChunk& chunk = p.chunks[c];
-      const int64_t n = chunk.length, last = n - 1;
-      std::fill(dq.begin(), dq.end(), 0.0f);
-      std::fill(dkk.begin(), dkk.end(), 0.0f);
-      for (int64_t h = kh * p.group; h < (kh + 1) * p.group; ++h) {
-        w.Load(chunk, h);
-        const int64_t row = chunk.begin * hv + h, ldv = p.ldv();
-        const float* s0 = states + (c * hv + h) * ss;
-        const float* ds = dsp + (c * hv + h) * ss;  // dS_L
-        const float* d_o_rows = dop + row * dv;
-        const float* du_rows = dup + row * dv;
-        w.Factor(wv.data(), dv, wkc.data(), dk);
-        w.Attention(qk.data(), pm.data());
-        // U = W_v - W_k S0.
-        std::memcpy(u.data(), wv.data(), sizeof(float) * n * dv);
-        TileProduct(n, dv, dk, -1.0f, wkc.data(), dk, 1, s0, dv, true, u.data(), dv);
-        Transpose(u.data(), dv, n, dv, ut.data(), kC);
-        Transpose(wv.data(), dv, n, dv, wvt.data(), kC);
-        Transpose(wkc.data(), dk, n, dk, wkt.data(), kC);
-        Transpose(s0, dv, dk, dv, s0t.data(), dk);
-        std::fill(dG.begin(), dG.begin() + n, 0.0f);
-        std::fill(db.begin(), db.begin() + n, 0.0f);
-
-        // dP = dO U^T on j <= i, times E; dQ += (E dP) K, dK += (E dP)^T Q.
-        TileProduct(n, n, dv, 1.0f, d_o_rows, ldv, 1, ut.data(), kC, false, dp.data(), kC);
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            const float e = dp[i * kC + j] * w.decay_[i * kC + j];
-            dp[i * kC + j] = e;
-            if (j < i) {
-              const float t = e * qk[i * kC + j];
-              dG[i] += t;
-              dG[j] -= t;
-            }
-          }
-        }
-        TileProduct(n, dk, n, 1.0f, dp.data(), kC, 1, w.k_, dk, true, dq.data(), dk);
-        TileProduct(n, dk, n, 1.0f, dp.data(), 1, kC, w.q_, dk, true, dkk.data(), dk);
-        // Inter-chunk read: dQ_i += exp(G_i) S0 dO_i.
-        TileProduct(n, dk, dv, 1.0f, d_o_rows, ldv, 1, s0t.data(), dk, false, raw.data(), dk);
-        for (int64_t i = 0; i < n; ++i) {
-          dG[i] += w.eg_[i] * Dot(w.q_ + i * dk, raw.data() + i * dk, dk);
-          Scale(dq.data() + i * dk, raw.data() + i * dk, w.eg_[i], dk, true);
-        }
-        // The state written: dK~ = U dS_L^T, made as dK~^T = dS_L U^T (Dk, C).
-        TileProduct(dk, n, dv, 1.0f, ds, dv, 1, ut.data(), kC, false, dkt.data(), kC);
-        for (int64_t j = 0; j < n; ++j) {
-          float t = 0.0f;
-          for (int64_t d = 0; d < dk; ++d) {
-            const float x = dkt[d * kC + j];
-            t += w.k_[j * dk + d] * x;
-            dkk[j * dk + d] += w.tail_[j] * x;
-          }
-          t *= w.tail_[j];
-          dG[last] += t;
-          dG[j] -= t;
-        }
-        dG[last] += w.eg_[last] * Dot(s0, ds, ss);
-        // dW_k = -dU S0^T; dR = T^T dW.
-        TileProduct(n, dk, dv, -1.0f, du_rows, ldv, 1, s0t.data(), dk, false, dwk.data(), dk);
-        TileProduct(n, dv, n, 1.0f, w.tinv_.data(), 1, kC, du_rows, ldv, false, drv.data(), dv);
-        TileProduct(n, dk, n, 1.0f, w.tinv_.data(), 1, kC, dwk.data(), dk, false, drk.data(), dk);
-        for (int64_t i = 0; i < n; ++i) {
-          Scale(dvp + (row + i * hv) * dv, drv.data() + i * dv, w.b_[i], dv, false);
-          db[i] += Dot(w.v_ + i * dv, drv.data() + i * dv, dv);
-          Scale(dkk.data() + i * dk, drk.data() + i * dk, w.b_[i] * w.eg_[i], dk, true);
-          const float t = w.eg_[i] * Dot(w.k_ + i * dk, drk.data() + i * dk, dk);
-          db[i] += t;
-          dG[i] += w.b_[i] * t;
-        }
-        // dA = -(dR_v W_v^T + dR_k W_k^T) on j < i; D = dA beta_i E.
-        TileProduct(n, n, dv, -1.0f, drv.data(), dv, 1, wvt.data(), kC, false, da.data(), kC);
-        TileProduct(n, n, dk, -1.0f, drk.data(), dk, 1, wkt.data(), kC, true, da.data(), kC);
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            if (j >= i) {
-              da[i * kC + j] = 0.0f;
-              continue;
-            }
-            const float x = da[i * kC + j] * w.decay_[i * kC + j];
-            const float gram = w.gram_[i * kC + j];
-            db[i] += x * gram;
-            const float d = x * w.b_[i];
-            da[i * kC + j] = d;
-            dG[i] += d * gram;
-            dG[j] -= d * gram;
-          }
-        }
-        TileProduct(n, dk, n, 1.0f, da.data(), kC, 1, w.k_, dk, true, dkk.data(), dk);
-        TileProduct(n, dk, n, 1.0f, da.data(), 1, kC, w.k_, dk, true, dkk.data(), dk);
-        // dg_j = sum_{i >= j} dG_i.
-        float suffix = 0.0f;
-        for (int64_t i = n - 1; i >= 0; --i) {
-          suffix += dG[i];
-          dgp[(chunk.begin + i) * hv + h] = suffix;
-          dbp[(chunk.begin + i) * hv + h] = db[i];
-        }
-      }
-      // The L2 norms: y = x r is the normalised row (q_ also carries scale).
-      for (int64_t i = 0; i < n; ++i) {
-        for (int pass = 0; pass < 2; ++pass) {
-          const float* x = (pass == 0 ? w.xq_ : w.xk_).data() + i * dk;
-          const float r = (pass == 0 ? w.rq_ : w.rk_norm_)[i];
-          float* dy = (pass == 0 ? dq : dkk).data() + i * dk;
-          if (pass == 0) Scale(dy, dy, p.scale, dk, false);
-          const float c_dot = r * Dot(x, dy, dk);  // y . dy
-          float* dx = (pass == 0 ? dqp : dkp) + ((chunk.begin + i) * p.hk + kh) * dk;
-          for (int64_t d = 0; d < dk; ++d) dx[d] = r * (dy[d] - x[d] * r * c_dot);
-        }
-      }
-    }
+    ChunkGrads grads_of(p, io);
+    for (int64_t item = begin; item < end; ++item) grads_of.Run(w, item / p.hk, item % p.hk);
   });
   grads.d_q = dq_out.to(q.scalar_type());
   grads.d_k = dk_out.to(k.scalar_type());

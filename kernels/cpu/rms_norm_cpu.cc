@@ -20,12 +20,6 @@
 namespace ballast::kernels {
 namespace {
 
-BALLAST_VEC_INLINE float HorizontalSum(Vec8f v) {
-  float total = 0.0f;
-  for (int64_t t = 0; t < kVec; ++t) total += v[t];
-  return total;
-}
-
 // Returns r and writes y.
 BALLAST_ROW_KERNEL float ForwardRow(const float* x, const float* w, float* y, int64_t n,
                                     float eps) {

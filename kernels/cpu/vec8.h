@@ -36,6 +36,13 @@ BALLAST_VEC_INLINE Vec8f Load8(const float* p) {
 
 BALLAST_VEC_INLINE void Store8(float* p, Vec8f x) { std::memcpy(p, &x, sizeof x); }
 
+// The sum of the lanes, in lane order.
+BALLAST_VEC_INLINE float HorizontalSum(Vec8f v) {
+  float total = 0.0f;
+  for (int64_t t = 0; t < kVec; ++t) total += v[t];
+  return total;
+}
+
 // The first n < kVec floats of p, the other lanes `fill`.
 BALLAST_VEC_INLINE Vec8f LoadPartial8(const float* p, int64_t n, float fill) {
   Vec8f x = Vec8f{} + fill;
