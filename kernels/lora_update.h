@@ -28,6 +28,17 @@ at::Tensor add_lora_update(const at::Tensor& y, const at::Tensor& down,
                            const std::vector<at::Tensor>& ups,
                            const std::vector<int64_t>& out_begins, double scaling);
 
+// The same for a grouped projection (kernels/grouped_linear.h): the rows of y
+// and down are in expert order, expert e's rows ending at offsets[e] ((E,)
+// int32 on y's device), and ups[i] is (E, out_i, r_i), B_i of every expert:
+//   y[e's rows, module i's columns] += scaling * down[e's rows, module i's ranks] @ B_i[e]^T.
+// The experts' LoRA on gate/up and down (worker/train/model/sparse_moe.cc),
+// with no (rows, out) update, scaled copy or concatenation of its own.
+at::Tensor add_grouped_lora_update(const at::Tensor& y, const at::Tensor& down,
+                                   const std::vector<at::Tensor>& ups,
+                                   const std::vector<int64_t>& out_begins,
+                                   const at::Tensor& offsets, double scaling);
+
 }  // namespace ballast::kernels
 
 #endif  // BALLAST_KERNELS_LORA_UPDATE_H_

@@ -109,5 +109,23 @@ TEST_F(ElementwiseCuda, LoraUpdateMatchesCpu) {
   }
 }
 
+TEST_F(ElementwiseCuda, GroupedLoraUpdateMatchesCpu) {
+  // 4 experts of 8, 0, 22 and 10 rows; widths that ATen's grouped GEMM takes.
+  const auto offsets = torch::tensor({8, 8, 30, 40}, torch::kInt);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto y = torch::randn({40, 32}).to(dtype);
+    const auto down = torch::randn({40, 16}).to(dtype);
+    const auto up_gate = torch::randn({4, 16, 8}).to(dtype);
+    const auto up_up = torch::randn({4, 16, 8}).to(dtype);
+    ExpectCudaMatchesCpu(
+        [&](auto& in) {
+          return add_grouped_lora_update(in[0] * 1, in[1], {in[2], in[3]}, {0, 16},
+                                         offsets.to(in[0].device()), 0.5);
+        },
+        {y, down, up_gate, up_up}, torch::randn({40, 32}), dtype,
+        std::string("grouped lora_update ") + c10::toString(dtype));
+  }
+}
+
 }  // namespace
 }  // namespace ballast::kernels

@@ -35,22 +35,29 @@ at::Tensor Reference(const Inputs& in) {
   return y + add;
 }
 
-TEST(LoraUpdate, MatchesTheDefinitionForwardAndBackward) {
-  const Inputs in = RandomInputs();
-  const at::Tensor dy = torch::randn({7, 12}, torch::kDouble);
-  const std::vector<at::Tensor> leaves = {in.x, in.w, in.down, in.b0, in.b1};
-
-  at::Tensor got =
-      add_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1}, kOutBegins, kScaling);
+// Expects got and want, and their gradients of sum(y * dy) for the leaves
+// x, w, down, B0, B1, equal to float64 rounding; returns got's gradients.
+std::vector<at::Tensor> ExpectEqualWithGradients(const at::Tensor& got, const at::Tensor& want,
+                                                 const std::vector<at::Tensor>& leaves,
+                                                 const at::Tensor& dy) {
   std::vector<at::Tensor> got_grads = torch::autograd::grad({got}, leaves, {dy});
-  at::Tensor want = Reference(in);
   std::vector<at::Tensor> want_grads = torch::autograd::grad({want}, leaves, {dy});
-
   EXPECT_TRUE(torch::allclose(got, want, 1e-12, 1e-12));
   const char* names[] = {"x", "w", "down", "B0", "B1"};
   for (size_t i = 0; i < leaves.size(); ++i) {
     EXPECT_TRUE(torch::allclose(got_grads[i], want_grads[i], 1e-12, 1e-12)) << names[i];
   }
+  return got_grads;
+}
+
+TEST(LoraUpdate, MatchesTheDefinitionForwardAndBackward) {
+  const Inputs in = RandomInputs();
+  const at::Tensor dy = torch::randn({7, 12}, torch::kDouble);
+  const std::vector<at::Tensor> leaves = {in.x, in.w, in.down, in.b0, in.b1};
+
+  ExpectEqualWithGradients(
+      add_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1}, kOutBegins, kScaling),
+      Reference(in), leaves, dy);
 }
 
 TEST(LoraUpdate, FrozenOperandsGetNoGradient) {
@@ -82,6 +89,72 @@ TEST(LoraUpdate, RefusesAYThatIsNotAMatrix) {
     FAIL() << "a flat y was accepted";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("y must be (T, sum out)"), std::string::npos) << e.what();
+  }
+}
+
+// Grouped: 9 rows in expert order over 4 experts (2, 0, 4, 3 rows: expert 1
+// has none), y of two modules of 5 columns each, only the second adapted
+// (rank 3) and the first too (rank 2), as the experts' gate/up is.
+struct GroupedInputs {
+  at::Tensor x, w, down, b0, b1, offsets;
+};
+
+GroupedInputs RandomGroupedInputs() {
+  auto leaf = [](std::vector<int64_t> sizes) {
+    return torch::randn(sizes, torch::kDouble).requires_grad_(true);
+  };
+  return {leaf({9, 6}),    leaf({10, 6}),   leaf({9, 5}),
+          leaf({4, 5, 2}), leaf({4, 5, 3}), torch::tensor({2, 2, 6, 9}, torch::kInt)};
+}
+
+// Each expert's update from the definition, out of place.
+at::Tensor GroupedReference(const GroupedInputs& in) {
+  const int64_t starts[] = {0, 2, 2, 6, 9};
+  std::vector<at::Tensor> blocks;
+  for (int64_t e = 0; e < 4; ++e) {
+    const at::Tensor down = in.down.narrow(0, starts[e], starts[e + 1] - starts[e]);
+    blocks.push_back(torch::cat({kScaling * down.narrow(1, 0, 2).mm(in.b0[e].t()),
+                                 kScaling * down.narrow(1, 2, 3).mm(in.b1[e].t())},
+                                1));
+  }
+  return at::linear(in.x, in.w) + torch::cat(blocks, 0);
+}
+
+TEST(GroupedLoraUpdate, MatchesEachExpertsUpdateForwardAndBackward) {
+  const GroupedInputs in = RandomGroupedInputs();
+  const at::Tensor dy = torch::randn({9, 10}, torch::kDouble);
+  const std::vector<at::Tensor> leaves = {in.x, in.w, in.down, in.b0, in.b1};
+
+  const std::vector<at::Tensor> got_grads = ExpectEqualWithGradients(
+      add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1}, {0, 5}, in.offsets,
+                              kScaling),
+      GroupedReference(in), leaves, dy);
+  // Expert 1 has no rows: its B gradients are zeros, not left unwritten.
+  EXPECT_TRUE(torch::equal(got_grads[3][1], torch::zeros({5, 2}, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(got_grads[4][1], torch::zeros({5, 3}, torch::kDouble)));
+}
+
+TEST(GroupedLoraUpdate, RefusesOffsetsThatDoNotCoverY) {
+  const GroupedInputs in = RandomGroupedInputs();
+  try {
+    add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1}, {0, 5},
+                            torch::tensor({2, 2, 6, 8}, torch::kInt), kScaling);
+    FAIL() << "offsets ending at 8 of 9 rows were accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offsets must end at y's 9 rows"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GroupedLoraUpdate, RefusesAnAdapterOfAnotherExpertCount) {
+  const GroupedInputs in = RandomGroupedInputs();
+  try {
+    add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1.narrow(0, 0, 3)}, {0, 5},
+                            in.offsets, kScaling);
+    FAIL() << "an adapter of 3 experts was accepted with 4 offsets";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("adapter 1 has 3 experts, offsets 4"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -2,12 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "kernels/expert_order.h"
 #include "kernels/grouped_linear.h"
+#include "kernels/lora_update.h"
 #include "kernels/swiglu.h"
 #include "worker/train/model/decoder.h"
 #include "worker/train/model/expert_layout.h"
@@ -17,18 +19,37 @@
 namespace ballast::train {
 namespace {
 
-// The LoRA update of the experts' projection `module` (gate_proj, up_proj,
-// down_proj) for rows x (N, in) in expert order: scaling * B_e A_e x per
-// row's expert e, two grouped GEMMs; undefined when it is not adapted.
-at::Tensor ExpertAdapter(const Decoder& decoder, const std::string& module, const at::Tensor& x,
-                         const at::Tensor& offsets, bool training) {
+// y (N, out) of the experts' projections `modules` side by side (gate_proj
+// and up_proj, or down_proj) for rows x (N, in) in expert order, plus the
+// LoRA update scaling * B_e A_e x of each adapted module, per row's expert e
+// (as Decoder::Project does for a dense projection, lora_update.h).
+at::Tensor AddExpertAdapters(const Decoder& decoder, const std::string& experts,
+                             const std::vector<std::string>& modules, const at::Tensor& x,
+                             at::Tensor y, const at::Tensor& offsets, bool training) {
   const std::optional<LoraConfig>& lora = decoder.lora();
-  if (!lora || !decoder.HasTensor(module + ".lora_A.weight")) return at::Tensor();
-  const at::Tensor down = kernels::grouped_linear(at::dropout(x, lora->lora_dropout, training),
-                                                  decoder.Weight(module + ".lora_A.weight"),
-                                                  offsets);  // (N, r)
-  return kernels::grouped_linear(down, decoder.Weight(module + ".lora_B.weight"), offsets) *
-         lora->scaling();
+  if (!lora) return y;
+  const int64_t width = y.size(1) / static_cast<int64_t>(modules.size());  // each module's out
+  std::vector<at::Tensor> a_weights, downs, ups;
+  std::vector<int64_t> out_begins;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string module = experts + modules[i];
+    if (!decoder.HasTensor(module + ".lora_A.weight")) continue;
+    at::Tensor a = decoder.Weight(module + ".lora_A.weight");  // (E, r, in)
+    // With dropout each module draws its own mask, in module order, as PEFT does.
+    if (lora->lora_dropout > 0) {
+      downs.push_back(
+          kernels::grouped_linear(at::dropout(x, lora->lora_dropout, training), a, offsets));
+    }
+    a_weights.push_back(std::move(a));
+    ups.push_back(decoder.Weight(module + ".lora_B.weight"));  // (E, out, r)
+    out_begins.push_back(static_cast<int64_t>(i) * width);
+  }
+  if (ups.empty()) return y;
+  // Without dropout the modules share x, so their A's are one grouped product.
+  const at::Tensor down = lora->lora_dropout > 0
+                              ? at::cat(downs, 1)
+                              : kernels::grouped_linear(x, at::cat(a_weights, 1), offsets);
+  return kernels::add_grouped_lora_update(y, down, ups, out_begins, offsets, lora->scaling());
 }
 
 // The router's logits (T, E) in fp32, with its adapter (in fp32 too) when
@@ -74,24 +95,15 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   // contiguous segment that ends at offsets[e].
   const kernels::ExpertOrder order = kernels::SortByExpert(selected, moe.num_experts);
   const at::Tensor rows = x.index_select(0, order.token);  // (T k, H)
-  at::Tensor gate_up =
-      kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets);
-  const at::Tensor gate_update =
-      ExpertAdapter(decoder, experts + "gate_proj", rows, order.offsets, training);
-  const at::Tensor up_update =
-      ExpertAdapter(decoder, experts + "up_proj", rows, order.offsets, training);
-  if (gate_update.defined() || up_update.defined()) {
-    std::vector<at::Tensor> halves = gate_up.chunk(2, 1);  // gate (T k, I), up (T k, I)
-    if (gate_update.defined()) halves[0] = halves[0] + gate_update;
-    if (up_update.defined()) halves[1] = halves[1] + up_update;
-    gate_up = at::cat(halves, 1);
-  }
+  const at::Tensor gate_up = AddExpertAdapters(
+      decoder, experts, {"gate_proj", "up_proj"}, rows,
+      kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets),
+      order.offsets, training);                        // (T k, 2I)
   const at::Tensor hidden = kernels::swiglu(gate_up);  // (T k, I)
-  at::Tensor out_rows =
-      kernels::grouped_linear(hidden, decoder.Weight(experts + "down_proj"), order.offsets);
-  const at::Tensor down_update =
-      ExpertAdapter(decoder, experts + "down_proj", hidden, order.offsets, training);
-  if (down_update.defined()) out_rows = out_rows + down_update;  // (T k, H)
+  const at::Tensor out_rows = AddExpertAdapters(
+      decoder, experts, {"down_proj"}, hidden,
+      kernels::grouped_linear(hidden, decoder.Weight(experts + "down_proj"), order.offsets),
+      order.offsets, training);  // (T k, H)
 
   // Each row weighted by its choice's routing weight, then summed into its
   // token; the rows of a token come in expert order, as HF adds them.
