@@ -3,10 +3,11 @@
 // beside transformers' Qwen3MoeSparseMoeBlock and prints the rows):
 //
 //   router   logits = x . gate^T, softmax in fp32, top-k, renormalised
-//   experts  SortByExpert; x gathered by token; grouped_linear to gate_up
-//            (E, 2I, H); swiglu; grouped_linear to down (E, H, I)
-//   combine  rows weighted by their routing weight (gathered by slot) and
-//            index_add'ed back to their tokens
+//   experts  SortByExpert; x gathered by token (gather_expert_rows);
+//            grouped_linear to gate_up (E, 2I, H); swiglu; grouped_linear to
+//            down (E, H, I)
+//   combine  each token's rows weighted by their routing weights and summed
+//            (combine_expert_rows)
 //
 // and, at the same shapes, the six grouped products of the experts alone
 // (forward and both gradients of both projections) against six dense at::mm
@@ -16,16 +17,19 @@
 // Usage: moe_layer_bench TOKENS HIDDEN INTERMEDIATE EXPERTS TOP_K REPS
 // Prints one JSON line: the median seconds of each over REPS timed rounds.
 #include <ATen/ATen.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "kernels/expert_order.h"
+#include "kernels/expert_rows.h"
 #include "kernels/grouped_linear.h"
 #include "kernels/swiglu.h"
 
@@ -73,11 +77,9 @@ std::function<void()> LayerStep(const Shape& s) {
     weights = weights / weights.sum(1, /*keepdim=*/true);
     const kernels::ExpertOrder order = kernels::SortByExpert(selected, s.experts);
     const at::Tensor act = kernels::swiglu(
-        kernels::grouped_linear(x.index_select(0, order.token), gate_up, order.offsets));
+        kernels::grouped_linear(kernels::gather_expert_rows(x, order), gate_up, order.offsets));
     const at::Tensor rows = kernels::grouped_linear(act, down, order.offsets);
-    const at::Tensor row_weights = weights.reshape({-1}).index_select(0, order.slot);
-    const at::Tensor out = at::zeros({s.tokens, s.hidden}, x.options())
-                               .index_add(0, order.token, rows * row_weights.unsqueeze(1));
+    const at::Tensor out = kernels::combine_expert_rows(rows, weights, order);
     (out * d_out).sum().backward();
     for (const at::Tensor& t : {x, gate, gate_up, down}) t.mutable_grad().reset();
   };
@@ -125,6 +127,12 @@ int main(int argc, char** argv) {
   const Shape s{std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]), std::stoll(argv[4]),
                 std::stoll(argv[5])};
   const int reps = std::stoi(argv[6]);
+  // The allocator as ballast-train sets it for a rank of its own
+  // (KeepActivationsMapped, worker/train/main.cc): freed blocks stay mapped,
+  // so a step does not page-fault its (T k, H) rows in again. Without it the
+  // page faults were 0.4-0.5 s of a 3.3 s layer step here.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
   torch::manual_seed(0);
   const std::vector<double> t = MedianSeconds(
       {LayerStep(s), ProductsStep(s, /*grouped=*/true), ProductsStep(s, /*grouped=*/false)}, reps);

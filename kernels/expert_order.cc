@@ -23,6 +23,8 @@ ExpertOrder SortByExpert(const at::Tensor& selected_experts, int64_t num_experts
   }
   ExpertOrder order;
   order.slot = std::get<1>(at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  order.row = at::empty_like(order.slot)
+                  .scatter_(0, order.slot, at::arange(order.slot.numel(), order.slot.options()));
   order.token = top_k > 0 ? at::floor_divide(order.slot, top_k) : order.slot.clone();
   order.counts = at::bincount(flat, /*weights=*/{}, num_experts);
   order.offsets = order.counts.cumsum(0).to(at::kInt);

@@ -16,6 +16,7 @@ namespace ballast::kernels {
 struct ExpertOrder {
   at::Tensor token;    // (T*k,) int64: the token of each sorted row (index into x's rows)
   at::Tensor slot;     // (T*k,) int64: the flat index t*k + j of each sorted row into (T, k)
+  at::Tensor row;      // (T*k,) int64: the sorted row of each slot t*k + j (slot's inverse)
   at::Tensor counts;   // (E,) int64: rows per expert
   at::Tensor offsets;  // (E,) int32: cumulative row ends, on the input's device
 };

@@ -37,6 +37,9 @@ class Rows {
   void ForEachExpert(const Body& body) const {
     const int64_t experts = static_cast<int64_t>(starts_.size()) - 1;
     at::parallel_for(0, experts, 1, [&](int64_t begin, int64_t end) {
+      // Grad mode is per thread, and OpenMP's threads have it on: the
+      // products here are the autograd function's own, recorded by no one.
+      at::NoGradGuard no_grad;
       for (int64_t e = begin; e < end; ++e) {
         if (starts_[e + 1] > starts_[e]) body(e, starts_[e], starts_[e + 1] - starts_[e]);
       }

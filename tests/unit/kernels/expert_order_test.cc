@@ -45,6 +45,10 @@ void ExpectBucketed(const at::Tensor& selected, int64_t experts, const ExpertOrd
   EXPECT_TRUE(torch::equal(order.token, torch::tensor(slots, torch::kLong).div(top_k, "floor")));
   EXPECT_TRUE(torch::equal(order.counts, torch::tensor(counts, torch::kLong)));
   EXPECT_TRUE(torch::equal(order.offsets, torch::tensor(offsets, torch::kLong).to(torch::kInt)));
+  // row inverts slot: slot s sits at sorted row r exactly when slots[r] == s.
+  std::vector<int64_t> rows(slots.size());
+  for (size_t r = 0; r < slots.size(); ++r) rows[slots[r]] = static_cast<int64_t>(r);
+  EXPECT_TRUE(torch::equal(order.row, torch::tensor(rows, torch::kLong)));
 }
 
 TEST_F(ExpertOrdering, SortByExpertIsAStableBucketing) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/expert_order.h"
+#include "kernels/expert_rows.h"
 #include "kernels/grouped_linear.h"
 #include "kernels/lora_update.h"
 #include "kernels/swiglu.h"
@@ -94,7 +95,7 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   // The (token, choice) rows in expert order; each expert's rows are a
   // contiguous segment that ends at offsets[e].
   const kernels::ExpertOrder order = kernels::SortByExpert(selected, moe.num_experts);
-  const at::Tensor rows = x.index_select(0, order.token);  // (T k, H)
+  const at::Tensor rows = kernels::gather_expert_rows(x, order);  // (T k, H)
   const at::Tensor gate_up = AddExpertAdapters(
       decoder, experts, {"gate_proj", "up_proj"}, rows,
       kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets),
@@ -106,9 +107,8 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
       order.offsets, training);  // (T k, H)
 
   // Each row weighted by its choice's routing weight, then summed into its
-  // token; the rows of a token come in expert order, as HF adds them.
-  const at::Tensor row_weights = weights.reshape({-1}).index_select(0, order.slot).unsqueeze(1);
-  const at::Tensor routed = at::zeros_like(x).index_add(0, order.token, out_rows * row_weights);
+  // token in expert order, as HF adds them.
+  const at::Tensor routed = kernels::combine_expert_rows(out_rows, weights, order);
   if (moe.shared_expert_intermediate_size == 0) return routed;
 
   // Qwen3.5-MoE's shared expert, a dense SwiGLU MLP that every token goes
