@@ -16,8 +16,8 @@ using torch::autograd::variable_list;
 void CheckOrder(const char* op, const ExpertOrder& order, const at::Tensor& t) {
   TORCH_CHECK(order.token.defined() && order.slot.defined() && order.row.defined(), op,
               ": order must come from SortByExpert");
-  TORCH_CHECK(order.token.device() == t.device(), op, ": order must be on ", t.device(),
-              ", got ", order.token.device());
+  TORCH_CHECK(order.token.device() == t.device(), op, ": order must be on ", t.device(), ", got ",
+              order.token.device());
 }
 
 // Keeps the order's token and row; the backward sums each token's rows.
@@ -36,8 +36,7 @@ class GatherFunction : public torch::autograd::Function<GatherFunction> {
     const at::Tensor& d_rows = grad_outputs[0];
     at::Tensor d_x;
     if (d_rows.device().is_cpu()) {
-      d_x = sum_rows_by_token_cpu(d_rows, at::Tensor(), saved[1],
-                                  ctx->saved_data["top_k"].toInt());
+      d_x = sum_rows_by_token_cpu(d_rows, at::Tensor(), saved[1], ctx->saved_data["top_k"].toInt());
     } else {
       d_x = at::zeros({ctx->saved_data["tokens"].toInt(), d_rows.size(1)}, d_rows.options())
                 .index_add_(0, saved[0], d_rows);
@@ -50,7 +49,8 @@ class GatherFunction : public torch::autograd::Function<GatherFunction> {
 class CombineFunction : public torch::autograd::Function<CombineFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& weights,
-                            const at::Tensor& token, const at::Tensor& slot, const at::Tensor& row) {
+                            const at::Tensor& token, const at::Tensor& slot,
+                            const at::Tensor& row) {
     ctx->save_for_backward({rows, weights, token, slot, row});
     if (rows.device().is_cpu()) {
       return sum_rows_by_token_cpu(rows, weights, row, weights.size(1));

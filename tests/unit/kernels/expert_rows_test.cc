@@ -95,8 +95,8 @@ TEST_F(ExpertRows, SameBitsAtAnyThreadCount) {
   const at::Tensor d_out = torch::randn({2000, 64});
   auto run = [&](int threads) {
     at::set_num_threads(threads);
-    const at::Tensor out = combine_expert_rows(gather_expert_rows(l.x, l.order) * 2, l.weights,
-                                               l.order);
+    const at::Tensor out =
+        combine_expert_rows(gather_expert_rows(l.x, l.order) * 2, l.weights, l.order);
     const auto g = torch::autograd::grad({out}, {l.x, l.weights}, {d_out});
     return std::vector<at::Tensor>{out, g[0], g[1]};
   };
