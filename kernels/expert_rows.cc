@@ -13,9 +13,17 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void CheckOrder(const char* op, const ExpertOrder& order, const at::Tensor& t) {
+// The order's rows must be t's (gather: t's tokens times k), and t a dtype
+// both paths run, so that a wrong pairing fails here rather than in the
+// backward or by reading past a tensor.
+void CheckOrder(const char* op, const ExpertOrder& order, const at::Tensor& t, int64_t rows) {
   TORCH_CHECK(order.token.defined() && order.slot.defined() && order.row.defined(), op,
               ": order must come from SortByExpert");
+  TORCH_CHECK(order.token.numel() == rows && order.row.numel() == rows, op, ": the order has ",
+              order.token.numel(), " rows, expected ", rows);
+  const at::ScalarType dtype = t.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble, op,
+              ": must be float32, bfloat16 or float64, got ", dtype);
   TORCH_CHECK(order.token.device() == t.device(), op, ": order must be on ", t.device(), ", got ",
               order.token.device());
 }
@@ -87,11 +95,11 @@ class CombineFunction : public torch::autograd::Function<CombineFunction> {
 at::Tensor gather_expert_rows(const at::Tensor& x, const ExpertOrder& order) {
   TORCH_CHECK(x.defined() && x.dim() == 2, "gather_expert_rows: x must be (T, H), got ",
               x.defined() ? x.sizes() : at::IntArrayRef{});
-  CheckOrder("gather_expert_rows", order, x);
-  const int64_t n = order.token.numel();
+  const int64_t n = order.token.defined() ? order.token.numel() : 0;
   const int64_t top_k = x.size(0) > 0 ? n / x.size(0) : 0;
   TORCH_CHECK(top_k * x.size(0) == n, "gather_expert_rows: the order has ", n,
               " rows, not a multiple of x's ", x.size(0), " tokens");
+  CheckOrder("gather_expert_rows", order, x, n);
   return GatherFunction::apply(x, order.token, order.row, top_k);
 }
 
@@ -105,7 +113,7 @@ at::Tensor combine_expert_rows(const at::Tensor& rows, const at::Tensor& weights
   TORCH_CHECK(weights.scalar_type() == rows.scalar_type(),
               "combine_expert_rows: weights must have rows' dtype ", rows.scalar_type(), ", got ",
               weights.scalar_type());
-  CheckOrder("combine_expert_rows", order, rows);
+  CheckOrder("combine_expert_rows", order, rows, rows.size(0));
   return CombineFunction::apply(rows, weights, order.token, order.slot, order.row);
 }
 

@@ -196,10 +196,20 @@ at::Tensor add_grouped_lora_update(const at::Tensor& y, const at::Tensor& down,
     TORCH_CHECK(ups[i].size(0) == offsets.size(0), "add_grouped_lora_update: adapter ", i, " has ",
                 ups[i].size(0), " experts, offsets ", offsets.size(0));
   }
-  if (offsets.device().is_cpu() && offsets.numel() > 0) {
-    const int64_t rows = offsets.contiguous().const_data_ptr<int32_t>()[offsets.numel() - 1];
-    TORCH_CHECK(rows == y.size(0), "add_grouped_lora_update: offsets must end at y's ", y.size(0),
-                " rows, got ", rows);
+  if (offsets.device().is_cpu()) {
+    // Every row of down's gradient is written by its expert's product: a
+    // row no segment covers would be left uninitialised.
+    const at::Tensor ends = offsets.contiguous();
+    int64_t previous = 0;
+    for (int64_t e = 0; e < ends.numel(); ++e) {
+      const int64_t end = ends.const_data_ptr<int32_t>()[e];
+      TORCH_CHECK(end >= previous,
+                  "add_grouped_lora_update: offsets must be non-decreasing from 0, got [", e,
+                  "] = ", end, " after ", previous);
+      previous = end;
+    }
+    TORCH_CHECK(previous == y.size(0), "add_grouped_lora_update: offsets must end at y's ",
+                y.size(0), " rows, got ", previous);
   }
   return LoraUpdateFunction::apply(y, down, at::TensorList(ups), out_begins,
                                    std::optional<at::Tensor>(offsets), scaling);

@@ -125,6 +125,12 @@ TEST_F(ExpertRows, ErrorsNameTheArgument) {
                "weights must have rows' dtype");
   expect_error([&] { combine_expert_rows(l.rows, l.weights, ExpertOrder{}); },
                "order must come from SortByExpert");
+  // rows and weights of 8 tokens with the order of 10: caught before any read.
+  expect_error(
+      [&] { combine_expert_rows(l.rows.narrow(0, 0, 16), l.weights.narrow(0, 0, 8), l.order); },
+      "the order has 20 rows, expected 16");
+  expect_error([&] { gather_expert_rows(l.x.to(torch::kHalf), l.order); },
+               "must be float32, bfloat16 or float64");
 }
 
 }  // namespace

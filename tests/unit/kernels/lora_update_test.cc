@@ -134,28 +134,24 @@ TEST(GroupedLoraUpdate, MatchesEachExpertsUpdateForwardAndBackward) {
   EXPECT_TRUE(torch::equal(got_grads[4][1], torch::zeros({5, 3}, torch::kDouble)));
 }
 
-TEST(GroupedLoraUpdate, RefusesOffsetsThatDoNotCoverY) {
+// Offsets that leave a row to no expert (its gradient would be unwritten) or
+// adapters of another expert count are refused, naming what is wrong.
+TEST(GroupedLoraUpdate, RefusesOffsetsAndAdaptersThatDoNotFit) {
   const GroupedInputs in = RandomGroupedInputs();
-  try {
-    add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1}, {0, 5},
-                            torch::tensor({2, 2, 6, 8}, torch::kInt), kScaling);
-    FAIL() << "offsets ending at 8 of 9 rows were accepted";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("offsets must end at y's 9 rows"), std::string::npos)
-        << e.what();
-  }
-}
-
-TEST(GroupedLoraUpdate, RefusesAnAdapterOfAnotherExpertCount) {
-  const GroupedInputs in = RandomGroupedInputs();
-  try {
-    add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, in.b1.narrow(0, 0, 3)}, {0, 5},
-                            in.offsets, kScaling);
-    FAIL() << "an adapter of 3 experts was accepted with 4 offsets";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("adapter 1 has 3 experts, offsets 4"), std::string::npos)
-        << e.what();
-  }
+  const auto refused = [&](const at::Tensor& offsets, const at::Tensor& b1,
+                           const std::string& what) {
+    try {
+      add_grouped_lora_update(at::linear(in.x, in.w), in.down, {in.b0, b1}, {0, 5}, offsets,
+                              kScaling);
+      ADD_FAILURE() << "accepted; expected: " << what;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(torch::tensor({2, 2, 6, 8}, torch::kInt), in.b1, "offsets must end at y's 9 rows");
+  refused(torch::tensor({6, 2, 6, 9}, torch::kInt), in.b1,
+          "offsets must be non-decreasing from 0, got [1] = 2 after 6");
+  refused(in.offsets, in.b1.narrow(0, 0, 3), "adapter 1 has 3 experts, offsets 4");
 }
 
 }  // namespace
