@@ -12,6 +12,10 @@ cannot.
 - `--nproc 2` = 1 rank in global mode.
 - Packed = unpacked: the same documents in one packed row or one row each
   give the same curve, aux loss included, in both modes.
+- The routing pre-pass (global mode, more than one micro-batch a rank) routes
+  as the step's forwards then do, in every run here: layer by layer without
+  dropout, each micro-batch in turn with LoRA dropout (the trainer compares
+  the two counts and warns when they differ).
 
 The model is reference.QWEN3_MOE (8 experts, top-2, layer 0 dense), fp32.
 """
@@ -26,6 +30,7 @@ ARCH = "qwen3_moe"
 K = 2
 # fp32 sums in another order (a pre-pass, a reduction over ranks): ~1e-7.
 TOLERANCE = 1e-5
+PRE_PASS_DIFFERED = "the routing pre-pass chose other experts"
 
 
 def hf_router_logits(model, rows):
@@ -48,7 +53,8 @@ def train(tmp_path, name, model_dir, data, *extra, moe=None, devices=1, **data_k
                      moe=moe or {})
     spec_path = tmp_path / f"{name}.yaml"
     write_spec(spec_path, **spec)
-    run_train(str(spec_path), str(tmp_path / name), *extra)
+    r = run_train(str(spec_path), str(tmp_path / name), *extra)
+    assert PRE_PASS_DIFFERED not in r.stderr + r.stdout, r.stderr
     return read_metrics(tmp_path / name)
 
 
@@ -96,8 +102,15 @@ def test_ga_4x1_equals_1x4_in_global_mode_and_not_in_micro_batch_mode(inputs, tm
         <= TOLERANCE * abs(b)
 
 
-def test_two_ranks_equal_one_in_global_mode(inputs, tmp_path):
+@pytest.mark.parametrize("last_layer", ["sparse", "dense"])
+def test_two_ranks_equal_one_in_global_mode(last_layer, inputs, tmp_path):
+    """With the last layer dense the pre-pass ends before it, and ZeRO-3 must
+    not gather it ahead: a layer gathered and never run would keep one of the
+    slabs the next forward needs."""
     _, model_dir, data, _ = inputs
+    if last_layer == "dense":
+        model_dir = str(tmp_path / "dense-last")
+        make_model(ARCH, model_dir, seed=11, mlp_only_layers=[0, 2])
     one = train(tmp_path, "n1", model_dir, data)
     two = train(tmp_path, "n2", model_dir, data, "--nproc", "2", devices=2)
     for key in ("loss", "aux_loss", "grad_norm"):
@@ -124,6 +137,22 @@ def test_packed_equals_unpacked(mode, inputs, tmp_path):
         assert relative_error(a, b) <= TOLERANCE, (key, a, b)
 
 
+def test_the_pre_pass_replays_lora_dropout(inputs, tmp_path):
+    """With LoRA dropout the routing depends on the masks: the pre-pass must
+    draw each micro-batch's as its training forward will (the experts'
+    adapters learn fast here, so other masks route some token otherwise)."""
+    _, model_dir, data, _ = inputs
+    spec = base_spec(model_dir, data, max_steps=6, lora={"lora_dropout": 0.3},
+                     optimizer={"lr": 3e-2}, moe={},
+                     data={"micro_batch_size": 1, "grad_accum_steps": 4})
+    write_spec(tmp_path / "dropout.yaml", **spec)
+    r = run_train(str(tmp_path / "dropout.yaml"), str(tmp_path / "dropout"))
+    log = r.stderr + r.stdout
+    assert "of each micro-batch in turn, as LoRA dropout draws its masks" in log, log
+    assert PRE_PASS_DIFFERED not in log, log
+    assert len(read_metrics(tmp_path / "dropout")) == 6
+
+
 def test_block_diffusion_on_a_tiny_moe_learns_and_balances_the_noisy_half(inputs, tmp_path):
     """The seed's failure was a loss of exactly 0 with grad_norm pinned at
     1.414 on SDAR-30B-A3B: on a tiny MoE, block diffusion's loss is never 0,
@@ -135,6 +164,7 @@ def test_block_diffusion_on_a_tiny_moe_learns_and_balances_the_noisy_half(inputs
     write_spec(tmp_path / "bd.yaml", **spec)
     r = run_train(str(tmp_path / "bd.yaml"), str(tmp_path / "bd"))
     assert "counts the noisy half x_t of each document only" in r.stderr + r.stdout
+    assert PRE_PASS_DIFFERED not in r.stderr + r.stdout
     metrics = read_metrics(tmp_path / "bd")
     assert len(metrics) == 12
     assert all(m["loss"] is not None and m["loss"] > 0 for m in metrics), metrics

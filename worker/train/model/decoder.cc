@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/lora_update.h"
 #include "kernels/rms_norm.h"
@@ -173,29 +174,68 @@ at::Tensor Decoder::LayerForward(int64_t layer, const at::Tensor& h, const at::T
   return out + Project(p + "mlp.", {"down_proj"}, kernels::swiglu(gate_up), training);
 }
 
-at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const {
+Decoder::LayerInputs Decoder::InputsOf(const PackedBatch& batch) const {
   // cos/sin (T, rotary_dim) in fp32 as HF computes them, then in the compute dtype.
   at::Tensor freqs = batch.position_ids.to(torch::kFloat).unsqueeze(1) * inv_freq_.unsqueeze(0);
   at::Tensor emb = torch::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos().to(compute_dtype_);
-  at::Tensor sin = emb.sin().to(compute_dtype_);
+  LayerInputs in;
+  in.cos = emb.cos().to(compute_dtype_);
+  in.sin = emb.sin().to(compute_dtype_);
+  in.mask.kind = batch.mask.kind;
+  in.mask.block_size = batch.mask.block_size;
+  in.mask.cu_seqlens = batch.cu_seqlens;
+  return in;
+}
 
-  kernels::AttentionMask mask;
-  mask.kind = batch.mask.kind;
-  mask.block_size = batch.mask.block_size;
-  mask.cu_seqlens = batch.cu_seqlens;
+at::Tensor Decoder::Embed(const PackedBatch& batch) const {
+  return at::embedding(Weight("model.embed_tokens.weight"), batch.input_ids);  // (T, H)
+}
 
-  at::Tensor h = at::embedding(Weight("model.embed_tokens.weight"), batch.input_ids);  // (T, H)
+at::Tensor Decoder::HiddenStates(const PackedBatch& batch, bool training) const {
+  const LayerInputs in = InputsOf(batch);
+  at::Tensor h = Embed(batch);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     if (layer_runner_ != nullptr) {
-      h = layer_runner_->RunLayer(*this, i, h, cos, sin, mask, training);
+      h = layer_runner_->RunLayer(*this, i, h, in.cos, in.sin, in.mask, training);
     } else if (gradient_checkpointing_ && training && torch::GradMode::is_enabled()) {
-      h = CheckpointedLayer(*this, *params_, i, h, cos, sin, mask);
+      h = CheckpointedLayer(*this, *params_, i, h, in.cos, in.sin, in.mask);
     } else {
-      h = LayerForward(i, h, cos, sin, mask, training);
+      h = LayerForward(i, h, in.cos, in.sin, in.mask, training);
     }
   }
   return Norm(h, "model.norm.weight");
+}
+
+void Decoder::Route(const std::vector<const PackedBatch*>& batches,
+                    const std::vector<std::shared_ptr<RoutingStats>>& routing, int64_t last,
+                    bool training) {
+  TORCH_CHECK(batches.size() == routing.size(), "Decoder::Route: ", batches.size(), " batches for ",
+              routing.size(), " routing records");
+  TORCH_CHECK(last >= 0 && last < config_.num_hidden_layers, "Decoder::Route: layer ", last, " of ",
+              config_.num_hidden_layers);
+  torch::NoGradGuard no_grad;
+  std::vector<LayerInputs> inputs;
+  std::vector<at::Tensor> hidden;
+  for (const PackedBatch* batch : batches) {
+    inputs.push_back(InputsOf(*batch));
+    hidden.push_back(Embed(*batch));
+  }
+  // Each forward records where its own routing goes; the decoder's is back after.
+  absl::Cleanup restore = [this, own = routing_] { routing_ = own; };
+  for (int64_t layer = 0; layer <= last; ++layer) {
+    const auto forwards = [&] {
+      for (size_t b = 0; b < batches.size(); ++b) {
+        routing_ = routing[b];
+        const LayerInputs& in = inputs[b];
+        hidden[b] = LayerForward(layer, hidden[b], in.cos, in.sin, in.mask, training);
+      }
+    };
+    if (layer_runner_ != nullptr) {
+      layer_runner_->WithLayer(layer, last, forwards);
+    } else {
+      forwards();
+    }
+  }
 }
 
 at::Tensor Decoder::Logits(const PackedBatch& batch) const {

@@ -27,6 +27,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,11 @@ class LayerRunner {
   virtual at::Tensor RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
                               const at::Tensor& cos, const at::Tensor& sin,
                               const kernels::AttentionMask& mask, bool training) = 0;
+  // Runs `forwards`, which call decoder.LayerForward(layer, ...) without
+  // autograd, with the layer's parameters at hand, in a pass whose last
+  // layer is `last` (nothing past it is fetched): a sharded model gathers the
+  // layer once for all of them.
+  virtual void WithLayer(int64_t layer, int64_t last, const std::function<void()>& forwards) = 0;
 };
 
 class Decoder {
@@ -79,6 +85,16 @@ class Decoder {
   // Final-normed hidden states, (T, H) in the compute dtype, differentiable
   // in every trainable tensor. `training` turns LoRA dropout on.
   at::Tensor HiddenStates(const PackedBatch& batch, bool training) const;
+  // The routing pre-pass of global balancing (docs/moe-balancing.md): runs
+  // `batches` without autograd through layers 0..last, routing[i] recording
+  // batches[i]'s routing, each layer on every batch before the next layer,
+  // so that a sharded model gathers each layer once for them all. Each batch's
+  // dropout draws then interleave with the others': only a forward that draws
+  // none (no LoRA dropout, or !training) routes as its own forward does when
+  // more than one batch is given.
+  void Route(const std::vector<const PackedBatch*>& batches,
+             const std::vector<std::shared_ptr<RoutingStats>>& routing, int64_t last,
+             bool training);
   // (T, V) fp32 logits; for evaluation and parity checks only.
   at::Tensor Logits(const PackedBatch& batch) const;
 
@@ -112,6 +128,16 @@ class Decoder {
   at::Tensor Norm(const at::Tensor& x, const std::string& weight_name) const;
 
  private:
+  // What every layer of a batch's forward reads besides h: the rotary cos and
+  // sin (T, rotary_dim) and the attention mask.
+  struct LayerInputs {
+    at::Tensor cos;
+    at::Tensor sin;
+    kernels::AttentionMask mask;
+  };
+  LayerInputs InputsOf(const PackedBatch& batch) const;
+  at::Tensor Embed(const PackedBatch& batch) const;
+
   ModelConfig config_;
   const ParamStore* params_;
   std::optional<LoraConfig> lora_;

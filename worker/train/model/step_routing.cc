@@ -47,6 +47,24 @@ at::Tensor StepRouting::Tokens(int64_t index) const {
   return totals_.at(index)[(top_k_ + 1) * num_experts_];
 }
 
+std::vector<int64_t> StepRouting::LayersRoutedOtherwise(const StepRouting& other) const {
+  TORCH_CHECK(other.sparse_layers_ == sparse_layers_ && other.width() == width(),
+              "StepRouting: compared with the routing of another model");
+  const int64_t ke = top_k_ * num_experts_;
+  std::vector<int64_t> layers;
+  const at::Tensor mine = Flat().cpu().view({-1, width()});
+  const at::Tensor theirs = other.Flat().cpu().view({-1, width()});
+  for (size_t l = 0; l < sparse_layers_.size(); ++l) {
+    const at::Tensor a = mine[static_cast<int64_t>(l)];
+    const at::Tensor b = theirs[static_cast<int64_t>(l)];
+    if (!a.narrow(0, 0, ke).equal(b.narrow(0, 0, ke)) ||
+        !a[ke + num_experts_].equal(b[ke + num_experts_])) {
+      layers.push_back(sparse_layers_[l]);
+    }
+  }
+  return layers;
+}
+
 double StepRouting::AuxLoss(AuxLossScope scope) const {
   if (totals_.empty()) return 0;
   const at::Tensor all = at::stack(totals_).cpu();  // (layers, width)

@@ -59,6 +59,11 @@ class StepRouting {
   at::Tensor ExpertCounts(int64_t index) const;
   at::Tensor Tokens(int64_t index) const;
 
+  // The sparse layers (decoder indices) where `other`, a count of the same
+  // step, has other choice counts or token counts than these totals: empty
+  // when both routed every counted token alike.
+  std::vector<int64_t> LayersRoutedOtherwise(const StepRouting& other) const;
+
   // The step's load-balancing loss from the totals (global f and P).
   double AuxLoss(AuxLossScope scope) const;
   // The totals as moe_step_stats.h reads them (on the host).

@@ -295,10 +295,11 @@ void ShardedModel::Gather(size_t unit) {
   }
 }
 
-void ShardedModel::PrefetchFrom(size_t unit, int step) {
+void ShardedModel::PrefetchFrom(size_t unit, int step, std::optional<size_t> bound) {
   for (int k = 1; k <= options_.prefetch; ++k) {
     const int64_t next = static_cast<int64_t>(unit) + k * step;
     if (next < 0 || next >= static_cast<int64_t>(units_.size()) || !IsLayer(next)) return;
+    if (bound && (next - static_cast<int64_t>(*bound)) * step > 0) return;
     Gather(next);
   }
 }
@@ -427,11 +428,18 @@ at::Tensor ShardedModel::RunLayer(const Decoder& decoder, int64_t layer, const a
                                        mask.cu_seqlens, static_cast<int64_t>(mask.kind),
                                        mask.block_size);
   }
-  WaitGathered(unit);
-  PrefetchFrom(unit, +1);
-  at::Tensor out = decoder.LayerForward(layer, h, cos, sin, mask, training);
-  Release(unit);
+  at::Tensor out;
+  WithLayer(layer, decoder.config().num_hidden_layers - 1,
+            [&] { out = decoder.LayerForward(layer, h, cos, sin, mask, training); });
   return out;
+}
+
+void ShardedModel::WithLayer(int64_t layer, int64_t last, const std::function<void()>& forwards) {
+  const size_t unit = LayerUnit(layer);
+  WaitGathered(unit);
+  PrefetchFrom(unit, +1, LayerUnit(last));
+  forwards();
+  Release(unit);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModel::GatherFullTensors(

@@ -46,7 +46,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +108,7 @@ class ShardedModel : public LayerRunner {
   at::Tensor RunLayer(const Decoder& decoder, int64_t layer, const at::Tensor& h,
                       const at::Tensor& cos, const at::Tensor& sin,
                       const kernels::AttentionMask& mask, bool training) override;
+  void WithLayer(int64_t layer, int64_t last, const std::function<void()>& forwards) override;
 
   // Every tensor (trainable_only: every trainable tensor) in fp32 with its
   // full shape, on every rank. Gathers one bucket at a time; every rank
@@ -132,8 +135,9 @@ class ShardedModel : public LayerRunner {
   struct Unit;
   void WaitGathered(size_t unit);
   // Issues the gathers of the `prefetch` layer units after `unit` in the
-  // direction `step` (+1 in forward, -1 in backward).
-  void PrefetchFrom(size_t unit, int step);
+  // direction `step` (+1 in forward, -1 in backward), none past layer unit
+  // `bound` in that direction.
+  void PrefetchFrom(size_t unit, int step, std::optional<size_t> bound = std::nullopt);
   void Release(size_t unit);
   // Reduce-scatters each trainable bucket's flat gradient (same order as
   // TrainableFlats; undefined: none) into its gradient shard.

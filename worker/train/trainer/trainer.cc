@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/model_config.h"
 #include "common/spec_rules.h"
 #include "kernels/grad_norm.h"
@@ -223,8 +224,11 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                 : "",
             global_balancing_ && config_.moe.router_aux_loss_coef > 0 &&
                     spec_.data().grad_accum_steps() > collectives_->world_size()
-                ? "; each step runs a routing pre-pass (a forward without autograd of "
-                  "each micro-batch)"
+                ? (lora_ && lora_->lora_dropout > 0
+                       ? "; each step runs a routing pre-pass (a forward without autograd "
+                         "of each micro-batch in turn, as LoRA dropout draws its masks)"
+                       : "; each step runs a routing pre-pass (the micro-batches through "
+                         "the sparse layers without autograd, layer by layer)")
                 : ""));
   }
   // A vision-language checkpoint (Qwen3.5) holds more than the text decoder
@@ -497,24 +501,55 @@ StepRouting Trainer::RoutingPrePass(const std::vector<PackedBatch>& micro_batche
   // From the generator state the training forwards start from, so that
   // dropout draws the same masks and the routing is theirs.
   const std::map<std::string, at::Tensor> generators = GeneratorStates(device_);
-  StepRouting counts(SparseLayers(), config_.moe.num_experts, config_.moe.top_k);
-  {
-    torch::NoGradGuard no_grad;
-    for (const PackedBatch& batch : micro_batches) {
+  std::vector<const PackedBatch*> batches;
+  std::vector<std::shared_ptr<RoutingStats>> stats;
+  for (const PackedBatch& batch : micro_batches) {
+    batches.push_back(&batch);
+    stats.push_back(NewRoutingStats(batch, /*weight=*/0));
+  }
+  // Without dropout a layer's routing depends on the layers before it alone:
+  // every micro-batch goes through a layer before the next one, which a
+  // sharded model then gathers once for them all rather than once each, and
+  // the pass ends at the last sparse layer. With dropout, a micro-batch's
+  // masks start where the previous one's whole forward left the generator,
+  // so each goes through every layer in turn, as the training forwards will.
+  const std::vector<int64_t> sparse = SparseLayers();
+  if (lora_ && lora_->lora_dropout > 0) {
+    for (size_t i = 0; i < batches.size(); ++i) {
       state_->BeginForward();
-      const std::shared_ptr<RoutingStats> stats = NewRoutingStats(batch, /*weight=*/0);
-      decoder_.set_routing(stats);
-      objective_->Loss(decoder_, batch, /*training=*/true);
+      decoder_.Route({batches[i]}, {stats[i]}, config_.num_hidden_layers - 1, /*training=*/true);
       state_->EndForward();
-      decoder_.set_routing(nullptr);
-      stats->AddTo(&counts);
     }
+  } else {
+    state_->BeginForward();
+    decoder_.Route(batches, stats, sparse.back(), /*training=*/true);
+    state_->EndForward();
   }
   SetGeneratorStates(generators, device_);
+  StepRouting counts(sparse, config_.moe.num_experts, config_.moe.top_k);
+  for (const std::shared_ptr<RoutingStats>& s : stats) s->AddTo(&counts);
   at::Tensor flat = counts.Flat().to(device_);
   collectives_->SumInPlace(flat);
   counts.SetFlat(flat);
   return counts;
+}
+
+void Trainer::CheckPrePass(const StepRouting& pre_pass, const StepRouting& forwards, int64_t step) {
+  // The aux loss's gradient used the pre-pass's f, which is the step's only
+  // if the pre-pass routed every token as the training forwards then did.
+  // Said once a run: on a GPU a near tie may go the other way in a kernel
+  // that does not sum in one order, and then every step may say it.
+  if (pre_pass_differed_ || collectives_->rank() != 0) return;
+  const std::vector<int64_t> layers = forwards.LayersRoutedOtherwise(pre_pass);
+  if (layers.empty()) return;
+  pre_pass_differed_ = true;
+  reports_.Log("warning",
+               absl::StrCat("step ", step,
+                            ": the routing pre-pass chose other experts than the "
+                            "step's forwards in layers ",
+                            absl::StrJoin(layers, ", "),
+                            "; the load-balancing loss's gradient used the pre-pass's counts "
+                            "(said once a run)"));
 }
 
 Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batches, int64_t step,
@@ -625,6 +660,7 @@ Trainer::StepNumbers Trainer::Compute(const std::vector<PackedBatch>& micro_batc
     const int64_t width = routing->Flat().numel();
     routing->SetFlat(read.narrow(0, next, width));
     next += width;
+    if (step_counts) CheckPrePass(*step_counts, *routing, step);
     // The step's aux loss: the global one of the reduced totals, or the mean
     // of the micro-batches' own.
     const double aux =

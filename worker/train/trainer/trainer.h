@@ -170,6 +170,9 @@ class Trainer {
   std::vector<int64_t> SparseLayers() const;
   std::shared_ptr<RoutingStats> NewRoutingStats(const PackedBatch& batch, double weight) const;
   StepRouting RoutingPrePass(const std::vector<PackedBatch>& micro_batches);
+  // Warns (rank 0, once a run) when the training forwards of `step` routed
+  // otherwise than its pre-pass counted, both summed over ranks.
+  void CheckPrePass(const StepRouting& pre_pass, const StepRouting& forwards, int64_t step);
   // Fills the metrics' loss, grad_norm and counts, and returns what the
   // guard judges. When the gradient is not finite, also `norms`, and the
   // first non-finite tensor and its rank in the health (every rank must
@@ -227,6 +230,7 @@ class Trainer {
   ModelConfig config_;
   std::unique_ptr<TrainedState> state_;
   std::optional<LoraConfig> lora_;
+  bool pre_pass_differed_ = false;  // CheckPrePass said so
   TrainingData data_;
   StepBatches batches_;
   Decoder decoder_;
