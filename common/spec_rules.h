@@ -142,6 +142,15 @@ inline constexpr SpecRule kSpecRules[] = {
                 "Qwen3.5's Gated DeltaNet layers; `gate_proj`, `up_proj` and `down_proj` "
                 "adapt every expert and Qwen3.5-MoE's shared expert too, `gate` is the "
                 "router and `shared_expert_gate` Qwen3.5-MoE's shared-expert gate)"},
+    {.key = "lora.target_parameters",
+     .default_kind = SpecDefault::kText,
+     .allowed_kind = SpecAllowed::kOneOf,
+     .choices = "mlp.experts.gate_up_proj, mlp.experts.down_proj, mlp.gate.weight, "
+                "experts.gate_up_proj, experts.down_proj, gate.weight, gate_up_proj, down_proj",
+     .meaning = "Qwen3.5-MoE's parameters that are not `nn.Linear` weights, as PEFT's "
+                "`target_parameters` names them (a suffix of the parameter's name): the routed "
+                "experts' fused `gate_up_proj` and `down_proj` (an A and B per expert; gate and "
+                "up share A) and the router's `gate.weight`"},
     {.key = "lora.init_lora_weights",
      .default_kind = SpecDefault::kText,
      .text = "kaiming",

@@ -6,7 +6,6 @@ Nothing is downloaded: models are built from config objects with random
 weights and saved with save_pretrained.
 """
 import json
-import math
 import os
 import subprocess
 
@@ -391,6 +390,26 @@ def check_adapter_round_trip(tmp_path, model_dir, data, rows, adapter, trained, 
     assert r.returncode == 0, r.stderr
     assert relative_error(hf_logits(load_base(str(tmp_path / "merged")), rows),
                           peft_logits) <= 1e-5
+
+
+def lora_against_peft(tmp_path, model_dir, rows, load_base, spec, tolerance):
+    """ballast-train runs `spec`, a LoRA job whose lora.init_adapter is a PEFT
+    adapter folder, and the reference trains that adapter on `load_base`'s
+    model (reference_train): neither skips a step, and the loss and grad_norm
+    curves agree within `tolerance`. Returns (ballast-train's run, its
+    metrics, the trained reference, the job's adapter folder)."""
+    from peft import PeftModel
+
+    write_spec(tmp_path / "job.yaml", **spec)
+    r = run_train(str(tmp_path / "job.yaml"), str(tmp_path / "out"))
+    got = read_metrics(str(tmp_path / "out"))
+    ref = PeftModel.from_pretrained(load_base(model_dir), spec["lora"]["init_adapter"],
+                                    is_trainable=True)
+    losses, norms = reference_train(ref, rows, spec)
+    assert not any(m["skipped"] for m in got)
+    assert relative_error([m["loss"] for m in got], losses) <= tolerance
+    assert relative_error([m["grad_norm"] for m in got], norms) <= tolerance
+    return r, got, ref, str(tmp_path / "out" / "adapter")
 
 
 def lr_lambda(kind, warmup, max_steps):

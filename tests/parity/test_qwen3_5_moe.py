@@ -18,8 +18,10 @@ LoRA: PEFT 0.21.2 on transformers 5.23 reaches by target_modules what is an
 nn.Linear there: the token mixers' linears, the shared expert's gate_proj,
 up_proj and down_proj, and shared_expert_gate; its all-linear is those (and
 the vision tower's). The router and the fused experts are not nn.Linear
-modules, so they are not adapted: the curves compare with PEFT on those
-targets, and full finetuning trains the experts and the router."""
+modules: PEFT adapts them by target_parameters (a ParamWrapper per parameter,
+one A over gate and up per expert), and so does Ballast's
+lora.target_parameters; the curves compare with PEFT on both, and full
+finetuning trains the experts and the router."""
 import json
 import os
 import re
@@ -30,7 +32,7 @@ import torch
 from qwen3_5_reference import load as load_reference
 from reference import base_spec as dense_spec
 from reference import (assert_outside_decoder_kept, ballast_gradients, ballast_logits,
-                       check_adapter_round_trip, hf_logits, make_dataset, make_model, model_class,
+                       check_adapter_round_trip, hf_logits, lora_against_peft, make_dataset, make_model, model_class,
                        read_metrics, reference_train, relative_error, run_train, write_rows,
                        write_spec)
 # An adapter's keys; the refusals' helpers: a job that must exit 2, and an
@@ -217,7 +219,7 @@ def test_gradients_of_router_experts_shared_expert_and_gate_match_float64(arch, 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_all_linear_lora_matches_peft(arch, tmp_path):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
     make_model(arch, model_dir, seed=9)
@@ -237,24 +239,83 @@ def test_all_linear_lora_matches_peft(arch, tmp_path):
     # documents a step, so that every expert is reached in every step.
     spec = base_spec(model_dir, data, data={"micro_batch_size": 4},
                      lora={"init_adapter": str(tmp_path / "init")})
-    write_spec(tmp_path / "job.yaml", **spec)
-    run_train(str(tmp_path / "job.yaml"), str(tmp_path / "out"))
-    got = read_metrics(str(tmp_path / "out"))
-
-    ref = PeftModel.from_pretrained(cls.from_pretrained(model_dir), str(tmp_path / "init"),
-                                    is_trainable=True)
-    losses, norms = reference_train(ref, rows, spec)
-    assert not any(m["skipped"] for m in got)
+    _, got, ref, adapter = lora_against_peft(tmp_path, model_dir, rows, cls.from_pretrained, spec,
+                                             CURVE_TOLERANCE)
     assert all(m["aux_loss"] > 0 for m in got)
-    assert relative_error([m["loss"] for m in got], losses) <= CURVE_TOLERANCE
-    assert relative_error([m["grad_norm"] for m in got], norms) <= CURVE_TOLERANCE
-
-    adapter = str(tmp_path / "out" / "adapter")
     assert peft_names(adapter) == peft_names(str(tmp_path / "init"))
     with open(os.path.join(adapter, "adapter_config.json")) as f:
         assert sorted(json.load(f)["target_modules"]) == sorted(TEXT_LINEARS)
     check_adapter_round_trip(tmp_path, model_dir, data, rows, adapter, ref, cls.from_pretrained,
                              CURVE_TOLERANCE)
+
+
+# What PEFT's target_parameters names on this model: the fused routed experts
+# and the router.
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"]
+
+
+@pytest.mark.parametrize("arch,parameters", [
+    ("qwen3_5_moe_text", EXPERT_PARAMETERS),
+    ("qwen3_5_moe", EXPERT_PARAMETERS),
+    # One wrapper on the experts module (no nesting), named by a shorter suffix.
+    ("qwen3_5_moe_text", ["experts.down_proj"]),
+])
+def test_lora_on_the_experts_and_router_by_target_parameters_matches_peft(arch, parameters,
+                                                                          tmp_path):
+    """The adapter starts from PEFT's own, its B drawn at random (PEFT starts
+    B at 0), so that step 1 already reads the wrapper's layout: A (r E, in)
+    expert-major, B (out, r E) with expert e's column j at j E + e."""
+    from peft import LoraConfig, get_peft_model
+
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model(arch, model_dir, seed=16)
+    rows = make_dataset(data, n=48, vocab=320, seed=17)
+    cls = model_class(arch)
+    torch.manual_seed(18)
+    config = LoraConfig(r=8, lora_alpha=16, task_type="CAUSAL_LM",
+                        target_modules=["q_proj", "shared_expert_gate"],
+                        target_parameters=parameters)
+    init = get_peft_model(cls.from_pretrained(model_dir), config)
+    with torch.no_grad():
+        for name, p in init.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    init.save_pretrained(str(tmp_path / "init"))
+    names = peft_names(str(tmp_path / "init"))
+    assert any(".mlp.experts.lora_A." in n for n in names), names
+    assert (".mlp.gate.lora_A." in " ".join(names)) == ("mlp.gate.weight" in parameters)
+
+    spec = base_spec(model_dir, data, data={"micro_batch_size": 4},
+                     lora={"target_modules": ["q_proj", "shared_expert_gate"],
+                           "target_parameters": parameters,
+                           "init_adapter": str(tmp_path / "init")})
+    _, _, ref, adapter = lora_against_peft(tmp_path, model_dir, rows, cls.from_pretrained, spec,
+                                           CURVE_TOLERANCE)
+    assert peft_names(adapter) == names
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        written = json.load(f)
+    want = sorted({"mlp." + p[p.index("experts"):] if "experts" in p else "mlp.gate.weight"
+                   for p in parameters})
+    assert written["target_parameters"] == want
+    check_adapter_round_trip(tmp_path, model_dir, data, rows, adapter, ref, cls.from_pretrained,
+                             CURVE_TOLERANCE)
+
+
+def test_target_parameters_exits_2_with_dropout_or_on_a_model_without_them(tmp_path):
+    """With LoRA dropout (PEFT's wrapper cannot apply it and refuses to load
+    such an adapter), and on a model without such parameters (dense Qwen3.5)."""
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model("qwen3_5_moe_text", model_dir, seed=19)
+    make_dataset(data, n=8, vocab=320, seed=20)
+    stderr = refused(tmp_path, model_dir, data,
+                     lora={"target_parameters": ["mlp.gate.weight"], "lora_dropout": 0.1})
+    assert "lora.lora_dropout must be 0 with lora.target_parameters" in stderr, stderr
+    dense_dir = str(tmp_path / "dense")
+    make_model("qwen3_5", dense_dir, seed=19)
+    stderr = refused(tmp_path, dense_dir, data,
+                     lora={"target_parameters": ["mlp.experts.gate_up_proj"]})
+    assert "lora.target_parameters: qwen3_5 has no parameter that PEFT adapts that way" \
+        in stderr, stderr
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -299,15 +360,21 @@ def test_full_finetune_matches_torch_and_the_export_keeps_the_rest(arch, tmp_pat
         assert_outside_decoder_kept(model_dir, exported_dir)
 
 
-def test_zero3_on_two_ranks_equals_one(tmp_path):
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_zero3_on_two_ranks_equals_one(method, tmp_path):
+    """lora: the experts' and the router's adapters (target_parameters),
+    sharded in their layer's bucket like its weights."""
     model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
     make_model("qwen3_5_moe", model_dir, seed=14)
     make_dataset(data, n=48, vocab=320, seed=15)
     curves = {}
     for name, extra, devices in (("n1", (), 1), ("n2", ("--nproc", "2"), 2)):
-        spec = base_spec(model_dir, data, method="full", max_steps=6, devices=devices,
-                         gradient_checkpointing=True)
-        spec.pop("lora")
+        spec = base_spec(model_dir, data, method=method, max_steps=6, devices=devices,
+                         gradient_checkpointing=True,
+                         lora={"target_modules": ["q_proj"],
+                               "target_parameters": EXPERT_PARAMETERS})
+        if method == "full":
+            spec.pop("lora")
         write_spec(tmp_path / f"{name}.yaml", **spec)
         run_train(str(tmp_path / f"{name}.yaml"), str(tmp_path / name), *extra)
         curves[name] = read_metrics(str(tmp_path / name))

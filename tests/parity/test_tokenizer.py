@@ -17,7 +17,6 @@ is exact: a tokenizer either gives the ids of the reference or it is
 wrong. A failure prints the seed and the first strings that differ.
 """
 import json
-import os
 import random
 import subprocess
 import time

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -46,15 +47,33 @@ const std::vector<std::string>& LinearModules() {
 
 // One linear module of a layer that LoRA can adapt: its short name (what
 // target_modules names), its ParamStore path (to which ".lora_A.weight" is
-// appended), its (out, in), and whether it is a sparse layer's stacked
-// experts (an A and B per expert, expert_layout.h).
+// appended), its (out, in), whether it is a sparse layer's stacked experts
+// (an A and B per expert, expert_layout.h), and for a parameter that PEFT
+// reaches by target_parameters instead, its name under the layer's "mlp.".
 struct LayerLinear {
   std::string short_name;
   std::string path;
   int64_t out = 0;
   int64_t in = 0;
   bool stacked = false;
+  std::string parameter;
 };
+
+bool Targeted(const LoraConfig& lora, const LayerLinear& m) {
+  return m.parameter.empty() ? lora.targets(m.short_name) : lora.targets_parameter(m.parameter);
+}
+
+// Qwen3.5-MoE, the one family here with a shared expert, is transformers
+// 5.23's: its router (Qwen3_5MoeTopKRouter) and its fused routed experts (3-D
+// parameters of one module) are not nn.Linear modules, so PEFT reaches them
+// only by target_parameters.
+bool ExpertsAreParameters(const ModelConfig& c) {
+  return c.moe.shared_expert_intermediate_size > 0;
+}
+
+constexpr char kGateUpParameter[] = "experts.gate_up_proj";
+constexpr char kDownParameter[] = "experts.down_proj";
+constexpr char kRouterParameter[] = "gate.weight";
 
 // A layer's linear modules in PEFT's order (the order of the HF module tree:
 // transformers registers Gated DeltaNet's out_proj before its in_proj_*, a
@@ -91,14 +110,18 @@ std::vector<LayerLinear> LayerLinears(const ModelConfig& c, int64_t layer) {
     mlp(p + "mlp.", c.intermediate_size, false);
     return out;
   }
-  if (const int64_t shared = c.moe.shared_expert_intermediate_size; shared > 0) {
+  if (ExpertsAreParameters(c)) {
     // Qwen3.5-MoE as PEFT sees transformers 5.23's module tree: the router
-    // (Qwen3_5MoeTopKRouter) and the fused experts (3-D parameters) are not
-    // nn.Linear modules, so target_modules reaches only the shared expert
-    // and its gate, and gate_proj / up_proj / down_proj name the shared
-    // expert's. PEFT reaches the experts only through target_parameters, an
-    // adapter form not built here (README, Mixture of Experts).
-    mlp(p + "mlp.shared_expert.", shared, false);
+    // and the fused experts are target_parameters (gate and up share an A
+    // there: gate_up_proj is one parameter), and target_modules reaches only
+    // the shared expert and its gate, so gate_proj / up_proj / down_proj name
+    // the shared expert's.
+    const std::string experts = ExpertsPrefix(layer);
+    const int64_t width = c.moe.moe_intermediate_size;
+    out.push_back({"gate", p + "mlp.gate", c.moe.num_experts, h, false, kRouterParameter});
+    out.push_back({"gate_up_proj", experts + "gate_up_proj", 2 * width, h, true, kGateUpParameter});
+    out.push_back({"down_proj", experts + "down_proj", h, width, true, kDownParameter});
+    mlp(p + "mlp.shared_expert.", c.moe.shared_expert_intermediate_size, false);
     out.push_back({"shared_expert_gate", p + "mlp.shared_expert_gate", 1, h});
     return out;
   }
@@ -107,15 +130,58 @@ std::vector<LayerLinear> LayerLinears(const ModelConfig& c, int64_t layer) {
   return out;
 }
 
-// The targets that some layer of the model has, in name order.
-std::vector<std::string> ModelTargets(const ModelConfig& c, const LoraConfig& lora) {
+// The targets that some layer of the model has, in name order: the modules
+// (short names), or the parameters (as adapter_config.json lists them,
+// "mlp." in front).
+std::vector<std::string> ModelTargets(const ModelConfig& c, const LoraConfig& lora,
+                                      bool parameters) {
   std::set<std::string> found;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     for (const LayerLinear& m : LayerLinears(c, layer)) {
-      if (lora.targets(m.short_name)) found.insert(m.short_name);
+      if (m.parameter.empty() == parameters || !Targeted(lora, m)) continue;
+      found.insert(parameters ? "mlp." + m.parameter : m.short_name);
     }
   }
   return {found.begin(), found.end()};
+}
+
+// A routed expert's adapter of Qwen3.5-MoE in PEFT's file layout (its
+// ParamWrapper, peft tuners/lora/layer.py): A is one (r·E, in) matrix with
+// expert e's rows at [e·r, (e+1)·r), B one (out, r·E) with expert e's column
+// j at j·E + e. A module's wrappers nest in its parameters' order, so with
+// both targeted gate_up_proj's (the first) lies under "experts.base_layer.".
+struct WrappedAdapter {
+  std::string key;  // its checkpoint name, without PEFT's prefix
+  bool is_b = false;
+};
+
+std::optional<WrappedAdapter> WrappedAdapterOf(const ModelConfig& c, const LoraConfig& lora,
+                                               const std::string& name) {
+  if (!ExpertsAreParameters(c)) return std::nullopt;
+  const size_t at = name.find(".mlp.experts.");
+  if (at == std::string::npos) return std::nullopt;
+  const std::string experts = name.substr(0, at + std::string(".mlp.experts.").size());
+  const std::string rest = name.substr(experts.size());
+  const bool gate_up = absl::StartsWith(rest, "gate_up_proj.lora_");
+  if (!gate_up && !absl::StartsWith(rest, "down_proj.lora_")) return std::nullopt;
+  const bool nested = gate_up && lora.targets_parameter(kDownParameter);
+  const std::string leaf = rest.substr(rest.find(".lora_") + 1);  // lora_A.weight
+  return WrappedAdapter{CheckpointName(c, experts + (nested ? "base_layer." : "") + leaf),
+                        leaf == "lora_B.weight"};
+}
+
+// The stacked adapter (E, r, in) or (E, out, r) in the wrapper's layout, and back.
+at::Tensor WrappedToFile(const at::Tensor& stacked, bool is_b) {
+  if (!is_b) return stacked.reshape({-1, stacked.size(2)});
+  return stacked.permute({1, 2, 0}).reshape({stacked.size(1), -1});
+}
+
+at::Tensor WrappedFromFile(const at::Tensor& file, at::IntArrayRef shape, bool is_b) {
+  if (!is_b) return file.reshape(shape).to(at::kFloat);
+  return file.reshape({shape[1], shape[2], shape[0]})
+      .permute({2, 0, 1})
+      .to(at::kFloat)
+      .contiguous();
 }
 
 std::string SaveTargetName(const std::string& short_name) {
@@ -158,6 +224,19 @@ LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec) {
       c.target_modules.insert(m);
     }
   }
+  // PEFT matches a target parameter by a suffix of its name; a name that is
+  // none of these stays as written, for AddLoraAdapters to refuse.
+  for (const std::string& p : spec.target_parameters()) {
+    if (absl::EndsWith(p, "gate_up_proj")) {
+      c.target_parameters.insert(kGateUpParameter);
+    } else if (absl::EndsWith(p, "down_proj")) {
+      c.target_parameters.insert(kDownParameter);
+    } else if (absl::EndsWith(p, "gate.weight")) {
+      c.target_parameters.insert(kRouterParameter);
+    } else {
+      c.target_parameters.insert(p);
+    }
+  }
   c.modules_to_save.assign(spec.modules_to_save().begin(), spec.modules_to_save().end());
   return c;
 }
@@ -170,7 +249,32 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
           "lora.modules_to_save: lm_head is tied to embed_tokens in this model; save embed_tokens");
     }
   }
-  if (!lora.target_modules.empty() && ModelTargets(config, lora).empty()) {
+  if (!lora.target_parameters.empty()) {
+    if (!ExpertsAreParameters(config)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lora.target_parameters: ", config.model_type,
+          " has no parameter that PEFT adapts that way (Qwen3.5-MoE's routed experts and "
+          "router are the ones); ",
+          config.has_experts() ? "its experts and router are linear modules: name gate_proj, "
+                                 "up_proj, down_proj or gate in lora.target_modules"
+                               : "use lora.target_modules"));
+    }
+    for (const std::string& p : lora.target_parameters) {
+      if (p != kGateUpParameter && p != kDownParameter && p != kRouterParameter) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lora.target_parameters: ", p,
+                         " is no parameter of this model that takes an adapter; it has "
+                         "mlp.experts.gate_up_proj, mlp.experts.down_proj and mlp.gate.weight"));
+      }
+    }
+    if (lora.lora_dropout > 0) {
+      // PEFT's ParamWrapper cannot apply it and refuses to load such an adapter.
+      return absl::InvalidArgumentError(
+          "lora.lora_dropout must be 0 with lora.target_parameters, as PEFT requires (its "
+          "adapter of a parameter cannot apply dropout, and refuses to load one that says so)");
+    }
+  }
+  if (!lora.target_modules.empty() && ModelTargets(config, lora, /*parameters=*/false).empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lora.target_modules: none of them is a linear module of this model (", config.model_type,
         "); its layers have ",
@@ -186,7 +290,7 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
   // MLP's; a sparse layer's experts one after another, each with its own A.
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     for (const LayerLinear& m : LayerLinears(config, layer)) {
-      if (!lora.targets(m.short_name)) continue;
+      if (!Targeted(lora, m)) continue;
       const bool stacked = m.stacked;
       std::vector<int64_t> a_shape = {lora.r, m.in}, b_shape = {m.out, lora.r};
       if (stacked) {
@@ -234,6 +338,11 @@ absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir) {
       spec.add_target_modules(name.substr(name.rfind('.') + 1));
     }
   }
+  if (j.contains("target_parameters") && j["target_parameters"].is_array()) {
+    for (const auto& p : j["target_parameters"]) {
+      if (p.is_string()) spec.add_target_parameters(p.get<std::string>());
+    }
+  }
   if (j.contains("modules_to_save") && j["modules_to_save"].is_array()) {
     for (const auto& m : j["modules_to_save"]) spec.add_modules_to_save(m.get<std::string>());
   }
@@ -267,9 +376,25 @@ absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
   // adapter the job lacks: either means the target modules differ.
   int64_t matched = 0;
   for (const std::string& name : params->TrainableNames()) {
+    const std::vector<int64_t> shape = params->get(name).sizes().vec();
+    if (const std::optional<WrappedAdapter> wrapped = WrappedAdapterOf(model, lora, name)) {
+      const std::string key = kPeftPrefix + wrapped->key;
+      absl::StatusOr<at::Tensor> t = ckpt->tensor(key);
+      if (!t.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(dir, ": adapter has no tensor ", key, "; target_parameters differ?"));
+      }
+      if (t->numel() != params->get(name).numel() || t->dim() != 2) {
+        return absl::FailedPreconditionError(absl::StrCat(dir, ": tensor ", key,
+                                                          " has another shape than r implies (",
+                                                          c10::str(t->sizes()), ")"));
+      }
+      params->Assign(name, WrappedFromFile(*t, shape, wrapped->is_b));
+      ++matched;
+      continue;
+    }
     // A stacked adapter (a sparse layer's experts) is one tensor per expert there.
-    absl::StatusOr<at::Tensor> t =
-        ReadParam(*ckpt, model, name, params->get(name).sizes().vec(), kPeftPrefix, dir);
+    absl::StatusOr<at::Tensor> t = ReadParam(*ckpt, model, name, shape, kPeftPrefix, dir);
     if (absl::IsNotFound(t.status())) {
       return absl::FailedPreconditionError(
           absl::StrCat(t.status().message(), "; target_modules differ?"));
@@ -297,7 +422,12 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_mod
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::map<std::string, at::Tensor> tensors;
   for (const std::string& name : params.TrainableNames()) {
-    for (auto& [stored, piece] : CheckpointTensors(model, name, params.get(name).detach())) {
+    const at::Tensor value = params.get(name).detach();
+    if (const std::optional<WrappedAdapter> wrapped = WrappedAdapterOf(model, lora, name)) {
+      tensors[kPeftPrefix + wrapped->key] = WrappedToFile(value, wrapped->is_b);
+      continue;
+    }
+    for (auto& [stored, piece] : CheckpointTensors(model, name, value)) {
       tensors[kPeftPrefix + stored] = piece;
     }
   }
@@ -306,7 +436,7 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_mod
       !s.ok()) {
     return s;
   }
-  const std::vector<std::string> targets = ModelTargets(model, lora);
+  const std::vector<std::string> targets = ModelTargets(model, lora, /*parameters=*/false);
   nlohmann::json config = {
       {"alpha_pattern", nlohmann::json::object()},
       {"base_model_name_or_path", base_model_path},
@@ -332,6 +462,11 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::string& base_mod
       {"use_dora", false},
       {"use_rslora", lora.use_rslora},
   };
+  // Only when there are some: an adapter without them stays as PEFT writes one.
+  if (const std::vector<std::string> parameters = ModelTargets(model, lora, /*parameters=*/true);
+      !parameters.empty()) {
+    config["target_parameters"] = parameters;
+  }
   std::ofstream out(fs::path(dir) / "adapter_config.json", std::ios::trunc);
   out << config.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", dir, "/adapter_config.json"));
@@ -353,7 +488,9 @@ std::vector<std::pair<std::string, at::Tensor>> MergedTensors(const LoraConfig& 
   for (const std::string& name : params.names()) {
     if (name.find(".lora_") != std::string::npos) continue;
     at::Tensor value = params.get(name).detach();
-    if (absl::EndsWith(name, ".experts.gate_up_proj")) {
+    if (absl::EndsWith(name, ".experts.gate_up_proj") && params.contains(name + a_suffix)) {
+      value = merged(value, name);  // Qwen3.5-MoE's: one adapter over gate and up
+    } else if (absl::EndsWith(name, ".experts.gate_up_proj")) {
       // Stacked experts: gate rows, then up rows (expert_layout.h).
       const std::string experts = name.substr(0, name.size() - std::string("gate_up_proj").size());
       const std::vector<at::Tensor> halves = value.chunk(2, 1);

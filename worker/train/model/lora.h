@@ -36,10 +36,17 @@ struct LoraConfig {
   std::vector<std::string> modules_to_save;
   // Target modules exactly as the user wrote them, for adapter_config.json.
   std::vector<std::string> target_modules_as_given;
+  // Qwen3.5-MoE's parameters that PEFT adapts by target_parameters, by the
+  // name under its layer's "mlp." (experts.gate_up_proj, experts.down_proj,
+  // gate.weight), whatever suffix of it the spec wrote.
+  std::set<std::string> target_parameters;
 
   double scaling() const;
   bool targets(const std::string& module_short_name) const {
     return target_modules.count(module_short_name) != 0;
+  }
+  bool targets_parameter(const std::string& mlp_parameter) const {
+    return target_parameters.count(mlp_parameter) != 0;
   }
 };
 
@@ -55,7 +62,8 @@ LoraConfig LoraConfigFromSpec(const v1::LoraSpec& spec);
 absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora, ParamStore* params);
 
 // Reads a PEFT adapter folder's adapter_config.json (r, lora_alpha,
-// use_rslora, target_modules as short names or full paths, modules_to_save).
+// use_rslora, target_modules as short names or full paths, target_parameters,
+// modules_to_save).
 absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& dir);
 
 // Copies an existing PEFT adapter folder's tensors into the adapters made by

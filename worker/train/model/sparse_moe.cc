@@ -96,9 +96,14 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   // contiguous segment that ends at offsets[e].
   const kernels::ExpertOrder order = kernels::SortByExpert(selected, moe.num_experts);
   const at::Tensor rows = kernels::gather_expert_rows(x, order);  // (T k, H)
+  // Gate and up adapted apart (Qwen3-MoE's per-expert linears), or as one
+  // parameter (Qwen3.5-MoE's, PEFT's target_parameters: one A for both).
+  const bool fused_adapter = decoder.HasTensor(experts + "gate_up_proj.lora_A.weight");
   const at::Tensor gate_up = AddExpertAdapters(
-      decoder, experts, {"gate_proj", "up_proj"}, rows,
-      kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets),
+      decoder, experts,
+      fused_adapter ? std::vector<std::string>{"gate_up_proj"}
+                    : std::vector<std::string>{"gate_proj", "up_proj"},
+      rows, kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets),
       order.offsets, training);                        // (T k, 2I)
   const at::Tensor hidden = kernels::swiglu(gate_up);  // (T k, I)
   const at::Tensor out_rows = AddExpertAdapters(
