@@ -303,13 +303,16 @@ def test_lora_on_the_experts_and_router_by_target_parameters_matches_peft(arch, 
 
 def test_target_parameters_exits_2_with_dropout_or_on_a_model_without_them(tmp_path):
     """With LoRA dropout (PEFT's wrapper cannot apply it and refuses to load
-    such an adapter), and on a model without such parameters (dense Qwen3.5)."""
+    such an adapter), and on a model without such parameters (dense Qwen3.5);
+    the router named as Qwen3-MoE's module is refused, as PEFT refuses it."""
     model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
     make_model("qwen3_5_moe_text", model_dir, seed=19)
     make_dataset(data, n=8, vocab=320, seed=20)
     stderr = refused(tmp_path, model_dir, data,
                      lora={"target_parameters": ["mlp.gate.weight"], "lora_dropout": 0.1})
     assert "lora.lora_dropout must be 0 with lora.target_parameters" in stderr, stderr
+    stderr = refused(tmp_path, model_dir, data, lora={"target_modules": ["q_proj", "gate"]})
+    assert "name mlp.gate.weight in lora.target_parameters" in stderr, stderr
     dense_dir = str(tmp_path / "dense")
     make_model("qwen3_5", dense_dir, seed=19)
     stderr = refused(tmp_path, dense_dir, data,

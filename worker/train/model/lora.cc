@@ -249,6 +249,12 @@ absl::Status AddLoraAdapters(const ModelConfig& config, const LoraConfig& lora,
           "lora.modules_to_save: lm_head is tied to embed_tokens in this model; save embed_tokens");
     }
   }
+  if (ExpertsAreParameters(config) && lora.targets("gate")) {
+    // PEFT refuses it too: the router is no nn.Linear there.
+    return absl::InvalidArgumentError(
+        "lora.target_modules: gate names Qwen3-MoE's router; Qwen3.5-MoE's router is a "
+        "parameter: name mlp.gate.weight in lora.target_parameters");
+  }
   if (!lora.target_parameters.empty()) {
     if (!ExpertsAreParameters(config)) {
       return absl::InvalidArgumentError(absl::StrCat(
