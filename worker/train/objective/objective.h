@@ -29,6 +29,9 @@ class Objective {
   // The loss of `batch` under `decoder`: sum differentiable in the trainable
   // tensors, count the number of targets it is normalised by. `training`
   // turns dropout on. Throws c10::Error (from LibTorch) on a malformed batch.
+  // It runs the decoder once, on `batch` as it is (decoder.HiddenStates):
+  // the trainer's routing pre-pass of a mixture of experts (Decoder::Route)
+  // replays that forward without the objective.
   virtual kernels::LossSum Loss(const Decoder& decoder, const PackedBatch& batch,
                                 bool training) const = 0;
 
