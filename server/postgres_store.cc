@@ -331,6 +331,9 @@ class PostgresStore::Connection {
   // A connection the server closed (it restarted) is opened again; the call
   // that found it closed has already failed. Not within a transaction:
   // what came after would be committed apart from what came before.
+  // PQreset also ends a pipeline the closed connection left open (libpq's
+  // closePGconn sets its pipeline status off), so RunPipeline's enter
+  // finds the connection out of pipeline mode.
   absl::Status Reconnect(const char* what) {
     if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
     if (in_transaction_) {
