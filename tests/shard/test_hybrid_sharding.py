@@ -1,10 +1,12 @@
 """Hybrid sharding (sharding.strategy hybrid, HSDP) across real ballast-train
 processes over c10d Gloo: 4 ranks as 2 replicas x shard groups of 2 give the
 single process's curve, send across the replica dimension nothing but the
-allreduce of their gradient shards, and write checkpoints that load into
-ZeRO-3 at another world size and back."""
+allreduce of their gradient shards, write checkpoints that load into
+ZeRO-3 at another world size and back, and validate and roll back as ZeRO-3
+does, under ballast-train's own launcher (--nproc)."""
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -12,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_sharded_training import (TOLERANCE, assert_same_curves, inputs, job,  # noqa: E402,F401
-                                   load_safetensors, read_metrics, train)
+                                   load_safetensors, read_metrics, relative_error, train)
 
 HYBRID = ("--set", "sharding.strategy=hybrid", "--set", "sharding.shard_group=2")
 
@@ -114,3 +116,32 @@ def test_a_nan_on_either_replica_skips_the_step_on_every_rank(inputs, tmp_path):
         curves[rank] = rows
     # The same step skipped the same way: the replicas stayed equal after it.
     assert_same_curves(curves[1], curves[3], TOLERANCE, steps={1, 3, 4})
+
+
+def test_evaluation_and_a_rollback_run_hybrid_as_they_run_on_zero3(inputs, tmp_path):
+    """Around the steps: validation (every replica's forward gathers inside
+    its shard group) and a guard rollback (every replica restores its
+    snapshot alike), against ZeRO-3 over the same 4 ranks: the same steps
+    kept, the same training and validation curves. The hybrid job's ranks
+    are ballast-train's own (--nproc), as one node runs them."""
+    spec = job(inputs, tmp_path, "llama", "lora", max_steps=10,
+               eval={"fraction": 0.1, "every": 3},
+               guard={"snapshot_every": 2, "good_after_steps": 2,
+                      "inject": {"nan_grad_at_step": [5, 6, 7], "on_rank": 3}})
+    runs = {}
+    for name, world_size, extra in (("zero3", 4, ()),
+                                    ("hybrid", 1, ("--nproc", "4", "--set", "devices=4", *HYBRID))):
+        log = train(spec, tmp_path / name, world_size, *extra)[0]
+        assert re.search(r"guard rollback at step 7: .* rolled back to step 2", log), log
+        assert ("(2 replicas of 2 ranks)" in log) == (name == "hybrid"), log
+        runs[name] = read_metrics(str(tmp_path / name))
+    steps = {name: [m for m in rows if "eval" not in m] for name, rows in runs.items()}
+    evals = {name: [m["eval"] for m in rows if "eval" in m] for name, rows in runs.items()}
+    assert [m["step"] for m in steps["hybrid"]] == list(range(1, 11))
+    assert not any(m["skipped"] for m in steps["hybrid"])
+    assert_same_curves(steps["zero3"], steps["hybrid"], TOLERANCE)
+    # Before step 1, at steps 3, 6 and 9, and at the end.
+    assert [e["step"] for e in evals["hybrid"]] == [e["step"] for e in evals["zero3"]]
+    assert len(evals["hybrid"]) >= 4
+    for a, b in zip(evals["zero3"], evals["hybrid"]):
+        assert relative_error(b["loss"], a["loss"]) <= TOLERANCE, (a, b)
