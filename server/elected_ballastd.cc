@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <iostream>
 #include <random>
 
@@ -196,8 +197,28 @@ absl::Status ElectedBallastd::TakeOver(int64_t epoch) {
   const absl::Time start = absl::Now();
   const std::string previous = standby_ != nullptr ? standby_->leader_address() : "";
   standby_.reset();
-  absl::StatusOr<std::unique_ptr<Ballastd>> d =
-      StartOnSamePorts<std::unique_ptr<Ballastd>>([&] { return Ballastd::Start(options_); });
+  // Loading the jobs may outlast a lease (a large store, a table another
+  // session holds locked). The lease is renewed meanwhile, every fifth of
+  // it: were it left to lapse, a standby would take it while this one still
+  // loads, and each would depose the other in turn for as long as loading
+  // takes longer than a lease.
+  std::future<absl::StatusOr<std::unique_ptr<Ballastd>>> starting =
+      std::async(std::launch::async, [this] {
+        return StartOnSamePorts<std::unique_ptr<Ballastd>>(
+            [this] { return Ballastd::Start(options_); });
+      });
+  const auto period = std::chrono::milliseconds(options_.leader_lease_ms / 5);
+  while (starting.wait_for(period) != std::future_status::ready) {
+    const auto sent = std::chrono::steady_clock::now();
+    absl::StatusOr<LeaderLease> lease =
+        store_->Lead(holder_, options_.advertise, options_.leader_lease_ms);
+    // Anything else (another epoch, an unreachable store) is the next
+    // Round's to act on, once the term has started.
+    if (lease.ok() && lease->mine && lease->epoch == epoch) {
+      serve_until_ns_ = SteadyNs(sent) + options_.leader_lease_ms * 900000;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Ballastd>> d = starting.get();
   if (!d.ok()) {
     // The store failed it (loading the jobs): stand by, and leave the lease
     // to expire, for another coordinator or for a later try of this one.

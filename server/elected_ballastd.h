@@ -6,7 +6,8 @@
 // Ballastd and nothing more.
 //
 // Terms: taking the lease loads the jobs from the store exactly as a
-// restart does (Coordinator::Create), so running jobs continue; losing it
+// restart does (Coordinator::Create), so running jobs continue, and the
+// lease is renewed while they load, however long that takes; losing it
 // (another took it, or it could not renew within the lease) shuts the
 // Ballastd down and stands by again. A leader serves only while
 // less than a lease has passed since it sent its last successful renewal

@@ -6,7 +6,9 @@ attempt until cancelled, a watcher
 (`ballast watch` given both addresses) sees every seq once, and the new
 leader's /metrics has the job. A leader frozen past its lease (SIGSTOP) is
 deposed: once thawed it serves nothing, and no second copy of its job ever
-runs. Real processes, real gRPC over loopback, a throwaway PostgreSQL."""
+runs. A leader whose jobs take longer than a lease to load keeps the lease
+meanwhile, and the standby stays a standby. Real processes, real gRPC over
+loopback, a throwaway PostgreSQL."""
 import concurrent.futures
 import json
 import os
@@ -39,8 +41,8 @@ def ballastds(postgres_url, make_cluster):
     after the test (before the cluster's workers and the database)."""
     started = []
 
-    def start(cluster, name):
-        started.append(start_ballastd(cluster, name, postgres_url))
+    def start(cluster, name, lease_ms=LEADER_LEASE_MS):
+        started.append(start_ballastd(cluster, name, postgres_url, lease_ms))
         return started[-1]
 
     yield start
@@ -48,14 +50,14 @@ def ballastds(postgres_url, make_cluster):
         process.stop()
 
 
-def start_ballastd(cluster, name, postgres_url):
+def start_ballastd(cluster, name, postgres_url, lease_ms=LEADER_LEASE_MS):
     """A ballastd on `postgres_url`, sharing the cluster's output root; its
     Process and its addresses, once serving (as leader or standby)."""
     ready = os.path.join(cluster.root, f"{name}.ready.json")
     argv = [BALLASTD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
             "--state-dir", os.path.join(cluster.root, f"state-{name}"),
             "--output-root", os.path.join(cluster.root, "jobs"), "--ready-file", ready,
-            "--store", postgres_url, "--leader-lease-ms", str(LEADER_LEASE_MS),
+            "--store", postgres_url, "--leader-lease-ms", str(lease_ms),
             "--lease-ms", str(cluster.lease_ms), "--stop-grace-ms", str(cluster.stop_grace_ms)]
     process = Process(argv, os.path.join(cluster.root, f"{name}.log"))
 
@@ -296,3 +298,35 @@ def test_a_leader_frozen_past_its_lease_is_deposed_and_never_runs_a_second_copy(
             assert f"ABORTED: deposed: this coordinator led at epoch 1; the leader is now " \
                    f"{second_grpc} at epoch 2" in line or \
                    "server closed the connection unexpectedly" in line, line
+
+
+def test_a_leader_loading_for_longer_than_its_lease_keeps_it(postgres_url, make_cluster,
+                                                             ballastds, stubs):
+    """Loading the jobs outlasts a 1 s lease here because another session
+    holds the workers table (read first when a leader loads) locked for 4 s. The leader renews the lease while
+    it loads: the standby started beside it never takes it, and the leader
+    never steps down (before, the lease lapsed under a loading leader, the
+    standby took it, and each deposed the other in turn)."""
+    cluster = make_cluster()
+    first, _, _ = ballastds(cluster, "first", lease_ms=1000)  # makes the schema
+    first.stop()
+    locked = subprocess.Popen(
+        ["psql", postgres_url, "-v", "ON_ERROR_STOP=1", "-c",
+         "BEGIN; LOCK TABLE workers IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT;"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the lock taken before either starts
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        leader = pool.submit(ballastds, cluster, "leader", 1000)
+        time.sleep(0.3)
+        standby, _, _ = ballastds(cluster, "standby", lease_ms=1000)
+        leader_process, leader_grpc, _ = leader.result(timeout=60)
+    assert locked.wait(timeout=30) == 0, locked.stderr.read()
+    time.sleep(2)  # rounds of the lease after the load
+    log = leader_process.output()
+    loaded = re.findall(r"leading at epoch \d+ as \S+ \(jobs loaded in ([\d.]+)(m?s)\)", log)
+    assert len(loaded) == 1, log
+    seconds = float(loaded[0][0]) / (1000 if loaded[0][1] == "ms" else 1)
+    assert seconds > 1.0, log  # the load outlasted the lease
+    assert "stepping down" not in log, log
+    assert "leading at epoch" not in standby.output(), standby.output()
+    assert serves(stubs, leader_grpc)
