@@ -66,21 +66,22 @@ int32_t ShardGroupOf(const v1::JobSpec& spec) {
 // What a new attempt, placed as `ranks`, did with the devices of the job's
 // stragglers in earlier attempts, each after "; ". The scheduler takes them
 // last, so one is used only when its worker had no other free device.
-std::string StragglerDevicesNote(const std::map<Device, StragglerSighting>& straggler_devices,
-                                 const std::vector<v1::RankPlacement>& ranks) {
+std::string StragglerDevicesNote(
+    const google::protobuf::RepeatedPtrField<v1::StragglerDevice>& straggler_devices,
+    const std::vector<v1::RankPlacement>& ranks) {
   std::string note;
-  for (const auto& [device, sighting] : straggler_devices) {
+  for (const v1::StragglerDevice& device : straggler_devices) {
     const std::string straggler = absl::StrCat(
-        "rank ", sighting.rank, " was a straggler there in attempt ", sighting.attempt);
+        "rank ", device.rank(), " was a straggler there in attempt ", device.attempt());
     const auto used = std::find_if(ranks.begin(), ranks.end(), [&](const v1::RankPlacement& p) {
-      return p.worker_id() == device.worker_id && p.device() == device.device;
+      return p.worker_id() == device.worker_id() && p.device() == device.device();
     });
     if (used == ranks.end()) {
-      absl::StrAppend(&note, "; avoids worker ", device.worker_id, " device ", device.device, ": ",
-                      straggler);
+      absl::StrAppend(&note, "; avoids worker ", device.worker_id(), " device ", device.device(),
+                      ": ", straggler);
     } else {
-      absl::StrAppend(&note, "; rank ", used->rank(), " on worker ", device.worker_id, " device ",
-                      device.device, " although ", straggler, ": ", device.worker_id,
+      absl::StrAppend(&note, "; rank ", used->rank(), " on worker ", device.worker_id(), " device ",
+                      device.device(), " although ", straggler, ": ", device.worker_id(),
                       " had no other free device outside those avoided");
     }
   }
@@ -488,7 +489,9 @@ void Coordinator::EnqueueIfIdle(JobEntry* job) {
   const v1::Job& j = job->record.job;
   if (j.state() != v1::JOB_STATE_QUEUED || HasLiveRanks(j.id())) return;
   std::set<Device> avoid;
-  for (const auto& [device, sighting] : job->straggler_devices) avoid.insert(avoid.end(), device);
+  for (const v1::StragglerDevice& d : j.straggler_devices()) {
+    avoid.insert(Device{d.worker_id(), d.device()});
+  }
   scheduler_.Enqueue(j.id(), j.spec().scheduling().priority(), job->record.order,
                      j.spec().devices(), DeviceKindOf(j.spec()), std::move(avoid),
                      ShardGroupOf(j.spec()));
@@ -627,7 +630,7 @@ void Coordinator::RunScheduler() {
     Transition(job, v1::JOB_STATE_SCHEDULED,
                absl::StrCat("attempt ", r.attempt, " on ", d.ranks.size(), " device(s), rank 0 on ",
                             d.ranks.front().worker_id(),
-                            StragglerDevicesNote(job->straggler_devices, d.ranks)));
+                            StragglerDevicesNote(j.straggler_devices(), d.ranks)));
   }
 }
 

@@ -81,10 +81,23 @@ bool ApplyTrainingEvent(JobEntry* job, int32_t rank, const v1::TrainingEvent& e)
       if (!s.straggling() && at != ranks->end()) ranks->erase(at);
       // A rank that keeps up again still marks its device: it was slow there.
       if (!s.straggling()) break;
+      // Kept over attempts (Job.straggler_devices), in worker and device
+      // order, so that a later attempt does not return to a device that was slow.
       for (const v1::RankPlacement& p : j.placement()) {
-        if (p.rank() == s.rank()) {
-          job->straggler_devices[{p.worker_id(), p.device()}] = {s.rank(), job->record.attempt};
-        }
+        if (p.rank() != s.rank()) continue;
+        auto* devices = j.mutable_straggler_devices();
+        auto at = std::find_if(devices->begin(), devices->end(), [&](const auto& d) {
+          return d.worker_id() == p.worker_id() && d.device() == p.device();
+        });
+        v1::StragglerDevice* d = at != devices->end() ? &*at : devices->Add();
+        d->set_worker_id(p.worker_id());
+        d->set_device(p.device());
+        d->set_rank(s.rank());
+        d->set_attempt(job->record.attempt);
+        std::sort(devices->begin(), devices->end(), [](const auto& x, const auto& y) {
+          return x.worker_id() != y.worker_id() ? x.worker_id() < y.worker_id()
+                                                : x.device() < y.device();
+        });
       }
       break;
     }

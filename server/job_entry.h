@@ -44,13 +44,6 @@ struct RankSeries {
   double collective_wait_seconds = 0;
 };
 
-// Who was a straggler on a device (the progress watchdog's): the rank, in
-// which attempt (the newest, when it was one there in several).
-struct StragglerSighting {
-  int32_t rank = 0;
-  int32_t attempt = 0;
-};
-
 struct JobEntry {
   JobRecord record;
   // By rank number, across attempts.
@@ -63,11 +56,6 @@ struct JobEntry {
   int64_t queued_since_ms = 0;
   // The current attempt's progress, for the watchdog.
   ProgressWatch watch;
-  // The devices its stragglers ran on, in every attempt so far: the next
-  // attempts take them last (Scheduler, avoided devices). Kept over attempts
-  // so that a later restart does not return to a device that was slow; in
-  // memory only, as the stored Job has no field for it.
-  std::map<Device, StragglerSighting> straggler_devices;
 };
 
 // Folds what the coordinator interprets of a current-attempt training event

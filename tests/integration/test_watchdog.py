@@ -12,7 +12,9 @@ worker/train/trainer/delay_injection.h:
   within its window, seen in the job and in ballast_rank_straggler;
 - both on one rank, on a worker with a device to spare: the restart after
   the stall places the straggler's rank elsewhere than its slow device, says
-  so in the SCHEDULED event, and the job still trains every step once.
+  so in the SCHEDULED event, and the job still trains every step once;
+- the slow device is stored with the job: a ballastd restarted (kill -9)
+  before the next attempt still avoids it.
 
 Each prints its measured times (docs/reliability.md quotes them)."""
 import json
@@ -21,9 +23,9 @@ import re
 import time
 import urllib.request
 
-from cluster import wait_for
+from cluster import train_ranks, wait_for
 from test_control_plane import TERMINAL, inputs  # noqa: F401
-from test_gang import gang_spec
+from test_gang import gang_spec, rank_of
 from test_rank_stop import steps_in
 
 STEPS = 10
@@ -175,3 +177,39 @@ def test_the_restart_after_a_stall_avoids_the_device_of_a_straggler(inputs, make
           f"step {flagged} of attempt 1, stalled in step {done['last_stall']['step']} after "
           f"{done['last_stall']['waited_s']:.1f} s; attempt 2 ran it on device 2 and "
           f"\"{scheduled[1]}\"; the job took {time.monotonic() - started:.1f} s")
+
+
+def test_a_restarted_coordinator_still_avoids_the_device_of_a_straggler(inputs, make_cluster):
+    """The straggler's device is stored with the job (Job.straggler_devices):
+    after a kill -9 and restart of ballastd, the attempt that follows a
+    rank's death still takes the spare device instead."""
+    cluster = make_cluster()
+    cluster.start_coordinator()
+    cluster.start_worker("w", cpu_slots=3, env={**os.environ,
+                                                "BALLAST_INJECT_SLOW": f"1:{SLOW_S}"})
+    job_id = cluster.submit(gang_spec(inputs, 2, max_steps=60, checkpoint_every=2,
+                                      schedule={"kind": "constant", "warmup_steps": 0},
+                                      guard={"good_after_steps": 0},
+                                      watchdog={"straggler_factor": 2,
+                                                "straggler_window": WINDOW}))
+    first = wait_for(lambda: (lambda j: j if j.get("straggler_ranks") else None)(
+        cluster.job(job_id)), 300, "a straggler")
+    worker, slow_device = devices(first)[1]
+    assert first["straggler_devices"] == [
+        {"worker_id": worker, "device": slow_device, "rank": 1, "attempt": 1}], first
+
+    cluster.restart_coordinator_after_kill9()
+    assert cluster.job(job_id)["straggler_devices"] == first["straggler_devices"]
+    # Rank 1 dies: the next attempt is placed by the restarted coordinator.
+    ranks = [p for p in train_ranks(first["output_dir"]) if rank_of(p) == 1]
+    assert len(ranks) == 1, train_ranks(first["output_dir"])
+    ranks[0].kill()
+    second = wait_for(lambda: (lambda j: j if int(j.get("restarts", 0)) == 1 and j.get(
+        "placement") else None)(cluster.job(job_id)), 180, "the next attempt's placement")
+    assert devices(second)[1] != (worker, slow_device), second
+    scheduled = [e["state_change"]["reason"] for e in job_events(cluster, job_id)
+                 if e.get("state_change", {}).get("to") == "JOB_STATE_SCHEDULED"]
+    assert scheduled[-1].endswith(
+        f"; avoids worker {worker} device {slow_device}: rank 1 was a straggler there in "
+        "attempt 1"), scheduled
+    cluster.cli("cancel", job_id)
