@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string_view>
 #include <thread>
 
@@ -54,24 +56,53 @@ void WriteAll(int fd, std::string_view text) {
   }
 }
 
-// A free TCP port of 127.0.0.1. Another process could take it before rank 0
-// binds it; rank 0 then fails to open its store and says so.
-absl::StatusOr<int> FreePort() {
+// Whether `port` (0: any) can be bound on every address now; the bound one.
+absl::StatusOr<int> BindablePort(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
   const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
                   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   const int error = errno;
   close(fd);
   if (!ok) {
-    return absl::InternalError(
-        absl::StrCat("cannot pick a free port of 127.0.0.1: ", std::strerror(error)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind port ", port, ": ", std::strerror(error)));
   }
   return ntohs(addr.sin_port);
+}
+
+// A port for rank 0's store, free now. Rank 0 binds it a moment later, so it
+// is drawn below the kernel's ephemeral range (ip_local_port_range), which
+// outgoing connections and port-0 listeners take their ports from: only
+// another explicit bind of the same port could come between. (A port of
+// that range was taken now and then by a concurrent test's connection, and
+// rank 0 failed with EADDRINUSE.) Falls back to the kernel's choice.
+absl::StatusOr<int> FreePort() {
+  int ephemeral_low = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int low = 0, high = 0;
+    if (std::fscanf(f, "%d %d", &low, &high) == 2 && low > 1024) ephemeral_low = low;
+    std::fclose(f);
+  }
+  constexpr int kLowest = 10000;
+  if (ephemeral_low > kLowest + 1) {
+    std::random_device seed;
+    std::mt19937 draw(seed());
+    std::uniform_int_distribution<int> ports(kLowest, ephemeral_low - 1);
+    for (int tries = 0; tries < 64; ++tries) {
+      if (absl::StatusOr<int> port = BindablePort(ports(draw)); port.ok()) return port;
+    }
+  }
+  absl::StatusOr<int> port = BindablePort(0);
+  if (!port.ok()) {
+    return absl::InternalError(absl::StrCat("cannot pick a free port: ", port.status().message()));
+  }
+  return port;
 }
 
 int ExitCodeOf(int status) {
