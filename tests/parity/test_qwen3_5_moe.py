@@ -313,6 +313,15 @@ def test_target_parameters_exits_2_with_dropout_or_on_a_model_without_them(tmp_p
     assert "lora.lora_dropout must be 0 with lora.target_parameters" in stderr, stderr
     stderr = refused(tmp_path, model_dir, data, lora={"target_modules": ["q_proj", "gate"]})
     assert "name mlp.gate.weight in lora.target_parameters" in stderr, stderr
+    # An adapter of the experts, started from by a job that does not target them.
+    from peft import LoraConfig, get_peft_model
+    init = get_peft_model(model_class("qwen3_5_moe_text").from_pretrained(model_dir),
+                          LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj"],
+                                     target_parameters=["mlp.experts.down_proj"]))
+    init.save_pretrained(str(tmp_path / "experts-adapter"))
+    stderr = refused(tmp_path, model_dir, data, lora={
+        "target_modules": ["q_proj"], "init_adapter": str(tmp_path / "experts-adapter")})
+    assert "target_modules, target_parameters or modules_to_save differ" in stderr, stderr
     dense_dir = str(tmp_path / "dense")
     make_model("qwen3_5", dense_dir, seed=19)
     stderr = refused(tmp_path, dense_dir, data,

@@ -415,7 +415,7 @@ absl::Status LoadPeftAdapter(const std::string& dir, const ModelConfig& model,
   if (matched != static_cast<int64_t>(ckpt->names().size())) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, ": adapter holds ", ckpt->names().size(), " tensors, the job trains ",
-                     matched, "; target_modules or modules_to_save differ"));
+                     matched, "; target_modules, target_parameters or modules_to_save differ"));
   }
   return absl::OkStatus();
 }
