@@ -726,6 +726,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                      sharding.strategy().empty() ? "unset (zero3)" : sharding.strategy(),
                      "; shard groups are for strategy hybrid")));
   }
+  // Experts split over the ranks ZeRO-3 shards over: their shards are then
+  // whole experts (worker/train/shard/flat_layout.h), and no expert is kept
+  // twice in a shard group. num_experts is config.json's: the trainer checks
+  // that the number divides it.
+  if (const int32_t expert_parallel = spec.moe().expert_parallel();
+      expert_parallel > 1 || expert_parallel < 0) {
+    const bool hybrid = sharding.strategy() == "hybrid";
+    const int32_t shard_ranks = hybrid ? sharding.shard_group() : std::max(spec.devices(), 1);
+    if (expert_parallel != shard_ranks) {
+      checks.push_back(
+          OutOfRange("moe.expert_parallel", absl::StrCat(expert_parallel),
+                     absl::StrCat("0 or 1 (off), or the ranks ZeRO-3 shards over: ",
+                                  hybrid ? "sharding.shard_group, " : "devices, ", shard_ranks)));
+    }
+  }
   if (spec.zero3().reduce_dtype() == "bf16" && spec.precision() != "bf16") {
     checks.push_back(absl::InvalidArgumentError(
         absl::StrCat("zero3.reduce_dtype = bf16 needs precision bf16; precision is ",

@@ -129,7 +129,18 @@ bool HasExperts(const nlohmann::json& config) {
 // ignored, so it is refused, naming the keys it sets.
 absl::Status CheckMoeSection(const v1::JobSpec& spec, const nlohmann::json& config,
                              const std::string& config_name) {
-  if (!spec.has_moe() || HasExperts(config)) return absl::OkStatus();
+  if (!spec.has_moe()) return absl::OkStatus();
+  if (HasExperts(config)) {
+    // Each rank holds num_experts / N whole experts.
+    const int64_t experts = DecoderKeys(config).at("num_experts").get<int64_t>();
+    const int32_t n = spec.moe().expert_parallel();
+    if (n > 1 && experts % n != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "moe.expert_parallel = ", n, " does not divide num_experts ", experts, " of ",
+          config_name, ": each rank holds num_experts / ", n, " whole experts"));
+    }
+    return absl::OkStatus();
+  }
   std::vector<const google::protobuf::FieldDescriptor*> set;
   spec.moe().GetReflection()->ListFields(spec.moe(), &set);
   std::vector<std::string> keys;

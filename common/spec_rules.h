@@ -455,6 +455,15 @@ inline constexpr SpecRule kSpecRules[] = {
      .lo = 0,
      .hi = 100,
      .meaning = "the load-balancing loss's coefficient"},
+    {.key = "moe.expert_parallel",
+     .moe_only = true,
+     .number = 0,
+     .allowed_kind = SpecAllowed::kInCode,
+     .allowed = "0 or 1 (off), or the ranks ZeRO-3 shards over (devices; sharding.shard_group "
+                "under hybrid), dividing num_experts",
+     .meaning = "experts split over the ranks, whole experts on each; routed tokens travel to "
+                "them over an all-to-all instead of the experts being gathered "
+                "(see [docs/scaling.md](docs/scaling.md))"},
     {.key = "optimizer.lr",
      .default_kind = SpecDefault::kRequired,
      .allowed_kind = SpecAllowed::kRange,

@@ -375,25 +375,33 @@ def test_full_finetune_matches_torch_and_the_export_keeps_the_rest(arch, tmp_pat
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_zero3_on_two_ranks_equals_one(method, tmp_path):
     """lora: the experts' and the router's adapters (target_parameters),
-    sharded in their layer's bucket like its weights."""
+    sharded like the weights: in buckets of their own, split by expert under
+    moe.expert_parallel (ep2), where the shared expert, every token's, stays
+    gathered as the attention is."""
     model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
     make_model("qwen3_5_moe", model_dir, seed=14)
     make_dataset(data, n=48, vocab=320, seed=15)
     curves = {}
-    for name, extra, devices in (("n1", (), 1), ("n2", ("--nproc", "2"), 2)):
+    for name, extra, devices in (("n1", (), 1), ("n2", ("--nproc", "2"), 2),
+                                 ("ep2", ("--nproc", "2"), 2)):
         spec = base_spec(model_dir, data, method=method, max_steps=6, devices=devices,
                          gradient_checkpointing=True,
                          lora={"target_modules": ["q_proj"],
                                "target_parameters": EXPERT_PARAMETERS})
         if method == "full":
             spec.pop("lora")
+        if name == "ep2":
+            spec["moe"] = {**spec.get("moe", {}), "expert_parallel": 2}
         write_spec(tmp_path / f"{name}.yaml", **spec)
-        run_train(str(tmp_path / f"{name}.yaml"), str(tmp_path / name), *extra)
+        r = run_train(str(tmp_path / f"{name}.yaml"), str(tmp_path / name), *extra)
+        if name == "ep2":
+            assert "per rank over 2 ranks (moe.expert_parallel)" in r.stderr, r.stderr
         curves[name] = read_metrics(str(tmp_path / name))
     # fp32 sums over ranks in another order: rounding only.
-    for key in ("loss", "grad_norm", "aux_loss"):
-        err = relative_error([m[key] for m in curves["n2"]], [m[key] for m in curves["n1"]])
-        assert err <= 1e-5, f"{key}: relative error {err:.2e}"
+    for name in ("n2", "ep2"):
+        for key in ("loss", "grad_norm", "aux_loss"):
+            err = relative_error([m[key] for m in curves[name]], [m[key] for m in curves["n1"]])
+            assert err <= 1e-5, f"{name} {key}: relative error {err:.2e}"
 
 
 # ---------------------------------------------------------------------------

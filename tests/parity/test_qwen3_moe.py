@@ -12,6 +12,7 @@ expert's gradient None, so AdamW skips it, where Ballast gives it a zero
 gradient that AdamW still applies its moments to."""
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -424,12 +425,92 @@ def test_zero3_with_ranks_routing_to_disjoint_experts_equals_one_rank(tmp_path):
         assert_same_curves(two, one, 1e-5)
 
 
+EXPERT_PARALLEL = {"moe": {"aux_loss": "micro_batch", "expert_parallel": 2}}
+
+
+def expert_parallel_curves(tmp_path, name, model_dir, data, **overrides):
+    """Two ranks under moe.expert_parallel 2, which say so; their curve."""
+    spec = base_spec(model_dir, data, **{"max_steps": 6, "devices": 2, **EXPERT_PARALLEL,
+                                         **overrides})
+    write_spec(tmp_path / f"{name}.yaml", **spec)
+    r = subprocess.run([TRAIN, "--spec", str(tmp_path / f"{name}.yaml"), "--out",
+                        str(tmp_path / name), "--nproc", "2"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"ballast-train failed ({r.returncode}):\n{r.stderr}"
+    assert "experts: 4 of 8 per rank over 2 ranks (moe.expert_parallel)" in r.stderr, r.stderr
+    return read_metrics(str(tmp_path / name))
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_expert_parallel_equals_one_rank(method, tmp_path):
+    """moe.expert_parallel 2: rank 0 computes experts 0-3 and rank 1 experts
+    4-7 for both ranks' rows, which cross over an all-to-all both ways, in
+    forward and in backward; each expert's gradient is summed on its own
+    rank. LoRA adapts every expert (its A and B split with them) and the
+    router; full trains the experts' weights."""
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model(ARCH, model_dir, seed=26)
+    make_dataset(data, n=48, vocab=320, seed=27)
+    overrides = {"method": method, "gradient_checkpointing": method == "full"}
+    if method == "lora":
+        overrides["lora"] = {"target_modules": LINEARS + ["gate"]}
+    one = train_curves(tmp_path, "n1", model_dir, data, **overrides)
+    two = expert_parallel_curves(tmp_path, "ep2", model_dir, data, **overrides)
+    assert_same_curves(two, one, 1e-5)
+
+
+@pytest.mark.parametrize("routing", ["own", "swapped", "one_rank"])
+def test_expert_parallel_with_rows_that_stay_cross_or_all_go_to_one_rank(routing, tmp_path):
+    """The disjoint-routing model under moe.expert_parallel 2. own: each
+    rank's tokens route only to its own experts, and no row crosses. swapped:
+    every row crosses, and a rank keeps none of its own. one_rank: every
+    token of both ranks routes to rank 0's experts, and rank 1 computes no
+    row, in a grouped GEMM over empty segments, while its experts'
+    gradients are zero. None hangs, and each curve is one rank's."""
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    disjoint_routing_model(model_dir, seed=28)
+    rows = make_dataset(data, n=48, vocab=160, seed=29)
+    for i, r in enumerate(rows):
+        # Rank 0 takes the first micro-batch of each step's two, rank 1 the second.
+        shift = {"own": i % 4 >= 2, "swapped": i % 4 < 2, "one_rank": False}[routing]
+        if shift:
+            r["input_ids"] = [t + 160 for t in r["input_ids"]]
+            r["labels"] = [t if t == -100 else t + 160 for t in r["labels"]]
+    write_rows(data, rows)
+    overrides = {"method": "full", "gradient_checkpointing": True}
+    one = train_curves(tmp_path, "n1", model_dir, data, **overrides)
+    two = expert_parallel_curves(tmp_path, "ep2", model_dir, data, **overrides)
+    assert_same_curves(two, one, 1e-5)
+
+
+def test_expert_parallel_checkpoints_resume_without_it_and_back(tmp_path):
+    """The experts' buckets are the same with expert parallelism and without
+    (flat_layout.h): a checkpoint of a moe.expert_parallel run resumes on one
+    rank, and one rank's resumes under moe.expert_parallel, each going on as
+    the uninterrupted run."""
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model(ARCH, model_dir, seed=30)
+    make_dataset(data, n=48, vocab=320, seed=31)
+    overrides = {"method": "full", "checkpoint_every": 3, "guard": {"good_after_steps": 0}}
+    ep = expert_parallel_curves(tmp_path, "ep2", model_dir, data, **overrides)
+    one = train_curves(tmp_path, "n1", model_dir, data, **overrides)
+    for source, target, want in (("ep2", "n1-from-ep2", ep), ("n1", "ep2-from-n1", one)):
+        shutil.copytree(tmp_path / source / "checkpoints" / "step-00000003",
+                        tmp_path / target / "checkpoints" / "step-00000003")
+        if target.startswith("ep2"):
+            resumed = expert_parallel_curves(tmp_path, target, model_dir, data, **overrides)
+        else:
+            resumed = train_curves(tmp_path, target, model_dir, data, **overrides)
+        assert [m["step"] for m in resumed] == [4, 5, 6]
+        assert_same_curves(resumed, want[3:], 1e-5)
+
+
 # ---------------------------------------------------------------------------
 # What is refused, with exit 2 and the key or tensor named
 
 
-def refused(tmp_path, model_dir, data):
-    spec = base_spec(model_dir, data, max_steps=4)
+def refused(tmp_path, model_dir, data, **overrides):
+    spec = base_spec(model_dir, data, max_steps=4, **overrides)
     write_spec(tmp_path / "job.yaml", **spec)
     r = run_train(str(tmp_path / "job.yaml"), str(tmp_path / "out"), check=False)
     assert r.returncode == 2, (r.returncode, r.stderr)
@@ -466,6 +547,25 @@ def test_a_bad_expert_config_exits_2_naming_the_key(tmp_path, edit, message):
     make_dataset(data, n=4, vocab=320, seed=27)
     edit_config(model_dir, edit)
     assert message in refused(tmp_path, model_dir, data)
+
+
+@pytest.mark.parametrize("devices,sharding,expert_parallel,message", [
+    (3, {}, 3, "moe.expert_parallel = 3 does not divide num_experts 8 of "),
+    (4, {}, 2, "moe.expert_parallel = 2 is out of range; allowed: 0 or 1 (off), or the ranks "
+               "ZeRO-3 shards over: devices, 4"),
+    (4, {"strategy": "hybrid", "shard_group": 2}, 4,
+     "moe.expert_parallel = 4 is out of range; allowed: 0 or 1 (off), or the ranks ZeRO-3 shards "
+     "over: sharding.shard_group, 2"),
+])
+def test_expert_parallel_over_other_ranks_or_not_dividing_the_experts_exits_2(
+        tmp_path, devices, sharding, expert_parallel, message):
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model(ARCH, model_dir, seed=32)
+    make_dataset(data, n=4, vocab=320, seed=33)
+    overrides = {"devices": devices, "moe": {"expert_parallel": expert_parallel}}
+    if sharding:
+        overrides["sharding"] = sharding
+    assert message in refused(tmp_path, model_dir, data, **overrides)
 
 
 def test_a_missing_expert_exits_2_naming_the_tensor(tmp_path):

@@ -5,6 +5,8 @@
 //     ReduceScatter of its gradients (ZeRO-3, worker/train/shard/)
 //   the loss sum and the gradient's sums of squares (for grad_norm)
 //   the guard's action           (the most severe verdict wins)
+//   per sparse layer, with expert parallelism: AllToAll of the routed rows
+//     to their experts' ranks and back, in forward and again in backward
 // One rank needs no communication: SingleRank copies. ProcessGroupCollectives
 // (process_group.h) runs them over c10d: Gloo on CPU, NCCL on GPU.
 //
@@ -25,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace ballast::train {
 
@@ -57,6 +60,13 @@ class Collectives {
   // sent); the sum is in fp32 either way (Gloo and NCCL would add bf16 in
   // bf16).
   virtual std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) = 0;
+  // Rows from every rank to every rank (expert parallelism, sparse_moe.h):
+  // this rank sends rank q `send_rows[q]` rows of `input`, in rank order,
+  // and receives rank p's `recv_rows[p]` rows into `output`, in rank order.
+  // Contiguous tensors of one dtype on the step's device, rows along dim 0,
+  // any row count zero; returns when `output` holds them.
+  virtual void AllToAll(at::Tensor output, at::Tensor input, const std::vector<int64_t>& recv_rows,
+                        const std::vector<int64_t>& send_rows) = 0;
   // Returns when every rank has called it.
   virtual void Barrier() = 0;
 
@@ -91,6 +101,8 @@ class SingleRank : public Collectives {
   int64_t Max(int64_t value) override { return value; }
   std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override;
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override;
+  void AllToAll(at::Tensor output, at::Tensor input, const std::vector<int64_t>& recv_rows,
+                const std::vector<int64_t>& send_rows) override;
   void Barrier() override {}
   int64_t communicated_bytes() const override { return 0; }
 };

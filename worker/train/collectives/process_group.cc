@@ -135,6 +135,8 @@ class GroupCollectives : public Collectives {
   int64_t Max(int64_t value) override;
   std::unique_ptr<InFlight> AllGather(at::Tensor full, at::Tensor shard) override;
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override;
+  void AllToAll(at::Tensor output, at::Tensor input, const std::vector<int64_t>& recv_rows,
+                const std::vector<int64_t>& send_rows) override;
   void Barrier() override;
   int64_t communicated_bytes() const override { return sent_; }
   void FenceIfStalled() override;
@@ -203,6 +205,10 @@ class ProcessGroupCollectives : public Collectives {
   }
   std::unique_ptr<InFlight> ReduceScatter(at::Tensor shard, at::Tensor full) override {
     return all_.ReduceScatter(std::move(shard), std::move(full));
+  }
+  void AllToAll(at::Tensor output, at::Tensor input, const std::vector<int64_t>& recv_rows,
+                const std::vector<int64_t>& send_rows) override {
+    all_.AllToAll(std::move(output), std::move(input), recv_rows, send_rows);
   }
   void Barrier() override { all_.Barrier(); }
 
@@ -483,6 +489,22 @@ std::unique_ptr<InFlight> GroupCollectives::ReduceScatter(at::Tensor shard, at::
       std::move(shard), std::move(chunks));
 }
 
+void GroupCollectives::AllToAll(at::Tensor output, at::Tensor input,
+                                const std::vector<int64_t>& recv_rows,
+                                const std::vector<int64_t>& send_rows) {
+  TORCH_CHECK(
+      static_cast<int>(recv_rows.size()) == size_ && static_cast<int>(send_rows.size()) == size_,
+      "AllToAll: ", send_rows.size(), " and ", recv_rows.size(), " row counts for ", size_,
+      " ranks");
+  // What leaves this rank: every row but those it keeps.
+  const int64_t row_bytes = input.dim() == 0 || input.size(0) == 0
+                                ? 0
+                                : static_cast<int64_t>(input.nbytes()) / input.size(0);
+  sent_ += (input.size(0) - send_rows[rank_]) * row_bytes;
+  std::vector<int64_t> recv(recv_rows), send(send_rows);
+  world_->Wait("all_to_all", world_->NextSeq(), group_->alltoall_base(output, input, recv, send));
+}
+
 void GroupCollectives::Barrier() {
   c10d::BarrierOptions options;
   // NCCL's barrier is an allreduce on a device, which it would otherwise guess.
@@ -502,6 +524,11 @@ std::unique_ptr<InFlight> SingleRank::AllGather(at::Tensor full, at::Tensor shar
 std::unique_ptr<InFlight> SingleRank::ReduceScatter(at::Tensor shard, at::Tensor full) {
   shard.copy_(full);
   return nullptr;
+}
+
+void SingleRank::AllToAll(at::Tensor output, at::Tensor input, const std::vector<int64_t>&,
+                          const std::vector<int64_t>&) {
+  output.copy_(input);
 }
 
 namespace {

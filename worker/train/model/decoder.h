@@ -35,6 +35,7 @@
 
 #include "common/model_config.h"
 #include "kernels/attention.h"
+#include "worker/train/collectives/collectives.h"
 #include "worker/train/data/packed_batch.h"
 #include "worker/train/model/load_balancing.h"
 #include "worker/train/model/lora.h"
@@ -81,6 +82,12 @@ class Decoder {
   // none. Not owned; it must outlive the forwards.
   void set_routing_bias(const RoutingBias* bias) { routing_bias_ = bias; }
   const RoutingBias* routing_bias() const { return routing_bias_; }
+  // Expert parallelism (moe.expert_parallel): the ranks the experts are
+  // split over, each holding E / N of them as its experts tensors, which the
+  // sparse layers send their rows to (expert_exchange.h); nullptr: every
+  // expert is at hand. Not owned.
+  void set_expert_group(Collectives* group) { expert_group_ = group; }
+  Collectives* expert_group() const { return expert_group_; }
 
   // Final-normed hidden states, (T, H) in the compute dtype, differentiable
   // in every trainable tensor. `training` turns LoRA dropout on.
@@ -146,6 +153,7 @@ class Decoder {
   LayerRunner* layer_runner_ = nullptr;
   std::shared_ptr<RoutingStats> routing_;
   const RoutingBias* routing_bias_ = nullptr;
+  Collectives* expert_group_ = nullptr;
   at::Tensor inv_freq_;  // (rotary_dim / 2) fp32 on the params' device, with rope_scaling applied
 };
 

@@ -13,6 +13,7 @@
 #include "kernels/lora_update.h"
 #include "kernels/swiglu.h"
 #include "worker/train/model/decoder.h"
+#include "worker/train/model/expert_exchange.h"
 #include "worker/train/model/expert_layout.h"
 #include "worker/train/model/load_balancing.h"
 #include "worker/train/model/tensor_names.h"
@@ -95,7 +96,16 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
   // The (token, choice) rows in expert order; each expert's rows are a
   // contiguous segment that ends at offsets[e].
   const kernels::ExpertOrder order = kernels::SortByExpert(selected, moe.num_experts);
-  const at::Tensor rows = kernels::gather_expert_rows(x, order);  // (T k, H)
+  at::Tensor rows = kernels::gather_expert_rows(x, order);  // (T k, H)
+  at::Tensor offsets = order.offsets;
+  // Expert parallelism: the rows go to their experts' ranks, and this rank
+  // computes its own experts' rows from every rank.
+  std::optional<ExpertExchange> exchange;
+  if (Collectives* group = decoder.expert_group()) {
+    exchange.emplace(group, order.counts);
+    rows = exchange->Dispatch(rows);
+    offsets = exchange->local_offsets();
+  }
   // Gate and up adapted apart (Qwen3-MoE's per-expert linears), or as one
   // parameter (Qwen3.5-MoE's, PEFT's target_parameters: one A for both).
   const bool fused_adapter = decoder.HasTensor(experts + "gate_up_proj.lora_A.weight");
@@ -103,13 +113,14 @@ at::Tensor SparseMoe(const Decoder& decoder, int64_t layer, const at::Tensor& x,
       decoder, experts,
       fused_adapter ? std::vector<std::string>{"gate_up_proj"}
                     : std::vector<std::string>{"gate_proj", "up_proj"},
-      rows, kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), order.offsets),
-      order.offsets, training);                        // (T k, 2I)
+      rows, kernels::grouped_linear(rows, decoder.Weight(experts + "gate_up_proj"), offsets),
+      offsets, training);                              // (T k, 2I)
   const at::Tensor hidden = kernels::swiglu(gate_up);  // (T k, I)
-  const at::Tensor out_rows = AddExpertAdapters(
+  at::Tensor out_rows = AddExpertAdapters(
       decoder, experts, {"down_proj"}, hidden,
-      kernels::grouped_linear(hidden, decoder.Weight(experts + "down_proj"), order.offsets),
-      order.offsets, training);  // (T k, H)
+      kernels::grouped_linear(hidden, decoder.Weight(experts + "down_proj"), offsets), offsets,
+      training);  // (T k, H)
+  if (exchange) out_rows = exchange->Combine(out_rows);
 
   // Each row weighted by its choice's routing weight, then summed into its
   // token in expert order, as HF adds them.

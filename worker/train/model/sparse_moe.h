@@ -29,6 +29,10 @@
 // name the shared expert's linears instead, and "shared_expert_gate" its
 // gate, as PEFT names them on transformers 5.23 (lora.cc).
 //
+// Under expert parallelism (moe.expert_parallel) the decoder's experts
+// tensors hold this rank's E / N experts, and the sorted rows go to their
+// experts' ranks and back around the grouped GEMMs (expert_exchange.h).
+//
 // The routing is recorded for the load-balancing loss (load_balancing.h)
 // when the decoder has a RoutingStats, and the logits pass through
 // BalanceRouterLogits so that its gradient reaches the router.

@@ -81,6 +81,7 @@ class ShardedState : public TrainedState {
 
   const ParamStore& weights() const override { return model_.gathered(); }
   LayerRunner* layer_runner() override { return &model_; }
+  Collectives* expert_group() override { return model_.expert_group(); }
   ParamStore& trained() override { return model_.masters(); }
   void BeginForward() override { model_.GatherRoots(); }
   void FinishBackward() override { model_.FinishBackward(); }
@@ -176,7 +177,8 @@ absl::StatusOr<std::unique_ptr<TrainedState>> LoadTrainedState(
       .prefetch = spec.zero3().prefetch() > 0
                       ? spec.zero3().prefetch()
                       : static_cast<int>(SpecDefaultNumber("zero3.prefetch")),
-      .reduce_dtype = spec.zero3().reduce_dtype() == "bf16" ? torch::kBFloat16 : torch::kFloat};
+      .reduce_dtype = spec.zero3().reduce_dtype() == "bf16" ? torch::kBFloat16 : torch::kFloat,
+      .expert_parallel = spec.moe().expert_parallel() > 1};
   std::unique_ptr<TrainedState> state =
       std::make_unique<ShardedState>(*std::move(params), collectives, compute, device, zero3);
   torch::manual_seed(spec.seed() + collectives->rank());

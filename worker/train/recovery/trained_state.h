@@ -72,6 +72,9 @@ class TrainedState {
   virtual const ParamStore& weights() const = 0;
   // How the decoder runs its layers; null: in place.
   virtual LayerRunner* layer_runner() = 0;
+  // The ranks the experts are split over (moe.expert_parallel), which the
+  // decoder sends routed rows to; null: every expert is at hand.
+  virtual Collectives* expert_group() { return nullptr; }
   // What the optimizer updates and a snapshot copies: the trainable tensors,
   // or this rank's fp32 shards of them; .grad() is each one's gradient.
   virtual ParamStore& trained() = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "common/model_config.h"
+#include "worker/train/model/expert_layout.h"
 #include "worker/train/model/tensor_names.h"
 
 namespace ballast::train {
@@ -58,6 +59,7 @@ FlatLayout FlatLayout::Plan(const ParamStore& params, int world_size) {
   }
 
   for (const std::string& unit : units) {
+    const int64_t layer = unit_layer[unit];
     for (bool trainable : {false, true}) {
       auto it = members.find({unit, trainable});
       if (it == members.end()) continue;
@@ -65,17 +67,34 @@ FlatLayout FlatLayout::Plan(const ParamStore& params, int world_size) {
       std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
         return LoraRank(a) < LoraRank(b);
       });
-      FlatBucket bucket;
-      bucket.unit = unit;
-      bucket.layer = unit_layer[unit];
-      bucket.trainable = trainable;
+      // The unit's tensors in one bucket, then each stacked experts tensor
+      // in its own.
+      auto is_experts = [&](const std::string& name) {
+        return layer != ParamStore::kNoLayer && absl::StartsWith(name, ExpertsPrefix(layer));
+      };
+      std::vector<std::vector<std::string>> groups(1);
       for (const std::string& name : names) {
-        const at::Tensor& t = params.get(name);
-        bucket.entries.push_back({name, t.sizes().vec(), bucket.numel, t.numel()});
-        bucket.numel += t.numel();
+        if (is_experts(name)) {
+          groups.push_back({name});
+        } else {
+          groups[0].push_back(name);
+        }
       }
-      bucket.padded = RoundUp(bucket.numel, world_size);
-      layout.buckets.push_back(std::move(bucket));
+      for (const std::vector<std::string>& group : groups) {
+        if (group.empty()) continue;
+        FlatBucket bucket;
+        bucket.unit = unit;
+        bucket.layer = layer;
+        bucket.trainable = trainable;
+        if (is_experts(group[0])) bucket.experts_tensor = group[0];
+        for (const std::string& name : group) {
+          const at::Tensor& t = params.get(name);
+          bucket.entries.push_back({name, t.sizes().vec(), bucket.numel, t.numel()});
+          bucket.numel += t.numel();
+        }
+        bucket.padded = RoundUp(bucket.numel, world_size);
+        layout.buckets.push_back(std::move(bucket));
+      }
     }
   }
   return layout;

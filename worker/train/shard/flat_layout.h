@@ -11,6 +11,15 @@
 // at any N: a checkpoint saved at one N reshards at another by intersecting
 // ranges.
 //
+// A mixture-of-experts layer's stacked experts tensors (expert_layout.h:
+// experts.gate_up_proj, experts.down_proj and their adapters, each (E, ...))
+// each have a bucket of their own in the unit, after its other buckets of the
+// same class. When the world size divides E, rank r's shard of such a bucket
+// is then whole experts, E / N of them from r * E / N, which expert
+// parallelism (sharded_model.h) computes on without gathering; at every
+// world size, with it or without, the buckets and their checkpoints are the
+// same.
+//
 // Order inside a bucket: the ParamStore's (HF's: q, k, v, then their biases,
 // ..., gate, up, down), LoRA's A matrices before its B matrices. Tensors a
 // layer multiplies side by side (q/k/v, gate/up and their A's) are thus
@@ -38,12 +47,20 @@ struct FlatBucket {
   std::string unit;  // "model.embed_tokens", "model.layers.3", "model.norm", "lm_head"
   int64_t layer = ParamStore::kNoLayer;
   bool trainable = false;
+  // The stacked experts tensor that is the bucket's one entry (see above);
+  // empty for the unit's other tensors.
+  std::string experts_tensor;
   std::vector<FlatEntry> entries;
   int64_t numel = 0;   // sum of the entries
   int64_t padded = 0;  // numel rounded up to a multiple of the world size
 
-  // "model.layers.3/trainable": the bucket's name in checkpoints.
-  std::string key() const { return unit + (trainable ? "/trainable" : "/frozen"); }
+  // "model.layers.3/trainable" ("model.layers.3.mlp.experts.down_proj/frozen"
+  // for an experts tensor's): the bucket's name in checkpoints.
+  std::string key() const {
+    return (experts_tensor.empty() ? unit : experts_tensor) +
+           (trainable ? "/trainable" : "/frozen");
+  }
+  bool experts() const { return !experts_tensor.empty(); }
   int64_t shard_numel(int world_size) const { return padded / world_size; }
 };
 

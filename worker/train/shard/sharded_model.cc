@@ -26,6 +26,9 @@ struct ShardedModel::Bucket {
   at::Tensor source, target;
   std::unique_ptr<InFlight> in_flight;
   bool gathered = false;
+  // Expert parallelism: `flat` is this rank's shard alone, copied, not
+  // gathered, and its gradient is already the whole step's.
+  bool resident = false;
 };
 
 struct ShardedModel::Unit {
@@ -201,8 +204,13 @@ ShardedModel::ShardedModel(ParamStore full, Collectives* collectives, at::Scalar
     } else {
       bucket->frozen_shard = shard;
     }
-    bucket->flat =
-        torch::empty({plan.padded}, torch::TensorOptions().dtype(compute_dtype_).device(device_));
+    bucket->resident = options_.expert_parallel && plan.experts();
+    if (bucket->resident) {
+      TORCH_CHECK(plan.entries[0].shape[0] % n == 0, "ShardedModel: ", plan.entries[0].shape[0],
+                  " experts of ", plan.experts_tensor, " do not split over ", n, " ranks");
+    }
+    bucket->flat = torch::empty({bucket->resident ? s : plan.padded},
+                                torch::TensorOptions().dtype(compute_dtype_).device(device_));
     FreeStorage(bucket->flat);
     if (plan.trainable) bucket->flat.set_requires_grad(true);
 
@@ -282,7 +290,7 @@ void ShardedModel::Gather(size_t unit) {
     if (bucket.gathered) continue;
     SetStorage(bucket.flat, memory + u.bucket_offsets[i]);
     bucket.target = torch::empty({0}, bucket.flat.options().requires_grad(false))
-                        .set_(bucket.flat.storage(), 0, {bucket.plan->padded}, {1});
+                        .set_(bucket.flat.storage(), 0, {bucket.flat.numel()}, {1});
     if (bucket.plan->trainable) {
       const at::Tensor& master = masters_.get(bucket.plan->key());
       bucket.source = master.scalar_type() == compute_dtype_ ? master.detach()
@@ -290,7 +298,11 @@ void ShardedModel::Gather(size_t unit) {
     } else {
       bucket.source = bucket.frozen_shard;
     }
-    bucket.in_flight = collectives_->AllGather(bucket.target, bucket.source);
+    if (bucket.resident) {
+      bucket.target.copy_(bucket.source);
+    } else {
+      bucket.in_flight = collectives_->AllGather(bucket.target, bucket.source);
+    }
     bucket.gathered = true;
   }
 }
@@ -315,7 +327,13 @@ void ShardedModel::WaitGathered(size_t unit) {
     // the flat leaf.
     torch::AutoGradMode enable(true);
     for (const FlatEntry& e : bucket.plan->entries) {
-      gathered_.Rebind(e.name, bucket.flat.narrow(0, e.offset, e.numel).view(e.shape));
+      if (bucket.resident) {  // the one entry: this rank's experts of it
+        std::vector<int64_t> shape = e.shape;
+        shape[0] /= collectives_->world_size();
+        gathered_.Rebind(e.name, bucket.flat.view(shape));
+      } else {
+        gathered_.Rebind(e.name, bucket.flat.narrow(0, e.offset, e.numel).view(e.shape));
+      }
     }
   }
 }
@@ -347,6 +365,11 @@ void ShardedModel::ReduceGradients(size_t unit, const std::vector<at::Tensor>& f
     if (!grad.defined()) continue;
     PendingReduction p;
     p.bucket = b;
+    if (buckets_[b]->resident) {  // every rank's rows for these experts came here
+      p.shard = grad.to(torch::kFloat).contiguous();
+      reductions.push_back(std::move(p));
+      continue;
+    }
     p.full = grad.to(options_.reduce_dtype).contiguous();
     p.shard = torch::empty({buckets_[b]->plan->shard_numel(collectives_->world_size())},
                            torch::TensorOptions().dtype(torch::kFloat).device(device_));

@@ -32,6 +32,13 @@
 // layers are gathered at once, each in a slab of memory allocated once (the
 // roots have one more), so the per-layer gathers never churn the heap.
 //
+// Under expert parallelism (Zero3Options) a layer's gather leaves out its
+// experts: the unit's slab holds this rank's E / N experts, copied from their
+// shards, and the rows routed to them come over an all-to-all instead. Where
+// tokens are fewer than expert weights (always, for a model with many
+// experts), the all-to-all moves fewer bytes than the gathers and
+// reduce-scatters it replaces.
+//
 // Deeper prefetch hides more latency (a slow link, a layer faster than its
 // gather) for a layer's parameters of memory per unit, plus its gradient
 // twice over (fp32 and the received chunks) per reduction in flight; it
@@ -69,6 +76,13 @@ struct Zero3Options {
   // What gradients are sent in for reduce-scatter: fp32, or bf16 (half the
   // bytes, rounded once); the shards are summed in fp32 either way.
   at::ScalarType reduce_dtype = at::kFloat;
+  // Expert parallelism (moe.expert_parallel): each stacked experts tensor's
+  // shard (whole experts, flat_layout.h) is computed on where it lies, never
+  // gathered, and the routed rows travel to it instead (sparse_moe.h, over
+  // expert_group()); its gradient, complete on its rank, goes to its
+  // gradient shard without a reduce-scatter. The world size must divide
+  // the number of experts.
+  bool expert_parallel = false;
 };
 
 class ShardedModel : public LayerRunner {
@@ -82,6 +96,10 @@ class ShardedModel : public LayerRunner {
   ~ShardedModel() override;
 
   const FlatLayout& layout() const { return layout_; }
+  // The ranks the experts are split over (the shard group) under expert
+  // parallelism, in whose order rank r holds experts [r E / N, (r + 1) E / N);
+  // else null.
+  Collectives* expert_group() const { return options_.expert_parallel ? collectives_ : nullptr; }
   c10::Device device() const { return device_; }
   // What the decoder reads: every tensor of the model, by name. A tensor
   // holds data only while its unit is gathered.

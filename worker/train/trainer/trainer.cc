@@ -186,6 +186,7 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
         return EarlyStopping(*std::move(rule));
       }()) {
   decoder_.set_layer_runner(state_->layer_runner());
+  decoder_.set_expert_group(state_->expert_group());
   decoder_.set_routing_bias(routing_bias_.get());
   // AdamW keeps two fp32 moments per trainable element.
   const ResidentBytes bytes = state_->resident_bytes();
@@ -230,6 +231,14 @@ Trainer::Trainer(v1::JobSpec spec, std::string out_dir, TrainerOptions options, 
                        : "; each step runs a routing pre-pass (the micro-batches through "
                          "the sparse layers without autograd, layer by layer)")
                 : ""));
+    if (const Collectives* experts = state_->expert_group()) {
+      const int64_t n = experts->world_size();
+      reports_.Log("info", absl::StrCat("experts: ", config_.moe.num_experts / n, " of ",
+                                        config_.moe.num_experts, " per rank over ", n,
+                                        " ranks (moe.expert_parallel); this rank's are ",
+                                        experts->rank() * config_.moe.num_experts / n, "..",
+                                        (experts->rank() + 1) * config_.moe.num_experts / n - 1));
+    }
   }
   // A vision-language checkpoint (Qwen3.5) holds more than the text decoder
   // this job trains: say what happens to the rest.

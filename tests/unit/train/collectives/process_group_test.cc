@@ -4,6 +4,8 @@
 // rounding, added in rank order (for two ranks, the bits of Gloo's
 // allreduce), with (N - 1) chunks counted as sent. Hybrid sharding's shard
 // and replica groups each reduce over their own ranks and count their bytes.
+// Expert parallelism's all-to-all moves rows of uneven, zero, and no
+// counts.
 #include "worker/train/collectives/process_group.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -187,6 +189,71 @@ TEST_P(GlooReduceScatterTest, EveryShardIsTheSumOfItsChunksAndSendsOneRingPass) 
   ExpectEveryRankPasses(world_size, seed,
                         [&](int rank) { return CheckRank(rank, world_size, port, seed); });
 }
+
+// Expert parallelism's all-to-all: rank `from` sends rank `to` Rows(from,
+// to) rows whose values name both and the row, in fp32 and in bf16, with
+// rank 0 sending nothing at all and the last rank receiving nothing at all.
+// Each rank must receive every peer's rows in rank order, and count the
+// rows it sent to others.
+int64_t Rows(uint64_t seed, int from, int to, int world_size) {
+  if (from == 0 || to == world_size - 1) return 0;
+  return static_cast<int64_t>((seed >> (4 * (from * world_size + to) % 60)) % 5);
+}
+
+at::Tensor RowsBetween(int from, int to, int64_t rows, at::ScalarType dtype) {
+  // Small integers, exact in bf16: 3 columns of (from, to, row).
+  at::Tensor t = at::empty({rows, 3}, at::kFloat);
+  for (int64_t r = 0; r < rows; ++r) {
+    t[r][0] = from;
+    t[r][1] = to;
+    t[r][2] = r;
+  }
+  return t.to(dtype);
+}
+
+std::string CheckAllToAllRank(int rank, int world_size, int port, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<Collectives>> group = Connect(rank, world_size, port);
+  if (!group.ok()) return group.status().ToString();
+  Collectives& c = **group;
+  std::string problems;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    std::vector<int64_t> send(world_size), recv(world_size);
+    std::vector<at::Tensor> sent, expected;
+    for (int peer = 0; peer < world_size; ++peer) {
+      send[peer] = Rows(seed, rank, peer, world_size);
+      recv[peer] = Rows(seed, peer, rank, world_size);
+      sent.push_back(RowsBetween(rank, peer, send[peer], dtype));
+      expected.push_back(RowsBetween(peer, rank, recv[peer], dtype));
+    }
+    const at::Tensor input = at::cat(sent);
+    const at::Tensor want = at::cat(expected);
+    at::Tensor output = at::full_like(want, NAN);
+    const int64_t bytes_before = c.communicated_bytes();
+    c.AllToAll(output, input, recv, send);
+    if (!torch::equal(output, want)) {
+      absl::StrAppend(&problems, at::toString(dtype), ": received other rows; ");
+    }
+    const int64_t sent_bytes = (input.size(0) - send[rank]) * 3 * input.element_size();
+    if (c.communicated_bytes() - bytes_before != sent_bytes) {
+      absl::StrAppend(&problems, at::toString(dtype), ": counted ",
+                      c.communicated_bytes() - bytes_before, " bytes, sent ", sent_bytes, "; ");
+    }
+  }
+  c.Barrier();
+  return problems;
+}
+
+class GlooAllToAllTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooAllToAllTest, EveryRankReceivesItsRowsInRankOrderEvenWhenNoneOrNoneAtAll) {
+  const int world_size = GetParam();
+  const int port = FreePort();
+  const uint64_t seed = std::random_device{}();
+  ExpectEveryRankPasses(world_size, seed,
+                        [&](int rank) { return CheckAllToAllRank(rank, world_size, port, seed); });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooAllToAllTest, ::testing::Values(2, 3));
 
 // Hybrid sharding's groups: 6 ranks as 3 replicas x 2, or 2 x 3. Each group
 // sums over its own ranks only (values that tell every rank apart), its

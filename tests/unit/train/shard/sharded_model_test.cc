@@ -105,6 +105,46 @@ TEST_F(ShardedModelTest, LayoutGroupsUnitsInForwardOrderAndKeepsOffsetsAcrossWor
   EXPECT_EQ(lora.entries[2].name, "model.layers.0.self_attn.v_proj.lora_A.weight");
 }
 
+// Each stacked experts tensor is a bucket of its own, after its layer's
+// others, so that at a world size dividing E rank r's shard is whole
+// experts: unpadded, and the slice [r E / N, (r + 1) E / N) of the tensor.
+TEST_F(ShardedModelTest, ExpertsTensorsAreBucketsOfTheirOwnWhoseShardsAreWholeExperts) {
+  const std::string moe = WriteTinyQwen3Moe((fs::path(dir_) / "moe").string(), /*seed=*/6);
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(moe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<ParamStore> params = LoadPretrained(moe, *config, /*trainable=*/true);
+  ASSERT_TRUE(params.ok()) << params.status();
+  const int64_t experts = config->moe.num_experts;
+  ASSERT_EQ(experts % 2, 0);
+  const FlatLayout two = FlatLayout::Plan(*params, 2);
+  std::vector<std::string> layer1;
+  for (const FlatBucket& b : two.buckets) {
+    if (b.layer == 1) layer1.push_back(b.key());
+  }
+  EXPECT_EQ(layer1, (std::vector<std::string>{"model.layers.1/trainable",
+                                              "model.layers.1.mlp.experts.gate_up_proj/trainable",
+                                              "model.layers.1.mlp.experts.down_proj/trainable"}));
+  for (const FlatBucket& b : two.buckets) {
+    if (!b.experts()) {
+      for (const FlatEntry& e : b.entries) {
+        EXPECT_EQ(e.name.find(".mlp.experts."), std::string::npos) << e.name << " in " << b.key();
+      }
+      continue;
+    }
+    ASSERT_EQ(b.entries.size(), 1u) << b.key();
+    EXPECT_EQ(b.entries[0].name, b.experts_tensor);
+    EXPECT_EQ(b.entries[0].shape[0], experts);
+    EXPECT_EQ(b.padded, b.numel) << b.key();
+    const at::Tensor full = params->get(b.experts_tensor).reshape({-1});
+    for (int rank = 0; rank < 2; ++rank) {
+      const at::Tensor shard = full.narrow(0, rank * b.shard_numel(2), b.shard_numel(2));
+      const at::Tensor whole =
+          params->get(b.experts_tensor).narrow(0, rank * experts / 2, experts / 2).reshape({-1});
+      EXPECT_TRUE(torch::equal(shard, whole)) << b.key() << " rank " << rank;
+    }
+  }
+}
+
 // A sharded job maps the checkpoint and copies each rank's ranges: experts
 // stored one by one stay their pieces (never stacked whole on a rank), and
 // shard to the same values as the stacked copy.
