@@ -16,6 +16,8 @@ N machines.
 
 --hybrid G also runs the largest N as hybrid sharding (N / G replicas of
 shard groups of G ranks, sharding.strategy hybrid) against ZeRO-3 at that N.
+--expert-parallel (with --model qwen3_moe) also runs the largest N with
+moe.expert_parallel N against ZeRO-3 at that N.
 
 Rows:
 - peak RSS of the largest rank, and tokens/s of the job, against N = 1;
@@ -33,6 +35,11 @@ Rows:
   its fp32 gradient shards, 2 (M - 1) / M x 4 x parameters / G (the
   scale model's comm_step); and its bytes inside the shard group per
   micro-batch against ZeRO-3's figure at N = G.
+- with --expert-parallel: peak RSS and tokens/s against ZeRO-3 at the same
+  N, and the bytes a rank sends per micro-batch against ZeRO-3's, measured
+  both; the experts' share of ZeRO-3's (3 x 4 x expert parameters x
+  (N - 1) / N) becomes rows: 4 exchanges of T k H fp32 values per sparse
+  layer, those routed to another rank's experts.
 """
 import argparse
 import json
@@ -142,7 +149,12 @@ def main():
     parser.add_argument("--hybrid", type=int, default=0,
                         help="also run the largest world size as hybrid sharding with shard "
                              "groups of this many ranks")
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="also run the largest world size with moe.expert_parallel "
+                             "(--model qwen3_moe)")
     args = parser.parse_args()
+    if args.expert_parallel and args.model != "qwen3_moe":
+        parser.error("--expert-parallel needs --model qwen3_moe")
     if args.prefetch < 1:
         parser.error(f"--prefetch {args.prefetch}: at least 1")
     name = {"qwen3": "qwen3-8L", "qwen3_moe": "qwen3-moe-8L-8x2"}[args.model]
@@ -192,6 +204,18 @@ def main():
             print(f"hsdp_cpu/{name} full {shape} bytes inside the shard group per rank per "
                   f"micro-batch vs ZeRO-3 3x params x (G-1)/G: {in_group / zero3:.2f}x "
                   f"({in_group / 2**20:.1f} vs {zero3 / 2**20:.1f} MiB)")
+        if args.expert_parallel:
+            n = max(sizes)
+            ep = ["--set", f"moe.expert_parallel={n}"]
+            rss, tps, sent = run(binary, root, n, settings + ep, "-ep")[:3]
+            rss_z, tps_z, sent_z = results[n][:3]
+            print(f"ep_cpu/{name} full N={n} moe.expert_parallel vs ZeRO-3 N={n}: "
+                  f"{rss / rss_z:.2f}x peak RSS per rank ({rss / 2**20:.0f} vs "
+                  f"{rss_z / 2**20:.0f} MiB), {tps / tps_z:.2f}x tokens/s ({tps:.0f} vs "
+                  f"{tps_z:.0f}, {os.cpu_count()} cores shared)")
+            print(f"ep_cpu/{name} full N={n} moe.expert_parallel bytes sent per rank per "
+                  f"micro-batch vs ZeRO-3 N={n}: {sent / sent_z:.2f}x ({sent / 2**20:.1f} vs "
+                  f"{sent_z / 2**20:.1f} MiB)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -428,14 +428,15 @@ def test_zero3_with_ranks_routing_to_disjoint_experts_equals_one_rank(tmp_path):
 EXPERT_PARALLEL = {"moe": {"aux_loss": "micro_batch", "expert_parallel": 2}}
 
 
-def expert_parallel_curves(tmp_path, name, model_dir, data, **overrides):
-    """Two ranks under moe.expert_parallel 2, which say so; their curve."""
-    spec = base_spec(model_dir, data, **{"max_steps": 6, "devices": 2, **EXPERT_PARALLEL,
+def expert_parallel_curves(tmp_path, name, model_dir, data_path, ranks=2, **overrides):
+    """`ranks` ranks whose experts are split over 2 (moe.expert_parallel 2),
+    which say so; their curve."""
+    spec = base_spec(model_dir, data_path, **{"max_steps": 6, "devices": ranks, **EXPERT_PARALLEL,
                                          **overrides})
     write_spec(tmp_path / f"{name}.yaml", **spec)
     r = subprocess.run([TRAIN, "--spec", str(tmp_path / f"{name}.yaml"), "--out",
-                        str(tmp_path / name), "--nproc", "2"], capture_output=True, text=True,
-                       timeout=300)
+                        str(tmp_path / name), "--nproc", str(ranks)], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, f"ballast-train failed ({r.returncode}):\n{r.stderr}"
     assert "experts: 4 of 8 per rank over 2 ranks (moe.expert_parallel)" in r.stderr, r.stderr
     return read_metrics(str(tmp_path / name))
@@ -481,6 +482,21 @@ def test_expert_parallel_with_rows_that_stay_cross_or_all_go_to_one_rank(routing
     one = train_curves(tmp_path, "n1", model_dir, data, **overrides)
     two = expert_parallel_curves(tmp_path, "ep2", model_dir, data, **overrides)
     assert_same_curves(two, one, 1e-5)
+
+
+def test_expert_parallel_inside_the_shard_groups_of_hybrid_sharding(tmp_path):
+    """4 ranks as 2 replicas x 2 (sharding hybrid, shard_group 2) with
+    moe.expert_parallel 2: each shard group splits the experts, and the
+    replicas sum their experts' gradient shards once a step, as any other
+    shard's. One rank's curve."""
+    model_dir, data = str(tmp_path / "model"), str(tmp_path / "data.jsonl")
+    make_model(ARCH, model_dir, seed=34)
+    make_dataset(data, n=48, vocab=320, seed=35)
+    overrides = {"method": "full", "data": {"grad_accum_steps": 4}}
+    one = train_curves(tmp_path, "n1", model_dir, data, **overrides)
+    four = expert_parallel_curves(tmp_path, "hybrid", model_dir, data, ranks=4,
+                                  sharding={"strategy": "hybrid", "shard_group": 2}, **overrides)
+    assert_same_curves(four, one, 1e-5)
 
 
 def test_expert_parallel_checkpoints_resume_without_it_and_back(tmp_path):
