@@ -102,17 +102,21 @@ def test_ga_4x1_equals_1x4_in_global_mode_and_not_in_micro_batch_mode(inputs, tm
         <= TOLERANCE * abs(b)
 
 
-@pytest.mark.parametrize("last_layer", ["sparse", "dense"])
-def test_two_ranks_equal_one_in_global_mode(last_layer, inputs, tmp_path):
+@pytest.mark.parametrize("last_layer,experts", [("sparse", "gathered"), ("dense", "gathered"),
+                                                ("sparse", "expert_parallel")])
+def test_two_ranks_equal_one_in_global_mode(last_layer, experts, inputs, tmp_path):
     """With the last layer dense the pre-pass ends before it, and ZeRO-3 must
     not gather it ahead: a layer gathered and never run would keep one of the
-    slabs the next forward needs."""
+    slabs the next forward needs. Under moe.expert_parallel the pre-pass's
+    forwards exchange their rows too, layer by layer, and route as the
+    training forwards do."""
     _, model_dir, data, _ = inputs
     if last_layer == "dense":
         model_dir = str(tmp_path / "dense-last")
         make_model(ARCH, model_dir, seed=11, mlp_only_layers=[0, 2])
     one = train(tmp_path, "n1", model_dir, data)
-    two = train(tmp_path, "n2", model_dir, data, "--nproc", "2", devices=2)
+    two = train(tmp_path, "n2", model_dir, data, "--nproc", "2", devices=2,
+                moe={"expert_parallel": 2} if experts == "expert_parallel" else None)
     for key in ("loss", "aux_loss", "grad_norm"):
         a, b = [m[key] for m in one], [m[key] for m in two]
         assert relative_error(a, b) <= TOLERANCE, (key, a, b)
