@@ -97,9 +97,30 @@ def test_block_diffusion_example_trains_packed_with_a_falling_loss(cluster, tiny
     assert last < 0.8 * first, [round(s["loss"], 3) for s in steps]
 
 
-def metrics_of(job):
+def run_at_tiny_shape(cluster, tiny, name, model, max_steps):
+    """Example `name` as it is but for its size, with `model` for its model:
+    two CPU ranks of one worker for its GPUs, rows of 256, `max_steps` steps
+    and a checkpoint half way, through a coordinator to its end. Returns the
+    job and its metrics."""
+    cluster.start_coordinator()
+    cluster.start_worker("w1", cpu_slots=2)
+    spec = example(name, tiny)
+    spec["model"]["path"] = model
+    spec["data"].update(path=os.path.join(tiny, "chats.jsonl"), seq_len=256, grad_accum_steps=2)
+    spec.update(devices=2, device="cpu", max_steps=max_steps, checkpoint_every=max_steps // 2)
+    spec["optimizer"]["lr"] = 3e-3
+    spec["schedule"]["warmup_steps"] = 2
+    job_id = cluster.submit(spec)
+    watch = cluster.cli("watch", job_id, timeout=900)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    job = cluster.job(job_id)
+    assert job["state"] == "JOB_STATE_SUCCEEDED", job
     with open(os.path.join(job["output_dir"], "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        steps = [json.loads(line) for line in f]
+    assert [s["step"] for s in steps] == list(range(1, max_steps + 1))
+    assert os.path.isdir(os.path.join(job["output_dir"], "checkpoints",
+                                      f"step-{max_steps:08d}"))
+    return job, steps
 
 
 def test_the_sdar_30b_a3b_example_trains_at_tiny_shape_on_two_ranks(cluster, tiny):
@@ -110,31 +131,17 @@ def test_the_sdar_30b_a3b_example_trains_at_tiny_shape_on_two_ranks(cluster, tin
     65,536. Through the coordinator: packing, ZeRO-3 over the ranks,
     checkpointing, bf16, the global aux loss on x_t. The seed's failure does
     not come back: no loss is 0, and grad_norm is not pinned."""
-    cluster.start_coordinator()
-    cluster.start_worker("w1", cpu_slots=2)
-    spec = example("sdar-30b-a3b-block-diffusion.yaml", tiny)
-    spec["model"]["path"] = os.path.join(tiny, "sdar-moe-model")
-    spec["data"].update(path=os.path.join(tiny, "chats.jsonl"), seq_len=256, grad_accum_steps=2)
-    spec.update(devices=2, device="cpu", max_steps=8, checkpoint_every=4)
-    spec["optimizer"]["lr"] = 3e-3
-    spec["schedule"]["warmup_steps"] = 2
-    job_id = cluster.submit(spec)
-    watch = cluster.cli("watch", job_id, timeout=900)
-    assert watch.returncode == 0, watch.stdout + watch.stderr
-    job = cluster.job(job_id)
-    assert job["state"] == "JOB_STATE_SUCCEEDED", job
+    job, steps = run_at_tiny_shape(cluster, tiny, "sdar-30b-a3b-block-diffusion.yaml",
+                                   os.path.join(tiny, "sdar-moe-model"), max_steps=8)
     with open(os.path.join(job["output_dir"], "rank-0.log")) as f:
         log = f.read()
     assert "it counts the noisy half x_t of each document only" in log, log
-    steps = metrics_of(job)
-    assert [s["step"] for s in steps] == list(range(1, 9))
     assert all(s["loss"] > 0 and math.isfinite(s["grad_norm"]) for s in steps), steps
     assert len({round(s["grad_norm"], 4) for s in steps}) == len(steps), steps
     assert all(s["aux_loss"] > 0 for s in steps), steps
-    assert os.path.isdir(os.path.join(job["output_dir"], "checkpoints", "step-00000008"))
     with urllib.request.urlopen(f"http://{cluster.http}/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    assert f'ballast_job_moe_aux_loss{{job_id="{job_id}"}}' in metrics
+    assert 'ballast_job_moe_aux_loss{job_id="%s"}' % job["id"] in metrics
 
 
 def test_the_qwen3_5_35b_a3b_example_trains_at_tiny_shape_on_two_ranks(cluster, tiny):
@@ -147,21 +154,8 @@ def test_the_qwen3_5_35b_a3b_example_trains_at_tiny_shape_on_two_ranks(cluster, 
     if not os.path.isdir(model):
         pytest.skip("no tiny Qwen3.5-MoE: scripts/tiny-model writes it with build/hf5 "
                     "(make setup)")
-    cluster.start_coordinator()
-    cluster.start_worker("w1", cpu_slots=2)
-    spec = example("qwen3.5-35b-a3b-lora-experts.yaml", tiny)
-    spec["model"]["path"] = model
-    spec["data"].update(path=os.path.join(tiny, "chats.jsonl"), seq_len=256, grad_accum_steps=2)
-    spec.update(devices=2, device="cpu", max_steps=6, checkpoint_every=3)
-    spec["optimizer"]["lr"] = 3e-3
-    spec["schedule"]["warmup_steps"] = 2
-    job_id = cluster.submit(spec)
-    watch = cluster.cli("watch", job_id, timeout=900)
-    assert watch.returncode == 0, watch.stdout + watch.stderr
-    job = cluster.job(job_id)
-    assert job["state"] == "JOB_STATE_SUCCEEDED", job
-    steps = metrics_of(job)
-    assert len(steps) == 6
+    job, steps = run_at_tiny_shape(cluster, tiny, "qwen3.5-35b-a3b-lora-experts.yaml", model,
+                                   max_steps=6)
     assert all(s["loss"] > 0 and math.isfinite(s["grad_norm"]) and s["aux_loss"] > 0
                for s in steps), steps
     with open(os.path.join(job["output_dir"], "adapter", "adapter_config.json")) as f:
