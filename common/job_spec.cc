@@ -728,8 +728,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   // Experts split over the ranks ZeRO-3 shards over: their shards are then
   // whole experts (worker/train/shard/flat_layout.h), and no expert is kept
-  // twice in a shard group. num_experts is config.json's: the trainer checks
-  // that the number divides it.
+  // twice in a shard group. num_experts is config.json's: CheckMoeSection
+  // (job_spec_files.cc) checks that the number divides it.
   if (const int32_t expert_parallel = spec.moe().expert_parallel();
       expert_parallel > 1 || expert_parallel < 0) {
     const bool hybrid = sharding.strategy() == "hybrid";
